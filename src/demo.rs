@@ -1,1 +1,163 @@
-//! (in progress)
+//! The built-in demo behind `probeok serve` without a config: simulated providers in-process
+//! (3 providers × 2 regions × 2 models), some with scripted faults in motion, and a config of
+//! routes pointing at them, so a new user sees a living status page at once.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{
+    Config, DetectionConfig, EgressConfig, ProbeConfig, ProviderConfig, RegionConfig,
+    RouteConfig, ServerConfig, SloConfig, StorageConfig,
+};
+use crate::route::{Capability, Price, ProviderKind, Tier};
+use crate::sim::{self, Scenario, SimConfig, SimRoute};
+
+/// The demo's database, in the working directory, named so nobody mistakes it for real data.
+pub const DEMO_DB: &str = "probeok-demo.db";
+
+/// Scenario timelines run this much faster than real time, so an incident starts and ends
+/// within minutes of starting the demo.
+pub const DEMO_TIME_SCALE: f64 = 20.0;
+
+/// (provider, [regions], [(model, serves, tier)]).
+type DemoProvider = (&'static str, [&'static str; 2], [(&'static str, &'static str, Tier); 2]);
+
+const PROVIDERS: [DemoProvider; 3] = [
+    (
+        "qwen",
+        ["cn-beijing", "cn-hangzhou"],
+        [
+            ("qwen-max", "chat-main", Tier::Primary),
+            ("qwen-turbo", "chat-lite", Tier::Primary),
+        ],
+    ),
+    (
+        "deepseek",
+        ["cn-east", "cn-south"],
+        [
+            ("deepseek-chat", "chat-main", Tier::Backup),
+            ("deepseek-ai/DeepSeek-V3-lite", "chat-lite", Tier::Backup),
+        ],
+    ),
+    (
+        "openai",
+        ["us-east", "eu-west"],
+        [
+            ("gpt-4o", "chat-main", Tier::Fallback),
+            ("gpt-4o-mini", "chat-lite", Tier::Fallback),
+        ],
+    ),
+];
+
+/// Which demo routes misbehave, and how. Everything else is healthy.
+fn scenario_for(provider: &str, region: &str, model: &str) -> Scenario {
+    match (provider, region, model) {
+        ("qwen", "cn-beijing", "qwen-max") => Scenario::LatencySpike,
+        ("qwen", "cn-hangzhou", "qwen-turbo") => Scenario::PartialOutage,
+        ("deepseek", "cn-east", "deepseek-chat") => Scenario::SoftRateLimit,
+        ("deepseek", "cn-south", _) => Scenario::VersionDrift,
+        ("openai", "us-east", _) => Scenario::RegionFailover,
+        _ => Scenario::Healthy,
+    }
+}
+
+/// A running demo: its config (routes aimed at the simulator) and the simulator's address.
+pub struct Demo {
+    pub config: Config,
+    pub sim_addr: std::net::SocketAddr,
+}
+
+/// Starts the simulator on a free loopback port and builds the demo config around it.
+pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let sim_addr = listener.local_addr()?;
+    let mut sim_routes = Vec::new();
+    let mut providers = Vec::new();
+    let mut routes = Vec::new();
+    for (provider, regions, models) in PROVIDERS {
+        providers.push(ProviderConfig {
+            id: provider.to_owned(),
+            kind: ProviderKind::Openai,
+            api_key_env: None,
+            regions: regions
+                .iter()
+                .map(|region| RegionConfig {
+                    id: (*region).to_owned(),
+                    base_url: sim::base_url(sim_addr, provider, region),
+                })
+                .collect(),
+        });
+        for region in regions {
+            for (model, serves, tier) in models {
+                sim_routes.push(SimRoute {
+                    provider: provider.to_owned(),
+                    region: region.to_owned(),
+                    model: model.to_owned(),
+                    scenario: scenario_for(provider, region, model),
+                });
+                routes.push(RouteConfig {
+                    provider: provider.to_owned(),
+                    region: region.to_owned(),
+                    model: model.to_owned(),
+                    serves: serves.to_owned(),
+                    tier,
+                    weight: 50,
+                    price: Some(Price {
+                        input_per_mtok: 2.0,
+                        output_per_mtok: 8.0,
+                        currency: "CNY".to_owned(),
+                    }),
+                    capabilities: vec![Capability::Stream],
+                    context_window: Some(32_000),
+                    residency: None,
+                    interval: None,
+                    timeout: None,
+                    first_byte_timeout: None,
+                    max_tokens: None,
+                    slo: None,
+                });
+            }
+        }
+    }
+    let sim_config = SimConfig {
+        routes: sim_routes,
+        time_scale: DEMO_TIME_SCALE,
+        seed: rand::random(),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = sim::serve(listener, sim_config, shutdown).await {
+            tracing::error!(error = %e, "demo simulator stopped");
+        }
+    });
+    let config = Config {
+        source: PathBuf::from("(built-in demo)"),
+        server: ServerConfig {
+            title: "probeok demo — simulated providers".to_owned(),
+            ..ServerConfig::default()
+        },
+        storage: StorageConfig {
+            path: PathBuf::from(DEMO_DB),
+            ..StorageConfig::default()
+        },
+        probe: ProbeConfig {
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(20),
+            throughput_every: Duration::from_secs(60),
+            ..ProbeConfig::default()
+        },
+        detection: DetectionConfig::default(),
+        egress: EgressConfig::default(),
+        providers,
+        routes,
+        slo: SloConfig::default(),
+    };
+    tracing::info!(
+        simulator = %sim_addr,
+        database = DEMO_DB,
+        "no config given: running the built-in demo with simulated providers; open http://{}",
+        config.server.listen
+    );
+    Ok(Demo { config, sim_addr })
+}

@@ -21,9 +21,11 @@
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //! - [`web`]: the monitor's HTTP router (`/healthz` for now).
+//! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate).
 //! - [`app`]: wires the tasks together under one `CancellationToken`.
 
 pub mod app;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;

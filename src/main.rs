@@ -1,1 +1,111 @@
-fn main() {}
+//! The `probeok` binary: clap → tracing → config → the command. Everything else is in the lib.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use probeok::cli;
+
+#[derive(Parser)]
+#[command(name = "probeok", version, about = "Probe LLM providers, judge them, publish the truth.")]
+struct Cli {
+    /// Log output format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Pretty)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Pretty,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the whole service. Without a config (and no PROBEOK_CONFIG) runs the built-in demo.
+    Serve {
+        #[arg(long, env = "PROBEOK_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config and print the routes it defines.
+    CheckConfig {
+        #[arg(long, env = "PROBEOK_CONFIG")]
+        config: PathBuf,
+    },
+    /// Fire one probe per route now and print the results.
+    Probe {
+        #[arg(long, env = "PROBEOK_CONFIG")]
+        config: PathBuf,
+        /// Only this route (`provider/region/model`).
+        #[arg(long)]
+        route: Option<String>,
+        /// One JSON object per route instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Also write the outcomes to the store.
+        #[arg(long)]
+        record: bool,
+    },
+    /// Run the simulated OpenAI-compatible providers standalone.
+    Simulate {
+        #[arg(long, default_value = "127.0.0.1:9410")]
+        listen: std::net::SocketAddr,
+        #[arg(long, default_value = "healthy")]
+        scenario: String,
+        /// How many times faster than real time the scenario's timeline runs.
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version are not errors; a bad command line is invalid input (exit 1).
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    cli::init_tracing(matches!(cli.log_format, LogFormat::Json));
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Serve { config } => cli::serve(config.as_deref()).await,
+            Command::CheckConfig { config } => cli::check_config(&config),
+            Command::Probe {
+                config,
+                route,
+                json,
+                record,
+            } => cli::probe(&config, route.as_deref(), json, record).await,
+            Command::Simulate {
+                listen,
+                scenario,
+                time_scale,
+            } => cli::simulate(listen, &scenario, time_scale).await,
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            for line in e.lines() {
+                eprintln!("{line}");
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! The commands behind the binary's subcommands: each loads what it needs, runs, and returns a
+//! [`CliError`] that the binary turns into stderr lines and an exit code (1 bad input, 2 runtime).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SystemClock;
+use crate::config::{Config, Diagnostic};
+use crate::probe::client::ProbeClient;
+use crate::probe::{OutcomeKind, ProbeOutcome};
+use crate::route::{Route, RouteId};
+use crate::sim::{self, Scenario, SimConfig};
+use crate::store::{Store, StoreOptions};
+use crate::{app, demo};
+
+/// What went wrong, as the user should read it.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad config or arguments: every problem, one line each. Exit 1.
+    #[error("{}", .0.join("\n"))]
+    Invalid(Vec<String>),
+    /// The service failed while running. Exit 2.
+    #[error("error: {0}")]
+    Runtime(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Invalid(_) => 1,
+            CliError::Runtime(_) => 2,
+        }
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.to_string().lines().map(str::to_owned).collect()
+    }
+
+    fn runtime(e: impl std::fmt::Display) -> Self {
+        CliError::Runtime(e.to_string())
+    }
+}
+
+/// `RUST_LOG` filters (default `info`); pretty for people, JSON for log pipelines. Logs go to
+/// stderr so `probe --json` output stays machine-readable.
+pub fn init_tracing(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn load(path: &Path) -> Result<(Config, Vec<Diagnostic>), CliError> {
+    match Config::load(path) {
+        Ok(loaded) => Ok((loaded.config, loaded.warnings)),
+        Err(errors) => Err(CliError::Invalid(
+            errors.0.iter().map(ToString::to_string).collect(),
+        )),
+    }
+}
+
+fn warn_all(warnings: &[Diagnostic]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+/// `probeok check-config`: every error, or the routes found.
+pub fn check_config(path: &Path) -> Result<(), CliError> {
+    let (config, mut warnings) = load(path)?;
+    warnings.extend(config.missing_secrets());
+    warn_all(&warnings);
+    let routes = config.routes();
+    println!("{}: ok, {} route(s)", path.display(), routes.len());
+    print!("{}", routes_table(&routes));
+    Ok(())
+}
+
+fn routes_table(routes: &[Route]) -> String {
+    let mut rows = vec![[
+        "ROUTE".to_owned(),
+        "SERVES".to_owned(),
+        "TIER".to_owned(),
+        "WEIGHT".to_owned(),
+        "KIND".to_owned(),
+        "INTERVAL".to_owned(),
+        "BASE URL".to_owned(),
+    ]];
+    for r in routes {
+        rows.push([
+            r.id.to_string(),
+            r.serves.clone(),
+            r.tier.as_str().to_owned(),
+            r.weight.to_string(),
+            format!("{:?}", r.kind).to_lowercase(),
+            humantime::format_duration(r.probe.interval).to_string(),
+            r.base_url.clone(),
+        ]);
+    }
+    format_table(&rows)
+}
+
+fn format_table<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `probeok probe`: one probe per route now, printed as a table or JSON lines.
+pub async fn probe(
+    path: &Path,
+    only: Option<&str>,
+    json: bool,
+    record: bool,
+) -> Result<(), CliError> {
+    let (config, mut warnings) = load(path)?;
+    warnings.extend(config.missing_secrets());
+    warn_all(&warnings);
+    let mut routes = config.routes();
+    if let Some(only) = only {
+        routes.retain(|r| r.id.as_str() == only);
+        if routes.is_empty() {
+            let known: Vec<String> = config.routes().iter().map(|r| r.id.to_string()).collect();
+            return Err(CliError::Invalid(vec![format!(
+                "--route: unknown route \"{only}\" (known: {})",
+                known.join(", ")
+            )]));
+        }
+    }
+    let client = ProbeClient::new(&routes, Arc::new(SystemClock)).map_err(CliError::runtime)?;
+    let outcomes =
+        futures_util::future::join_all(routes.iter().map(|r| client.probe(r, OutcomeKind::Probe)))
+            .await;
+    if json {
+        for (route, o) in routes.iter().zip(&outcomes) {
+            println!("{}", outcome_json(route, o));
+        }
+    } else {
+        print!("{}", outcomes_table(&outcomes));
+    }
+    if record {
+        let store = Store::open(
+            &config.storage.path,
+            StoreOptions {
+                latency_threshold: config.slo.latency_threshold,
+            },
+        )
+        .map_err(CliError::runtime)?;
+        store
+            .writer()
+            .record_many(outcomes)
+            .await
+            .map_err(CliError::runtime)?;
+        store.close().await.map_err(CliError::runtime)?;
+    }
+    Ok(())
+}
+
+/// SPEC's `probe --json` object.
+pub fn outcome_json(route: &Route, o: &ProbeOutcome) -> serde_json::Value {
+    serde_json::json!({
+        "route": route.id,
+        "provider": route.provider,
+        "region": route.region,
+        "model": route.model,
+        "success": o.success,
+        "verified": o.verified,
+        "ttfb_ms": o.ttfb_ms.map(round1),
+        "ttft_ms": o.ttft_ms.map(round1),
+        "total_ms": round1(o.total_ms),
+        "output_tokens": o.output_tokens,
+        "tokens_per_second": o.tokens_per_second.map(round1),
+        "model_reported": o.model_reported,
+        "error": o.error.as_ref().map(|e| e.to_json()),
+    })
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn outcomes_table(outcomes: &[ProbeOutcome]) -> String {
+    let ms = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.0}"));
+    let mut rows = vec![[
+        "ROUTE".to_owned(),
+        "RESULT".to_owned(),
+        "TTFB_MS".to_owned(),
+        "TTFT_MS".to_owned(),
+        "TOTAL_MS".to_owned(),
+        "TOKENS".to_owned(),
+        "TOK/S".to_owned(),
+        "DETAIL".to_owned(),
+    ]];
+    for o in outcomes {
+        let result = match (&o.error, o.verified) {
+            (Some(e), _) => e.kind().to_owned(),
+            (None, Some(false)) => "unverified".to_owned(),
+            (None, _) => "ok".to_owned(),
+        };
+        let detail = match &o.error {
+            Some(e) => e.to_string(),
+            None if o.verified == Some(false) => {
+                format!("answer: {:?}", o.answer.as_deref().unwrap_or_default())
+            }
+            None => o.model_reported.clone().unwrap_or_default(),
+        };
+        rows.push([
+            o.route.to_string(),
+            result,
+            ms(o.ttfb_ms),
+            ms(o.ttft_ms),
+            format!("{:.0}", o.total_ms),
+            o.output_tokens.map_or("-".to_owned(), |t| t.to_string()),
+            o.tokens_per_second
+                .map_or("-".to_owned(), |t| format!("{t:.1}")),
+            detail,
+        ]);
+    }
+    format_table(&rows)
+}
+
+/// `probeok serve`: the config given, else the built-in demo.
+pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    let (config, _demo) = match path {
+        Some(path) => {
+            let (config, warnings) = load(path)?;
+            warn_all(&warnings);
+            // A key that is not there makes every probe fail as 401: refuse to start instead.
+            let missing = config.missing_secrets();
+            if !missing.is_empty() {
+                return Err(CliError::Invalid(
+                    missing.iter().map(ToString::to_string).collect(),
+                ));
+            }
+            (config, None)
+        }
+        None => {
+            let demo = demo::start(shutdown.clone())
+                .await
+                .map_err(CliError::runtime)?;
+            (demo.config.clone(), Some(demo))
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
+        .await
+        .map_err(|e| {
+            CliError::Runtime(format!("cannot listen on {}: {e}", config.server.listen))
+        })?;
+    app::run(config, listener, shutdown)
+        .await
+        .map_err(CliError::runtime)
+}
+
+/// `probeok simulate`: the simulated providers alone, until Ctrl-C.
+pub async fn simulate(listen: SocketAddr, scenario: &str, time_scale: f64) -> Result<(), CliError> {
+    let scenario: Scenario = scenario.parse().map_err(|_| {
+        let known: Vec<String> = Scenario::ALL.iter().map(ToString::to_string).collect();
+        CliError::Invalid(vec![format!(
+            "--scenario: unknown scenario \"{scenario}\" (known: {})",
+            known.join(", ")
+        )])
+    })?;
+    if !(time_scale.is_finite() && time_scale > 0.0) {
+        return Err(CliError::Invalid(vec![format!(
+            "--time-scale: must be a positive number, got {time_scale}"
+        )]));
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| CliError::Runtime(format!("cannot listen on {listen}: {e}")))?;
+    let addr = listener.local_addr().map_err(CliError::runtime)?;
+    let mut config = SimConfig::standalone(scenario);
+    config.time_scale = time_scale;
+    let mut seen = std::collections::BTreeSet::new();
+    println!("scenario {scenario} at {time_scale}x; OpenAI-compatible base URLs:");
+    for r in &config.routes {
+        if seen.insert((r.provider.clone(), r.region.clone())) {
+            println!("  {}", sim::base_url(addr, &r.provider, &r.region));
+        }
+    }
+    for r in &config.routes {
+        println!(
+            "  route {} ({})",
+            RouteId::new(&r.provider, &r.region, &r.model),
+            r.scenario
+        );
+    }
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    sim::serve(listener, config, shutdown)
+        .await
+        .map_err(CliError::runtime)
+}
+
+/// SIGINT or SIGTERM cancels the token once; every task watches it.
+pub fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch SIGTERM; Ctrl-C only");
+                        let _ = ctrl_c.await;
+                        shutdown.cancel();
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = ctrl_c => {},
+                _ = term.recv() => {},
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    });
+}
