@@ -58,6 +58,10 @@ fn serde_diagnostic(e: &toml_edit::de::Error, map: &SourceMap, label: &str) -> D
         message = "missing required key".to_owned();
     } else if let Some(rest) = message.strip_prefix("unknown field") {
         message = format!("unknown key{rest}");
+    } else if let Some(rest) = message.strip_prefix("unknown variant") {
+        message = format!("unknown value{rest}");
+    } else {
+        message = toml_types(&message);
     }
     Diagnostic {
         file: label.to_owned(),
@@ -66,6 +70,22 @@ fn serde_diagnostic(e: &toml_edit::de::Error, map: &SourceMap, label: &str) -> D
         path,
         message,
     }
+}
+
+/// Serde names Rust types (`expected i64`); the reader wrote TOML.
+fn toml_types(message: &str) -> String {
+    let Some((head, expected)) = message.rsplit_once("expected ") else {
+        return message.to_owned();
+    };
+    let expected = match expected {
+        "i8" | "i16" | "i32" | "i64" | "u8" | "u16" | "u32" | "u64" => "an integer",
+        "f32" | "f64" => "a number",
+        "a sequence" => "an array",
+        "a map" => "a table",
+        e if e.starts_with("struct ") => "a table",
+        e => e,
+    };
+    format!("{head}expected {expected}")
 }
 
 fn one_line(message: &str) -> String {
@@ -302,10 +322,13 @@ fn route(ck: &mut Checker<'_>, i: usize, r: RawRoute) -> RouteConfig {
 
 fn parse_duration(ck: &mut Checker<'_>, path: &str, s: &str) -> Result<Duration, ()> {
     humantime::parse_duration(s).map_err(|e| {
-        ck.fail(
-            path,
-            format!("invalid duration {s:?}: {e} (e.g. \"500ms\", \"30s\", \"5m\")"),
-        );
+        let e = e.to_string();
+        let hint = if e.contains("for example") {
+            ""
+        } else {
+            " (write e.g. \"500ms\", \"30s\", \"5m\")"
+        };
+        ck.fail(path, format!("invalid duration {s:?}: {e}{hint}"));
     })
 }
 
@@ -358,7 +381,11 @@ fn buckets(ck: &mut Checker<'_>, raw: RawBuckets, default: Buckets) -> Buckets {
                 let [start, end] = w.as_slice() else {
                     ck.error(
                         format!("{PATH}[{i}]"),
-                        format!("a window is [\"HH:MM\", \"HH:MM\"], got {} values", w.len()),
+                        format!(
+                            "a window is [\"HH:MM\", \"HH:MM\"], got {} value{}",
+                            w.len(),
+                            if w.len() == 1 { "" } else { "s" }
+                        ),
                     );
                     ok = false;
                     continue;

@@ -131,6 +131,7 @@ impl<'a> Checker<'a> {
             }
         }
         if self.converted(&["probe.first_byte_timeout", "probe.timeout"])
+            && !p.timeout.is_zero()
             && p.first_byte_timeout > p.timeout
         {
             self.error(
@@ -192,7 +193,8 @@ impl<'a> Checker<'a> {
         self.positive("detection.critical_degraded_for", d.critical_degraded_for);
         self.positive("detection.recover_after", d.recover_after);
         self.rate("detection.recover_error_rate", d.recover_error_rate);
-        if d.recover_error_rate > d.critical_error_rate {
+        let critical_ok = d.critical_error_rate > 0.0 && d.critical_error_rate <= 1.0;
+        if critical_ok && d.recover_error_rate > d.critical_error_rate {
             self.error(
                 "detection.recover_error_rate",
                 format!(
@@ -461,7 +463,9 @@ impl<'a> Checker<'a> {
         if !self.converted(&sources) {
             return;
         }
+        // A zero timeout is reported on its own; comparing with it would only repeat that.
         if (r.first_byte_timeout.is_some() || r.timeout.is_some())
+            && !eff.timeout.is_zero()
             && eff.first_byte_timeout > eff.timeout
         {
             let at = if r.first_byte_timeout.is_some() {
@@ -548,7 +552,7 @@ impl<'a> Checker<'a> {
                 path,
                 format!("must be an http(s) URL with a host, not {}:", url.scheme()),
             );
-        } else if url.host_str().is_none_or(str::is_empty) {
+        } else if !url.host_str().is_some_and(|h| !h.is_empty()) {
             self.error(path, "must be an http(s) URL with a host");
         } else if !url.username().is_empty() || url.password().is_some() {
             self.error(
