@@ -152,6 +152,11 @@ fn bad_configs_give_exact_located_diagnostics() {
             ],
         ),
         (
+            "a value that does not convert is one error, not a cascade",
+            with_route("timeout = \"3x\"\nfirst_byte_timeout = \"40s\"\n"),
+            vec![r#"p.toml:17:11: route[0].timeout: invalid duration "3x": unknown time unit "x", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)"#],
+        ),
+        (
             "zero durations",
             with_route("timeout = \"0s\"\n[detection]\nerror_window = \"0ms\"\n"),
             vec![

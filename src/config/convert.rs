@@ -41,9 +41,11 @@ pub(super) fn parse(src: &str, label: &str) -> Result<Loaded, ConfigErrors> {
 
 /// Locates serde's error through its span and words it in TOML's terms (keys, not fields).
 fn serde_diagnostic(e: &toml_edit::de::Error, map: &SourceMap, label: &str) -> Diagnostic {
-    let offset = e.span().map_or(0, |s| s.start);
-    let (line, col) = map.line_col(offset);
-    let mut path = map.path_at(offset);
+    // Without a span there is nothing to point at: no position rather than a wrong one.
+    let ((line, col), mut path) = match e.span() {
+        Some(span) => (map.line_col(span.start), map.path_at(span.start)),
+        None => ((0, 0), String::new()),
+    };
     let mut message = one_line(e.message());
     // A missing key is reported at its table (there is nothing else to point at); name it in
     // the path like any other key.
@@ -323,7 +325,7 @@ fn route(ck: &mut Checker<'_>, i: usize, r: RawRoute) -> RouteConfig {
 fn parse_duration(ck: &mut Checker<'_>, path: &str, s: &str) -> Result<Duration, ()> {
     humantime::parse_duration(s).map_err(|e| {
         let e = e.to_string();
-        let hint = if e.contains("for example") {
+        let hint = if e.contains("for example") || e.contains("supported units") {
             ""
         } else {
             " (write e.g. \"500ms\", \"30s\", \"5m\")"

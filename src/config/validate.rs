@@ -442,25 +442,12 @@ impl<'a> Checker<'a> {
             format!("{p}.timeout"),
             format!("{p}.first_byte_timeout"),
         );
-        let global = |set: bool, key: &'static str, local: &str| {
-            if set {
-                local.to_owned()
-            } else {
-                format!("probe.{key}")
-            }
-        };
-        let g_interval = global(r.interval.is_some(), "interval", &interval);
-        let g_timeout = global(r.timeout.is_some(), "timeout", &timeout);
-        let g_fbt = global(r.first_byte_timeout.is_some(), "first_byte_timeout", &fbt);
-        let sources = [
-            interval.as_str(),
-            timeout.as_str(),
-            fbt.as_str(),
-            &g_interval,
-            &g_timeout,
-            &g_fbt,
-        ];
-        if !self.converted(&sources) {
+        // A key that did not convert (here or in [probe]) was reported already: comparing the
+        // default that stands in for it would only add a confusing second error.
+        let failed = ["interval", "timeout", "first_byte_timeout"]
+            .iter()
+            .any(|k| !self.converted(&[&format!("{p}.{k}"), &format!("probe.{k}")]));
+        if failed {
             return;
         }
         // A zero timeout is reported on its own; comparing with it would only repeat that.
