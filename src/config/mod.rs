@@ -1,0 +1,456 @@
+//! The TOML config (SPEC.md, "Config file"): `[server] [storage] [probe] [detection] [egress]
+//! [[provider]] [[provider.region]] [[route]] [slo]`. Other sections are rejected as unknown
+//! keys until the issue that builds their behaviour adds them.
+//!
+//! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
+//! syntax error, wrong type, unknown or missing key. Stage two converts and validates the
+//! values and reports *every* problem. Each [`Diagnostic`] is located through `toml_edit`
+//! spans as `FILE:LINE:COL: key.path: message`; array indices in key paths are 0-based
+//! (`route[0]` is the first `[[route]]`), and columns point at the value (for an absent key, at
+//! its table's header). No message ever contains a secret: only variable names.
+//!
+//! Every section struct implements `Default` with SPEC's defaults, so a config can also be built
+//! in code (the demo) and checked with [`Config::validate`].
+
+mod convert;
+mod diag;
+mod raw;
+mod source_map;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::NaiveTime;
+
+use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteId, Tier};
+use crate::secret::Secret;
+
+pub use diag::{ConfigErrors, Diagnostic};
+pub use source_map::SourceMap;
+
+/// A validated config (or one built in code: see [`Config::validate`]).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file label used in diagnostics: the path as the user gave it.
+    pub source: PathBuf,
+    pub server: ServerConfig,
+    pub storage: StorageConfig,
+    pub probe: ProbeConfig,
+    pub detection: DetectionConfig,
+    pub egress: EgressConfig,
+    /// `[[provider]]`, in file order.
+    pub providers: Vec<ProviderConfig>,
+    /// `[[route]]`, in file order; see [`Config::routes`] for the resolved form.
+    pub routes: Vec<RouteConfig>,
+    pub slo: SloConfig,
+    /// Positions in the source, so diagnostics found after loading are located too.
+    /// `SourceMap::default()` for a config built in code.
+    pub source_map: SourceMap,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            source: PathBuf::from("(built-in)"),
+            server: ServerConfig::default(),
+            storage: StorageConfig::default(),
+            probe: ProbeConfig::default(),
+            detection: DetectionConfig::default(),
+            egress: EgressConfig::default(),
+            providers: Vec::new(),
+            routes: Vec::new(),
+            slo: SloConfig::default(),
+            source_map: SourceMap::default(),
+        }
+    }
+}
+
+/// `[server]`: the monitor's own HTTP endpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Status page, API and metrics.
+    pub listen: SocketAddr,
+    /// Base of links in alerts. When absent from the file: `http://{listen}`.
+    pub public_url: String,
+    /// Admin endpoints are off while this variable is unset.
+    pub admin_token_env: String,
+    /// Bearer token for passive results from remote proxies and agents.
+    pub ingest_token_env: String,
+    pub title: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9400)),
+            public_url: "http://127.0.0.1:9400".into(),
+            admin_token_env: "PROBEOK_ADMIN_TOKEN".into(),
+            ingest_token_env: "PROBEOK_INGEST_TOKEN".into(),
+            title: "LLM provider status".into(),
+        }
+    }
+}
+
+/// `[storage]`: the SQLite file and how long history is kept.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StorageConfig {
+    /// As written (a relative path is relative to the working directory).
+    pub path: PathBuf,
+    /// Raw results; also the baseline lookback.
+    pub retention_days: u32,
+    /// Hourly and daily rollups (5-minute ones are kept 48 h regardless).
+    pub rollup_retention_days: u32,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("probeok.db"),
+            retention_days: 14,
+            rollup_retention_days: 400,
+        }
+    }
+}
+
+/// `[probe]`: defaults for every route; a route may override `interval`, `timeout`,
+/// `first_byte_timeout` and `max_tokens`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeConfig {
+    pub interval: Duration,
+    /// No response byte by then: `timeout_before_first_byte` (a failure).
+    pub first_byte_timeout: Duration,
+    /// The whole call; a slow but complete answer is a slow success.
+    pub timeout: Duration,
+    /// ± fraction of `interval`, in [0, 0.5], so probes of many routes do not fire in step.
+    pub jitter: f64,
+    pub stream: bool,
+    /// Enough for `PROBE_OK` yet valid for reasoning models (never 1).
+    pub max_tokens: u32,
+    /// How often the longer throughput probe runs (tokens/s from a 2-token answer is noise).
+    pub throughput_every: Duration,
+    pub throughput_prompt: String,
+    pub throughput_max_tokens: u32,
+    pub system: String,
+    pub user: String,
+    /// Compared with the answer after trimming whitespace (drift signal).
+    pub expect: String,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(30),
+            first_byte_timeout: Duration::from_secs(5),
+            timeout: Duration::from_secs(30),
+            jitter: 0.1,
+            stream: true,
+            max_tokens: 16,
+            throughput_every: Duration::from_secs(300),
+            throughput_prompt:
+                "Count from 1 to 40, separated by single spaces. Reply with the numbers only."
+                    .into(),
+            throughput_max_tokens: 128,
+            system: "Reply with exactly: PROBE_OK".into(),
+            user: "health check".into(),
+            expect: "PROBE_OK".into(),
+        }
+    }
+}
+
+/// How baselines are bucketed by time of day (in [`DetectionConfig::timezone`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Buckets {
+    /// One all-day baseline.
+    None,
+    /// One baseline per hour of the day.
+    Hour,
+    /// Peak windows `[start, end)`, sorted as written, non-overlapping, none crossing midnight;
+    /// each window has its own baseline and the rest of the day shares one.
+    Windows(Vec<(NaiveTime, NaiveTime)>),
+}
+
+/// `[detection]`: baselines and the state machine's thresholds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DetectionConfig {
+    /// Latency anomaly: > mean + max(sigma·stddev, latency_floor_ratio·mean, latency_floor).
+    pub sigma: f64,
+    /// Keeps a near-zero stddev (a very steady route) from making every probe abnormal.
+    pub latency_floor_ratio: f64,
+    pub latency_floor: Duration,
+    /// Most recent successful probes per bucket.
+    pub baseline_window: u32,
+    /// Below this a route stays UNKNOWN or uses the all-day baseline.
+    pub min_samples: u32,
+    pub buckets: Buckets,
+    pub timezone: chrono_tz::Tz,
+    /// Consecutive abnormal probes before DEGRADED.
+    pub degraded_after: u32,
+    /// Over `error_window` (probes and passive outcomes).
+    pub critical_error_rate: f64,
+    pub error_window: Duration,
+    /// The error rate judges nothing below this many outcomes in the window…
+    pub min_error_samples: u32,
+    /// …nor with fewer failures than this.
+    pub min_failures: u32,
+    /// DEGRADED with the error rate above threshold this long → CRITICAL.
+    pub critical_after: Duration,
+    /// Or DEGRADED this long with no normal observation in between → CRITICAL.
+    pub critical_degraded_for: Duration,
+    /// Back to NORMAL only after this long of normal observations…
+    pub recover_after: Duration,
+    /// …with the error rate below this (hysteresis: at most `critical_error_rate`).
+    pub recover_error_rate: f64,
+    /// Tokens/s below this fraction of the baseline is abnormal.
+    pub tps_floor: f64,
+}
+
+impl Default for DetectionConfig {
+    fn default() -> Self {
+        Self {
+            sigma: 2.0,
+            latency_floor_ratio: 0.2,
+            latency_floor: Duration::from_millis(100),
+            baseline_window: 100,
+            min_samples: 20,
+            buckets: Buckets::Hour,
+            timezone: chrono_tz::Asia::Shanghai,
+            degraded_after: 3,
+            critical_error_rate: 0.05,
+            error_window: Duration::from_secs(300),
+            min_error_samples: 20,
+            min_failures: 3,
+            critical_after: Duration::from_secs(60),
+            critical_degraded_for: Duration::from_secs(120),
+            recover_after: Duration::from_secs(300),
+            recover_error_rate: 0.01,
+            tps_floor: 0.3,
+        }
+    }
+}
+
+/// `[egress]`: telling "the provider is down" from "our own network is down".
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EgressConfig {
+    /// A non-LLM URL; when it fails too and ≥ 2 providers fail, blame our egress. Off if unset.
+    pub control_url: Option<String>,
+}
+
+/// `[[provider]]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderConfig {
+    /// `[a-z0-9_-]+`, unique.
+    pub id: String,
+    /// Defaults to `openai` (any OpenAI-compatible API), by far the common case.
+    pub kind: ProviderKind,
+    /// The variable holding the API key; the key itself is never in the config.
+    pub api_key_env: Option<String>,
+    /// `[[provider.region]]`, at least one.
+    pub regions: Vec<RegionConfig>,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            kind: ProviderKind::Openai,
+            api_key_env: None,
+            regions: Vec::new(),
+        }
+    }
+}
+
+/// `[[provider.region]]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RegionConfig {
+    /// `[a-z0-9_-]+`, unique within its provider.
+    pub id: String,
+    /// http(s) with a host, as written (see [`Route::base_url`] for the normalised form).
+    pub base_url: String,
+}
+
+/// `[[route]]`: one provider × region × upstream model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfig {
+    pub provider: String,
+    pub region: String,
+    /// The upstream model name; may contain `/`.
+    pub model: String,
+    /// The logical model clients ask the proxy for; routes sharing it are interchangeable.
+    pub serves: String,
+    /// Defaults to `primary`.
+    pub tier: Tier,
+    /// Base traffic share, 0..=100; defaults to 100 (equal shares).
+    pub weight: u8,
+    pub price: Option<Price>,
+    /// Defaults to `["stream"]`: every OpenAI-compatible chat API streams, and so do probes.
+    pub capabilities: Vec<Capability>,
+    pub context_window: Option<u32>,
+    /// Optional tag a request may require (`x-probeok-residency`).
+    pub residency: Option<String>,
+    pub interval: Option<Duration>,
+    pub timeout: Option<Duration>,
+    pub first_byte_timeout: Option<Duration>,
+    pub max_tokens: Option<u32>,
+    /// Availability target; `[slo] availability` when absent.
+    pub slo: Option<f64>,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        Self {
+            provider: String::new(),
+            region: String::new(),
+            model: String::new(),
+            serves: String::new(),
+            tier: Tier::Primary,
+            weight: 100,
+            price: None,
+            capabilities: vec![Capability::Stream],
+            context_window: None,
+            residency: None,
+            interval: None,
+            timeout: None,
+            first_byte_timeout: None,
+            max_tokens: None,
+            slo: None,
+        }
+    }
+}
+
+/// `[slo]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloConfig {
+    /// Default per-route target over a rolling 30-day window, in (0, 1).
+    pub availability: f64,
+    /// An outcome is good when it succeeded within this.
+    pub latency_threshold: Duration,
+}
+
+impl Default for SloConfig {
+    fn default() -> Self {
+        Self {
+            availability: 0.999,
+            latency_threshold: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A config that passed validation, with the warnings it raised (e.g. probes that overrun).
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    pub warnings: Vec<Diagnostic>,
+}
+
+impl Config {
+    /// Reads and validates the file at `path`; diagnostics name the file as `path` is written.
+    pub fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
+        let label = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(src) => Self::parse(&src, &label),
+            Err(e) => Err(ConfigErrors(vec![Diagnostic {
+                file: label,
+                line: 0,
+                col: 0,
+                path: String::new(),
+                message: format!("cannot read: {e}"),
+            }])),
+        }
+    }
+
+    /// Parses and validates `src`; `label` names the file in diagnostics.
+    pub fn parse(src: &str, label: &str) -> Result<Loaded, ConfigErrors> {
+        convert::parse(src, label)
+    }
+
+    /// Checks a config built in code with the same rules as a loaded one (positions are
+    /// located when the config came from a file). Returns the warnings.
+    pub fn validate(&self) -> Result<Vec<Diagnostic>, ConfigErrors> {
+        let mut checker =
+            validate::Checker::new(&self.source.display().to_string(), &self.source_map);
+        checker.check(self);
+        checker.finish()
+    }
+
+    /// The resolved routes, in file order: id `provider/region/model`, the provider's kind and
+    /// key variable, the region's base URL without a trailing slash, `[probe]` merged with the
+    /// route's overrides, and the route's SLO or `[slo] availability`. A route naming an unknown
+    /// provider or region (only possible in an unvalidated config) is left out.
+    pub fn routes(&self) -> Vec<Route> {
+        self.routes
+            .iter()
+            .filter_map(|r| {
+                let provider = self.providers.iter().find(|p| p.id == r.provider)?;
+                let region = provider.regions.iter().find(|g| g.id == r.region)?;
+                Some(Route {
+                    id: RouteId::new(&r.provider, &r.region, &r.model),
+                    provider: r.provider.clone(),
+                    region: r.region.clone(),
+                    model: r.model.clone(),
+                    kind: provider.kind,
+                    base_url: region.base_url.trim_end_matches('/').to_owned(),
+                    api_key_env: provider.api_key_env.clone(),
+                    serves: r.serves.clone(),
+                    tier: r.tier,
+                    weight: r.weight,
+                    price: r.price.clone(),
+                    capabilities: r.capabilities.clone(),
+                    context_window: r.context_window,
+                    residency: r.residency.clone(),
+                    slo: r.slo.unwrap_or(self.slo.availability),
+                    probe: self.probe_settings(r),
+                })
+            })
+            .collect()
+    }
+
+    /// `[probe]` merged with one route's overrides.
+    pub fn probe_settings(&self, route: &RouteConfig) -> ProbeSettings {
+        let p = &self.probe;
+        ProbeSettings {
+            interval: route.interval.unwrap_or(p.interval),
+            first_byte_timeout: route.first_byte_timeout.unwrap_or(p.first_byte_timeout),
+            timeout: route.timeout.unwrap_or(p.timeout),
+            jitter: p.jitter,
+            stream: p.stream,
+            max_tokens: route.max_tokens.unwrap_or(p.max_tokens),
+            throughput_every: p.throughput_every,
+            throughput_prompt: p.throughput_prompt.clone(),
+            throughput_max_tokens: p.throughput_max_tokens,
+            system: p.system.clone(),
+            user: p.user.clone(),
+            expect: p.expect.clone(),
+        }
+    }
+
+    /// One diagnostic per provider whose `api_key_env` names a variable that is unset or empty,
+    /// located at that key. `serve` treats them as errors, `check-config` as warnings.
+    /// Only the variable's name is ever mentioned.
+    pub fn missing_secrets(&self) -> Vec<Diagnostic> {
+        let file = self.source.display().to_string();
+        self.providers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let var = p.api_key_env.as_deref()?;
+                if Secret::from_env(var).is_some() {
+                    return None;
+                }
+                let path = format!("provider[{i}].api_key_env");
+                let (line, col) = self.source_map.locate(&path);
+                Some(Diagnostic {
+                    file: file.clone(),
+                    line,
+                    col,
+                    path,
+                    message: format!(
+                        "environment variable {var} is not set (or empty): provider \"{}\" has no API key",
+                        p.id
+                    ),
+                })
+            })
+            .collect()
+    }
+}

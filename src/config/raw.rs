@@ -1,0 +1,173 @@
+//! Stage one: the file as serde sees it. Loosely typed on purpose — durations, time zones,
+//! addresses and integers stay raw here, so that bad values become stage-two diagnostics
+//! (all reported at once) instead of serde's first-error-only stop. Serde still rejects syntax
+//! errors, wrong types, unknown keys, missing keys and unknown enum values (tiers, kinds,
+//! capabilities), each located by its span.
+//!
+//! Every `Option` is "not in the file": the public section's `Default` supplies the value.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use crate::route::{Capability, Price, ProviderKind, Tier};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub storage: RawStorage,
+    #[serde(default)]
+    pub probe: RawProbe,
+    #[serde(default)]
+    pub detection: RawDetection,
+    #[serde(default)]
+    pub egress: RawEgress,
+    #[serde(default, rename = "provider")]
+    pub providers: Vec<RawProvider>,
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub slo: RawSlo,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawServer {
+    pub listen: Option<String>,
+    pub public_url: Option<String>,
+    pub admin_token_env: Option<String>,
+    pub ingest_token_env: Option<String>,
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStorage {
+    pub path: Option<String>,
+    pub retention_days: Option<i64>,
+    pub rollup_retention_days: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawProbe {
+    pub interval: Option<String>,
+    pub first_byte_timeout: Option<String>,
+    pub timeout: Option<String>,
+    pub jitter: Option<f64>,
+    pub stream: Option<bool>,
+    pub max_tokens: Option<i64>,
+    pub throughput_every: Option<String>,
+    pub throughput_prompt: Option<String>,
+    pub throughput_max_tokens: Option<i64>,
+    pub system: Option<String>,
+    pub user: Option<String>,
+    pub expect: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDetection {
+    pub sigma: Option<f64>,
+    pub latency_floor_ratio: Option<f64>,
+    pub latency_floor: Option<String>,
+    pub baseline_window: Option<i64>,
+    pub min_samples: Option<i64>,
+    pub buckets: Option<RawBuckets>,
+    pub timezone: Option<String>,
+    pub degraded_after: Option<i64>,
+    pub critical_error_rate: Option<f64>,
+    pub error_window: Option<String>,
+    pub min_error_samples: Option<i64>,
+    pub min_failures: Option<i64>,
+    pub critical_after: Option<String>,
+    pub critical_degraded_for: Option<String>,
+    pub recover_after: Option<String>,
+    pub recover_error_rate: Option<f64>,
+    pub tps_floor: Option<f64>,
+}
+
+/// `"none"` | `"hour"` (any other word is a stage-two error) | `[["HH:MM","HH:MM"], …]`
+/// (windows of any length here, so a malformed one is reported with its index).
+#[derive(Debug)]
+pub(super) enum RawBuckets {
+    Mode(String),
+    Windows(Vec<Vec<String>>),
+}
+
+impl<'de> Deserialize<'de> for RawBuckets {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawBuckets;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#""none", "hour" or an array of ["HH:MM", "HH:MM"] windows"#)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawBuckets, E> {
+                Ok(RawBuckets::Mode(v.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawBuckets, A::Error> {
+                let mut windows = Vec::new();
+                while let Some(w) = seq.next_element::<Vec<String>>()? {
+                    windows.push(w);
+                }
+                Ok(RawBuckets::Windows(windows))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEgress {
+    pub control_url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawProvider {
+    pub id: String,
+    pub kind: Option<ProviderKind>,
+    pub api_key_env: Option<String>,
+    #[serde(default, rename = "region")]
+    pub regions: Vec<RawRegion>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRegion {
+    pub id: String,
+    pub base_url: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    pub provider: String,
+    pub region: String,
+    pub model: String,
+    pub serves: String,
+    pub tier: Option<Tier>,
+    pub weight: Option<i64>,
+    pub price: Option<Price>,
+    pub capabilities: Option<Vec<Capability>>,
+    pub context_window: Option<i64>,
+    pub residency: Option<String>,
+    pub interval: Option<String>,
+    pub timeout: Option<String>,
+    pub first_byte_timeout: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub slo: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSlo {
+    pub availability: Option<f64>,
+    pub latency_threshold: Option<String>,
+}

@@ -1,0 +1,576 @@
+//! Stage two's checks over the typed config: every problem is collected (none stops the
+//! others), located through the [`SourceMap`], and sorted into file order.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::NaiveTime;
+
+use super::{Buckets, Config, ConfigErrors, Diagnostic, SourceMap};
+
+pub(crate) struct Checker<'a> {
+    file: String,
+    map: &'a SourceMap,
+    /// Keys whose value did not convert (reported already, replaced by the default): checks
+    /// that combine them with other keys are skipped, so one typo is one error.
+    failed: HashSet<String>,
+    errors: Vec<Diagnostic>,
+    warnings: Vec<Diagnostic>,
+}
+
+impl<'a> Checker<'a> {
+    pub(crate) fn new(file: &str, map: &'a SourceMap) -> Self {
+        Self {
+            file: file.to_owned(),
+            map,
+            failed: HashSet::new(),
+            errors: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    fn diagnostic(&self, path: String, message: String) -> Diagnostic {
+        let (line, col) = self.map.locate(&path);
+        Diagnostic {
+            file: self.file.clone(),
+            line,
+            col,
+            path,
+            message,
+        }
+    }
+
+    pub(crate) fn error(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        let d = self.diagnostic(path.into(), message.into());
+        self.errors.push(d);
+    }
+
+    /// An error in converting a value: also marks the key failed.
+    pub(crate) fn fail(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        let path = path.into();
+        self.mark_failed(&path);
+        self.error(path, message);
+    }
+
+    pub(crate) fn mark_failed(&mut self, path: &str) {
+        self.failed.insert(path.to_owned());
+    }
+
+    fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        let d = self.diagnostic(path.into(), message.into());
+        self.warnings.push(d);
+    }
+
+    fn converted(&self, paths: &[&str]) -> bool {
+        paths.iter().all(|p| !self.failed.contains(*p))
+    }
+
+    /// The warnings when there is no error; every error otherwise. Both in file order.
+    pub(crate) fn finish(mut self) -> Result<Vec<Diagnostic>, ConfigErrors> {
+        let order = |d: &Diagnostic| (d.line, d.col);
+        self.errors.sort_by_key(order);
+        self.warnings.sort_by_key(order);
+        if self.errors.is_empty() {
+            Ok(self.warnings)
+        } else {
+            Err(ConfigErrors(self.errors))
+        }
+    }
+
+    pub(crate) fn check(&mut self, c: &Config) {
+        self.server(c);
+        self.storage(c);
+        self.probe(c);
+        self.detection(c);
+        if let Some(url) = &c.egress.control_url {
+            self.url("egress.control_url", url, false);
+        }
+        self.providers(c);
+        self.routes(c);
+        self.positive("slo.latency_threshold", c.slo.latency_threshold);
+        self.open_unit("slo.availability", c.slo.availability);
+    }
+
+    fn server(&mut self, c: &Config) {
+        let s = &c.server;
+        self.url("server.public_url", &s.public_url, false);
+        self.env_name("server.admin_token_env", &s.admin_token_env);
+        self.env_name("server.ingest_token_env", &s.ingest_token_env);
+    }
+
+    fn storage(&mut self, c: &Config) {
+        let s = &c.storage;
+        if s.path.as_os_str().is_empty() {
+            self.error("storage.path", "must not be empty");
+        }
+        self.at_least("storage.retention_days", s.retention_days, 1);
+        self.at_least("storage.rollup_retention_days", s.rollup_retention_days, 1);
+    }
+
+    fn probe(&mut self, c: &Config) {
+        let p = &c.probe;
+        self.positive("probe.interval", p.interval);
+        self.positive("probe.first_byte_timeout", p.first_byte_timeout);
+        self.positive("probe.timeout", p.timeout);
+        self.positive("probe.throughput_every", p.throughput_every);
+        if !(0.0..=0.5).contains(&p.jitter) {
+            self.error(
+                "probe.jitter",
+                format!("must be in [0, 0.5], got {}", p.jitter),
+            );
+        }
+        self.at_least("probe.max_tokens", p.max_tokens, 1);
+        self.at_least("probe.throughput_max_tokens", p.throughput_max_tokens, 1);
+        for (key, v) in [
+            ("probe.throughput_prompt", &p.throughput_prompt),
+            ("probe.user", &p.user),
+            ("probe.expect", &p.expect),
+        ] {
+            if v.trim().is_empty() {
+                self.error(key, "must not be empty");
+            }
+        }
+        if self.converted(&["probe.first_byte_timeout", "probe.timeout"])
+            && !p.timeout.is_zero()
+            && p.first_byte_timeout > p.timeout
+        {
+            self.error(
+                "probe.first_byte_timeout",
+                exceeds(p.first_byte_timeout, p.timeout),
+            );
+        }
+        // Said once for the defaults, and only if some route actually runs on both of them.
+        let inherited = c
+            .routes
+            .iter()
+            .any(|r| r.interval.is_none() && r.timeout.is_none());
+        if inherited
+            && self.converted(&["probe.interval", "probe.timeout"])
+            && !p.interval.is_zero()
+            && p.timeout >= p.interval
+        {
+            self.warn("probe.timeout", overrun(p.timeout, p.interval));
+        }
+    }
+
+    fn detection(&mut self, c: &Config) {
+        let d = &c.detection;
+        if !(d.sigma.is_finite() && d.sigma > 0.0) {
+            self.error(
+                "detection.sigma",
+                format!("must be greater than 0, got {}", d.sigma),
+            );
+        }
+        if !(d.latency_floor_ratio.is_finite() && d.latency_floor_ratio >= 0.0) {
+            self.error(
+                "detection.latency_floor_ratio",
+                format!("must be 0 or more, got {}", d.latency_floor_ratio),
+            );
+        }
+        self.positive("detection.latency_floor", d.latency_floor);
+        self.at_least("detection.baseline_window", d.baseline_window, 1);
+        self.at_least("detection.min_samples", d.min_samples, 1);
+        if self.converted(&["detection.min_samples", "detection.baseline_window"])
+            && d.min_samples > d.baseline_window
+        {
+            self.error(
+                "detection.min_samples",
+                format!(
+                    "must not exceed baseline_window ({}), got {}: routes would never leave UNKNOWN",
+                    d.baseline_window, d.min_samples
+                ),
+            );
+        }
+        if let Buckets::Windows(windows) = &d.buckets {
+            self.windows(windows);
+        }
+        self.at_least("detection.degraded_after", d.degraded_after, 1);
+        self.rate("detection.critical_error_rate", d.critical_error_rate);
+        self.positive("detection.error_window", d.error_window);
+        self.at_least("detection.min_error_samples", d.min_error_samples, 1);
+        self.at_least("detection.min_failures", d.min_failures, 1);
+        self.positive("detection.critical_after", d.critical_after);
+        self.positive("detection.critical_degraded_for", d.critical_degraded_for);
+        self.positive("detection.recover_after", d.recover_after);
+        self.rate("detection.recover_error_rate", d.recover_error_rate);
+        let critical_ok = d.critical_error_rate > 0.0 && d.critical_error_rate <= 1.0;
+        if critical_ok && d.recover_error_rate > d.critical_error_rate {
+            self.error(
+                "detection.recover_error_rate",
+                format!(
+                    "must not exceed critical_error_rate ({}), got {}: recovery needs a lower error rate than escalation",
+                    d.critical_error_rate, d.recover_error_rate
+                ),
+            );
+        }
+        self.rate("detection.tps_floor", d.tps_floor);
+    }
+
+    fn windows(&mut self, windows: &[(NaiveTime, NaiveTime)]) {
+        if windows.is_empty() {
+            self.error(
+                "detection.buckets",
+                "no windows: use \"none\", \"hour\" or at least one [\"HH:MM\", \"HH:MM\"] window",
+            );
+        }
+        let show =
+            |(s, e): (NaiveTime, NaiveTime)| format!("{}-{}", s.format("%H:%M"), e.format("%H:%M"));
+        for (j, &(start, end)) in windows.iter().enumerate() {
+            let path = format!("detection.buckets[{j}]");
+            if start >= end {
+                self.error(
+                    path,
+                    format!(
+                        "window {} is empty or reversed: start must be before end (windows cannot cross midnight)",
+                        show((start, end))
+                    ),
+                );
+                continue;
+            }
+            let earlier = windows[..j]
+                .iter()
+                .enumerate()
+                .find(|(_, &(s, e))| s < e && s < end && start < e);
+            if let Some((i, &w)) = earlier {
+                self.error(
+                    path,
+                    format!(
+                        "window {} overlaps window {} (detection.buckets[{i}])",
+                        show((start, end)),
+                        show(w)
+                    ),
+                );
+            }
+        }
+    }
+
+    fn providers(&mut self, c: &Config) {
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, p) in c.providers.iter().enumerate() {
+            let path = format!("provider[{i}]");
+            self.id(&format!("{path}.id"), "provider", &p.id);
+            if let Some(first) = seen.get(p.id.as_str()) {
+                self.error(
+                    format!("{path}.id"),
+                    format!(
+                        "duplicate provider id {:?} (first defined at provider[{first}])",
+                        p.id
+                    ),
+                );
+            } else {
+                seen.insert(&p.id, i);
+            }
+            if let Some(var) = &p.api_key_env {
+                self.env_name(&format!("{path}.api_key_env"), var);
+            }
+            if p.regions.is_empty() {
+                self.error(
+                    path.clone(),
+                    format!("provider {:?} has no regions: add a [[provider.region]] with id and base_url", p.id),
+                );
+            }
+            let mut regions: HashMap<&str, usize> = HashMap::new();
+            for (j, r) in p.regions.iter().enumerate() {
+                let rpath = format!("{path}.region[{j}]");
+                self.id(&format!("{rpath}.id"), "region", &r.id);
+                if let Some(first) = regions.get(r.id.as_str()) {
+                    self.error(
+                        format!("{rpath}.id"),
+                        format!(
+                            "duplicate region id {:?} in provider {:?} (first defined at {path}.region[{first}])",
+                            r.id, p.id
+                        ),
+                    );
+                } else {
+                    regions.insert(&r.id, j);
+                }
+                self.url(&format!("{rpath}.base_url"), &r.base_url, true);
+            }
+        }
+    }
+
+    fn routes(&mut self, c: &Config) {
+        if c.routes.is_empty() {
+            self.error("route", "no routes configured: add at least one [[route]]");
+        }
+        let known = |ids: &mut dyn Iterator<Item = &str>| {
+            let ids: Vec<&str> = ids.collect();
+            if ids.is_empty() {
+                "none".to_owned()
+            } else {
+                ids.join(", ")
+            }
+        };
+        let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        let mut currency: Option<(&str, usize)> = None;
+        for (i, r) in c.routes.iter().enumerate() {
+            let p = format!("route[{i}]");
+            let key = |k: &str| format!("{p}.{k}");
+            match c.providers.iter().find(|x| x.id == r.provider) {
+                None => self.error(
+                    key("provider"),
+                    format!(
+                        "unknown provider {:?} (known: {})",
+                        r.provider,
+                        known(&mut c.providers.iter().map(|x| x.id.as_str()))
+                    ),
+                ),
+                Some(provider) if !provider.regions.iter().any(|g| g.id == r.region) => self.error(
+                    key("region"),
+                    format!(
+                        "unknown region {:?} of provider {:?} (known: {})",
+                        r.region,
+                        r.provider,
+                        known(&mut provider.regions.iter().map(|g| g.id.as_str()))
+                    ),
+                ),
+                Some(_) => {}
+            }
+            if r.model.is_empty() {
+                self.error(key("model"), "must not be empty");
+            } else if r
+                .model
+                .chars()
+                .any(|ch| ch.is_whitespace() || ch.is_control())
+            {
+                self.error(
+                    key("model"),
+                    format!(
+                        "invalid model {:?}: no whitespace or control characters",
+                        r.model
+                    ),
+                );
+            }
+            if r.serves.is_empty() {
+                self.error(key("serves"), "must not be empty");
+            } else if !r
+                .serves
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "._:/-".contains(ch))
+            {
+                self.error(
+                    key("serves"),
+                    format!(
+                        "invalid serves {:?}: use only letters, digits and . _ : / -",
+                        r.serves
+                    ),
+                );
+            }
+            let triple = (r.provider.as_str(), r.region.as_str(), r.model.as_str());
+            if let Some(first) = seen.get(&triple) {
+                self.error(
+                    p.clone(),
+                    format!(
+                        "duplicate route \"{}/{}/{}\" (same provider/region/model as route[{first}])",
+                        r.provider, r.region, r.model
+                    ),
+                );
+            } else {
+                seen.insert(triple, i);
+            }
+            if r.weight > 100 {
+                self.error(
+                    key("weight"),
+                    format!("must be in 0..=100, got {}", r.weight),
+                );
+            }
+            if let Some(price) = &r.price {
+                for (k, v) in [
+                    ("price.input_per_mtok", price.input_per_mtok),
+                    ("price.output_per_mtok", price.output_per_mtok),
+                ] {
+                    if !(v.is_finite() && v >= 0.0) {
+                        self.error(key(k), format!("must be 0 or more, got {v}"));
+                    }
+                }
+                if price.currency.trim().is_empty() {
+                    self.error(key("price.currency"), "must not be empty");
+                } else {
+                    match currency {
+                        None => currency = Some((&price.currency, i)),
+                        Some((cur, first)) if cur != price.currency => self.error(
+                            key("price.currency"),
+                            format!(
+                                "currency {:?} differs from {cur:?} (route[{first}]): use one currency per config",
+                                price.currency
+                            ),
+                        ),
+                        Some(_) => {}
+                    }
+                }
+            }
+            if let Some(cw) = r.context_window {
+                self.at_least(&key("context_window"), cw, 1);
+            }
+            if let Some(tag) = &r.residency {
+                if !is_id(tag) {
+                    self.error(
+                        key("residency"),
+                        format!(
+                            "invalid residency tag {tag:?}: use only a-z, 0-9, \"_\" and \"-\""
+                        ),
+                    );
+                }
+            }
+            for (k, d) in [
+                ("interval", r.interval),
+                ("timeout", r.timeout),
+                ("first_byte_timeout", r.first_byte_timeout),
+            ] {
+                if let Some(d) = d {
+                    self.positive(&key(k), d);
+                }
+            }
+            if let Some(n) = r.max_tokens {
+                self.at_least(&key("max_tokens"), n, 1);
+            }
+            if let Some(slo) = r.slo {
+                self.open_unit(&key("slo"), slo);
+            }
+            self.route_timeouts(c, i);
+        }
+    }
+
+    /// The route's effective timeouts, checked only where the route overrides one (the
+    /// `[probe]` defaults are checked once, in [`Self::probe`]).
+    fn route_timeouts(&mut self, c: &Config, i: usize) {
+        let r = &c.routes[i];
+        let eff = c.probe_settings(r);
+        let p = format!("route[{i}]");
+        let (interval, timeout, fbt) = (
+            format!("{p}.interval"),
+            format!("{p}.timeout"),
+            format!("{p}.first_byte_timeout"),
+        );
+        // A key that did not convert (here or in [probe]) was reported already: comparing the
+        // default that stands in for it would only add a confusing second error.
+        let failed = ["interval", "timeout", "first_byte_timeout"]
+            .iter()
+            .any(|k| !self.converted(&[&format!("{p}.{k}"), &format!("probe.{k}")]));
+        if failed {
+            return;
+        }
+        // A zero timeout is reported on its own; comparing with it would only repeat that.
+        if (r.first_byte_timeout.is_some() || r.timeout.is_some())
+            && !eff.timeout.is_zero()
+            && eff.first_byte_timeout > eff.timeout
+        {
+            let at = if r.first_byte_timeout.is_some() {
+                fbt
+            } else {
+                timeout.clone()
+            };
+            self.error(at, exceeds(eff.first_byte_timeout, eff.timeout));
+        }
+        if (r.interval.is_some() || r.timeout.is_some())
+            && !eff.interval.is_zero()
+            && eff.timeout >= eff.interval
+        {
+            let at = if r.timeout.is_some() {
+                timeout
+            } else {
+                interval
+            };
+            self.warn(at, overrun(eff.timeout, eff.interval));
+        }
+    }
+
+    fn positive(&mut self, path: &str, d: Duration) {
+        if d.is_zero() {
+            self.error(path, "must be greater than 0");
+        }
+    }
+
+    fn at_least(&mut self, path: &str, v: u32, min: u32) {
+        if v < min {
+            self.error(path, format!("must be at least {min}, got {v}"));
+        }
+    }
+
+    /// A rate in (0, 1].
+    fn rate(&mut self, path: &str, v: f64) {
+        if !(v > 0.0 && v <= 1.0) {
+            self.error(path, format!("must be in (0, 1], got {v}"));
+        }
+    }
+
+    /// A target in (0, 1): 1 would leave no error budget at all.
+    fn open_unit(&mut self, path: &str, v: f64) {
+        if !(v > 0.0 && v < 1.0) {
+            self.error(path, format!("must be in (0, 1), e.g. 0.999, got {v}"));
+        }
+    }
+
+    fn id(&mut self, path: &str, what: &str, id: &str) {
+        if !is_id(id) {
+            self.error(
+                path,
+                format!("invalid {what} id {id:?}: use only a-z, 0-9, \"_\" and \"-\""),
+            );
+        }
+    }
+
+    /// The value is not echoed: a `*_env` key holding the secret itself is the classic mistake.
+    fn env_name(&mut self, path: &str, name: &str) {
+        let mut chars = name.chars();
+        let ok = chars
+            .next()
+            .is_some_and(|ch| ch.is_ascii_alphabetic() || ch == '_')
+            && chars.all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+        if !ok {
+            self.error(
+                path,
+                "must name an environment variable (letters, digits and \"_\"), not hold the secret itself",
+            );
+        }
+    }
+
+    /// http(s) with a host. The URL is not echoed: it may embed credentials.
+    fn url(&mut self, path: &str, value: &str, base: bool) {
+        let url = match reqwest::Url::parse(value) {
+            Ok(url) => url,
+            Err(e) => {
+                self.error(path, format!("must be an http(s) URL with a host ({e})"));
+                return;
+            }
+        };
+        if !matches!(url.scheme(), "http" | "https") {
+            self.error(
+                path,
+                format!("must be an http(s) URL with a host, not {}:", url.scheme()),
+            );
+        } else if !url.host_str().is_some_and(|h| !h.is_empty()) {
+            self.error(path, "must be an http(s) URL with a host");
+        } else if !url.username().is_empty() || url.password().is_some() {
+            self.error(
+                path,
+                "must not embed credentials: name them by environment variable instead",
+            );
+        } else if base && (url.query().is_some() || url.fragment().is_some()) {
+            self.error(path, "must not have a query or fragment");
+        }
+    }
+}
+
+fn exceeds(first_byte_timeout: Duration, timeout: Duration) -> String {
+    format!(
+        "first_byte_timeout ({}) must not exceed timeout ({})",
+        humantime::format_duration(first_byte_timeout),
+        humantime::format_duration(timeout)
+    )
+}
+
+fn overrun(timeout: Duration, interval: Duration) -> String {
+    format!(
+        "timeout ({}) >= interval ({}): such probes overrun and are skipped",
+        humantime::format_duration(timeout),
+        humantime::format_duration(interval)
+    )
+}
+
+/// `[a-z0-9_-]+`.
+pub(crate) fn is_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_' || ch == '-')
+}
