@@ -152,6 +152,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
         providers,
         routes,
         slo: SloConfig::default(),
+        ..Config::default()
     };
     tracing::info!(
         simulator = %sim_addr,

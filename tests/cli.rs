@@ -1,0 +1,156 @@
+//! The binary as a user runs it: exit codes, one clear line per error, `probe --json` output.
+
+use std::process::Command;
+
+use probeok::sim::{self, Scenario, SimConfig};
+use tokio_util::sync::CancellationToken;
+
+fn probeok() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_probeok"));
+    cmd.env_remove("PROBEOK_CONFIG").env("RUST_LOG", "warn");
+    cmd
+}
+
+fn write(dir: &tempfile::TempDir, name: &str, body: &str) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+fn route_toml(base_url: &str) -> String {
+    format!(
+        r#"
+[[provider]]
+id = "sim"
+kind = "openai"
+api_key_env = "PROBEOK_TEST_UNSET_KEY"
+  [[provider.region]]
+  id = "r1"
+  base_url = "{base_url}"
+
+[[route]]
+provider = "sim"
+region = "r1"
+model = "sim-large"
+serves = "chat"
+tier = "primary"
+weight = 100
+"#
+    )
+}
+
+#[test]
+fn check_config_prints_routes_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "ok.toml", &route_toml("http://127.0.0.1:1/v1"));
+    let out = probeok()
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("sim/r1/sim-large"), "{stdout}");
+    assert!(stdout.contains("1 route(s)"), "{stdout}");
+    // The unset key is a warning for check-config, naming the variable only.
+    assert!(stderr.contains("warning:"), "{stderr}");
+    assert!(stderr.contains("PROBEOK_TEST_UNSET_KEY"), "{stderr}");
+}
+
+#[test]
+fn check_config_reports_located_errors_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = route_toml("http://127.0.0.1:1/v1").replace("provider = \"sim\"\nregion", "provider = \"smi\"\nregion");
+    let path = write(&dir, "bad.toml", &body);
+    let out = probeok()
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("route[0].provider"))
+        .unwrap_or_else(|| panic!("no located error in {stderr}"));
+    assert!(line.starts_with(&format!("{}:", path.display())), "{line}");
+    assert!(line.contains("unknown provider \"smi\""), "{line}");
+}
+
+#[test]
+fn serve_refuses_to_start_without_its_api_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "ok.toml", &route_toml("http://127.0.0.1:1/v1"));
+    let out = probeok()
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("PROBEOK_TEST_UNSET_KEY"), "{stderr}");
+}
+
+#[test]
+fn bad_arguments_exit_1_and_help_exits_0() {
+    let out = probeok().arg("no-such-command").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let out = probeok().args(["simulate", "--scenario", "meteor"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scenario \"meteor\""));
+    let out = probeok().arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_json_prints_one_object_per_route() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(sim::serve(
+        listener,
+        SimConfig::standalone(Scenario::Healthy),
+        shutdown.clone(),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        &dir,
+        "sim.toml",
+        &route_toml(&sim::base_url(addr, "sim", "r1")).replace(
+            "api_key_env = \"PROBEOK_TEST_UNSET_KEY\"\n",
+            "",
+        ),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        probeok()
+            .args(["probe", "--json", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    shutdown.cancel();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    for key in [
+        "route", "provider", "region", "model", "success", "verified", "ttfb_ms", "ttft_ms",
+        "total_ms", "output_tokens", "tokens_per_second", "model_reported", "error",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key} in {v}");
+    }
+    assert_eq!(v["route"], "sim/r1/sim-large");
+    assert_eq!(v["success"], true, "{v}");
+    assert_eq!(v["verified"], true, "{v}");
+    assert!(v["error"].is_null());
+    let (ttfb, ttft, total) = (
+        v["ttfb_ms"].as_f64().unwrap(),
+        v["ttft_ms"].as_f64().unwrap(),
+        v["total_ms"].as_f64().unwrap(),
+    );
+    assert!(ttfb <= ttft && ttft <= total, "{v}");
+}
