@@ -151,7 +151,7 @@ impl ProbeClient {
                 }),
             ),
         };
-        let total_ms = run.now_ms();
+        let total_ms = run.end.unwrap_or_else(|| run.now_ms());
         let outcome = assemble(route, kind, started_at, &run, total_ms, &collected, result);
         tracing::debug!(
             route = %route.id,
@@ -278,6 +278,7 @@ impl ProbeClient {
                 sse::guarded_bytes(response.bytes_stream(), headers_at, s.timeout, deadline);
             let (body, fault, too_large) = sse::read_body(bytes, MAX_BODY_BYTES).await;
             let read_at = run.now_ms();
+            run.end = Some(read_at);
             match fault {
                 Some(BodyFault::Timeout | BodyFault::Stalled) => {
                     return (Collected::default(), Err(ProbeError::Timeout))
@@ -371,6 +372,9 @@ struct Run {
     ttfb: Option<f64>,
     ttft: Option<f64>,
     status: Option<u16>,
+    /// When the answer was complete, if that is earlier than the call's return (a body is
+    /// complete once read; parsing it is our time, not the upstream's).
+    end: Option<f64>,
 }
 
 impl Run {
@@ -380,6 +384,7 @@ impl Run {
             ttfb: None,
             ttft: None,
             status: None,
+            end: None,
         }
     }
 
