@@ -677,6 +677,20 @@ async fn openai_end_rules_without_done() {
     .await;
     let o = probe(&route(&server, OPENAI_STREAM)).await;
     assert_eq!(o.error, Some(ProbeError::Truncated), "{o:?}");
+    // [DONE], then the upstream keeps the body open: complete, and the end is the [DONE]
+    // (the client's bounded wait for the end of the body is not the upstream's latency).
+    let (server, _) = fake(OPENAI_STREAM.path(), |_| {
+        Reply::now(
+            Script::new()
+                .send_all(openai::stream(&["PROBE_OK"], "stop", Some(3)))
+                .hang()
+                .sse(),
+        )
+    })
+    .await;
+    let o = probe(&route(&server, OPENAI_STREAM)).await;
+    assert!(o.success, "{o:?}");
+    assert!(o.total_ms < 190.0, "{o:?}");
 }
 
 #[tokio::test]
@@ -908,21 +922,27 @@ async fn throughput_request_uses_its_prompt_and_budget() {
 
 #[tokio::test]
 async fn one_connection_is_kept_alive_per_provider() {
-    let (server, requests) = fake(OPENAI_PLAIN.path(), |_| {
-        Reply::now(OPENAI_PLAIN.answer(&["PROBE_OK"], Some(3)))
+    // Streams included: the client reads past the end marker to the end of the body, so the
+    // connection goes back to the pool instead of being torn down after every probe.
+    each(&ALL, |wire| async move {
+        let (server, requests) = fake(wire.path(), move |_| {
+            Reply::now(wire.answer(&["PROBE_OK"], Some(3)))
+        })
+        .await;
+        let r = route(&server, wire);
+        let client = ProbeClient::new(std::slice::from_ref(&r), Arc::new(SystemClock)).unwrap();
+        for _ in 0..3 {
+            let o = client.probe(&r, OutcomeKind::Probe).await;
+            assert!(o.success, "{wire:?}: {o:?}");
+        }
+        let peers: Vec<_> = requests.all().iter().map(|c| c.peer).collect();
+        assert_eq!(peers.len(), 3);
+        assert!(
+            peers.windows(2).all(|w| w[0] == w[1]),
+            "{wire:?}: connection reused: {peers:?}"
+        );
     })
     .await;
-    let r = route(&server, OPENAI_PLAIN);
-    let client = ProbeClient::new(std::slice::from_ref(&r), Arc::new(SystemClock)).unwrap();
-    for _ in 0..3 {
-        assert!(client.probe(&r, OutcomeKind::Probe).await.success);
-    }
-    let peers: Vec<_> = requests.all().iter().map(|c| c.peer).collect();
-    assert_eq!(peers.len(), 3);
-    assert!(
-        peers.windows(2).all(|w| w[0] == w[1]),
-        "connection reused: {peers:?}"
-    );
 }
 
 #[tokio::test]

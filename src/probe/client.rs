@@ -40,6 +40,11 @@ const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 /// Idle pooled connections are kept this long: longer than the usual 30 s probe interval, so
 /// consecutive probes reuse the connection as a real client would.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// After a stream's end marker, how long we keep reading for the end of the body. A body
+/// dropped unread cannot go back to the pool, and every streamed probe would then pay a new
+/// TCP+TLS handshake in its ttfb. Not counted in `total_ms`; upstreams end the body right
+/// after `[DONE]`/`message_stop`, so this is normally a few microseconds.
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
 
 /// Why a [`ProbeClient`] could not be built. A bad setup never starts half a prober.
 #[derive(Debug, thiserror::Error)]
@@ -329,7 +334,13 @@ async fn read_stream<D: StreamDecoder>(
                 }
                 match step {
                     Ok(Step::Continue) => {}
-                    Ok(Step::Done) => break None,
+                    Ok(Step::Done) => {
+                        run.end = Some(run.now_ms());
+                        // Whatever follows the end marker cannot change the verdict.
+                        let drain = async { while events.next().await.is_some() {} };
+                        let _ = tokio::time::timeout(DRAIN_GRACE, drain).await;
+                        break None;
+                    }
                     Err(e) => break Some(e),
                 }
             }
@@ -372,8 +383,9 @@ struct Run {
     ttfb: Option<f64>,
     ttft: Option<f64>,
     status: Option<u16>,
-    /// When the answer was complete, if that is earlier than the call's return (a body is
-    /// complete once read; parsing it is our time, not the upstream's).
+    /// When the answer was complete, if that is earlier than the call's return: a body once
+    /// read (parsing it is our time, not the upstream's), a stream at its end marker (the
+    /// drain after it is ours too).
     end: Option<f64>,
 }
 

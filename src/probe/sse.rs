@@ -160,6 +160,27 @@ mod tests {
         assert_eq!(got[1].as_ref().map(|e| e.event.as_str()), Ok("ping"));
     }
 
+    #[tokio::test]
+    async fn invalid_utf8_is_a_framing_error_not_a_hang() {
+        let now = Instant::now();
+        let body = futures_util::stream::iter(vec![
+            Ok(Bytes::from_static(b"data: {\"a\":\"\xff\xfe\"}\n\n")),
+            Ok(Bytes::from_static(b"data: [DONE]\n\n")),
+        ]);
+        let got: Vec<_> = events(guarded_bytes(
+            body,
+            now,
+            Duration::from_secs(5),
+            now + Duration::from_secs(60),
+        ))
+        .collect()
+        .await;
+        assert!(
+            matches!(got.last(), Some(Err(ReadFault::Framing(_)))),
+            "{got:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn silence_is_a_stall_until_the_deadline_is_nearer() {
         let now = Instant::now();
