@@ -1,0 +1,209 @@
+//! Reading a response body under two clocks: the longest silence tolerated between byte
+//! chunks (`first_byte_timeout`, else `Stalled`) and the whole call's deadline (`timeout`).
+//!
+//! The silence is measured on *bytes*, below the SSE parser, on purpose: keep-alive comments
+//! (`: ping`) are data on the wire and prove the connection is alive even though they carry no
+//! event, while a parser-level timer would call such a stream stalled. SSE framing itself is
+//! left to `eventsource-stream`, which implements the WHATWG rules (CRLF, comments, multi-line
+//! `data:`, split UTF-8 sequences across chunks).
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures_util::{Stream, StreamExt};
+use tokio::time::Instant;
+
+use super::outcome::scrub;
+
+/// Why the body stopped before its natural end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BodyFault {
+    /// No byte for longer than the tolerated silence.
+    Stalled,
+    /// The whole call's deadline passed while bytes were still arriving.
+    Timeout,
+    /// The connection failed mid-body (reset, broken chunked encoding).
+    Cut(String),
+}
+
+impl std::fmt::Display for BodyFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyFault::Stalled => f.write_str("stalled"),
+            BodyFault::Timeout => f.write_str("timeout"),
+            BodyFault::Cut(m) => write!(f, "cut: {m}"),
+        }
+    }
+}
+
+/// What the event reader yields besides events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReadFault {
+    Body(BodyFault),
+    /// Not valid UTF-8 or not valid SSE framing.
+    Framing(String),
+}
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// The body's byte chunks, each awaited until `min(last byte + max_silence, deadline)`.
+/// `last_byte` starts at the moment the headers arrived. After a fault the stream ends.
+pub(crate) fn guarded_bytes(
+    body: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    last_byte: Instant,
+    max_silence: Duration,
+    deadline: Instant,
+) -> impl Stream<Item = Result<Bytes, BodyFault>> + Send {
+    let body: ByteStream = Box::pin(body);
+    futures_util::stream::unfold(Some((body, last_byte)), move |state| async move {
+        let (mut body, last) = state?;
+        let silence_deadline = last + max_silence;
+        // A silence that would end before the call's deadline is a stall; otherwise the call
+        // simply ran out of time while data was flowing.
+        let (wake, fault) = if silence_deadline <= deadline {
+            (silence_deadline, BodyFault::Stalled)
+        } else {
+            (deadline, BodyFault::Timeout)
+        };
+        match tokio::time::timeout_at(wake, body.next()).await {
+            Err(_) => Some((Err(fault), None)),
+            Ok(None) => None,
+            Ok(Some(Err(e))) => Some((Err(BodyFault::Cut(describe_reqwest(e))), None)),
+            Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((body, Instant::now())))),
+        }
+    })
+}
+
+/// Reads a whole (non-streamed) body from a guarded byte stream, keeping at most `limit`
+/// bytes. Returns what arrived, and the fault that ended it early, if any; `too_large` when
+/// the body went past `limit` (reading stops there).
+pub(crate) async fn read_body(
+    bytes: impl Stream<Item = Result<Bytes, BodyFault>> + Send,
+    limit: usize,
+) -> (Vec<u8>, Option<BodyFault>, bool) {
+    let mut bytes = std::pin::pin!(bytes);
+    let mut out = Vec::new();
+    while let Some(chunk) = bytes.next().await {
+        match chunk {
+            Ok(b) => {
+                let room = limit.saturating_sub(out.len());
+                if b.len() > room {
+                    out.extend_from_slice(&b[..room]);
+                    return (out, None, true);
+                }
+                out.extend_from_slice(&b);
+            }
+            Err(fault) => return (out, Some(fault), false),
+        }
+    }
+    (out, None, false)
+}
+
+/// SSE events from a guarded body.
+pub(crate) fn events(
+    bytes: impl Stream<Item = Result<Bytes, BodyFault>> + Send,
+) -> impl Stream<Item = Result<Event, ReadFault>> + Send {
+    bytes.eventsource().map(|r| {
+        r.map_err(|e| match e {
+            EventStreamError::Transport(f) => ReadFault::Body(f),
+            EventStreamError::Utf8(e) => ReadFault::Framing(format!("invalid UTF-8: {e}")),
+            EventStreamError::Parser(e) => ReadFault::Framing(format!("invalid SSE: {e}")),
+        })
+    })
+}
+
+/// A reqwest error as one line: the cause chain, without the URL (a base URL may carry
+/// credentials in its query), scrubbed.
+pub(crate) fn describe_reqwest(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let s = cause.to_string();
+        if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+        source = cause.source();
+    }
+    scrub(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(parts: &[&'static str]) -> impl Stream<Item = reqwest::Result<Bytes>> + Send {
+        futures_util::stream::iter(
+            parts
+                .iter()
+                .map(|p| Ok(Bytes::from_static(p.as_bytes())))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[tokio::test]
+    async fn events_split_across_chunks_and_comments_are_parsed() {
+        let now = Instant::now();
+        let far = now + Duration::from_secs(60);
+        let body = chunks(&[
+            ": keep-alive\n\nda",
+            "ta: {\"a\":1}\r\n\r\nevent: ping\ndata: {}\n\n",
+        ]);
+        let got: Vec<_> = events(guarded_bytes(body, now, Duration::from_secs(5), far))
+            .collect()
+            .await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].as_ref().map(|e| e.data.as_str()), Ok("{\"a\":1}"));
+        assert_eq!(got[1].as_ref().map(|e| e.event.as_str()), Ok("ping"));
+    }
+
+    #[tokio::test]
+    async fn invalid_utf8_is_a_framing_error_not_a_hang() {
+        let now = Instant::now();
+        let body = futures_util::stream::iter(vec![
+            Ok(Bytes::from_static(b"data: {\"a\":\"\xff\xfe\"}\n\n")),
+            Ok(Bytes::from_static(b"data: [DONE]\n\n")),
+        ]);
+        let got: Vec<_> = events(guarded_bytes(
+            body,
+            now,
+            Duration::from_secs(5),
+            now + Duration::from_secs(60),
+        ))
+        .collect()
+        .await;
+        assert!(
+            matches!(got.last(), Some(Err(ReadFault::Framing(_)))),
+            "{got:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silence_is_a_stall_until_the_deadline_is_nearer() {
+        let now = Instant::now();
+        let silent = futures_util::stream::pending::<reqwest::Result<Bytes>>();
+        let got: Vec<_> = guarded_bytes(
+            silent,
+            now,
+            Duration::from_millis(100),
+            now + Duration::from_secs(1),
+        )
+        .collect()
+        .await;
+        assert_eq!(got, vec![Err(BodyFault::Stalled)]);
+
+        let silent = futures_util::stream::pending::<reqwest::Result<Bytes>>();
+        let got: Vec<_> = guarded_bytes(
+            silent,
+            now,
+            Duration::from_secs(5),
+            Instant::now() + Duration::from_millis(50),
+        )
+        .collect()
+        .await;
+        assert_eq!(got, vec![Err(BodyFault::Timeout)]);
+    }
+}
