@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SystemClock;
 use crate::config::{Config, Diagnostic};
-use crate::probe::client::ProbeClient;
+use crate::probe::client::{probe_json, ProbeClient};
 use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::{Route, RouteId};
 use crate::sim::{self, Scenario, SimConfig};
@@ -65,6 +65,18 @@ fn load(path: &Path) -> Result<(Config, Vec<Diagnostic>), CliError> {
         Err(errors) => Err(CliError::Invalid(
             errors.0.iter().map(ToString::to_string).collect(),
         )),
+    }
+}
+
+/// A key that is not there makes every probe fail as 401: refuse to run instead.
+fn refuse_missing_secrets(config: &Config) -> Result<(), CliError> {
+    let missing = config.missing_secrets();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Invalid(
+            missing.iter().map(ToString::to_string).collect(),
+        ))
     }
 }
 
@@ -136,9 +148,9 @@ pub async fn probe(
     json: bool,
     record: bool,
 ) -> Result<(), CliError> {
-    let (config, mut warnings) = load(path)?;
-    warnings.extend(config.missing_secrets());
+    let (config, warnings) = load(path)?;
     warn_all(&warnings);
+    refuse_missing_secrets(&config)?;
     let mut routes = config.routes();
     if let Some(only) = only {
         routes.retain(|r| r.id.as_str() == only);
@@ -155,8 +167,8 @@ pub async fn probe(
         futures_util::future::join_all(routes.iter().map(|r| client.probe(r, OutcomeKind::Probe)))
             .await;
     if json {
-        for (route, o) in routes.iter().zip(&outcomes) {
-            println!("{}", outcome_json(route, o));
+        for o in &outcomes {
+            println!("{}", probe_json(o));
         }
     } else {
         print!("{}", outcomes_table(&outcomes));
@@ -177,29 +189,6 @@ pub async fn probe(
         store.close().await.map_err(CliError::runtime)?;
     }
     Ok(())
-}
-
-/// SPEC's `probe --json` object.
-pub fn outcome_json(route: &Route, o: &ProbeOutcome) -> serde_json::Value {
-    serde_json::json!({
-        "route": route.id,
-        "provider": route.provider,
-        "region": route.region,
-        "model": route.model,
-        "success": o.success,
-        "verified": o.verified,
-        "ttfb_ms": o.ttfb_ms.map(round1),
-        "ttft_ms": o.ttft_ms.map(round1),
-        "total_ms": round1(o.total_ms),
-        "output_tokens": o.output_tokens,
-        "tokens_per_second": o.tokens_per_second.map(round1),
-        "model_reported": o.model_reported,
-        "error": o.error.as_ref().map(|e| e.to_json()),
-    })
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
 }
 
 fn outcomes_table(outcomes: &[ProbeOutcome]) -> String {
@@ -250,13 +239,7 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
         Some(path) => {
             let (config, warnings) = load(path)?;
             warn_all(&warnings);
-            // A key that is not there makes every probe fail as 401: refuse to start instead.
-            let missing = config.missing_secrets();
-            if !missing.is_empty() {
-                return Err(CliError::Invalid(
-                    missing.iter().map(ToString::to_string).collect(),
-                ));
-            }
+            refuse_missing_secrets(&config)?;
             (config, None)
         }
         None => {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{
-    Config, DetectionConfig, EgressConfig, ProbeConfig, ProviderConfig, RegionConfig,
-    RouteConfig, ServerConfig, SloConfig, StorageConfig,
+    Config, DetectionConfig, EgressConfig, ProbeConfig, ProviderConfig, RegionConfig, RouteConfig,
+    ServerConfig, SloConfig, StorageConfig,
 };
 use crate::route::{Capability, Price, ProviderKind, Tier};
 use crate::sim::{self, Scenario, SimConfig, SimRoute};
@@ -22,7 +22,11 @@ pub const DEMO_DB: &str = "probeok-demo.db";
 pub const DEMO_TIME_SCALE: f64 = 20.0;
 
 /// (provider, [regions], [(model, serves, tier)]).
-type DemoProvider = (&'static str, [&'static str; 2], [(&'static str, &'static str, Tier); 2]);
+type DemoProvider = (
+    &'static str,
+    [&'static str; 2],
+    [(&'static str, &'static str, Tier); 2],
+);
 
 const PROVIDERS: [DemoProvider; 3] = [
     (

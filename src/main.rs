@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use probeok::cli;
 
 #[derive(Parser)]
-#[command(name = "probeok", version, about = "Probe LLM providers, judge them, publish the truth.")]
+#[command(
+    name = "probeok",
+    version,
+    about = "Probe LLM providers, judge them, publish the truth."
+)]
 struct Cli {
     /// Log output format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Pretty)]
@@ -75,7 +79,10 @@ fn main() -> ExitCode {
         }
     };
     cli::init_tracing(matches!(cli.log_format, LogFormat::Json));
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -61,7 +61,8 @@ fn check_config_prints_routes_and_exits_0() {
 #[test]
 fn check_config_reports_located_errors_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
-    let body = route_toml("http://127.0.0.1:1/v1").replace("provider = \"sim\"\nregion", "provider = \"smi\"\nregion");
+    let body = route_toml("http://127.0.0.1:1/v1")
+        .replace("provider = \"sim\"\nregion", "provider = \"smi\"\nregion");
     let path = write(&dir, "bad.toml", &body);
     let out = probeok()
         .args(["check-config", "--config"])
@@ -96,7 +97,10 @@ fn serve_refuses_to_start_without_its_api_key() {
 fn bad_arguments_exit_1_and_help_exits_0() {
     let out = probeok().arg("no-such-command").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let out = probeok().args(["simulate", "--scenario", "meteor"]).output().unwrap();
+    let out = probeok()
+        .args(["simulate", "--scenario", "meteor"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scenario \"meteor\""));
     let out = probeok().arg("--help").output().unwrap();
@@ -117,10 +121,8 @@ async fn probe_json_prints_one_object_per_route() {
     let path = write(
         &dir,
         "sim.toml",
-        &route_toml(&sim::base_url(addr, "sim", "r1")).replace(
-            "api_key_env = \"PROBEOK_TEST_UNSET_KEY\"\n",
-            "",
-        ),
+        &route_toml(&sim::base_url(addr, "sim", "r1"))
+            .replace("api_key_env = \"PROBEOK_TEST_UNSET_KEY\"\n", ""),
     );
     let out = tokio::task::spawn_blocking(move || {
         probeok()
@@ -133,13 +135,29 @@ async fn probe_json_prints_one_object_per_route() {
     .unwrap();
     shutdown.cancel();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "{stdout}");
     let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
     for key in [
-        "route", "provider", "region", "model", "success", "verified", "ttfb_ms", "ttft_ms",
-        "total_ms", "output_tokens", "tokens_per_second", "model_reported", "error",
+        "route",
+        "provider",
+        "region",
+        "model",
+        "success",
+        "verified",
+        "ttfb_ms",
+        "ttft_ms",
+        "total_ms",
+        "output_tokens",
+        "tokens_per_second",
+        "model_reported",
+        "error",
     ] {
         assert!(v.get(key).is_some(), "missing {key} in {v}");
     }

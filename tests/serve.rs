@@ -93,10 +93,18 @@ async fn serve_answers_health_records_probes_and_stops_cleanly() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let outcome = loop {
         let reader = running.store.reader().unwrap();
-        if let Some(o) = reader.recent_outcomes(&route, 1).unwrap().into_iter().next() {
+        if let Some(o) = reader
+            .recent_outcomes(&route, 1)
+            .unwrap()
+            .into_iter()
+            .next()
+        {
             break o;
         }
-        assert!(tokio::time::Instant::now() < deadline, "no probe recorded in 15 s");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no probe recorded in 15 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(outcome.success, "{outcome:?}");
