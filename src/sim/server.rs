@@ -75,6 +75,13 @@ impl Sim {
         }
     }
 
+    /// Pretends the server started `by` earlier, to land a test inside a scenario's window.
+    #[cfg(test)]
+    fn rewind(mut self, by: Duration) -> Self {
+        self.started = self.started.checked_sub(by).unwrap_or(self.started);
+        self
+    }
+
     fn route(&self, provider: &str, region: &str, model: &str) -> Option<&SimRoute> {
         self.routes
             .iter()
@@ -497,5 +504,160 @@ impl AsyncWrite for SimIo {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.check()?;
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::scenario::Scenario;
+
+    struct Running {
+        base: String,
+        sim: Arc<Sim>,
+        shutdown: CancellationToken,
+        server: tokio::task::JoinHandle<io::Result<()>>,
+    }
+
+    async fn start(scenario: Scenario, minutes_in: u64) -> Running {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let config = SimConfig {
+            routes: vec![SimRoute {
+                provider: "p".into(),
+                region: "r".into(),
+                model: "m".into(),
+                scenario,
+            }],
+            time_scale: 1.0,
+            seed: 3,
+        };
+        let sim = Arc::new(
+            Sim::new(config, shutdown.clone()).rewind(Duration::from_secs(minutes_in * 60)),
+        );
+        let server = tokio::spawn(serve(listener, sim.clone(), shutdown.clone()));
+        Running {
+            base: crate::sim::base_url(addr, "p", "r"),
+            sim,
+            shutdown,
+            server,
+        }
+    }
+
+    fn probe(stream: bool) -> Value {
+        json!({"model": "m", "stream": stream, "messages": [
+            {"role": "system", "content": "Reply with exactly: PROBE_OK"},
+            {"role": "user", "content": "health check"}]})
+    }
+
+    async fn stop(r: Running) {
+        r.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(2), r.server)
+            .await
+            .expect("server stops promptly")
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_stall_sends_headers_then_silence_until_shutdown() {
+        let r = start(Scenario::Stall, 6).await;
+        let mut resp = reqwest::Client::new()
+            .post(format!("{}/chat/completions", r.base))
+            .json(&probe(true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut got = String::new();
+        // The role chunk and at most one content chunk arrive, then nothing.
+        while let Ok(Ok(Some(c))) =
+            tokio::time::timeout(Duration::from_millis(1500), resp.chunk()).await
+        {
+            got.push_str(std::str::from_utf8(&c).unwrap());
+        }
+        assert!(got.contains("\"role\":\"assistant\""), "{got}");
+        assert!(!got.contains("[DONE]") && !got.contains("finish_reason\":\"stop"));
+        assert!(got.matches("data: ").count() <= 2, "{got}");
+        // Shutdown cuts the stalled stream instead of waiting for it.
+        let sim = r.sim.clone();
+        stop(r).await;
+        let rest = tokio::time::timeout(Duration::from_secs(2), resp.chunk()).await;
+        assert!(matches!(rest, Ok(Ok(None)) | Ok(Err(_))), "{rest:?}");
+        drop(resp);
+        assert_eq!(sim.in_flight.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_hung_request_is_released_when_the_client_gives_up() {
+        let r = start(Scenario::PartialOutage, 10).await;
+        let err = reqwest::Client::new()
+            .post(format!("{}/chat/completions", r.base))
+            .json(&probe(true))
+            .timeout(Duration::from_millis(400))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(err.is_timeout(), "{err}");
+        // The handler future is dropped with the connection: nothing left running.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while r.sim.in_flight.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(r.sim.in_flight.load(Ordering::Relaxed), 0);
+        stop(r).await;
+    }
+
+    #[tokio::test]
+    async fn a_failing_region_answers_502_503_and_resets_connections() {
+        let r = start(Scenario::RegionFailover, 6).await;
+        let url = format!("{}/chat/completions", r.base);
+        // A fresh connection each time (a reset kills the one it happens on), all at once.
+        let calls = (0..40).map(|_| async {
+            let client = reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap();
+            client
+                .post(&url)
+                .json(&probe(false))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let resets = results.iter().filter(|r| r.is_err()).count();
+        let statuses: Vec<u16> = results.into_iter().filter_map(Result::ok).collect();
+        assert!(
+            statuses.contains(&502) && statuses.contains(&503),
+            "{statuses:?}"
+        );
+        assert!(resets > 0, "{statuses:?}");
+        let ok = statuses.iter().filter(|s| **s == 200).count();
+        assert!(ok < 25, "{statuses:?}");
+        stop(r).await;
+    }
+
+    #[tokio::test]
+    async fn a_drifted_version_answers_differently() {
+        let r = start(Scenario::VersionDrift, 15).await;
+        let v: Value = reqwest::Client::new()
+            .post(format!("{}/chat/completions", r.base))
+            .json(&probe(false))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let answer = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(
+            answer == "PROBE_OK." || answer == "Sure! PROBE_OK",
+            "{answer}"
+        );
+        assert_eq!(v["model"], "m-0915");
+        assert_eq!(v["system_fingerprint"], "fp_sim_9e7d4f");
+        stop(r).await;
     }
 }
