@@ -384,7 +384,23 @@ fn streamed(
     content_type: &'static str,
     extra: &[(header::HeaderName, &'static str)],
 ) -> Response {
-    let stream = futures_util::stream::unfold(script, |mut s| async move {
+    let stream = play(script);
+    let mut resp = Body::from_stream(stream).into_response();
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    for (name, value) in extra {
+        headers.insert(name.clone(), header::HeaderValue::from_static(value));
+    }
+    resp
+}
+
+/// The script as a byte stream: each frame at its time, keep-alives in long waits, and an
+/// end (or silence, for a stall) after the last frame. Shutdown ends it wherever it is.
+fn play(script: Script) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
+    futures_util::stream::unfold(script, |mut s| async move {
         let Some(&(at, _)) = s.frames.front() else {
             if s.hang {
                 s.shutdown.cancelled().await;
@@ -406,17 +422,7 @@ fn streamed(
         }
         let (_, bytes) = s.frames.pop_front()?;
         Some((Ok(Bytes::from(bytes)), s))
-    });
-    let mut resp = Body::from_stream(stream).into_response();
-    let headers = resp.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static(content_type),
-    );
-    for (name, value) in extra {
-        headers.insert(name.clone(), header::HeaderValue::from_static(value));
-    }
-    resp
+    })
 }
 
 /// Lets a handler reset its own connection (region failover's "connection reset").
@@ -558,6 +564,56 @@ mod tests {
             .expect("server stops promptly")
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn long_waits_carry_keepalives_and_stalls_stay_silent() {
+        use futures_util::StreamExt;
+        let shutdown = CancellationToken::new();
+        let sim = Arc::new(Sim::new(
+            SimConfig {
+                routes: vec![],
+                time_scale: 1.0,
+                seed: 0,
+            },
+            shutdown.clone(),
+        ));
+        let t0 = Instant::now();
+        let script = Script {
+            frames: VecDeque::from([
+                (t0, "role".to_owned()),
+                (t0 + Duration::from_millis(3500), "token".to_owned()),
+            ]),
+            hang: true,
+            keepalive: ": keep-alive\n\n",
+            shutdown: shutdown.clone(),
+            _guard: InFlight::new(&sim),
+        };
+        let mut body = Box::pin(play(script));
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            let b = body.next().await.unwrap().unwrap();
+            got.push((Instant::now() - t0, String::from_utf8(b.to_vec()).unwrap()));
+        }
+        let names: Vec<&str> = got.iter().map(|(_, s)| s.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "role",
+                ": keep-alive\n\n",
+                ": keep-alive\n\n",
+                ": keep-alive\n\n",
+                "token"
+            ]
+        );
+        assert_eq!(got[4].0, Duration::from_millis(3500));
+        // After the last frame of a stall: nothing, however long we wait.
+        let silent = tokio::time::timeout(Duration::from_secs(600), body.next()).await;
+        assert!(silent.is_err());
+        shutdown.cancel();
+        assert!(body.next().await.is_none());
+        drop(body);
+        assert_eq!(sim.in_flight.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test]
