@@ -358,8 +358,12 @@ mod tests {
     }
 
     fn sample(scenario: Scenario, at: Duration, target: bool) -> Vec<Behaviour> {
+        sample_n(scenario, at, target, N)
+    }
+
+    fn sample_n(scenario: Scenario, at: Duration, target: bool, n: usize) -> Vec<Behaviour> {
         let mut rng = StdRng::seed_from_u64(7);
-        (0..N)
+        (0..n)
             .map(|_| behaviour(scenario, at, target, &mut rng))
             .collect()
     }
@@ -531,7 +535,10 @@ mod tests {
     #[test]
     fn flapping_alternates_minute_by_minute() {
         let rates: Vec<f64> = (5..25)
-            .map(|m| error_rate(&sample(Scenario::Flapping, mins(m as f64 + 0.5), true)))
+            .map(|m| {
+                let at = mins(m as f64 + 0.5);
+                error_rate(&sample_n(Scenario::Flapping, at, true, 2_000))
+            })
             .collect();
         for (i, r) in rates.iter().enumerate() {
             if i % 2 == 0 {
