@@ -19,7 +19,7 @@ pub const DEMO_DB: &str = "probeok-demo.db";
 
 /// Scenario timelines run this much faster than real time, so an incident starts and ends
 /// within minutes of starting the demo.
-pub const DEMO_TIME_SCALE: f64 = 20.0;
+pub const DEMO_TIME_SCALE: f64 = 10.0;
 
 /// (provider, [regions], [(model, serves, tier)]).
 type DemoProvider = (
@@ -95,11 +95,13 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
         });
         for region in regions {
             for (model, serves, tier) in models {
+                let scenario = scenario_for(provider, region, model);
+                let slow = scenario == Scenario::LatencySpike;
                 sim_routes.push(SimRoute {
                     provider: provider.to_owned(),
                     region: region.to_owned(),
                     model: model.to_owned(),
-                    scenario: scenario_for(provider, region, model),
+                    scenario,
                 });
                 routes.push(RouteConfig {
                     provider: provider.to_owned(),
@@ -116,8 +118,10 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
                     capabilities: vec![Capability::Stream],
                     context_window: Some(32_000),
                     residency: None,
-                    interval: None,
-                    timeout: None,
+                    // The latency spike answers in up to ~15 s: give it room to be a slow
+                    // success instead of a timeout, and never overrun its interval.
+                    interval: slow.then_some(Duration::from_secs(20)),
+                    timeout: slow.then_some(Duration::from_secs(18)),
                     first_byte_timeout: None,
                     max_tokens: None,
                     slo: None,
@@ -145,9 +149,11 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
             path: PathBuf::from(DEMO_DB),
             ..StorageConfig::default()
         },
+        // Short intervals: at 10× a region failover lasts only 24 s of wall time.
         probe: ProbeConfig {
-            interval: Duration::from_secs(10),
-            timeout: Duration::from_secs(20),
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_millis(4500),
+            first_byte_timeout: Duration::from_secs(3),
             throughput_every: Duration::from_secs(60),
             ..ProbeConfig::default()
         },
