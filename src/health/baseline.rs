@@ -8,12 +8,13 @@
 //! for the cached mean/σ); percentiles are computed only for [`Baseline::snapshot`].
 //!
 //! **Sustained anomalies are not learned.** A sample above the judging threshold is held back:
-//! if the run of such samples ends before `degraded_after` (isolated jitter), the held samples
-//! are learned after all, so the spread is not truncated (σ-clipping would shrink σ and make
-//! the detector jumpier over time); a longer run is dropped, so a 23-minute latency spike does
-//! not teach the baseline that 14 s is normal halfway through it. Only after a full
-//! `baseline_window` of consecutive anomalous samples does the baseline accept the new level
-//! (a provider that really became slower for good). The rule depends only on the sequence of
+//! if the run of such samples ends before `degraded_after` and such samples are rare (at most
+//! [`JITTER_FRACTION`] of the last `baseline_window`), it was jitter and the held samples are
+//! learned after all, so the spread is not truncated (plain σ-clipping shrinks σ and makes the
+//! detector jumpier over time). Otherwise they are dropped: a 23-minute latency spike does not
+//! teach the baseline that 14 s is normal halfway through it, nor does a route that is slow on
+//! every other probe. Only after a full `baseline_window` of consecutive anomalous samples does
+//! the baseline accept the new level (a provider that really became slower for good). The rule depends only on the sequence of
 //! outcomes, so [`Baseline::rebuild`] reproduces the live baseline exactly.
 
 use std::collections::VecDeque;
@@ -28,6 +29,11 @@ use crate::route::RouteId;
 
 /// The label of the all-day window.
 pub const ALL_DAY: &str = "all-day";
+
+/// Above-threshold samples are jitter (and learned) only while at most this fraction of the
+/// recent samples was above the threshold: a 2σ threshold on steady data is crossed by a few
+/// percent of samples, an intermittent fault by far more.
+pub const JITTER_FRACTION: f64 = 0.1;
 
 /// A bounded series with its mean and sample standard deviation cached after each push.
 #[derive(Debug, Clone)]
@@ -106,12 +112,32 @@ impl Bucket {
     }
 }
 
+/// A held-back sample: (bucket, value, ttft).
+type Held = (Option<usize>, f64, Option<f64>);
+
 /// A run of consecutive anomalous samples (see the module docs).
 #[derive(Debug, Clone, Default)]
 struct Run {
     /// Held back while the run is shorter than `degraded_after`: (bucket, value, ttft).
-    pending: Vec<(Option<usize>, f64, Option<f64>)>,
+    pending: Vec<Held>,
     len: u32,
+    /// Whether each of the last `baseline_window` samples was above the threshold.
+    recent: VecDeque<bool>,
+    recent_abnormal: usize,
+}
+
+impl Run {
+    fn remember(&mut self, abnormal: bool, window: usize) {
+        if self.recent.len() == window && self.recent.pop_front() == Some(true) {
+            self.recent_abnormal -= 1;
+        }
+        self.recent.push_back(abnormal);
+        self.recent_abnormal += usize::from(abnormal);
+    }
+
+    fn rare(&self) -> bool {
+        self.recent_abnormal as f64 <= JITTER_FRACTION * self.recent.len().max(1) as f64
+    }
 }
 
 /// How local time maps to buckets.
@@ -248,7 +274,7 @@ impl Baseline {
             let abnormal = self
                 .latency_ref(at)
                 .is_some_and(|r| o.total_ms > r.threshold_ms);
-            let (window, hold) = (self.window as u32, self.hold);
+            let (window, hold) = (self.window, self.hold);
             if let Some(accept) = step_run(&mut self.latency_run, abnormal, hold, window) {
                 for (pb, x, ttft) in accept {
                     self.push_latency(pb, x, ttft);
@@ -261,7 +287,7 @@ impl Baseline {
         if matches!(o.kind, OutcomeKind::Throughput | OutcomeKind::Passive) {
             if let Some(tps) = o.tokens_per_second.filter(|t| t.is_finite() && *t > 0.0) {
                 let abnormal = self.tps_ref(at).is_some_and(|r| tps < r.floor);
-                let (window, hold) = (self.window as u32, self.hold);
+                let (window, hold) = (self.window, self.hold);
                 if let Some(accept) = step_run(&mut self.tps_run, abnormal, hold, window) {
                     for (pb, x, _) in accept {
                         self.push_tps(pb, x);
@@ -404,20 +430,16 @@ impl Baseline {
 
 /// Advances a run with one sample. Returns what to learn now (held samples first), or `None`
 /// when this sample is held back or dropped.
-fn step_run(
-    run: &mut Run,
-    abnormal: bool,
-    hold: u32,
-    window: u32,
-) -> Option<Vec<(Option<usize>, f64, Option<f64>)>> {
+fn step_run(run: &mut Run, abnormal: bool, hold: u32, window: usize) -> Option<Vec<Held>> {
+    run.remember(abnormal, window);
     if !abnormal {
-        // The run ended before it looked sustained: it was jitter, learn it.
+        // The run ended before it looked sustained: if such runs are rare, it was jitter.
         let held = std::mem::take(&mut run.pending);
         run.len = 0;
-        return Some(held);
+        return Some(if run.rare() { held } else { Vec::new() });
     }
     run.len = run.len.saturating_add(1);
-    if run.len >= window {
+    if run.len as usize >= window {
         // A full window of "anomalies" is the new normal.
         return Some(Vec::new());
     }

@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::baseline::{Baseline, LatencyRef, TpsRef};
-use super::fmt_ms;
+use super::{fmt_ms, fmt_spread};
 use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 
 /// A set of dimensions (bit flags; serialized as the number).
@@ -102,10 +102,9 @@ impl Signal {
                 stddev_ms,
                 samples,
             } => format!(
-                "latency {} against a normal of {} ± {} for {bucket} (limit {}, {samples} samples)",
+                "latency {} against a normal of {} for {bucket} (limit {}, {samples} samples)",
                 fmt_ms(*observed_ms),
-                fmt_ms(*mean_ms),
-                fmt_ms(*stddev_ms),
+                fmt_spread(*mean_ms, *stddev_ms),
                 fmt_ms(*threshold_ms)
             ),
             Signal::TpsBelowBaseline {

@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use super::baseline::{Baseline, LatencyRef, TpsRef};
 use super::classify::{self, Dims, Signal};
 use super::window::{Counts, ErrorWindow};
-use super::{fmt_ms, FailureMode, Reason, State};
+use super::{fmt_spread, FailureMode, Reason, State};
 use crate::config::DetectionConfig;
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
@@ -375,10 +375,9 @@ impl Detector {
             let r = baseline.latency_ref(o.started_at);
             let text = match &r {
                 Some(r) => format!(
-                    "{} successful probes: normal is {} ± {} for {}",
+                    "{} successful probes: normal is {} for {}",
                     baseline.samples(),
-                    fmt_ms(r.mean_ms),
-                    fmt_ms(r.stddev_ms),
+                    fmt_spread(r.mean_ms, r.stddev_ms),
                     r.bucket
                 ),
                 None => format!("{} successful probes", baseline.samples()),

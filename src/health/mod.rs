@@ -115,6 +115,15 @@ impl Reason {
     }
 }
 
+/// `mean ± stddev` in one unit: `"1.1 s ± 0.3 s"`, `"850 ms ± 40 ms"`.
+pub fn fmt_spread(mean_ms: f64, stddev_ms: f64) -> String {
+    if mean_ms.abs() >= 1000.0 {
+        format!("{:.1} s ± {:.1} s", mean_ms / 1000.0, stddev_ms / 1000.0)
+    } else {
+        format!("{:.0} ms ± {:.0} ms", mean_ms, stddev_ms)
+    }
+}
+
 /// `1234.0` → `"1.2 s"`, `850.0` → `"850 ms"`: how people read latencies.
 pub fn fmt_ms(ms: f64) -> String {
     if ms.abs() >= 1000.0 {
