@@ -470,3 +470,134 @@ fn snapshot_of(label: String, b: &Bucket) -> Option<BaselineSnapshot> {
         tps_mean: (b.tps.len() > 0).then_some(b.tps.mean),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn cfg() -> DetectionConfig {
+        DetectionConfig::default()
+    }
+
+    fn probe(at: DateTime<Utc>, ms: f64) -> ProbeOutcome {
+        ProbeOutcome {
+            route: RouteId::new("p", "r", "m"),
+            kind: OutcomeKind::Probe,
+            started_at: at,
+            success: true,
+            verified: Some(true),
+            ttfb_ms: None,
+            ttft_ms: Some(ms / 2.0),
+            total_ms: ms,
+            output_tokens: None,
+            tokens_estimated: false,
+            tokens_per_second: None,
+            model_reported: None,
+            system_fingerprint: None,
+            http_status: Some(200),
+            error: None,
+            answer: None,
+        }
+    }
+
+    fn utc(h: u32, m: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 30, h, m, 0).unwrap()
+    }
+
+    #[test]
+    fn hour_buckets_follow_the_timezone_and_fall_back_to_all_day() {
+        let c = cfg();
+        let mut b = Baseline::new(RouteId::new("p", "r", "m"), &c);
+        // 06:xx UTC is 14:xx in Shanghai.
+        assert_eq!(b.bucket_label(utc(6, 10)), "14:00-15:00");
+        assert_eq!(b.bucket_label(utc(15, 59)), "23:00-24:00");
+        for i in 0..19 {
+            b.record(&probe(
+                utc(6, 0) + chrono::Duration::seconds(30 * i),
+                1000.0,
+            ));
+        }
+        assert!(!b.ready());
+        assert!(
+            b.latency_ref(utc(6, 30)).is_none(),
+            "below min_samples: cannot judge"
+        );
+        b.record(&probe(utc(6, 10), 1000.0));
+        assert!(b.ready());
+        assert_eq!(b.latency_ref(utc(6, 30)).unwrap().bucket, "14:00-15:00");
+        // Another hour with no samples of its own uses the all-day window.
+        assert_eq!(b.latency_ref(utc(9, 0)).unwrap().bucket, ALL_DAY);
+        let snap = b.snapshot(utc(6, 30)).unwrap();
+        assert_eq!(snap.samples, 20);
+        assert_eq!(snap.ttft_mean_ms, Some(500.0));
+    }
+
+    #[test]
+    fn passive_and_failed_outcomes_never_feed_latency() {
+        let c = cfg();
+        let mut b = Baseline::new(RouteId::new("p", "r", "m"), &c);
+        let mut o = probe(utc(6, 0), 1000.0);
+        o.kind = OutcomeKind::Passive;
+        o.tokens_per_second = Some(40.0);
+        b.record(&o);
+        let mut f = probe(utc(6, 0), 1000.0);
+        f.success = false;
+        b.record(&f);
+        let mut other = probe(utc(6, 0), 1000.0);
+        other.route = RouteId::new("x", "r", "m");
+        b.record(&other);
+        assert_eq!(b.samples(), 0);
+        assert_eq!(b.all_day.tps.len(), 1);
+    }
+
+    #[test]
+    fn isolated_jitter_is_learned_sustained_shifts_are_not_until_a_full_window() {
+        let mut c = cfg();
+        c.buckets = Buckets::None;
+        c.baseline_window = 40;
+        let mut b = Baseline::new(RouteId::new("p", "r", "m"), &c);
+        let mut t = utc(0, 0);
+        let mut next = |b: &mut Baseline, ms: f64| {
+            t += chrono::Duration::seconds(30);
+            b.record(&probe(t, ms));
+        };
+        for i in 0..40 {
+            next(&mut b, if i % 2 == 0 { 950.0 } else { 1050.0 });
+        }
+        let before = b.samples();
+        next(&mut b, 5000.0); // held
+        assert_eq!(b.samples(), before);
+        next(&mut b, 1000.0); // run of one ended: jitter, learned (both)
+        assert!(b.latency_ref(utc(0, 0)).unwrap().mean_ms > 1050.0);
+        let mean = b.latency_ref(utc(0, 0)).unwrap().mean_ms;
+        for _ in 0..39 {
+            next(&mut b, 9000.0); // sustained: not learned
+        }
+        assert_eq!(b.latency_ref(utc(0, 0)).unwrap().mean_ms, mean);
+        for _ in 0..5 {
+            next(&mut b, 9000.0); // a full window of it: the new level
+        }
+        assert!(b.latency_ref(utc(0, 0)).unwrap().mean_ms > mean);
+    }
+
+    #[test]
+    fn rebuild_equals_live() {
+        let c = cfg();
+        let r = RouteId::new("p", "r", "m");
+        let outcomes: Vec<_> = (0..500)
+            .map(|i| {
+                probe(
+                    utc(0, 0) + chrono::Duration::seconds(37 * i),
+                    900.0 + (i % 13) as f64 * 30.0,
+                )
+            })
+            .collect();
+        let mut live = Baseline::new(r.clone(), &c);
+        for o in &outcomes {
+            live.record(o);
+        }
+        let rebuilt = Baseline::rebuild(r, &c, &outcomes);
+        assert_eq!(live.snapshots(), rebuilt.snapshots());
+    }
+}

@@ -131,3 +131,31 @@ impl ErrorWindow {
         self.slots.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn counts_spans_and_forgets() {
+        let t0 = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let at = |s: i64| t0 + chrono::Duration::seconds(s);
+        let mut w = ErrorWindow::new(300);
+        for s in 0..400 {
+            w.add(at(s), s % 10 == 0, s % 2 == 0);
+        }
+        let now = at(399);
+        let all = w.counts(now, 300);
+        assert_eq!(all.total, 300);
+        assert_eq!(all.failures, 30);
+        assert_eq!(w.counts(now, 10).total, 10);
+        assert_eq!(w.counts(now, 10).failures, 1);
+        assert_eq!(all.passive_total, 150);
+        assert_eq!(all.probes_only().total, 150);
+        assert!(w.slots() <= 300);
+        w.prune(at(1000));
+        assert_eq!(w.slots(), 0);
+        assert_eq!(w.counts(at(1000), 300).rate(), 0.0);
+    }
+}
