@@ -845,3 +845,31 @@ fn error_window_memory_is_bounded() {
     assert!(sim.h.window().slots() <= cfg.error_window.as_secs() as usize);
     let _ = Duration::from_secs(1);
 }
+
+/// Successes left in the error window by traffic that has since stopped do not vouch for the
+/// route: a probes-only outage right after busy traffic still reaches DEGRADED on the third
+/// failed probe.
+#[test]
+fn stale_passive_successes_do_not_clear_failing_probes() {
+    let cfg = cfg();
+    let r = rid("qwen");
+    let mut sim = Sim::seeded(&cfg, r.clone(), 40, 1100.0, 300.0);
+    for s in -300..0 {
+        sim.tick(at(s as f64));
+        for k in 0..10 {
+            let when = at(s as f64 + 0.1 * k as f64);
+            sim.feed(passive(&r, when, true), when);
+        }
+    }
+    for s in 0..100 {
+        sim.tick(at(s as f64));
+        if s % 30 == 5 {
+            sim.feed(
+                failing(probe(&r, at(s as f64), 30.0), http(503)),
+                at(s as f64),
+            );
+        }
+    }
+    assert_eq!(sim.count(State::Normal), 0, "{:?}", sim.transitions.last());
+    assert_eq!(sim.first(State::Degraded).unwrap().0, 65.0);
+}

@@ -262,6 +262,22 @@ impl Baseline {
         self.all_day.latency.len()
     }
 
+    /// Heap and inline bytes held (for capacity planning: about 2.4 KB per bucket and series
+    /// at the default window of 100).
+    pub fn approx_bytes(&self) -> usize {
+        let series = |s: &Series| s.buf.capacity() * std::mem::size_of::<f64>();
+        let bucket = |b: &Bucket| {
+            std::mem::size_of::<Bucket>() + series(&b.latency) + series(&b.ttft) + series(&b.tps)
+        };
+        let run =
+            |r: &Run| r.recent.capacity() + r.pending.capacity() * std::mem::size_of::<Held>();
+        std::mem::size_of::<Self>()
+            + self.buckets.iter().map(bucket).sum::<usize>()
+            + bucket(&self.all_day)
+            + run(&self.latency_run)
+            + run(&self.tps_run)
+    }
+
     /// Learns from one outcome (call it after the detector judged the outcome).
     pub fn record(&mut self, o: &ProbeOutcome) {
         if o.route != self.route || !o.success {

@@ -15,7 +15,9 @@
 //! not: they feed the error window and a tokens/s tally, and each [`Detector::tick`] (the
 //! shell calls it every second) turns them into one observation — abnormal when the error
 //! rate is above `critical_error_rate` (or most passive streams of the last second were below
-//! the tokens/s floor), so with live traffic a hard outage is seen in seconds.
+//! the tokens/s floor), so with live traffic a hard outage is seen in seconds. A tick is a
+//! *normal* availability observation only when outcomes arrived since the previous tick, none
+//! failed, and the error rate is below `recover_error_rate`.
 //!
 //! **Dimensions.** An observation is normal only if it measured, and found fine, every
 //! dimension that made the route abnormal (see [`super::classify`]); otherwise it is neutral:
@@ -198,6 +200,9 @@ pub struct RouteHealth {
     tps_low: u32,
     tps_low_sum: f64,
     tps_ref: Option<TpsRef>,
+    /// Counted outcomes since the last tick: a tick vouches for availability only with fresh
+    /// evidence, never with successes left in the window by traffic that has since stopped.
+    since_tick: Counts,
     baseline_ready: bool,
     last_probe_at: Option<DateTime<Utc>>,
     last_probe_ok_at: Option<DateTime<Utc>>,
@@ -229,6 +234,7 @@ impl RouteHealth {
             tps_low: 0,
             tps_low_sum: 0.0,
             tps_ref: None,
+            since_tick: Counts::default(),
             baseline_ready: false,
             last_probe_at: None,
             last_probe_ok_at: None,
@@ -301,6 +307,32 @@ impl RouteHealth {
     pub fn set_suppression(&mut self, s: Suppression) {
         self.suppression = s;
     }
+    /// Bytes held in memory (error window, incidents with their evidence), for capacity
+    /// planning.
+    pub fn approx_bytes(&self) -> usize {
+        let incident = |i: &Option<Incident>| {
+            i.as_ref().map_or(0, |i| {
+                std::mem::size_of::<Incident>()
+                    + i.transitions.capacity() * std::mem::size_of::<Transition>()
+                    + i.transitions
+                        .iter()
+                        .map(|t| {
+                            t.reason.text.capacity()
+                                + t.evidence.signals.capacity() * std::mem::size_of::<Signal>()
+                        })
+                        .sum::<usize>()
+            })
+        };
+        std::mem::size_of::<Self>()
+            + self.window.approx_bytes()
+            + incident(&self.incident)
+            + incident(&self.last_closed)
+            + self
+                .reason
+                .as_ref()
+                .map_or(0, |r| r.text.capacity() + r.code.capacity())
+    }
+
     pub(crate) fn last_probe(&self) -> (Option<DateTime<Utc>>, Option<DateTime<Utc>>, bool) {
         (
             self.last_probe_at,
@@ -416,6 +448,8 @@ impl Detector {
         let passive = o.kind == OutcomeKind::Passive;
         if j.counted {
             h.window.add(now, j.failed, passive);
+            h.since_tick.total = h.since_tick.total.saturating_add(1);
+            h.since_tick.failures = h.since_tick.failures.saturating_add(u32::from(j.failed));
         }
         if passive {
             if let Some(r) = &j.tps {
@@ -468,10 +502,18 @@ impl Detector {
                 total: counts.total,
                 window_s: w,
             });
-        } else if rate.full.total >= c.min_error_samples && rate.full.rate() < c.recover_error_rate
-        {
-            obs.fine = Dims::AVAILABILITY;
+        } else {
+            let fresh = h.since_tick;
+            let read = if rate.used_fast { rate.fast } else { rate.full };
+            if fresh.total > 0
+                && fresh.failures == 0
+                && read.total >= c.min_error_samples
+                && read.rate() < c.recover_error_rate
+            {
+                obs.fine = Dims::AVAILABILITY;
+            }
         }
+        h.since_tick = Counts::default();
         if h.tps_seen >= MIN_PASSIVE_TPS {
             if 2 * h.tps_low > h.tps_seen {
                 obs.abnormal = obs.abnormal.union(Dims::THROUGHPUT);

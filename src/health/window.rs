@@ -126,6 +126,11 @@ impl ErrorWindow {
         c
     }
 
+    /// Bytes held (the per-second slots).
+    pub fn approx_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+    }
+
     /// Seconds currently held (memory is proportional to it, at most the window's length).
     pub fn slots(&self) -> usize {
         self.slots.len()
