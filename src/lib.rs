@@ -18,6 +18,9 @@
 //! - [`scheduler`]: fires each route's probe on its jittered interval, never stacking overruns.
 //! - [`store`]: SQLite — migrations, the single batching writer thread, rollups, retention,
 //!   read queries on their own connections.
+//! - [`health`]: the pure detection core — time-of-day baselines, the per-route state machine
+//!   (`UNKNOWN NORMAL WARNING DEGRADED CRITICAL` + `SWITCHED`), failure modes, incidents,
+//!   egress and request-side findings; functions of (state, outcome, baseline, config, now).
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //! - [`web`]: the monitor's HTTP router (`/healthz` for now).
@@ -29,6 +32,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod health;
 pub mod probe;
 pub mod route;
 pub mod scheduler;

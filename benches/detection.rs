@@ -1,0 +1,321 @@
+//! Detection figures: the cost of one observation through baseline + detector, the memory per
+//! route at full windows, and the mean time to detect the seed's failure modes, from pure
+//! simulation (no I/O, explicit time).
+//!
+//! `CARGO_TARGET_DIR=/work/target cargo bench --bench detection`
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use chrono::{DateTime, TimeZone, Utc};
+use probeok::config::DetectionConfig;
+use probeok::health::{Baseline, Detector, RouteHealth, State};
+use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
+use probeok::route::RouteId;
+use rand::{Rng, SeedableRng};
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 30, 0, 0, 0)
+        .single()
+        .unwrap_or_default()
+}
+
+fn at(s: f64) -> DateTime<Utc> {
+    t0() + chrono::Duration::milliseconds((s * 1000.0).round() as i64)
+}
+
+fn outcome(route: &RouteId, kind: OutcomeKind, when: DateTime<Utc>) -> ProbeOutcome {
+    ProbeOutcome {
+        route: route.clone(),
+        kind,
+        started_at: when,
+        success: true,
+        verified: (kind != OutcomeKind::Passive).then_some(true),
+        ttfb_ms: Some(150.0),
+        ttft_ms: Some(300.0),
+        total_ms: 1100.0,
+        output_tokens: Some(3),
+        tokens_estimated: false,
+        tokens_per_second: None,
+        model_reported: None,
+        system_fingerprint: None,
+        http_status: Some(200),
+        error: None,
+        answer: Some("PROBE_OK".into()),
+    }
+}
+
+fn probe(route: &RouteId, when: DateTime<Utc>, ms: f64) -> ProbeOutcome {
+    let mut o = outcome(route, OutcomeKind::Probe, when);
+    o.total_ms = ms;
+    o.ttft_ms = Some(ms * 0.8);
+    o
+}
+
+fn fail(mut o: ProbeOutcome) -> ProbeOutcome {
+    o.success = false;
+    o.verified = None;
+    o.error = Some(ProbeError::Http {
+        status: 503,
+        message: "unavailable".into(),
+    });
+    o.http_status = Some(503);
+    o
+}
+
+fn with_tps(mut o: ProbeOutcome, tps: f64) -> ProbeOutcome {
+    o.tokens_per_second = Some(tps);
+    o.output_tokens = Some(80);
+    o
+}
+
+fn lognormal(rng: &mut impl Rng, median: f64, sigma: f64) -> f64 {
+    let u1: f64 = rng.gen_range(f64::EPSILON..1.0);
+    let u2: f64 = rng.gen();
+    median * (sigma * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()).exp()
+}
+
+/// A route with a full day of history: every hour bucket full, tokens/s learned.
+fn warmed(cfg: &DetectionConfig, rng: &mut impl Rng) -> (Detector, RouteHealth, Baseline, f64) {
+    let r = RouteId::new("qwen", "cn", "qwen-max");
+    let det = Detector::new(cfg);
+    let mut h = det.route(r.clone(), at(0.0));
+    let mut b = Baseline::new(r.clone(), cfg);
+    let mut s = 0.0;
+    while s < 86_400.0 {
+        let o = probe(&r, at(s), lognormal(rng, 1100.0, 0.1));
+        det.ingest(&mut h, &mut b, &o, at(s));
+        if (s as u64) % 300 == 0 {
+            let tp = with_tps(
+                outcome(&r, OutcomeKind::Throughput, at(s + 5.0)),
+                50.0 + rng.gen_range(-3.0..3.0),
+            );
+            det.ingest(&mut h, &mut b, &tp, at(s + 5.0));
+        }
+        s += 30.0;
+    }
+    // Fill the error window with a busy route's traffic.
+    for k in 0..3000 {
+        let when = at(s + k as f64 * 0.1);
+        det.ingest(
+            &mut h,
+            &mut b,
+            &outcome(&r, OutcomeKind::Passive, when),
+            when,
+        );
+    }
+    (det, h, b, s + 300.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn cost(cfg: &DetectionConfig) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (det, h0, b0, start) = warmed(cfg, &mut rng);
+    let r = h0.route().clone();
+    const N: usize = 20_000;
+    let probes: Vec<ProbeOutcome> = (0..N)
+        .map(|i| {
+            probe(
+                &r,
+                at(start + i as f64 * 30.0),
+                lognormal(&mut rng, 1100.0, 0.1),
+            )
+        })
+        .collect();
+    let passives: Vec<ProbeOutcome> = (0..N)
+        .map(|i| outcome(&r, OutcomeKind::Passive, at(start + i as f64 * 0.1)))
+        .collect();
+    let mut probe_ns = Vec::new();
+    let mut passive_ns = Vec::new();
+    let mut tick_ns = Vec::new();
+    for _ in 0..7 {
+        let (mut h, mut b) = (h0.clone(), b0.clone());
+        let t = Instant::now();
+        for o in &probes {
+            black_box(det.ingest(&mut h, &mut b, o, o.started_at));
+        }
+        probe_ns.push(t.elapsed().as_nanos() as f64 / N as f64);
+        let (mut h, mut b) = (h0.clone(), b0.clone());
+        let t = Instant::now();
+        for o in &passives {
+            black_box(det.ingest(&mut h, &mut b, o, o.started_at));
+        }
+        passive_ns.push(t.elapsed().as_nanos() as f64 / N as f64);
+        let mut h = h0.clone();
+        let t = Instant::now();
+        for i in 0..N {
+            black_box(det.tick(&mut h, at(start + i as f64 * 0.01)));
+        }
+        tick_ns.push(t.elapsed().as_nanos() as f64 / N as f64);
+    }
+    println!("cost per call (median of 7 runs of {N}, full windows, hourly buckets):");
+    println!(
+        "  probe outcome  (baseline judge + record + detector): {:>7.0} ns",
+        median(probe_ns)
+    );
+    println!(
+        "  passive outcome (error window + tps tally):          {:>7.0} ns",
+        median(passive_ns)
+    );
+    println!(
+        "  tick (1 s evaluation, 300-slot window):              {:>7.0} ns",
+        median(tick_ns)
+    );
+    let json = serde_json::to_string(&h0).map(|j| j.len()).unwrap_or(0);
+    println!("memory per route at full windows (24 hour buckets × latency/ttft/tps × 100, 300 s window):");
+    println!("  Baseline:    {:>7} bytes", b0.approx_bytes());
+    println!(
+        "  RouteHealth: {:>7} bytes (no open incident; persisted JSON {json} bytes)",
+        h0.approx_bytes()
+    );
+}
+
+#[derive(Clone, Copy)]
+enum Fault {
+    HardOutage,
+    LatencySpike,
+    SoftRateLimit,
+}
+
+/// Seconds from the fault's onset to DEGRADED (and to WARNING), with probes every 30 s
+/// starting `phase_ds` deciseconds after the onset, throughput probes every 5 min at a random
+/// phase, and optionally passive traffic at 10/s. Time moves in 0.1 s steps; a tick every 1 s.
+fn detect(
+    cfg: &DetectionConfig,
+    fault: Fault,
+    passive: bool,
+    phase_ds: i64,
+    seed: u64,
+) -> (f64, f64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (det, mut h, mut b, start) = warmed(cfg, &mut rng);
+    let r = h.route().clone();
+    let (mut warn, mut degr) = (f64::NAN, f64::NAN);
+    let tp_phase_ds: i64 = rng.gen_range(0..3000);
+    let mut ds: i64 = 0;
+    while ds < 36_000 && degr.is_nan() {
+        let s = ds as f64 / 10.0;
+        let now = at(start + s);
+        let mut events: Vec<ProbeOutcome> = Vec::new();
+        if ds >= phase_ds && (ds - phase_ds) % 300 == 0 {
+            let o = probe(&r, now, lognormal(&mut rng, 1100.0, 0.1));
+            events.push(match fault {
+                Fault::HardOutage => fail(o),
+                Fault::LatencySpike => probe(&r, now, lognormal(&mut rng, 13_000.0, 0.1)),
+                // 3 tokens at 8 tokens/s instead of 50: ~300 ms more, first byte still fast.
+                Fault::SoftRateLimit => probe(&r, now, o.total_ms + 300.0),
+            });
+        }
+        if ds >= tp_phase_ds && (ds - tp_phase_ds) % 3000 == 0 {
+            let o = with_tps(outcome(&r, OutcomeKind::Throughput, now), 50.0);
+            events.push(match fault {
+                Fault::HardOutage => fail(o),
+                Fault::LatencySpike => o,
+                Fault::SoftRateLimit => with_tps(o, 8.0),
+            });
+        }
+        if passive {
+            let o = outcome(&r, OutcomeKind::Passive, now);
+            events.push(match fault {
+                Fault::HardOutage => fail(o),
+                Fault::LatencySpike => o,
+                Fault::SoftRateLimit => with_tps(o, 8.0),
+            });
+        }
+        let mut ts = Vec::new();
+        for o in &events {
+            ts.extend(det.ingest(&mut h, &mut b, o, now));
+        }
+        if ds % 10 == 0 {
+            ts.extend(det.tick(&mut h, now));
+        }
+        for t in ts {
+            if t.to == State::Warning && warn.is_nan() {
+                warn = s;
+            }
+            if t.to >= State::Degraded && degr.is_nan() {
+                degr = s;
+                if warn.is_nan() {
+                    warn = s;
+                }
+            }
+        }
+        ds += 1;
+    }
+    (warn, degr)
+}
+
+fn mttd(cfg: &DetectionConfig) {
+    println!("mean time to detect (onset → DEGRADED; WARNING in brackets), 30 s probes, throughput probe every 5 min, 12 onsets spread over the probe interval:");
+    for (name, fault) in [
+        ("hard outage (503)", Fault::HardOutage),
+        ("latency spike (1.1 s → 13 s)", Fault::LatencySpike),
+        ("soft rate limit (50 → 8 tokens/s)", Fault::SoftRateLimit),
+    ] {
+        for passive in [false, true] {
+            let runs: Vec<(f64, f64)> = (0..12)
+                .map(|k| detect(cfg, fault, passive, 25 * k as i64, 100 + k))
+                .collect();
+            let mean = |f: &dyn Fn(&(f64, f64)) -> f64| {
+                runs.iter().map(f).sum::<f64>() / runs.len() as f64
+            };
+            let d = mean(&|x| x.1);
+            let w = mean(&|x| x.0);
+            println!(
+                "  {name:<36} {:<16} {:>7.1} s = {:>5.2} probe intervals  [WARNING {:>6.1} s]",
+                if passive {
+                    "+ passive 10/s"
+                } else {
+                    "probes only"
+                },
+                d,
+                d / 30.0,
+                w
+            );
+        }
+    }
+}
+
+fn false_alarms(cfg: &DetectionConfig) {
+    let r = RouteId::new("qwen", "cn", "qwen-max");
+    for sigma in [0.1, 0.15, 0.2] {
+        let (mut w, mut d) = (0, 0);
+        let days = 10;
+        for seed in 0..days {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + seed);
+            let det = Detector::new(cfg);
+            let mut h = det.route(r.clone(), at(0.0));
+            let mut b = Baseline::new(r.clone(), cfg);
+            for i in 0..2880 * 2 {
+                let now = at(30.0 * i as f64);
+                let o = probe(&r, now, lognormal(&mut rng, 1100.0, sigma));
+                let o = if rng.gen_bool(0.001) { fail(o) } else { o };
+                let t = det.ingest(&mut h, &mut b, &o, now);
+                // The first day only warms the baselines up.
+                if i >= 2880 {
+                    match t.map(|t| t.to) {
+                        Some(State::Warning) => w += 1,
+                        Some(State::Degraded) => d += 1,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        println!(
+            "false transitions, healthy route, log-normal σ={sigma}, 0.1% failures: {:.1} WARNING/day, {:.2} DEGRADED/day (mean of {days} days)",
+            w as f64 / days as f64,
+            d as f64 / days as f64
+        );
+    }
+}
+
+fn main() {
+    let cfg = DetectionConfig::default();
+    cost(&cfg);
+    mttd(&cfg);
+    false_alarms(&cfg);
+}

@@ -1,0 +1,619 @@
+//! What "normal" looks like for one route: total latency and time to first token of the last
+//! `baseline_window` successful `PROBE_OK` probes per time-of-day bucket (peak hours have their
+//! own normal, seed 000's pitfall 5), plus an all-day rolling window that a thin bucket falls
+//! back to; tokens/s from throughput probes and real streams.
+//!
+//! Only [`OutcomeKind::Probe`] outcomes feed latency: they use one fixed prompt, while passive
+//! traffic has every prompt size. Updates are incremental (ring buffers, O(window) per update
+//! for the cached mean/σ); percentiles are computed only for [`Baseline::snapshot`].
+//!
+//! **Sustained anomalies are not learned.** A sample above the judging threshold is held back:
+//! if the run of such samples ends before `degraded_after` and such samples are rare (at most
+//! [`JITTER_FRACTION`] of the last `baseline_window`), it was jitter and the held samples are
+//! learned after all, so the spread is not truncated (plain σ-clipping shrinks σ and makes the
+//! detector jumpier over time). Otherwise they are dropped: a 23-minute latency spike does not
+//! teach the baseline that 14 s is normal halfway through it, nor does a route that is slow on
+//! every other probe. Only after a full `baseline_window` of consecutive anomalous samples does
+//! the baseline accept the new level (a provider that really became slower for good). The rule depends only on the sequence of
+//! outcomes, so [`Baseline::rebuild`] reproduces the live baseline exactly.
+
+use std::collections::VecDeque;
+
+use chrono::{DateTime, NaiveTime, Timelike, Utc};
+use serde::{Deserialize, Serialize};
+use statrs::statistics::{Data, OrderStatistics, Statistics};
+
+use crate::config::{Buckets, DetectionConfig};
+use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
+use crate::route::RouteId;
+
+/// The label of the all-day window.
+pub const ALL_DAY: &str = "all-day";
+
+/// Above-threshold samples are jitter (and learned) only while at most this fraction of the
+/// recent samples was above the threshold: a 2σ threshold on steady data is crossed by a few
+/// percent of samples, an intermittent fault by far more.
+pub const JITTER_FRACTION: f64 = 0.1;
+
+/// A bounded series with its mean and sample standard deviation cached after each push.
+#[derive(Debug, Clone)]
+struct Series {
+    buf: VecDeque<f64>,
+    cap: usize,
+    mean: f64,
+    stddev: f64,
+}
+
+impl Series {
+    fn new(cap: usize) -> Self {
+        Self {
+            buf: VecDeque::with_capacity(cap),
+            cap,
+            mean: 0.0,
+            stddev: 0.0,
+        }
+    }
+
+    fn push(&mut self, x: f64) {
+        if self.buf.len() == self.cap {
+            self.buf.pop_front();
+        }
+        self.buf.push_back(x);
+        self.mean = self.buf.iter().mean();
+        // Sample σ (n − 1); undefined for one sample, which is no spread at all.
+        let sd = self.buf.iter().std_dev();
+        self.stddev = if sd.is_finite() { sd } else { 0.0 };
+    }
+
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn summary(&self) -> Option<Summary> {
+        if self.buf.is_empty() {
+            return None;
+        }
+        let mut data = Data::new(self.buf.iter().copied().collect::<Vec<f64>>());
+        Some(Summary {
+            samples: self.buf.len(),
+            mean: self.mean,
+            stddev: self.stddev,
+            p50: data.percentile(50),
+            p95: data.percentile(95),
+            p99: data.percentile(99),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Summary {
+    samples: usize,
+    mean: f64,
+    stddev: f64,
+    p50: f64,
+    p95: f64,
+    p99: f64,
+}
+
+#[derive(Debug, Clone)]
+struct Bucket {
+    latency: Series,
+    ttft: Series,
+    tps: Series,
+}
+
+impl Bucket {
+    fn new(cap: usize) -> Self {
+        Self {
+            latency: Series::new(cap),
+            ttft: Series::new(cap),
+            tps: Series::new(cap),
+        }
+    }
+}
+
+/// A held-back sample: (bucket, value, ttft).
+type Held = (Option<usize>, f64, Option<f64>);
+
+/// A run of consecutive anomalous samples (see the module docs).
+#[derive(Debug, Clone, Default)]
+struct Run {
+    /// Held back while the run is shorter than `degraded_after`: (bucket, value, ttft).
+    pending: Vec<Held>,
+    len: u32,
+    /// Whether each of the last `baseline_window` samples was above the threshold.
+    recent: VecDeque<bool>,
+    recent_abnormal: usize,
+}
+
+impl Run {
+    fn remember(&mut self, abnormal: bool, window: usize) {
+        if self.recent.len() == window && self.recent.pop_front() == Some(true) {
+            self.recent_abnormal -= 1;
+        }
+        self.recent.push_back(abnormal);
+        self.recent_abnormal += usize::from(abnormal);
+    }
+
+    fn rare(&self) -> bool {
+        self.recent_abnormal as f64 <= JITTER_FRACTION * self.recent.len().max(1) as f64
+    }
+}
+
+/// How local time maps to buckets.
+#[derive(Debug, Clone)]
+enum Scheme {
+    None,
+    Hour(chrono_tz::Tz),
+    Windows(chrono_tz::Tz, Vec<(NaiveTime, NaiveTime)>),
+}
+
+/// The latency baseline an observation is judged against.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatencyRef {
+    /// `"14:00-15:00"`, `"peak 09:00-12:00"`, `"off-peak"` or `"all-day"` (fallback).
+    pub bucket: String,
+    pub samples: usize,
+    pub mean_ms: f64,
+    pub stddev_ms: f64,
+    /// mean + max(sigma·σ, latency_floor_ratio·mean, latency_floor).
+    pub threshold_ms: f64,
+}
+
+/// The tokens/s baseline an observation is judged against.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TpsRef {
+    pub bucket: String,
+    pub samples: usize,
+    pub mean: f64,
+    /// `tps_floor` × mean: below it is abnormal.
+    pub floor: f64,
+}
+
+/// The baseline in force for one bucket, for the status API.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BaselineSnapshot {
+    pub bucket: String,
+    pub samples: usize,
+    pub mean_ms: f64,
+    pub stddev_ms: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub ttft_samples: usize,
+    pub ttft_mean_ms: Option<f64>,
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p95_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub tps_samples: usize,
+    pub tps_mean: Option<f64>,
+}
+
+/// One route's baselines. Not persisted: [`Baseline::rebuild`] recomputes it from the stored
+/// raw outcomes (the retention is the lookback).
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    route: RouteId,
+    scheme: Scheme,
+    min_samples: usize,
+    window: usize,
+    sigma: f64,
+    floor_ratio: f64,
+    floor_ms: f64,
+    tps_floor: f64,
+    /// Runs shorter than this are jitter and are learned.
+    hold: u32,
+    buckets: Vec<Bucket>,
+    all_day: Bucket,
+    latency_run: Run,
+    tps_run: Run,
+}
+
+impl Baseline {
+    pub fn new(route: RouteId, cfg: &DetectionConfig) -> Self {
+        let window = cfg.baseline_window.max(1) as usize;
+        let (scheme, n) = match &cfg.buckets {
+            Buckets::None => (Scheme::None, 0),
+            Buckets::Hour => (Scheme::Hour(cfg.timezone), 24),
+            Buckets::Windows(w) => (Scheme::Windows(cfg.timezone, w.clone()), w.len() + 1),
+        };
+        Self {
+            route,
+            scheme,
+            min_samples: cfg.min_samples.max(1) as usize,
+            window,
+            sigma: cfg.sigma,
+            floor_ratio: cfg.latency_floor_ratio,
+            floor_ms: cfg.latency_floor.as_secs_f64() * 1000.0,
+            tps_floor: cfg.tps_floor,
+            hold: cfg.degraded_after.max(1),
+            buckets: (0..n).map(|_| Bucket::new(window)).collect(),
+            all_day: Bucket::new(window),
+            latency_run: Run::default(),
+            tps_run: Run::default(),
+        }
+    }
+
+    /// Replays stored outcomes (oldest first) into a fresh baseline; outcomes of other routes
+    /// are ignored. Same sequence in, same baseline out.
+    pub fn rebuild<'a>(
+        route: RouteId,
+        cfg: &DetectionConfig,
+        outcomes: impl IntoIterator<Item = &'a ProbeOutcome>,
+    ) -> Self {
+        let mut b = Self::new(route, cfg);
+        for o in outcomes {
+            b.record(o);
+        }
+        b
+    }
+
+    pub fn route(&self) -> &RouteId {
+        &self.route
+    }
+
+    /// Enough successful probes overall to judge latency (else the route is UNKNOWN).
+    pub fn ready(&self) -> bool {
+        self.all_day.latency.len() >= self.min_samples
+    }
+
+    /// Latency samples in the all-day window.
+    pub fn samples(&self) -> usize {
+        self.all_day.latency.len()
+    }
+
+    /// Heap and inline bytes held (for capacity planning: about 2.4 KB per bucket and series
+    /// at the default window of 100).
+    pub fn approx_bytes(&self) -> usize {
+        let series = |s: &Series| s.buf.capacity() * std::mem::size_of::<f64>();
+        let bucket = |b: &Bucket| {
+            std::mem::size_of::<Bucket>() + series(&b.latency) + series(&b.ttft) + series(&b.tps)
+        };
+        let run =
+            |r: &Run| r.recent.capacity() + r.pending.capacity() * std::mem::size_of::<Held>();
+        std::mem::size_of::<Self>()
+            + self.buckets.iter().map(bucket).sum::<usize>()
+            + bucket(&self.all_day)
+            + run(&self.latency_run)
+            + run(&self.tps_run)
+    }
+
+    /// Learns from one outcome (call it after the detector judged the outcome).
+    pub fn record(&mut self, o: &ProbeOutcome) {
+        if o.route != self.route || !o.success {
+            return;
+        }
+        let at = o.started_at;
+        let b = self.bucket_index(at);
+        if o.kind == OutcomeKind::Probe && o.verified != Some(false) {
+            // A wrong answer may be longer or shorter: not this prompt's latency.
+            let abnormal = self
+                .latency_ref(at)
+                .is_some_and(|r| o.total_ms > r.threshold_ms);
+            let (window, hold) = (self.window, self.hold);
+            if let Some(accept) = step_run(&mut self.latency_run, abnormal, hold, window) {
+                for (pb, x, ttft) in accept {
+                    self.push_latency(pb, x, ttft);
+                }
+                self.push_latency(b, o.total_ms, o.ttft_ms);
+            } else if abnormal && self.latency_run.len < hold {
+                self.latency_run.pending.push((b, o.total_ms, o.ttft_ms));
+            }
+        }
+        if matches!(o.kind, OutcomeKind::Throughput | OutcomeKind::Passive) {
+            if let Some(tps) = o.tokens_per_second.filter(|t| t.is_finite() && *t > 0.0) {
+                let abnormal = self.tps_ref(at).is_some_and(|r| tps < r.floor);
+                let (window, hold) = (self.window, self.hold);
+                if let Some(accept) = step_run(&mut self.tps_run, abnormal, hold, window) {
+                    for (pb, x, _) in accept {
+                        self.push_tps(pb, x);
+                    }
+                    self.push_tps(b, tps);
+                } else if abnormal && self.tps_run.len < hold {
+                    self.tps_run.pending.push((b, tps, None));
+                }
+            }
+        }
+    }
+
+    fn push_latency(&mut self, b: Option<usize>, x: f64, ttft: Option<f64>) {
+        for bucket in self.targets(b) {
+            bucket.latency.push(x);
+            if let Some(t) = ttft {
+                bucket.ttft.push(t);
+            }
+        }
+    }
+
+    fn push_tps(&mut self, b: Option<usize>, x: f64) {
+        for bucket in self.targets(b) {
+            bucket.tps.push(x);
+        }
+    }
+
+    fn targets(&mut self, b: Option<usize>) -> impl Iterator<Item = &mut Bucket> {
+        let own = match b {
+            Some(i) => self.buckets.get_mut(i),
+            None => None,
+        };
+        own.into_iter().chain(std::iter::once(&mut self.all_day))
+    }
+
+    /// The latency baseline for an observation started at `at`: its bucket, or the all-day
+    /// window when the bucket is thin; `None` when even that has fewer than `min_samples`.
+    pub fn latency_ref(&self, at: DateTime<Utc>) -> Option<LatencyRef> {
+        let (label, s) = self.pick(at, |b| &b.latency)?;
+        let spread = (self.sigma * s.stddev)
+            .max(self.floor_ratio * s.mean)
+            .max(self.floor_ms);
+        Some(LatencyRef {
+            bucket: label,
+            samples: s.len(),
+            mean_ms: s.mean,
+            stddev_ms: s.stddev,
+            threshold_ms: s.mean + spread,
+        })
+    }
+
+    /// The tokens/s baseline (never a latency figure: seed 000's sample code compared tokens/s
+    /// with a latency percentile).
+    pub fn tps_ref(&self, at: DateTime<Utc>) -> Option<TpsRef> {
+        let (label, s) = self.pick(at, |b| &b.tps)?;
+        Some(TpsRef {
+            bucket: label,
+            samples: s.len(),
+            mean: s.mean,
+            floor: self.tps_floor * s.mean,
+        })
+    }
+
+    fn pick<'a>(
+        &'a self,
+        at: DateTime<Utc>,
+        series: impl Fn(&'a Bucket) -> &'a Series,
+    ) -> Option<(String, &'a Series)> {
+        if let Some(i) = self.bucket_index(at) {
+            if let Some(b) = self.buckets.get(i) {
+                let s = series(b);
+                if s.len() >= self.min_samples {
+                    return Some((self.label(i), s));
+                }
+            }
+        }
+        let s = series(&self.all_day);
+        (s.len() >= self.min_samples).then(|| (ALL_DAY.to_owned(), s))
+    }
+
+    /// The baseline in force at `at` (bucket, or the all-day fallback), for the API.
+    pub fn snapshot(&self, at: DateTime<Utc>) -> Option<BaselineSnapshot> {
+        if let Some(i) = self.bucket_index(at) {
+            if let Some(b) = self.buckets.get(i) {
+                if b.latency.len() >= self.min_samples {
+                    return snapshot_of(self.label(i), b);
+                }
+            }
+        }
+        snapshot_of(ALL_DAY.to_owned(), &self.all_day)
+    }
+
+    /// Every non-empty bucket, then the all-day window.
+    pub fn snapshots(&self) -> Vec<BaselineSnapshot> {
+        let mut out: Vec<_> = self
+            .buckets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| snapshot_of(self.label(i), b))
+            .collect();
+        out.extend(snapshot_of(ALL_DAY.to_owned(), &self.all_day));
+        out
+    }
+
+    /// Which bucket `at` falls in (`None` with `buckets = "none"`).
+    pub fn bucket_index(&self, at: DateTime<Utc>) -> Option<usize> {
+        match &self.scheme {
+            Scheme::None => None,
+            Scheme::Hour(tz) => Some(at.with_timezone(tz).hour() as usize),
+            Scheme::Windows(tz, windows) => {
+                let t = at.with_timezone(tz).time();
+                let i = windows
+                    .iter()
+                    .position(|(s, e)| *s <= t && t < *e)
+                    .unwrap_or(windows.len());
+                Some(i)
+            }
+        }
+    }
+
+    /// The bucket label of `at` (whether or not it has enough samples).
+    pub fn bucket_label(&self, at: DateTime<Utc>) -> String {
+        match self.bucket_index(at) {
+            Some(i) => self.label(i),
+            None => ALL_DAY.to_owned(),
+        }
+    }
+
+    fn label(&self, i: usize) -> String {
+        match &self.scheme {
+            Scheme::None => ALL_DAY.to_owned(),
+            Scheme::Hour(_) => format!("{:02}:00-{:02}:00", i, i + 1),
+            Scheme::Windows(_, w) => match w.get(i) {
+                Some((s, e)) => format!("peak {}-{}", s.format("%H:%M"), e.format("%H:%M")),
+                None => "off-peak".to_owned(),
+            },
+        }
+    }
+}
+
+/// Advances a run with one sample. Returns what to learn now (held samples first), or `None`
+/// when this sample is held back or dropped.
+fn step_run(run: &mut Run, abnormal: bool, hold: u32, window: usize) -> Option<Vec<Held>> {
+    run.remember(abnormal, window);
+    if !abnormal {
+        // The run ended before it looked sustained: if such runs are rare, it was jitter.
+        let held = std::mem::take(&mut run.pending);
+        run.len = 0;
+        return Some(if run.rare() { held } else { Vec::new() });
+    }
+    run.len = run.len.saturating_add(1);
+    if run.len as usize >= window {
+        // A full window of "anomalies" is the new normal.
+        return Some(Vec::new());
+    }
+    if run.len >= hold {
+        // Sustained: the held samples belong to an anomaly, not to normal.
+        run.pending.clear();
+    }
+    None
+}
+
+fn snapshot_of(label: String, b: &Bucket) -> Option<BaselineSnapshot> {
+    let lat = b.latency.summary()?;
+    let ttft = b.ttft.summary();
+    Some(BaselineSnapshot {
+        bucket: label,
+        samples: lat.samples,
+        mean_ms: lat.mean,
+        stddev_ms: lat.stddev,
+        p50_ms: lat.p50,
+        p95_ms: lat.p95,
+        p99_ms: lat.p99,
+        ttft_samples: ttft.map_or(0, |t| t.samples),
+        ttft_mean_ms: ttft.map(|t| t.mean),
+        ttft_p50_ms: ttft.map(|t| t.p50),
+        ttft_p95_ms: ttft.map(|t| t.p95),
+        ttft_p99_ms: ttft.map(|t| t.p99),
+        tps_samples: b.tps.len(),
+        tps_mean: (b.tps.len() > 0).then_some(b.tps.mean),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn cfg() -> DetectionConfig {
+        DetectionConfig::default()
+    }
+
+    fn probe(at: DateTime<Utc>, ms: f64) -> ProbeOutcome {
+        ProbeOutcome {
+            route: RouteId::new("p", "r", "m"),
+            kind: OutcomeKind::Probe,
+            started_at: at,
+            success: true,
+            verified: Some(true),
+            ttfb_ms: None,
+            ttft_ms: Some(ms / 2.0),
+            total_ms: ms,
+            output_tokens: None,
+            tokens_estimated: false,
+            tokens_per_second: None,
+            model_reported: None,
+            system_fingerprint: None,
+            http_status: Some(200),
+            error: None,
+            answer: None,
+        }
+    }
+
+    fn utc(h: u32, m: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 30, h, m, 0).unwrap()
+    }
+
+    #[test]
+    fn hour_buckets_follow_the_timezone_and_fall_back_to_all_day() {
+        let c = cfg();
+        let mut b = Baseline::new(RouteId::new("p", "r", "m"), &c);
+        // 06:xx UTC is 14:xx in Shanghai.
+        assert_eq!(b.bucket_label(utc(6, 10)), "14:00-15:00");
+        assert_eq!(b.bucket_label(utc(15, 59)), "23:00-24:00");
+        for i in 0..19 {
+            b.record(&probe(
+                utc(6, 0) + chrono::Duration::seconds(30 * i),
+                1000.0,
+            ));
+        }
+        assert!(!b.ready());
+        assert!(
+            b.latency_ref(utc(6, 30)).is_none(),
+            "below min_samples: cannot judge"
+        );
+        b.record(&probe(utc(6, 10), 1000.0));
+        assert!(b.ready());
+        assert_eq!(b.latency_ref(utc(6, 30)).unwrap().bucket, "14:00-15:00");
+        // Another hour with no samples of its own uses the all-day window.
+        assert_eq!(b.latency_ref(utc(9, 0)).unwrap().bucket, ALL_DAY);
+        let snap = b.snapshot(utc(6, 30)).unwrap();
+        assert_eq!(snap.samples, 20);
+        assert_eq!(snap.ttft_mean_ms, Some(500.0));
+    }
+
+    #[test]
+    fn passive_and_failed_outcomes_never_feed_latency() {
+        let c = cfg();
+        let mut b = Baseline::new(RouteId::new("p", "r", "m"), &c);
+        let mut o = probe(utc(6, 0), 1000.0);
+        o.kind = OutcomeKind::Passive;
+        o.tokens_per_second = Some(40.0);
+        b.record(&o);
+        let mut f = probe(utc(6, 0), 1000.0);
+        f.success = false;
+        b.record(&f);
+        let mut other = probe(utc(6, 0), 1000.0);
+        other.route = RouteId::new("x", "r", "m");
+        b.record(&other);
+        assert_eq!(b.samples(), 0);
+        assert_eq!(b.all_day.tps.len(), 1);
+    }
+
+    #[test]
+    fn isolated_jitter_is_learned_sustained_shifts_are_not_until_a_full_window() {
+        let mut c = cfg();
+        c.buckets = Buckets::None;
+        c.baseline_window = 40;
+        let mut b = Baseline::new(RouteId::new("p", "r", "m"), &c);
+        let mut t = utc(0, 0);
+        let mut next = |b: &mut Baseline, ms: f64| {
+            t += chrono::Duration::seconds(30);
+            b.record(&probe(t, ms));
+        };
+        for i in 0..40 {
+            next(&mut b, if i % 2 == 0 { 950.0 } else { 1050.0 });
+        }
+        let before = b.samples();
+        next(&mut b, 5000.0); // held
+        assert_eq!(b.samples(), before);
+        next(&mut b, 1000.0); // run of one ended: jitter, learned (both)
+        assert!(b.latency_ref(utc(0, 0)).unwrap().mean_ms > 1050.0);
+        let mean = b.latency_ref(utc(0, 0)).unwrap().mean_ms;
+        for _ in 0..39 {
+            next(&mut b, 9000.0); // sustained: not learned
+        }
+        assert_eq!(b.latency_ref(utc(0, 0)).unwrap().mean_ms, mean);
+        for _ in 0..5 {
+            next(&mut b, 9000.0); // a full window of it: the new level
+        }
+        assert!(b.latency_ref(utc(0, 0)).unwrap().mean_ms > mean);
+    }
+
+    #[test]
+    fn rebuild_equals_live() {
+        let c = cfg();
+        let r = RouteId::new("p", "r", "m");
+        let outcomes: Vec<_> = (0..500)
+            .map(|i| {
+                probe(
+                    utc(0, 0) + chrono::Duration::seconds(37 * i),
+                    900.0 + (i % 13) as f64 * 30.0,
+                )
+            })
+            .collect();
+        let mut live = Baseline::new(r.clone(), &c);
+        for o in &outcomes {
+            live.record(o);
+        }
+        let rebuilt = Baseline::rebuild(r, &c, &outcomes);
+        assert_eq!(live.snapshots(), rebuilt.snapshots());
+    }
+}

@@ -1,0 +1,250 @@
+//! Is one outcome abnormal, on which dimension, and why.
+//!
+//! An outcome is judged only on what it measures: a `PROBE_OK` probe says nothing about
+//! tokens/s (2–5 tokens are noise), a throughput probe's latency is not comparable with the
+//! `PROBE_OK` baseline. So a judgement lists the dimensions found abnormal *and* those measured
+//! and found fine; the detector lets a "normal" observation end trouble only on the dimensions
+//! it actually measured (a fast `PROBE_OK` probe does not clear a soft rate limit).
+
+use serde::{Deserialize, Serialize};
+
+use super::baseline::{Baseline, LatencyRef, TpsRef};
+use super::{fmt_ms, fmt_spread};
+use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
+
+/// A set of dimensions (bit flags; serialized as the number).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Dims(u8);
+
+impl Dims {
+    pub const NONE: Dims = Dims(0);
+    /// Calls fail (connect, 5xx, timeouts, stalls) or the error rate is high.
+    pub const AVAILABILITY: Dims = Dims(1);
+    /// Total latency against the probe baseline.
+    pub const LATENCY: Dims = Dims(2);
+    /// Tokens/s against the tokens/s baseline.
+    pub const THROUGHPUT: Dims = Dims(4);
+    /// The answer is not `PROBE_OK` (or not 1..40 for throughput probes).
+    pub const BEHAVIOR: Dims = Dims(8);
+
+    pub fn contains(self, other: Dims) -> bool {
+        self.0 & other.0 == other.0
+    }
+    pub fn intersects(self, other: Dims) -> bool {
+        self.0 & other.0 != 0
+    }
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    pub fn union(self, other: Dims) -> Dims {
+        Dims(self.0 | other.0)
+    }
+    pub fn without(self, other: Dims) -> Dims {
+        Dims(self.0 & !other.0)
+    }
+}
+
+/// One reason an observation is abnormal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum Signal {
+    /// The call failed against the route (not the client's fault).
+    ProbeFailed { error: String, status: Option<u16> },
+    LatencyAboveBaseline {
+        observed_ms: f64,
+        threshold_ms: f64,
+        bucket: String,
+        mean_ms: f64,
+        stddev_ms: f64,
+        samples: usize,
+    },
+    TpsBelowBaseline {
+        observed: f64,
+        floor: f64,
+        bucket: String,
+        mean: f64,
+        samples: usize,
+    },
+    /// Transport healthy, answer not what the probe expects.
+    AnswerChanged { answer: Option<String> },
+    /// The error-rate window (probes and passive) is above `critical_error_rate`.
+    ErrorRateHigh {
+        failures: u32,
+        total: u32,
+        window_s: u64,
+    },
+}
+
+impl Signal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Signal::ProbeFailed { .. } => "probe_failed",
+            Signal::LatencyAboveBaseline { .. } => "latency_above_baseline",
+            Signal::TpsBelowBaseline { .. } => "tps_below_baseline",
+            Signal::AnswerChanged { .. } => "answer_changed",
+            Signal::ErrorRateHigh { .. } => "error_rate_high",
+        }
+    }
+
+    /// A sentence with the numbers.
+    pub fn text(&self) -> String {
+        match self {
+            Signal::ProbeFailed { error, status } => match status {
+                Some(s) => format!("probe failed: {error} (HTTP {s})"),
+                None => format!("probe failed: {error}"),
+            },
+            Signal::LatencyAboveBaseline {
+                observed_ms,
+                threshold_ms,
+                bucket,
+                mean_ms,
+                stddev_ms,
+                samples,
+            } => format!(
+                "latency {} against a normal of {} for {bucket} (limit {}, {samples} samples)",
+                fmt_ms(*observed_ms),
+                fmt_spread(*mean_ms, *stddev_ms),
+                fmt_ms(*threshold_ms)
+            ),
+            Signal::TpsBelowBaseline {
+                observed,
+                floor,
+                bucket,
+                mean,
+                samples,
+            } => format!(
+                "{observed:.1} tokens/s against a normal of {mean:.1} tokens/s for {bucket} \
+                 (floor {floor:.1}, {samples} samples)"
+            ),
+            Signal::AnswerChanged { answer } => match answer {
+                Some(a) => format!("answer changed: {a:?} instead of the expected text"),
+                None => "answer changed".to_owned(),
+            },
+            Signal::ErrorRateHigh {
+                failures,
+                total,
+                window_s,
+            } => format!(
+                "error rate {:.1}% ({failures} of {total} calls in the last {window_s} s)",
+                100.0 * f64::from(*failures) / f64::from((*total).max(1))
+            ),
+        }
+    }
+
+    /// The dimension this signal is about.
+    pub fn dim(&self) -> Dims {
+        match self {
+            Signal::ProbeFailed { .. } | Signal::ErrorRateHigh { .. } => Dims::AVAILABILITY,
+            Signal::LatencyAboveBaseline { .. } => Dims::LATENCY,
+            Signal::TpsBelowBaseline { .. } => Dims::THROUGHPUT,
+            Signal::AnswerChanged { .. } => Dims::BEHAVIOR,
+        }
+    }
+}
+
+/// The verdict on one outcome.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Judgement {
+    /// Counts in the error-rate window (false for the client's own errors).
+    pub counted: bool,
+    /// Counts as a failure there.
+    pub failed: bool,
+    /// Dimensions found abnormal.
+    pub abnormal: Dims,
+    /// Dimensions measured and found fine.
+    pub fine: Dims,
+    pub signals: Vec<Signal>,
+    /// The latency baseline used, when latency was judged.
+    pub latency: Option<LatencyRef>,
+    /// The tokens/s baseline used, when tokens/s was judged.
+    pub tps: Option<TpsRef>,
+}
+
+/// The client's own fault never counts against a route: 400/413/422 and content-policy
+/// refusals (SPEC: they are returned as they are and never retried elsewhere).
+pub fn is_client_fault(e: &ProbeError) -> bool {
+    matches!(
+        e,
+        ProbeError::Refused { .. }
+            | ProbeError::Http {
+                status: 400 | 413 | 422,
+                ..
+            }
+    )
+}
+
+/// Judges one outcome against the route's baseline (as it was before this outcome).
+pub fn judge(o: &ProbeOutcome, baseline: &Baseline) -> Judgement {
+    let mut j = Judgement::default();
+    if let Some(e) = &o.error {
+        if !o.success {
+            if is_client_fault(e) {
+                return j; // Not counted, not abnormal, measures nothing about the route.
+            }
+            j.counted = true;
+            j.failed = true;
+            j.signals.push(Signal::ProbeFailed {
+                error: e.kind().to_owned(),
+                status: e.status(),
+            });
+            j.abnormal = Dims::AVAILABILITY;
+            return j;
+        }
+    }
+    j.counted = true;
+    if !o.success {
+        // No error classification but no success either: still a failure of the route.
+        j.failed = true;
+        j.signals.push(Signal::ProbeFailed {
+            error: "unknown".to_owned(),
+            status: o.http_status,
+        });
+        j.abnormal = Dims::AVAILABILITY;
+        return j;
+    }
+    // A slow but complete answer is a success: availability is fine.
+    j.fine = Dims::AVAILABILITY;
+    if o.kind == OutcomeKind::Probe {
+        if let Some(r) = baseline.latency_ref(o.started_at) {
+            if o.total_ms > r.threshold_ms {
+                j.signals.push(Signal::LatencyAboveBaseline {
+                    observed_ms: o.total_ms,
+                    threshold_ms: r.threshold_ms,
+                    bucket: r.bucket.clone(),
+                    mean_ms: r.mean_ms,
+                    stddev_ms: r.stddev_ms,
+                    samples: r.samples,
+                });
+            } else {
+                j.fine = j.fine.union(Dims::LATENCY);
+            }
+            j.latency = Some(r);
+        }
+    }
+    if matches!(o.kind, OutcomeKind::Throughput | OutcomeKind::Passive) {
+        if let (Some(tps), Some(r)) = (o.tokens_per_second, baseline.tps_ref(o.started_at)) {
+            if tps < r.floor {
+                j.signals.push(Signal::TpsBelowBaseline {
+                    observed: tps,
+                    floor: r.floor,
+                    bucket: r.bucket.clone(),
+                    mean: r.mean,
+                    samples: r.samples,
+                });
+            } else {
+                j.fine = j.fine.union(Dims::THROUGHPUT);
+            }
+            j.tps = Some(r);
+        }
+    }
+    match o.verified {
+        Some(false) if o.kind != OutcomeKind::Passive => j.signals.push(Signal::AnswerChanged {
+            answer: o.answer.clone(),
+        }),
+        Some(true) => j.fine = j.fine.union(Dims::BEHAVIOR),
+        _ => {}
+    }
+    j.abnormal = j.signals.iter().fold(Dims::NONE, |d, s| d.union(s.dim()));
+    j
+}

@@ -1,0 +1,973 @@
+//! The per-route state machine (seed 000 layer 2, with seed 004's hysteresis):
+//!
+//! - `NORMAL`/`UNKNOWN` → `WARNING` on one abnormal observation; `WARNING` → `NORMAL` on the
+//!   next normal one.
+//! - `WARNING` → `DEGRADED` after `degraded_after` consecutive abnormal observations.
+//! - `DEGRADED` → `CRITICAL` when the error rate has been above `critical_error_rate`
+//!   continuously for `critical_after` (the clock starts when it crosses, in any state), or
+//!   after `critical_degraded_for` in `DEGRADED` with no normal observation in between.
+//! - `DEGRADED`/`CRITICAL` → `NORMAL` only after `recover_after` of normal observations (no
+//!   abnormal one in between) with the error rate below `recover_error_rate`.
+//! - `UNKNOWN` (fewer than `min_samples` successful probes) still escalates on failures and
+//!   becomes `NORMAL` once the baseline is ready.
+//!
+//! **Observations.** A probe or throughput outcome is one observation. Passive outcomes are
+//! not: they feed the error window and a tokens/s tally, and each [`Detector::tick`] (the
+//! shell calls it every second) turns them into one observation — abnormal when the error
+//! rate is above `critical_error_rate` (or most passive streams of the last second were below
+//! the tokens/s floor), so with live traffic a hard outage is seen in seconds. A tick is a
+//! *normal* availability observation only when outcomes arrived since the previous tick, none
+//! failed, and the error rate is below `recover_error_rate`.
+//!
+//! **Dimensions.** An observation is normal only if it measured, and found fine, every
+//! dimension that made the route abnormal (see [`super::classify`]); otherwise it is neutral:
+//! it neither extends nor ends the trouble. A healthy passive tick does not clear a latency
+//! anomaly it cannot see; a fast `PROBE_OK` probe does not clear a soft rate limit.
+//!
+//! **Error rate.** Judged only with ≥ `min_error_samples` outcomes and ≥ `min_failures`
+//! failures. It is read on the last [`FAST_WINDOW_S`] seconds when they hold enough outcomes
+//! (busy routes: an outage shows at once instead of after 5% of five minutes of history), else
+//! on the whole `error_window`. Once above, it counts as "still above" until the rate since
+//! the crossing drops to `critical_error_rate` or the fast window is clean — a noisy 8% does
+//! not restart the `critical_after` clock each time one second looks better.
+//!
+//! **Behaviour.** A `PROBE_OK` mismatch marks `behavior_changed` and on its own never raises
+//! the state above `WARNING` (drift has its own handling).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::baseline::{Baseline, LatencyRef, TpsRef};
+use super::classify::{self, Dims, Signal};
+use super::window::{Counts, ErrorWindow};
+use super::{fmt_spread, FailureMode, Reason, State};
+use crate::config::DetectionConfig;
+use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
+use crate::route::RouteId;
+
+/// The short error-rate window read first on busy routes.
+pub const FAST_WINDOW_S: u64 = 10;
+/// Fewer passive streams with a tokens/s figure than this in one tick judge nothing.
+pub const MIN_PASSIVE_TPS: u32 = 5;
+/// Transitions kept inside one incident (a flapping incident does not grow without bound;
+/// every transition is still returned to the shell to be stored).
+pub const MAX_INCIDENT_TRANSITIONS: usize = 64;
+
+/// What a cross-route finding asks the detector to discount (see [`super::findings`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Suppression {
+    #[default]
+    None,
+    /// Our own network is down: failures are not the provider's; they escalate nothing.
+    Egress,
+    /// Probes fine, real traffic failing: passive failures point at the requests and are left
+    /// out of this route's error rate.
+    RequestSide,
+}
+
+/// The outcome an observation came from, as evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    pub kind: OutcomeKind,
+    pub started_at: DateTime<Utc>,
+    pub success: bool,
+    pub verified: Option<bool>,
+    pub total_ms: f64,
+    pub ttft_ms: Option<f64>,
+    pub tokens_per_second: Option<f64>,
+    pub http_status: Option<u16>,
+    /// `ProbeError::kind`.
+    pub error: Option<String>,
+}
+
+impl Observed {
+    fn of(o: &ProbeOutcome) -> Self {
+        Self {
+            kind: o.kind,
+            started_at: o.started_at,
+            success: o.success,
+            verified: o.verified,
+            total_ms: o.total_ms,
+            ttft_ms: o.ttft_ms,
+            tokens_per_second: o.tokens_per_second,
+            http_status: o.http_status,
+            error: o.error.as_ref().map(|e| e.kind().to_owned()),
+        }
+    }
+}
+
+/// One threshold a rule compared against.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Threshold {
+    /// `latency_ms`, `tokens_per_second`, `error_rate`, `consecutive_abnormal`,
+    /// `error_rate_high_for_s`, `degraded_for_s`, `normal_for_s`, `recover_error_rate`.
+    pub name: String,
+    pub observed: f64,
+    pub limit: f64,
+}
+
+/// The error-rate window at the time of a transition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorRateEvidence {
+    pub window_s: u64,
+    pub total: u32,
+    pub failures: u32,
+    pub rate: f64,
+    pub fast_window_s: u64,
+    pub fast_total: u32,
+    pub fast_failures: u32,
+    pub above_since: Option<DateTime<Utc>>,
+}
+
+/// Everything a transition was decided on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// The outcome that triggered it (`None` for a tick).
+    pub observed: Option<Observed>,
+    pub signals: Vec<Signal>,
+    /// The latency baseline used (bucket, mean, stddev, samples, threshold).
+    pub baseline: Option<LatencyRef>,
+    pub tps_baseline: Option<TpsRef>,
+    pub thresholds: Vec<Threshold>,
+    pub error_rate: ErrorRateEvidence,
+    pub consecutive_abnormal: u32,
+}
+
+/// A change of state, with its reason and evidence; the shell stores every one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    pub route: RouteId,
+    pub from: State,
+    pub to: State,
+    pub at: DateTime<Utc>,
+    pub reason: Reason,
+    pub failure_mode: Option<FailureMode>,
+    pub evidence: Evidence,
+    /// The incident this transition opened, changed or closed.
+    pub incident_id: Option<String>,
+}
+
+/// DEGRADED or worse, until back to NORMAL (or UNKNOWN, for a route that never had a baseline).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Incident {
+    /// `route@opened_at` (RFC 3339): stable and unique per route.
+    pub id: String,
+    pub route: RouteId,
+    pub opened_at: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
+    pub peak: State,
+    pub failure_mode: Option<FailureMode>,
+    /// The first [`MAX_INCIDENT_TRANSITIONS`] transitions, then the closing one.
+    pub transitions: Vec<Transition>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct ModeCounts {
+    failures: u32,
+    slow: u32,
+}
+
+/// One route's judged state: everything the state machine needs, serializable so the shell
+/// persists it and restores it exactly after a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteHealth {
+    route: RouteId,
+    state: State,
+    since: DateTime<Utc>,
+    switched: bool,
+    suppression: Suppression,
+    failure_mode: Option<FailureMode>,
+    reason: Option<Reason>,
+    /// Consecutive abnormal observations.
+    streak: u32,
+    /// Dimensions abnormal since the route was last NORMAL.
+    open: Dims,
+    /// The latest answer was not the expected one.
+    behavior: bool,
+    /// First normal observation after the last abnormal one.
+    normal_since: Option<DateTime<Utc>>,
+    /// In DEGRADED: since when no observation has been normal.
+    abnormal_run_since: Option<DateTime<Utc>>,
+    /// When the error rate crossed `critical_error_rate` (cleared when it is back down).
+    rate_high_since: Option<DateTime<Utc>>,
+    /// When the passive-only error rate crossed it (request-side findings).
+    passive_high_since: Option<DateTime<Utc>>,
+    modes: ModeCounts,
+    window: ErrorWindow,
+    /// Passive streams with a tokens/s figure since the last tick, and how many were low.
+    tps_seen: u32,
+    tps_low: u32,
+    tps_low_sum: f64,
+    tps_ref: Option<TpsRef>,
+    /// Counted outcomes since the last tick: a tick vouches for availability only with fresh
+    /// evidence, never with successes left in the window by traffic that has since stopped.
+    since_tick: Counts,
+    baseline_ready: bool,
+    last_probe_at: Option<DateTime<Utc>>,
+    last_probe_ok_at: Option<DateTime<Utc>>,
+    last_probe_failed: bool,
+    incident: Option<Incident>,
+    last_closed: Option<Incident>,
+}
+
+impl RouteHealth {
+    pub fn new(route: RouteId, cfg: &DetectionConfig, now: DateTime<Utc>) -> Self {
+        Self {
+            route,
+            state: State::Unknown,
+            since: now,
+            switched: false,
+            suppression: Suppression::None,
+            failure_mode: None,
+            reason: None,
+            streak: 0,
+            open: Dims::NONE,
+            behavior: false,
+            normal_since: None,
+            abnormal_run_since: None,
+            rate_high_since: None,
+            passive_high_since: None,
+            modes: ModeCounts::default(),
+            window: ErrorWindow::new(cfg.error_window.as_secs()),
+            tps_seen: 0,
+            tps_low: 0,
+            tps_low_sum: 0.0,
+            tps_ref: None,
+            since_tick: Counts::default(),
+            baseline_ready: false,
+            last_probe_at: None,
+            last_probe_ok_at: None,
+            last_probe_failed: false,
+            incident: None,
+            last_closed: None,
+        }
+    }
+
+    pub fn route(&self) -> &RouteId {
+        &self.route
+    }
+    /// The judged state (never `SWITCHED`).
+    pub fn state(&self) -> State {
+        self.state
+    }
+    /// What the status page shows: `SWITCHED` while the switch controller has moved traffic.
+    pub fn display_state(&self) -> State {
+        if self.switched {
+            State::Switched
+        } else {
+            self.state
+        }
+    }
+    pub fn since(&self) -> DateTime<Utc> {
+        self.since
+    }
+    pub fn failure_mode(&self) -> Option<FailureMode> {
+        self.failure_mode
+    }
+    pub fn reason(&self) -> Option<&Reason> {
+        self.reason.as_ref()
+    }
+    /// Consecutive abnormal observations so far.
+    pub fn streak(&self) -> u32 {
+        self.streak
+    }
+    pub fn normal_since(&self) -> Option<DateTime<Utc>> {
+        self.normal_since
+    }
+    pub fn error_rate_high_since(&self) -> Option<DateTime<Utc>> {
+        self.rate_high_since
+    }
+    /// The answers are currently not `PROBE_OK`.
+    pub fn behavior_changed(&self) -> bool {
+        self.behavior
+    }
+    pub fn window(&self) -> &ErrorWindow {
+        &self.window
+    }
+    /// The open incident (DEGRADED or worse).
+    pub fn incident(&self) -> Option<&Incident> {
+        self.incident.as_ref()
+    }
+    /// The incident most recently closed (the shell persists it when a transition closes it).
+    pub fn last_closed(&self) -> Option<&Incident> {
+        self.last_closed.as_ref()
+    }
+    pub fn switched(&self) -> bool {
+        self.switched
+    }
+    /// Set and cleared by the switch controller; judging goes on underneath.
+    pub fn set_switched(&mut self, on: bool) {
+        self.switched = on;
+    }
+    pub fn suppression(&self) -> Suppression {
+        self.suppression
+    }
+    /// Set by the shell from [`super::findings::findings`].
+    pub fn set_suppression(&mut self, s: Suppression) {
+        self.suppression = s;
+    }
+    /// Bytes held in memory (error window, incidents with their evidence), for capacity
+    /// planning.
+    pub fn approx_bytes(&self) -> usize {
+        let incident = |i: &Option<Incident>| {
+            i.as_ref().map_or(0, |i| {
+                std::mem::size_of::<Incident>()
+                    + i.transitions.capacity() * std::mem::size_of::<Transition>()
+                    + i.transitions
+                        .iter()
+                        .map(|t| {
+                            t.reason.text.capacity()
+                                + t.evidence.signals.capacity() * std::mem::size_of::<Signal>()
+                        })
+                        .sum::<usize>()
+            })
+        };
+        std::mem::size_of::<Self>()
+            + self.window.approx_bytes()
+            + incident(&self.incident)
+            + incident(&self.last_closed)
+            + self
+                .reason
+                .as_ref()
+                .map_or(0, |r| r.text.capacity() + r.code.capacity())
+    }
+
+    pub(crate) fn last_probe(&self) -> (Option<DateTime<Utc>>, Option<DateTime<Utc>>, bool) {
+        (
+            self.last_probe_at,
+            self.last_probe_ok_at,
+            self.last_probe_failed,
+        )
+    }
+    pub(crate) fn passive_high_since(&self) -> Option<DateTime<Utc>> {
+        self.passive_high_since
+    }
+}
+
+/// One observation, as the state machine sees it.
+#[derive(Debug, Default)]
+struct Obs {
+    abnormal: Dims,
+    fine: Dims,
+    signals: Vec<Signal>,
+    observed: Option<Observed>,
+    latency: Option<LatencyRef>,
+    tps: Option<TpsRef>,
+}
+
+/// The error window read at one instant.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    full: Counts,
+    fast: Counts,
+    high_now: bool,
+    /// Which window `high_now` was read on.
+    used_fast: bool,
+}
+
+/// The thresholds, applied to any number of routes' [`RouteHealth`].
+#[derive(Debug, Clone)]
+pub struct Detector {
+    cfg: DetectionConfig,
+}
+
+impl Detector {
+    pub fn new(cfg: &DetectionConfig) -> Self {
+        Self { cfg: cfg.clone() }
+    }
+
+    pub fn config(&self) -> &DetectionConfig {
+        &self.cfg
+    }
+
+    /// A fresh route: UNKNOWN since `now`.
+    pub fn route(&self, route: RouteId, now: DateTime<Utc>) -> RouteHealth {
+        RouteHealth::new(route, &self.cfg, now)
+    }
+
+    /// The shell's entry point for every outcome: judge it against the baseline as it was,
+    /// then let the baseline learn from it, then (UNKNOWN only) check whether the baseline has
+    /// just become ready — so the `min_samples`-th success is the one that makes it NORMAL.
+    pub fn ingest(
+        &self,
+        h: &mut RouteHealth,
+        baseline: &mut Baseline,
+        o: &ProbeOutcome,
+        now: DateTime<Utc>,
+    ) -> Option<Transition> {
+        let t = self.observe(h, o, baseline, now);
+        baseline.record(o);
+        if t.is_some() || o.route != h.route {
+            return t;
+        }
+        h.baseline_ready = baseline.ready();
+        if h.state == State::Unknown && h.baseline_ready && o.success && h.open.is_empty() {
+            let rate = self.rate(h, now);
+            let r = baseline.latency_ref(o.started_at);
+            let text = match &r {
+                Some(r) => format!(
+                    "{} successful probes: normal is {} for {}",
+                    baseline.samples(),
+                    fmt_spread(r.mean_ms, r.stddev_ms),
+                    r.bucket
+                ),
+                None => format!("{} successful probes", baseline.samples()),
+            };
+            let obs = Obs {
+                observed: Some(Observed::of(o)),
+                latency: r,
+                ..Obs::default()
+            };
+            let ev = self.evidence(h, &obs, &rate, Vec::new());
+            return Some(self.transition(
+                h,
+                State::Normal,
+                Reason::new("baseline_ready", text),
+                ev,
+                now,
+            ));
+        }
+        None
+    }
+
+    /// Judges one outcome against `baseline` (which must not yet contain it; prefer
+    /// [`Detector::ingest`]). Passive outcomes only feed the error window and the tokens/s
+    /// tally, judged at the next [`Detector::tick`].
+    pub fn observe(
+        &self,
+        h: &mut RouteHealth,
+        o: &ProbeOutcome,
+        baseline: &Baseline,
+        now: DateTime<Utc>,
+    ) -> Option<Transition> {
+        if o.route != h.route {
+            return None;
+        }
+        let j = classify::judge(o, baseline);
+        let passive = o.kind == OutcomeKind::Passive;
+        if j.counted {
+            h.window.add(now, j.failed, passive);
+            h.since_tick.total = h.since_tick.total.saturating_add(1);
+            h.since_tick.failures = h.since_tick.failures.saturating_add(u32::from(j.failed));
+        }
+        if passive {
+            if let Some(r) = &j.tps {
+                h.tps_seen = h.tps_seen.saturating_add(1);
+                if j.abnormal.contains(Dims::THROUGHPUT) {
+                    h.tps_low = h.tps_low.saturating_add(1);
+                    h.tps_low_sum += o.tokens_per_second.unwrap_or(0.0);
+                }
+                h.tps_ref = Some(r.clone());
+            }
+            return None;
+        }
+        if !j.counted {
+            return None; // the client's own error: nothing about the route
+        }
+        h.baseline_ready = baseline.ready();
+        h.last_probe_at = Some(now);
+        h.last_probe_failed = j.failed;
+        if !j.failed {
+            h.last_probe_ok_at = Some(now);
+        }
+        let rate = self.rate(h, now);
+        let obs = Obs {
+            abnormal: j.abnormal,
+            fine: j.fine,
+            signals: j.signals,
+            observed: Some(Observed::of(o)),
+            latency: j.latency,
+            tps: j.tps,
+        };
+        self.step(h, obs, &rate, now)
+    }
+
+    /// The 1-second evaluation: turns the error window and the passive tokens/s tally into one
+    /// observation, and lets time-based rules (CRITICAL after a while) fire.
+    pub fn tick(&self, h: &mut RouteHealth, now: DateTime<Utc>) -> Option<Transition> {
+        h.window.prune(now);
+        let rate = self.rate(h, now);
+        let mut obs = Obs::default();
+        let c = &self.cfg;
+        if rate.high_now {
+            let (w, counts) = if rate.used_fast {
+                (FAST_WINDOW_S, rate.fast)
+            } else {
+                (h.window.len_s(), rate.full)
+            };
+            obs.abnormal = Dims::AVAILABILITY;
+            obs.signals.push(Signal::ErrorRateHigh {
+                failures: counts.failures,
+                total: counts.total,
+                window_s: w,
+            });
+        } else {
+            let fresh = h.since_tick;
+            let read = if rate.used_fast { rate.fast } else { rate.full };
+            if fresh.total > 0
+                && fresh.failures == 0
+                && read.total >= c.min_error_samples
+                && read.rate() < c.recover_error_rate
+            {
+                obs.fine = Dims::AVAILABILITY;
+            }
+        }
+        h.since_tick = Counts::default();
+        if h.tps_seen >= MIN_PASSIVE_TPS {
+            if 2 * h.tps_low > h.tps_seen {
+                obs.abnormal = obs.abnormal.union(Dims::THROUGHPUT);
+                if let Some(r) = &h.tps_ref {
+                    obs.signals.push(Signal::TpsBelowBaseline {
+                        observed: h.tps_low_sum / f64::from(h.tps_low.max(1)),
+                        floor: r.floor,
+                        bucket: r.bucket.clone(),
+                        mean: r.mean,
+                        samples: r.samples,
+                    });
+                }
+                obs.tps = h.tps_ref.clone();
+            } else {
+                obs.fine = obs.fine.union(Dims::THROUGHPUT);
+            }
+        }
+        if h.tps_seen >= MIN_PASSIVE_TPS || h.tps_seen == 0 {
+            h.tps_seen = 0;
+            h.tps_low = 0;
+            h.tps_low_sum = 0.0;
+        }
+        self.step(h, obs, &rate, now)
+    }
+
+    /// Reads the error window and moves the "above since" clocks.
+    fn rate(&self, h: &mut RouteHealth, now: DateTime<Utc>) -> Rate {
+        let c = &self.cfg;
+        let raw_full = h.window.counts(now, h.window.len_s());
+        let raw_fast = h.window.counts(now, FAST_WINDOW_S);
+        let (full, fast) = if h.suppression == Suppression::RequestSide {
+            (raw_full.probes_only(), raw_fast.probes_only())
+        } else {
+            (raw_full, raw_fast)
+        };
+        let judged = |x: &Counts| {
+            x.total >= c.min_error_samples
+                && x.failures >= c.min_failures
+                && x.rate() > c.critical_error_rate
+        };
+        let used_fast = fast.total >= c.min_error_samples;
+        let high_now = if used_fast {
+            judged(&fast)
+        } else {
+            judged(&full)
+        };
+        match h.rate_high_since {
+            None if high_now => h.rate_high_since = Some(now),
+            Some(since) if !high_now => {
+                let fast_clean = used_fast && fast.rate() < c.recover_error_rate;
+                let after = since.timestamp() - FAST_WINDOW_S as i64;
+                let mut onset = h.window.counts_after(now, after);
+                if h.suppression == Suppression::RequestSide {
+                    onset = onset.probes_only();
+                }
+                if fast_clean || onset.rate() <= c.critical_error_rate {
+                    h.rate_high_since = None;
+                }
+            }
+            _ => {}
+        }
+        // Passive alone, for request-side findings (no hysteresis needed there).
+        let passive = |x: &Counts| Counts {
+            total: x.passive_total,
+            failures: x.passive_failures,
+            passive_total: x.passive_total,
+            passive_failures: x.passive_failures,
+        };
+        let (pf, pq) = (passive(&raw_full), passive(&raw_fast));
+        let passive_high = if pq.total >= c.min_error_samples {
+            judged(&pq)
+        } else {
+            judged(&pf)
+        };
+        h.passive_high_since = match (passive_high, h.passive_high_since) {
+            (true, None) => Some(now),
+            (true, s) => s,
+            (false, _) => None,
+        };
+        Rate {
+            full,
+            fast,
+            high_now,
+            used_fast,
+        }
+    }
+
+    /// Applies one observation to the state machine.
+    fn step(
+        &self,
+        h: &mut RouteHealth,
+        obs: Obs,
+        rate: &Rate,
+        now: DateTime<Utc>,
+    ) -> Option<Transition> {
+        let c = &self.cfg;
+        let mut core = obs.abnormal.without(Dims::BEHAVIOR);
+        if h.suppression == Suppression::Egress {
+            core = core.without(Dims::AVAILABILITY);
+        }
+        let behavior_bad = obs.abnormal.contains(Dims::BEHAVIOR);
+        if behavior_bad {
+            h.behavior = true;
+        } else if obs.fine.contains(Dims::BEHAVIOR) {
+            h.behavior = false;
+        }
+        let normal =
+            core.is_empty() && !behavior_bad && !obs.fine.is_empty() && obs.fine.contains(h.open);
+        if !core.is_empty() {
+            h.streak = h.streak.saturating_add(1);
+            h.open = h.open.union(core);
+            h.normal_since = None;
+            if core.contains(Dims::AVAILABILITY) {
+                h.modes.failures = h.modes.failures.saturating_add(1);
+            } else {
+                h.modes.slow = h.modes.slow.saturating_add(1);
+            }
+            if h.state.is_incident() && h.abnormal_run_since.is_none() {
+                h.abnormal_run_since = Some(now);
+            }
+        } else if normal {
+            h.streak = 0;
+            h.normal_since.get_or_insert(now);
+            h.abnormal_run_since = None;
+        }
+
+        let mut thresholds = Vec::new();
+        let degraded_reason = |h: &RouteHealth, obs: &Obs| {
+            Reason::new(
+                lead_code(&obs.signals, core),
+                format!(
+                    "{} consecutive abnormal observations; latest: {}",
+                    h.streak,
+                    signals_text(&obs.signals, core)
+                ),
+            )
+        };
+        let target = match h.state {
+            State::Unknown | State::Normal => {
+                if !core.is_empty() {
+                    if h.streak >= c.degraded_after {
+                        thresholds.push(streak_threshold(h.streak, c.degraded_after));
+                        Some((State::Degraded, degraded_reason(h, &obs)))
+                    } else {
+                        let r = Reason::new(
+                            lead_code(&obs.signals, core),
+                            signals_text(&obs.signals, core),
+                        );
+                        Some((State::Warning, r))
+                    }
+                } else if behavior_bad {
+                    let r =
+                        Reason::new("answer_changed", signals_text(&obs.signals, Dims::BEHAVIOR));
+                    Some((State::Warning, r))
+                } else {
+                    None
+                }
+            }
+            State::Warning => {
+                if !core.is_empty() && h.streak >= c.degraded_after {
+                    thresholds.push(streak_threshold(h.streak, c.degraded_after));
+                    Some((State::Degraded, degraded_reason(h, &obs)))
+                } else if normal && !h.behavior {
+                    let to = if h.baseline_ready {
+                        State::Normal
+                    } else {
+                        State::Unknown
+                    };
+                    Some((
+                        to,
+                        Reason::new("recovered", "the next observation was normal"),
+                    ))
+                } else {
+                    None
+                }
+            }
+            State::Degraded | State::Critical => {
+                let high_for = h
+                    .rate_high_since
+                    .map(|s| (now - s).to_std().unwrap_or_default());
+                let run_for = h
+                    .abnormal_run_since
+                    .filter(|_| h.normal_since.is_none())
+                    .map(|s| (now - s).to_std().unwrap_or_default());
+                let normal_for = h
+                    .normal_since
+                    .map(|s| (now - s).to_std().unwrap_or_default());
+                if h.state == State::Degraded
+                    && rate.high_now
+                    && high_for.is_some_and(|d| d >= c.critical_after)
+                {
+                    let d = high_for.unwrap_or_default();
+                    let (w, x) = if rate.used_fast {
+                        (FAST_WINDOW_S, rate.fast)
+                    } else {
+                        (h.window.len_s(), rate.full)
+                    };
+                    thresholds.push(Threshold {
+                        name: "error_rate".into(),
+                        observed: x.rate(),
+                        limit: c.critical_error_rate,
+                    });
+                    thresholds.push(Threshold {
+                        name: "error_rate_high_for_s".into(),
+                        observed: d.as_secs_f64(),
+                        limit: c.critical_after.as_secs_f64(),
+                    });
+                    let text = format!(
+                        "error rate {:.1}% above {:.1}% for {} s ({} of {} calls in the last {} s)",
+                        100.0 * x.rate(),
+                        100.0 * c.critical_error_rate,
+                        d.as_secs(),
+                        x.failures,
+                        x.total,
+                        w
+                    );
+                    Some((State::Critical, Reason::new("error_rate_high", text)))
+                } else if h.state == State::Degraded
+                    && run_for.is_some_and(|d| d >= c.critical_degraded_for)
+                {
+                    let d = run_for.unwrap_or_default();
+                    thresholds.push(Threshold {
+                        name: "degraded_for_s".into(),
+                        observed: d.as_secs_f64(),
+                        limit: c.critical_degraded_for.as_secs_f64(),
+                    });
+                    let text = format!(
+                        "DEGRADED for {} s without one normal observation",
+                        d.as_secs()
+                    );
+                    Some((State::Critical, Reason::new("degraded_too_long", text)))
+                } else if normal
+                    && !rate.high_now
+                    && normal_for.is_some_and(|d| d >= c.recover_after)
+                    && rate.full.rate() < c.recover_error_rate
+                {
+                    let d = normal_for.unwrap_or_default();
+                    thresholds.push(Threshold {
+                        name: "normal_for_s".into(),
+                        observed: d.as_secs_f64(),
+                        limit: c.recover_after.as_secs_f64(),
+                    });
+                    thresholds.push(Threshold {
+                        name: "recover_error_rate".into(),
+                        observed: rate.full.rate(),
+                        limit: c.recover_error_rate,
+                    });
+                    let text = format!(
+                        "normal for {} s; error rate {:.2}% ({} of {} calls) below {:.1}%",
+                        d.as_secs(),
+                        100.0 * rate.full.rate(),
+                        rate.full.failures,
+                        rate.full.total,
+                        100.0 * c.recover_error_rate
+                    );
+                    let to = if h.baseline_ready {
+                        State::Normal
+                    } else {
+                        State::Unknown
+                    };
+                    Some((to, Reason::new("recovered", text)))
+                } else {
+                    None
+                }
+            }
+            State::Switched => None, // never stored as the judged state
+        };
+
+        match target {
+            Some((to, reason)) => {
+                let ev = self.evidence(h, &obs, rate, thresholds);
+                Some(self.transition(h, to, reason, ev, now))
+            }
+            None => {
+                if !matches!(h.state, State::Normal | State::Unknown) {
+                    h.failure_mode = failure_mode(h);
+                    if let Some(i) = h.incident.as_mut() {
+                        i.failure_mode = h.failure_mode.or(i.failure_mode);
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    fn evidence(
+        &self,
+        h: &RouteHealth,
+        obs: &Obs,
+        rate: &Rate,
+        mut thresholds: Vec<Threshold>,
+    ) -> Evidence {
+        let mut per_signal: Vec<Threshold> = obs
+            .signals
+            .iter()
+            .filter_map(|s| match s {
+                Signal::LatencyAboveBaseline {
+                    observed_ms,
+                    threshold_ms,
+                    ..
+                } => Some(Threshold {
+                    name: "latency_ms".into(),
+                    observed: *observed_ms,
+                    limit: *threshold_ms,
+                }),
+                Signal::TpsBelowBaseline {
+                    observed, floor, ..
+                } => Some(Threshold {
+                    name: "tokens_per_second".into(),
+                    observed: *observed,
+                    limit: *floor,
+                }),
+                Signal::ErrorRateHigh {
+                    failures, total, ..
+                } => Some(Threshold {
+                    name: "error_rate".into(),
+                    observed: f64::from(*failures) / f64::from((*total).max(1)),
+                    limit: self.cfg.critical_error_rate,
+                }),
+                _ => None,
+            })
+            .collect();
+        per_signal.retain(|t| !thresholds.iter().any(|x| x.name == t.name));
+        thresholds.splice(0..0, per_signal);
+        Evidence {
+            observed: obs.observed.clone(),
+            signals: obs.signals.clone(),
+            baseline: obs.latency.clone(),
+            tps_baseline: obs.tps.clone(),
+            thresholds,
+            error_rate: ErrorRateEvidence {
+                window_s: h.window.len_s(),
+                total: rate.full.total,
+                failures: rate.full.failures,
+                rate: rate.full.rate(),
+                fast_window_s: FAST_WINDOW_S,
+                fast_total: rate.fast.total,
+                fast_failures: rate.fast.failures,
+                above_since: h.rate_high_since,
+            },
+            consecutive_abnormal: h.streak,
+        }
+    }
+
+    /// Moves the route to `to`, keeps its incident, and returns the transition.
+    fn transition(
+        &self,
+        h: &mut RouteHealth,
+        to: State,
+        reason: Reason,
+        evidence: Evidence,
+        now: DateTime<Utc>,
+    ) -> Transition {
+        let from = h.state;
+        let recovering = matches!(to, State::Normal | State::Unknown);
+        let mode = if recovering { None } else { failure_mode(h) };
+        h.state = to;
+        h.since = now;
+        h.reason = Some(reason.clone());
+        h.failure_mode = mode;
+        if recovering {
+            h.streak = 0;
+            h.open = Dims::NONE;
+            h.modes = ModeCounts::default();
+            h.normal_since = None;
+            h.abnormal_run_since = None;
+        } else if to == State::Degraded && !from.is_incident() {
+            h.abnormal_run_since = Some(now);
+        }
+        if to.is_incident() && h.incident.is_none() {
+            h.incident = Some(Incident {
+                id: format!("{}@{}", h.route, now.to_rfc3339()),
+                route: h.route.clone(),
+                opened_at: now,
+                closed_at: None,
+                peak: to,
+                failure_mode: mode,
+                transitions: Vec::new(),
+            });
+        }
+        let mut t = Transition {
+            route: h.route.clone(),
+            from,
+            to,
+            at: now,
+            reason,
+            failure_mode: mode,
+            evidence,
+            incident_id: h.incident.as_ref().map(|i| i.id.clone()),
+        };
+        if let Some(mut i) = h.incident.take() {
+            i.peak = i.peak.max(to);
+            if mode.is_some() {
+                i.failure_mode = mode;
+            }
+            t.failure_mode = t.failure_mode.or(i.failure_mode);
+            if recovering {
+                i.closed_at = Some(now);
+                i.transitions.push(t.clone());
+                h.last_closed = Some(i);
+            } else {
+                if i.transitions.len() < MAX_INCIDENT_TRANSITIONS {
+                    i.transitions.push(t.clone());
+                }
+                h.incident = Some(i);
+            }
+        }
+        t
+    }
+}
+
+/// The failure mode from what the route has shown since it was last NORMAL: failures (and a
+/// high error rate) dominating → unavailable; slow answers → degraded; only wrong answers →
+/// behavior_changed.
+fn failure_mode(h: &RouteHealth) -> Option<FailureMode> {
+    let m = &h.modes;
+    let rate_high = h.rate_high_since.is_some() && h.suppression != Suppression::Egress;
+    if rate_high || (m.failures > 0 && m.failures >= m.slow) {
+        Some(FailureMode::Unavailable)
+    } else if m.slow > 0 {
+        Some(FailureMode::Degraded)
+    } else if h.behavior {
+        Some(FailureMode::BehaviorChanged)
+    } else {
+        None
+    }
+}
+
+/// The code of the first signal on one of `dims` (signals are pushed failure, latency, tps,
+/// answer, so the most serious comes first).
+fn lead_code(signals: &[Signal], dims: Dims) -> &'static str {
+    signals
+        .iter()
+        .find(|s| dims.intersects(s.dim()))
+        .map_or("abnormal", Signal::code)
+}
+
+fn signals_text(signals: &[Signal], dims: Dims) -> String {
+    let parts: Vec<String> = signals
+        .iter()
+        .filter(|s| dims.intersects(s.dim()))
+        .map(Signal::text)
+        .collect();
+    if parts.is_empty() {
+        "abnormal observation".to_owned()
+    } else {
+        parts.join("; ")
+    }
+}
+
+fn streak_threshold(streak: u32, limit: u32) -> Threshold {
+    Threshold {
+        name: "consecutive_abnormal".into(),
+        observed: f64::from(streak),
+        limit: f64::from(limit),
+    }
+}
