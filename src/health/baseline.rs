@@ -171,7 +171,7 @@ pub struct TpsRef {
 }
 
 /// The baseline in force for one bucket, for the status API.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct BaselineSnapshot {
     pub bucket: String,
     pub samples: usize,

@@ -18,11 +18,13 @@
 //! - [`window`]: the bounded error-rate window (per-second counters).
 //! - [`detector`]: the state machine, evidence, reasons and incidents.
 //! - [`findings`]: egress and request-side findings over all routes.
+//! - [`status`]: the published view (`HealthSnapshot`, `HealthEvent`) other modules consume.
 
 pub mod baseline;
 pub mod classify;
 pub mod detector;
 pub mod findings;
+pub mod status;
 pub mod window;
 
 use serde::{Deserialize, Serialize};
@@ -34,6 +36,7 @@ pub use detector::{
     Transition,
 };
 pub use findings::{Finding, FindingKind, RouteSummary};
+pub use status::{HealthEvent, HealthRx, HealthSnapshot, IncidentSummary, RouteStatus};
 
 /// A route's state. `SWITCHED` is an overlay set by the switch controller; the detector keeps
 /// judging the route underneath (see [`RouteHealth::display_state`]).

@@ -1,0 +1,91 @@
+//! What the rest of the service sees of detection. The health service (the I/O shell around
+//! the pure detector) publishes a [`HealthSnapshot`] on a `watch` channel whenever a route's
+//! state, reason code, failure mode or the findings change, and sends every transition and
+//! finding change as a [`HealthEvent`] on a `broadcast` channel (alerts, SSE, metrics).
+//!
+//! Consumers never reach into `RouteHealth`: this is the contract between detection and
+//! publishing (API, weights, status page, alerts, proxy).
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{BaselineSnapshot, FailureMode, Finding, Incident, Reason, State, Transition};
+use crate::route::RouteId;
+
+/// One route as detection judges it now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteStatus {
+    pub route: RouteId,
+    /// The display state: `SWITCHED` when the switch controller moved traffic off the route.
+    pub state: State,
+    /// The state the detector judges underneath an overlay (equal to `state` without one).
+    pub judged: State,
+    pub since: DateTime<Utc>,
+    pub reason: Option<Reason>,
+    pub failure_mode: Option<FailureMode>,
+    /// The baseline of the current time-of-day bucket (or the all-day fallback); `None` while
+    /// the route has too few samples to judge latency.
+    pub baseline: Option<BaselineSnapshot>,
+    /// Successful share of probe and passive outcomes over `error_window`, rounded to 0.01 so
+    /// consumers that publish it (weights) do not change on every probe; `None` with no outcome.
+    pub success_ratio: Option<f64>,
+    /// The latest `PROBE_OK` answers were not `PROBE_OK`.
+    pub behavior_changed: bool,
+    /// The open incident (DEGRADED or worse), if any.
+    pub incident: Option<IncidentSummary>,
+}
+
+/// The open incident in brief; the full record with transitions is in the store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IncidentSummary {
+    pub id: String,
+    pub opened_at: DateTime<Utc>,
+    pub peak: State,
+    pub failure_mode: Option<FailureMode>,
+}
+
+impl From<&Incident> for IncidentSummary {
+    fn from(i: &Incident) -> Self {
+        Self {
+            id: i.id.clone(),
+            opened_at: i.opened_at,
+            peak: i.peak,
+            failure_mode: i.failure_mode,
+        }
+    }
+}
+
+/// Every route (in config order) and the cross-route findings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthSnapshot {
+    pub generated_at: DateTime<Utc>,
+    pub routes: Vec<RouteStatus>,
+    pub findings: Vec<Finding>,
+}
+
+impl HealthSnapshot {
+    pub fn route(&self, id: &RouteId) -> Option<&RouteStatus> {
+        self.routes.iter().find(|r| &r.route == id)
+    }
+}
+
+/// Something that happened, for consumers that act on changes (alerts, event streams).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum HealthEvent {
+    /// A route changed state; `incident` is the incident it opened, changed or closed (closed
+    /// ones carry `closed_at` and their peak).
+    Transition {
+        transition: Transition,
+        incident: Option<Incident>,
+    },
+    /// A cross-route finding appeared.
+    FindingOpened { finding: Finding, at: DateTime<Utc> },
+    /// A finding is no longer true.
+    FindingClosed { finding: Finding, at: DateTime<Utc> },
+}
+
+/// The receiving end consumers hold.
+pub type HealthRx = tokio::sync::watch::Receiver<Arc<HealthSnapshot>>;
