@@ -250,3 +250,40 @@ pub(crate) fn kind_filter_sql(column: &str, kinds: &[OutcomeKind]) -> String {
 pub(crate) fn parse_kind(s: &str) -> Result<OutcomeKind, StoreError> {
     OutcomeKind::parse(s).ok_or_else(|| StoreError::Corrupt(format!("outcome kind {s:?}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pragma(conn: &Connection, name: &str) -> String {
+        conn.query_row(&format!("PRAGMA {name}"), [], |r| {
+            r.get::<_, rusqlite::types::Value>(0)
+        })
+        .map(|v| format!("{v:?}"))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn every_connection_gets_the_pragmas() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("p.db"), StoreOptions::default()).unwrap();
+        let reader = store.reader().unwrap();
+        assert_eq!(pragma(&reader.conn, "journal_mode"), r#"Text("wal")"#);
+        assert_eq!(pragma(&reader.conn, "synchronous"), "Integer(1)"); // NORMAL
+        assert_eq!(pragma(&reader.conn, "foreign_keys"), "Integer(1)");
+        assert_eq!(pragma(&reader.conn, "busy_timeout"), "Integer(5000)");
+        // Readers cannot write by mistake.
+        assert!(reader
+            .conn
+            .execute("INSERT INTO heartbeats (job, at_ms) VALUES ('x', 1)", [])
+            .is_err());
+        drop(reader);
+        store.close().await.unwrap();
+    }
+
+    #[test]
+    fn in_memory_databases_are_refused_for_lack_of_wal() {
+        let conn = Connection::open_in_memory().unwrap();
+        assert!(matches!(configure(&conn), Err(StoreError::NotWal(_))));
+    }
+}
