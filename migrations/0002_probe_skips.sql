@@ -3,7 +3,7 @@
 CREATE TABLE probe_skips (
     id       INTEGER PRIMARY KEY,
     route_id INTEGER NOT NULL REFERENCES routes (id),
-    kind     TEXT    NOT NULL CHECK (kind IN ('probe', 'throughput', 'passive')),
+    kind     TEXT    NOT NULL CHECK (kind = 'probe' OR kind = 'throughput' OR kind = 'passive'),
     at_ms    INTEGER NOT NULL
 );
 CREATE INDEX probe_skips_route_at ON probe_skips (route_id, at_ms);

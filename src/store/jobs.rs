@@ -86,8 +86,8 @@ pub(crate) fn delete_old(
             .execute(params![cutoff_ms, limit])?,
         Target::Rollups(g) => conn
             .prepare_cached(
-                "DELETE FROM rollups WHERE (route_id, granularity_s, bucket_start_ms, kind) IN
-                     (SELECT route_id, granularity_s, bucket_start_ms, kind FROM rollups
+                "DELETE FROM rollups WHERE (granularity_s, bucket_start_ms, route_id, kind) IN
+                     (SELECT granularity_s, bucket_start_ms, route_id, kind FROM rollups
                       WHERE granularity_s = ?1 AND bucket_start_ms < ?2
                       ORDER BY bucket_start_ms LIMIT ?3)",
             )?

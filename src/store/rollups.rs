@@ -279,7 +279,7 @@ impl RollupCache {
                  successes, good, verified, latency_sum_us, ttfb_sum_us, ttfb_count, tps_sum,
                  tps_count, histogram)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
-             ON CONFLICT (route_id, granularity_s, bucket_start_ms, kind) DO UPDATE SET
+             ON CONFLICT (granularity_s, bucket_start_ms, route_id, kind) DO UPDATE SET
                  count = excluded.count, successes = excluded.successes, good = excluded.good,
                  verified = excluded.verified, latency_sum_us = excluded.latency_sum_us,
                  ttfb_sum_us = excluded.ttfb_sum_us, ttfb_count = excluded.ttfb_count,
