@@ -9,7 +9,7 @@
 //!   mergeable histograms ([`histogram`]), so 30 days of p95 never scans raw rows.
 //! - **Readers** ([`Reader`]) open their own read-only connections (WAL lets them run beside
 //!   the writer); their API is synchronous, call it from `spawn_blocking`.
-//! - **Schema** lives in `migrations/`, applied in order at open ([`migrate`]).
+//! - **Schema** lives in `migrations/`, applied in order at open ([`migrate()`]).
 //!
 //! Files: `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
@@ -37,7 +37,7 @@ pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
 pub use migrate::{latest_version, migrate, migrate_to, user_version};
 pub use rollups::{Granularity, Rollup};
-pub use writer::Writer;
+pub use writer::{Writer, RETENTION_BATCH};
 
 use crate::probe::outcome::OutcomeKind;
 use crate::route::RouteId;
