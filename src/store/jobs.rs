@@ -1,0 +1,164 @@
+//! Bookkeeping tables: `heartbeats` (last sign of life per scheduled job), `probe_skips`
+//! (probes skipped because the previous one overran), `store_meta`, and retention.
+
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection};
+
+use super::rollups::Granularity;
+use super::{from_ms, to_ms, Reader, StoreError};
+use crate::probe::outcome::OutcomeKind;
+use crate::route::RouteId;
+
+pub(crate) fn insert_skip(
+    conn: &Connection,
+    route_id: i64,
+    kind: OutcomeKind,
+    at: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    conn.prepare_cached("INSERT INTO probe_skips (route_id, kind, at_ms) VALUES (?1, ?2, ?3)")?
+        .execute(params![route_id, kind.as_str(), to_ms(at)])?;
+    Ok(())
+}
+
+pub(crate) fn upsert_heartbeat(
+    conn: &Connection,
+    job: &str,
+    at: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO heartbeats (job, at_ms) VALUES (?1, ?2)
+         ON CONFLICT (job) DO UPDATE SET at_ms = excluded.at_ms",
+    )?
+    .execute(params![job, to_ms(at)])?;
+    Ok(())
+}
+
+/// The write half of `check_writable`: a real row update through the writer.
+pub(crate) fn touch_meta(conn: &Connection, key: &str, value: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO store_meta (key, value) VALUES (?1, ?2)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    )?
+    .execute(params![key, value])?;
+    Ok(())
+}
+
+/// What one retention step deletes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    Outcomes,
+    Skips,
+    Rollups(Granularity),
+}
+
+impl Target {
+    pub const ALL: [Target; 5] = [
+        Target::Outcomes,
+        Target::Skips,
+        Target::Rollups(Granularity::FiveMinutes),
+        Target::Rollups(Granularity::Hour),
+        Target::Rollups(Granularity::Day),
+    ];
+}
+
+/// Deletes up to `limit` rows of `target` older than `cutoff_ms`, oldest first (SQLite's
+/// `DELETE … LIMIT` is a compile-time option, hence the subqueries).
+pub(crate) fn delete_old(
+    conn: &Connection,
+    target: Target,
+    cutoff_ms: i64,
+    limit: usize,
+) -> Result<u64, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let n = match target {
+        Target::Outcomes => conn
+            .prepare_cached(
+                "DELETE FROM outcomes WHERE id IN
+                     (SELECT id FROM outcomes WHERE started_at_ms < ?1
+                      ORDER BY started_at_ms LIMIT ?2)",
+            )?
+            .execute(params![cutoff_ms, limit])?,
+        Target::Skips => conn
+            .prepare_cached(
+                "DELETE FROM probe_skips WHERE id IN
+                     (SELECT id FROM probe_skips WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)",
+            )?
+            .execute(params![cutoff_ms, limit])?,
+        Target::Rollups(g) => conn
+            .prepare_cached(
+                "DELETE FROM rollups WHERE (granularity_s, bucket_start_ms, route_id, kind) IN
+                     (SELECT granularity_s, bucket_start_ms, route_id, kind FROM rollups
+                      WHERE granularity_s = ?1 AND bucket_start_ms < ?2
+                      ORDER BY bucket_start_ms LIMIT ?3)",
+            )?
+            .execute(params![g.seconds(), cutoff_ms, limit])?,
+    };
+    Ok(n as u64)
+}
+
+/// What a retention run deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    /// Raw outcomes older than `retention_days`.
+    pub outcomes: u64,
+    /// Skipped-probe records older than `retention_days`.
+    pub skips: u64,
+    /// 5-minute rollups older than 48 h.
+    pub rollups_five_minutes: u64,
+    /// Hourly rollups older than `rollup_retention_days`.
+    pub rollups_hour: u64,
+    /// Daily rollups older than `rollup_retention_days`.
+    pub rollups_day: u64,
+    /// Delete steps taken; each is a small part of one writer transaction.
+    pub steps: u64,
+}
+
+impl RetentionReport {
+    pub(crate) fn add(&mut self, target: Target, n: u64) {
+        let slot = match target {
+            Target::Outcomes => &mut self.outcomes,
+            Target::Skips => &mut self.skips,
+            Target::Rollups(Granularity::FiveMinutes) => &mut self.rollups_five_minutes,
+            Target::Rollups(Granularity::Hour) => &mut self.rollups_hour,
+            Target::Rollups(Granularity::Day) => &mut self.rollups_day,
+        };
+        *slot += n;
+        self.steps += 1;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.outcomes
+            + self.skips
+            + self.rollups_five_minutes
+            + self.rollups_hour
+            + self.rollups_day
+    }
+}
+
+impl Reader {
+    /// Every job's last heartbeat, by job name.
+    pub fn heartbeats(&self) -> Result<Vec<(String, DateTime<Utc>)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT job, at_ms FROM heartbeats ORDER BY job")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (job, at) = row?;
+            out.push((job, from_ms(at)?));
+        }
+        Ok(out)
+    }
+
+    /// How many probes of the route were skipped (overruns) at or after `since`.
+    pub fn skips(&self, route: &RouteId, since: DateTime<Utc>) -> Result<u64, StoreError> {
+        let Some(id) = self.route_id(route)? else {
+            return Ok(0);
+        };
+        let n: i64 = self
+            .conn
+            .prepare_cached("SELECT count(*) FROM probe_skips WHERE route_id = ?1 AND at_ms >= ?2")?
+            .query_row(params![id, to_ms(since)], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}

@@ -1,0 +1,183 @@
+//! The `routes` and `outcomes` tables: one raw row per outcome, every field of
+//! [`ProbeOutcome`]. `started_at` is kept at millisecond precision.
+
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::{from_ms, kind_filter_sql, parse_kind, to_ms, Reader, StoreError};
+use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
+use crate::route::RouteId;
+
+pub(crate) fn lookup_route(conn: &Connection, route: &RouteId) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT id FROM routes WHERE name = ?1")?
+        .query_row([route.as_str()], |r| r.get(0))
+        .optional()?)
+}
+
+/// The route's id, inserting it on first sight (writer connection only).
+pub(crate) fn intern_route(conn: &Connection, route: &RouteId) -> Result<i64, StoreError> {
+    if let Some(id) = lookup_route(conn, route)? {
+        return Ok(id);
+    }
+    conn.prepare_cached("INSERT INTO routes (name) VALUES (?1)")?
+        .execute([route.as_str()])?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// Rejects values SQLite would silently mangle (NaN becomes NULL) or that make no sense.
+pub(crate) fn validate(o: &ProbeOutcome) -> Result<(), StoreError> {
+    let bad = |what: &str, v: f64| {
+        StoreError::Invalid(format!(
+            "{}: {what} = {v} (must be finite and >= 0)",
+            o.route
+        ))
+    };
+    let check = |what: &str, v: f64| {
+        if v.is_finite() && v >= 0.0 {
+            Ok(())
+        } else {
+            Err(bad(what, v))
+        }
+    };
+    check("total_ms", o.total_ms)?;
+    for (what, v) in [
+        ("ttfb_ms", o.ttfb_ms),
+        ("ttft_ms", o.ttft_ms),
+        ("tokens_per_second", o.tokens_per_second),
+    ] {
+        if let Some(v) = v {
+            check(what, v)?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn insert(conn: &Connection, route_id: i64, o: &ProbeOutcome) -> Result<(), StoreError> {
+    let err = o.error.as_ref();
+    conn.prepare_cached(
+        "INSERT INTO outcomes (route_id, kind, started_at_ms, success, verified, ttfb_ms, ttft_ms,
+             total_ms, output_tokens, tokens_estimated, tokens_per_second, model_reported,
+             system_fingerprint, http_status, error_kind, error_status, error_message,
+             retry_after_ms, answer)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+    )?
+    .execute(params![
+        route_id,
+        o.kind.as_str(),
+        to_ms(o.started_at),
+        o.success,
+        o.verified,
+        o.ttfb_ms,
+        o.ttft_ms,
+        o.total_ms,
+        o.output_tokens,
+        o.tokens_estimated,
+        o.tokens_per_second,
+        o.model_reported,
+        o.system_fingerprint,
+        o.http_status,
+        err.map(ProbeError::kind),
+        err.and_then(ProbeError::status),
+        err.and_then(ProbeError::message),
+        // Saturate rather than fail: a retry hint beyond i64 ms is "forever" either way.
+        err.and_then(ProbeError::retry_after_ms)
+            .map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
+        o.answer,
+    ])?;
+    Ok(())
+}
+
+const COLUMNS: &str = "kind, started_at_ms, success, verified, ttfb_ms, ttft_ms, total_ms,
+    output_tokens, tokens_estimated, tokens_per_second, model_reported, system_fingerprint,
+    http_status, error_kind, error_status, error_message, retry_after_ms, answer";
+
+/// Reads a row selected with [`COLUMNS`]. Conversion problems surface as rusqlite errors so
+/// they can be raised from inside `query_map`.
+fn from_row(route: &RouteId, r: &Row<'_>) -> rusqlite::Result<Result<ProbeOutcome, StoreError>> {
+    let kind: String = r.get(0)?;
+    let started_ms: i64 = r.get(1)?;
+    let error_kind: Option<String> = r.get(13)?;
+    let error = match error_kind {
+        Some(k) => Some(ProbeError::from_parts(
+            &k,
+            r.get(14)?,
+            r.get(15)?,
+            r.get::<_, Option<i64>>(16)?
+                .map(|v| u64::try_from(v).unwrap_or(0)),
+        )),
+        None => None,
+    };
+    let outcome = (|| {
+        Ok(ProbeOutcome {
+            route: route.clone(),
+            kind: parse_kind(&kind)?,
+            started_at: from_ms(started_ms)?,
+            success: r.get(2)?,
+            verified: r.get(3)?,
+            ttfb_ms: r.get(4)?,
+            ttft_ms: r.get(5)?,
+            total_ms: r.get(6)?,
+            output_tokens: r.get(7)?,
+            tokens_estimated: r.get(8)?,
+            tokens_per_second: r.get(9)?,
+            model_reported: r.get(10)?,
+            system_fingerprint: r.get(11)?,
+            http_status: r.get(12)?,
+            error,
+            answer: r.get(17)?,
+        })
+    })();
+    Ok(outcome)
+}
+
+fn collect(
+    route: &RouteId,
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    params: impl rusqlite::Params,
+) -> Result<Vec<ProbeOutcome>, StoreError> {
+    let rows = stmt.query_map(params, |r| from_row(route, r))?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(row??);
+    }
+    Ok(out)
+}
+
+impl Reader {
+    /// The route's latest outcomes (every kind), newest first.
+    pub fn recent_outcomes(
+        &self,
+        route: &RouteId,
+        limit: usize,
+    ) -> Result<Vec<ProbeOutcome>, StoreError> {
+        let Some(id) = self.route_id(route)? else {
+            return Ok(Vec::new());
+        };
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM outcomes WHERE route_id = ?1
+             ORDER BY started_at_ms DESC, id DESC LIMIT ?2"
+        ))?;
+        collect(route, &mut stmt, params![id, limit as i64])
+    }
+
+    /// The route's outcomes that started at or after `since`, oldest first (baseline rebuilds).
+    /// `kinds` filters; an empty slice means every kind.
+    pub fn outcomes_since(
+        &self,
+        route: &RouteId,
+        since: DateTime<Utc>,
+        kinds: &[OutcomeKind],
+    ) -> Result<Vec<ProbeOutcome>, StoreError> {
+        let Some(id) = self.route_id(route)? else {
+            return Ok(Vec::new());
+        };
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM outcomes
+             WHERE route_id = ?1 AND started_at_ms >= ?2 AND {}
+             ORDER BY started_at_ms, id",
+            kind_filter_sql("kind", kinds)
+        ))?;
+        collect(route, &mut stmt, params![id, to_ms(since)])
+    }
+}

@@ -1,0 +1,371 @@
+//! The one writer: a dedicated thread owning the only write connection.
+//!
+//! Async callers send a [`Command`] with a oneshot for the answer. The thread takes the first
+//! queued command, drains whatever else is already queued (up to [`BATCH_CAP`] outcomes),
+//! applies it all in one `BEGIN IMMEDIATE` transaction, commits, and only then answers each
+//! sender — so an `Ok` means committed. If a batch fails, its commands are retried one per
+//! transaction, so one bad command cannot fail its neighbours.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use rusqlite::{Connection, TransactionBehavior};
+use tokio::sync::{mpsc, oneshot};
+
+use super::jobs::{self, RetentionReport, Target};
+use super::outcomes;
+use super::rollups::{Granularity, RollupCache};
+use super::{to_ms, StoreError, StoreOptions, BATCH_CAP};
+use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
+use crate::route::RouteId;
+
+/// Rows deleted per retention step. Each step is one command, so queued inserts get their turn
+/// between steps and the write lock is never held for a long delete.
+pub const RETENTION_BATCH: usize = 1000;
+
+/// 5-minute rollups serve 24 h charts; two days is plenty.
+const FIVE_MINUTE_RETENTION: chrono::Duration = chrono::Duration::hours(48);
+
+type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
+
+pub(crate) enum Command {
+    Record {
+        outcomes: Vec<ProbeOutcome>,
+        ack: Ack<()>,
+    },
+    Skip {
+        route: RouteId,
+        kind: OutcomeKind,
+        at: DateTime<Utc>,
+        ack: Ack<()>,
+    },
+    Heartbeat {
+        job: String,
+        at: DateTime<Utc>,
+        ack: Ack<()>,
+    },
+    Retention {
+        target: Target,
+        cutoff_ms: i64,
+        limit: usize,
+        ack: Ack<u64>,
+    },
+    CheckWritable {
+        ack: Ack<()>,
+    },
+    /// Commit what is queued, then stop.
+    Shutdown {
+        ack: oneshot::Sender<()>,
+    },
+}
+
+impl Command {
+    /// How much of the batch cap it uses.
+    fn weight(&self) -> usize {
+        match self {
+            Command::Record { outcomes, .. } => outcomes.len().max(1),
+            _ => 1,
+        }
+    }
+
+    /// Answers the sender; a sender that stopped waiting is not an error.
+    fn answer(self, result: Result<u64, StoreError>) {
+        match self {
+            Command::Record { ack, .. }
+            | Command::Skip { ack, .. }
+            | Command::Heartbeat { ack, .. }
+            | Command::CheckWritable { ack } => {
+                let _ = ack.send(result.map(|_| ()));
+            }
+            Command::Retention { ack, .. } => {
+                let _ = ack.send(result);
+            }
+            Command::Shutdown { ack } => {
+                let _ = ack.send(());
+            }
+        }
+    }
+}
+
+/// Sends writes to the writer thread. Every method resolves once its write is committed (or
+/// failed); dropping the future does not cancel a write already queued.
+#[derive(Clone)]
+pub struct Writer {
+    tx: mpsc::Sender<Command>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    pub(crate) fn new(tx: mpsc::Sender<Command>) -> Self {
+        Self { tx }
+    }
+
+    pub(crate) async fn send(&self, c: Command) -> Result<(), StoreError> {
+        self.tx.send(c).await.map_err(|_| StoreError::Closed)
+    }
+
+    async fn request<T>(&self, make: impl FnOnce(Ack<T>) -> Command) -> Result<T, StoreError> {
+        let (ack, answer) = oneshot::channel();
+        self.send(make(ack)).await?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Stores one outcome and updates its rollups; resolves after COMMIT.
+    pub async fn record(&self, o: ProbeOutcome) -> Result<(), StoreError> {
+        self.record_many(vec![o]).await
+    }
+
+    /// Stores several outcomes in one transaction (all or none).
+    pub async fn record_many(&self, o: Vec<ProbeOutcome>) -> Result<(), StoreError> {
+        if o.is_empty() {
+            return Ok(());
+        }
+        for one in &o {
+            outcomes::validate(one)?;
+        }
+        self.request(|ack| Command::Record { outcomes: o, ack })
+            .await
+    }
+
+    /// Records that the scheduler skipped a probe (the previous one was still running).
+    pub async fn record_skip(
+        &self,
+        route: &RouteId,
+        kind: OutcomeKind,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let route = route.clone();
+        self.request(|ack| Command::Skip {
+            route,
+            kind,
+            at,
+            ack,
+        })
+        .await
+    }
+
+    /// Sets `job`'s last heartbeat.
+    pub async fn heartbeat(&self, job: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let job = job.to_owned();
+        self.request(|ack| Command::Heartbeat { job, at, ack })
+            .await
+    }
+
+    /// Deletes raw outcomes and skips older than `retention_days`, 5-minute rollups older than
+    /// 48 h, hourly and daily rollups older than `rollup_retention_days` — in steps of
+    /// [`RETENTION_BATCH`] rows, other writes interleaving between steps.
+    pub async fn retention(
+        &self,
+        now: DateTime<Utc>,
+        retention_days: u32,
+        rollup_retention_days: u32,
+    ) -> Result<RetentionReport, StoreError> {
+        self.retention_batched(now, retention_days, rollup_retention_days, RETENTION_BATCH)
+            .await
+    }
+
+    /// [`Writer::retention`] with a chosen step size (tests use tiny steps).
+    #[doc(hidden)]
+    pub async fn retention_batched(
+        &self,
+        now: DateTime<Utc>,
+        retention_days: u32,
+        rollup_retention_days: u32,
+        batch: usize,
+    ) -> Result<RetentionReport, StoreError> {
+        let batch = batch.max(1);
+        let raw_cutoff = to_ms(now - chrono::Duration::days(retention_days.into()));
+        let rollup_cutoff = to_ms(now - chrono::Duration::days(rollup_retention_days.into()));
+        let mut report = RetentionReport::default();
+        for target in Target::ALL {
+            let cutoff_ms = match target {
+                Target::Outcomes | Target::Skips => raw_cutoff,
+                Target::Rollups(Granularity::FiveMinutes) => to_ms(now - FIVE_MINUTE_RETENTION),
+                Target::Rollups(_) => rollup_cutoff,
+            };
+            loop {
+                let n = self
+                    .request(|ack| Command::Retention {
+                        target,
+                        cutoff_ms,
+                        limit: batch,
+                        ack,
+                    })
+                    .await?;
+                report.add(target, n);
+                if (n as usize) < batch {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        Ok(report)
+    }
+
+    /// A tiny real write through the queue and a commit: the store is writable and the writer
+    /// is keeping up (for `/readyz`).
+    pub async fn check_writable(&self) -> Result<(), StoreError> {
+        self.request(|ack| Command::CheckWritable { ack }).await
+    }
+}
+
+/// The writer thread's body: runs until `Shutdown` or until every sender is gone, committing
+/// whatever was queued before it returns.
+pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Command>, opts: StoreOptions) {
+    let mut state = State {
+        threshold_ms: opts.latency_threshold.as_secs_f64() * 1000.0,
+        route_ids: HashMap::new(),
+        rollups: RollupCache::default(),
+    };
+    let mut shutdowns = Vec::new();
+    loop {
+        // Once closing, take only what is already queued.
+        let first = if shutdowns.is_empty() {
+            rx.blocking_recv()
+        } else {
+            rx.try_recv().ok()
+        };
+        let Some(first) = first else { break };
+        let mut batch = Vec::new();
+        let mut weight = 0;
+        let mut next = Some(first);
+        while let Some(c) = next.take() {
+            if let Command::Shutdown { .. } = c {
+                // Refuse new sends; what is buffered still drains below.
+                rx.close();
+                shutdowns.push(c);
+            } else {
+                weight += c.weight();
+                batch.push(c);
+            }
+            if weight < BATCH_CAP {
+                next = rx.try_recv().ok();
+            }
+        }
+        state.process(&mut conn, batch);
+    }
+    // Lets SQLite refresh its planner statistics, as recommended before closing.
+    let _ = conn.execute_batch("PRAGMA optimize");
+    drop(conn);
+    for c in shutdowns {
+        c.answer(Ok(0));
+    }
+}
+
+struct State {
+    threshold_ms: f64,
+    /// Interned route ids; may hold ids from the open transaction, so cleared on failure.
+    route_ids: HashMap<RouteId, i64>,
+    rollups: RollupCache,
+}
+
+impl State {
+    fn process(&mut self, conn: &mut Connection, batch: Vec<Command>) {
+        if batch.is_empty() {
+            return;
+        }
+        match self.apply(conn, &batch) {
+            Ok(replies) => {
+                for (c, r) in batch.into_iter().zip(replies) {
+                    c.answer(Ok(r));
+                }
+            }
+            Err(e) if batch.len() == 1 => {
+                self.forget();
+                if let Some(c) = batch.into_iter().next() {
+                    c.answer(Err(e));
+                }
+            }
+            Err(e) => {
+                self.forget();
+                tracing::warn!(error = %e, commands = batch.len(), "store batch failed; retrying one command per transaction");
+                for c in batch {
+                    match self.apply(conn, std::slice::from_ref(&c)) {
+                        Ok(r) => c.answer(Ok(r.first().copied().unwrap_or(0))),
+                        Err(e) => {
+                            self.forget();
+                            c.answer(Err(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// After a rollback the caches may hold uncommitted state.
+    fn forget(&mut self) {
+        self.route_ids.clear();
+        self.rollups.clear();
+    }
+
+    fn route_id(&mut self, conn: &Connection, route: &RouteId) -> Result<i64, StoreError> {
+        if let Some(id) = self.route_ids.get(route) {
+            return Ok(*id);
+        }
+        let id = outcomes::intern_route(conn, route)?;
+        self.route_ids.insert(route.clone(), id);
+        Ok(id)
+    }
+
+    /// Applies commands in one transaction; the replies (rows deleted for retention, else 0)
+    /// only once it committed.
+    fn apply(&mut self, conn: &mut Connection, cmds: &[Command]) -> Result<Vec<u64>, StoreError> {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut replies = Vec::with_capacity(cmds.len());
+        for c in cmds {
+            let reply = match c {
+                Command::Record { outcomes: os, .. } => {
+                    for o in os {
+                        let id = self.route_id(&tx, &o.route)?;
+                        outcomes::insert(&tx, id, o)?;
+                        self.rollups.add(&tx, id, o, self.threshold_ms)?;
+                    }
+                    0
+                }
+                Command::Skip {
+                    route, kind, at, ..
+                } => {
+                    let id = self.route_id(&tx, route)?;
+                    jobs::insert_skip(&tx, id, *kind, *at)?;
+                    0
+                }
+                Command::Heartbeat { job, at, .. } => {
+                    jobs::upsert_heartbeat(&tx, job, *at)?;
+                    0
+                }
+                Command::CheckWritable { .. } => {
+                    jobs::touch_meta(&tx, "last_writable_check", &Utc::now().to_rfc3339())?;
+                    0
+                }
+                Command::Retention {
+                    target,
+                    cutoff_ms,
+                    limit,
+                    ..
+                } => {
+                    if let Target::Rollups(g) = target {
+                        // Cached buckets must reach their rows before the delete sees them,
+                        // and deleted ones must not be written back later.
+                        self.rollups.flush(&tx)?;
+                        let n = jobs::delete_old(&tx, *target, *cutoff_ms, *limit)?;
+                        self.rollups.evict_before(*g, *cutoff_ms);
+                        n
+                    } else {
+                        jobs::delete_old(&tx, *target, *cutoff_ms, *limit)?
+                    }
+                }
+                Command::Shutdown { .. } => 0,
+            };
+            replies.push(reply);
+        }
+        self.rollups.flush(&tx)?;
+        tx.commit()?;
+        self.rollups.committed();
+        Ok(replies)
+    }
+}
