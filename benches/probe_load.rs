@@ -152,7 +152,13 @@ async fn run(config: &Config, duration: Duration, warmup: Duration) -> Run {
     drop(rx);
     let _ = sched.await;
     store.close().await.unwrap();
-    Run { committed, elapsed, lateness_ms, skips, failures }
+    Run {
+        committed,
+        elapsed,
+        lateness_ms,
+        skips,
+        failures,
+    }
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -166,7 +172,12 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 /// (utime + stime) of this process, and its resident set size, from /proc.
 fn cpu_and_rss() -> (Duration, u64, u64) {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     let ticks: u64 = fields.get(11).and_then(|x| x.parse().ok()).unwrap_or(0)
         + fields.get(12).and_then(|x| x.parse().ok()).unwrap_or(0);
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -178,12 +189,19 @@ fn cpu_and_rss() -> (Duration, u64, u64) {
             .and_then(|x| x.parse().ok())
             .unwrap_or(0)
     };
-    (Duration::from_millis(ticks * 10), kb("VmRSS:"), kb("VmHWM:"))
+    (
+        Duration::from_millis(ticks * 10),
+        kb("VmRSS:"),
+        kb("VmHWM:"),
+    )
 }
 
 fn main() {
     let quick = std::env::var_os("PROBE_LOAD_QUICK").is_some();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let upstream = zero_delay_upstream().await;
@@ -244,6 +262,7 @@ fn main() {
         let mut r = run(&cfg, Duration::from_secs(total), Duration::from_secs(warmup)).await;
         let (cpu, wall, rss, hwm) = cpu_task.await.unwrap();
         let _ = sim.kill();
+        let _ = sim.wait();
         println!(
             "committed {:.1}/s (expected {:.1}/s), failures {}, skips {}, lateness p50 {:.1} ms p99 {:.1} ms",
             r.committed as f64 / r.elapsed.as_secs_f64(),

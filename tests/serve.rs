@@ -35,9 +35,9 @@ fn config_for(sim: std::net::SocketAddr, db: &std::path::Path) -> Config {
 path = "{db}"
 
 [probe]
-interval = "1s"
-timeout = "900ms"
-first_byte_timeout = "800ms"
+interval = "3s"
+timeout = "2800ms"
+first_byte_timeout = "1s"
 
 [[provider]]
 id = "sim"

@@ -539,7 +539,7 @@ impl<'a> Checker<'a> {
                 path,
                 format!("must be an http(s) URL with a host, not {}:", url.scheme()),
             );
-        } else if !url.host_str().is_some_and(|h| !h.is_empty()) {
+        } else if url.host_str().is_none_or(|h| h.is_empty()) {
             self.error(path, "must be an http(s) URL with a host");
         } else if !url.username().is_empty() || url.password().is_some() {
             self.error(

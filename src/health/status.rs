@@ -78,8 +78,8 @@ pub enum HealthEvent {
     /// A route changed state; `incident` is the incident it opened, changed or closed (closed
     /// ones carry `closed_at` and their peak).
     Transition {
-        transition: Transition,
-        incident: Option<Incident>,
+        transition: Box<Transition>,
+        incident: Option<Box<Incident>>,
     },
     /// A cross-route finding appeared.
     FindingOpened { finding: Finding, at: DateTime<Utc> },
