@@ -8,21 +8,25 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
+use crate::health::HealthSnapshot;
 use crate::probe::client::ProbeClient;
 use crate::probe::{OutcomeKind, ProbeOutcome};
-use crate::route::Route;
+use crate::route::{Route, RouteId};
 use crate::scheduler::{self, Prober, SchedulerEvent, SchedulerOptions};
 use crate::store::{Store, StoreOptions, Writer};
 use crate::web::{self, AppState};
 
 /// How long shutdown waits for in-flight work before giving up on it.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Passive outcomes waiting for detection and the store; senders wait when it is full.
+pub const PASSIVE_QUEUE: usize = 4096;
 
 /// How often old raw rows and rollups are pruned.
 const RETENTION_EVERY: Duration = Duration::from_secs(3600);
@@ -97,10 +101,22 @@ pub async fn start(
         shutdown.clone(),
     ));
 
+    let ids: Vec<RouteId> = routes.iter().map(|r| r.id.clone()).collect();
+    let (_health_tx, health_rx) =
+        watch::channel(Arc::new(HealthSnapshot::initial(&ids, clock.now())));
+    let (events_tx, _) = broadcast::channel(1024);
+    let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
+    let passive_task = tokio::spawn(record_passive(passive_rx, store.writer()));
+
     let state = AppState {
+        config: Arc::new(config.clone()),
+        routes: Arc::new(routes.clone()),
         store: store.clone(),
         clock: clock.clone(),
         jobs: Arc::new(vec!["scheduler", "retention"]),
+        health: health_rx,
+        events: events_tx,
+        passive: passive_tx,
     };
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
@@ -118,7 +134,10 @@ pub async fn start(
             let _ = scheduler_task.await;
             let _ = recorder_task.await;
             let _ = retention_task.await;
-            web_task.await
+            let web = web_task.await;
+            // The web server (and with it every passive sender) is gone: the queue drains.
+            let _ = passive_task.await;
+            web
         };
         match tokio::time::timeout(DRAIN_TIMEOUT, drain).await {
             Ok(web) => web??,
@@ -143,6 +162,15 @@ async fn record(mut events: mpsc::Receiver<SchedulerEvent>, writer: Writer) {
         };
         if let Err(e) = result {
             tracing::error!(error = %e, "cannot record a scheduler event");
+        }
+    }
+}
+
+/// Stores passive outcomes as they arrive.
+async fn record_passive(mut passive: mpsc::Receiver<ProbeOutcome>, writer: Writer) {
+    while let Some(outcome) = passive.recv().await {
+        if let Err(e) = writer.record(outcome).await {
+            tracing::error!(error = %e, "cannot record a passive outcome");
         }
     }
 }

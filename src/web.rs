@@ -11,7 +11,13 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
+use tokio::sync::{broadcast, mpsc};
+
 use crate::clock::Clock;
+use crate::config::Config;
+use crate::health::{HealthEvent, HealthRx};
+use crate::probe::ProbeOutcome;
+use crate::route::Route;
 use crate::store::Store;
 
 /// A job whose heartbeat is older than this makes `/readyz` fail.
@@ -20,10 +26,19 @@ pub const HEARTBEAT_STALE_AFTER: Duration = Duration::from_secs(180);
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
+    pub config: Arc<Config>,
+    /// The resolved routes, in config order.
+    pub routes: Arc<Vec<Route>>,
     pub store: Store,
     pub clock: Arc<dyn Clock>,
     /// The jobs that must keep beating for the service to be ready.
     pub jobs: Arc<Vec<&'static str>>,
+    /// Detection's latest judgement of every route.
+    pub health: HealthRx,
+    /// Transitions and findings as they happen.
+    pub events: broadcast::Sender<HealthEvent>,
+    /// Passive outcomes (ingest, proxy) go to detection and the store through here.
+    pub passive: mpsc::Sender<ProbeOutcome>,
 }
 
 pub fn router(state: AppState) -> Router {

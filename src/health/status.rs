@@ -66,6 +66,29 @@ pub struct HealthSnapshot {
 }
 
 impl HealthSnapshot {
+    /// Before any judgement: every route `UNKNOWN` since `now`.
+    pub fn initial(routes: &[RouteId], now: DateTime<Utc>) -> Self {
+        Self {
+            generated_at: now,
+            routes: routes
+                .iter()
+                .map(|route| RouteStatus {
+                    route: route.clone(),
+                    state: State::Unknown,
+                    judged: State::Unknown,
+                    since: now,
+                    reason: None,
+                    failure_mode: None,
+                    baseline: None,
+                    success_ratio: None,
+                    behavior_changed: false,
+                    incident: None,
+                })
+                .collect(),
+            findings: Vec::new(),
+        }
+    }
+
     pub fn route(&self, id: &RouteId) -> Option<&RouteStatus> {
         self.routes.iter().find(|r| &r.route == id)
     }
