@@ -207,7 +207,7 @@ fn main() {
         let upstream = zero_delay_upstream().await;
         println!("part 1: offered load against a zero-delay upstream (1 s interval, jitter 0)");
         println!("routes  offered/s  committed/s  lateness_p50_ms  lateness_p99_ms  skips  failures");
-        let sizes: &[usize] = if quick { &[100, 250] } else { &[250, 500, 1000, 2000] };
+        let sizes: &[usize] = if quick { &[100, 250] } else { &[250, 1000, 2000, 4000] };
         for (i, &routes) in sizes.iter().enumerate() {
             let db = dir.path().join(format!("load{i}.db"));
             let cfg = config(routes / 4, "1s", "900ms", &db, |_, _| format!("http://{upstream}/v1"), ["m1", "m2"]);
