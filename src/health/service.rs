@@ -6,8 +6,10 @@
 //! - **Start** ([`HealthService::restore`]): each baseline is rebuilt from the raw outcomes
 //!   still in the store (the retention is the lookback), each route's state is restored from
 //!   its stored JSON — state, counters, error window, open incident. Routes new to the config
-//!   start fresh; stored routes gone from it are ignored. A route that recovered while we were
-//!   down resolves on its next probes through the normal recovery rules.
+//!   start fresh; stored routes gone from it are ignored. The downtime does not count as
+//!   observed time ([`RouteHealth::resume_after`]): a stale incident is neither escalated nor
+//!   resolved by it, and a route that recovered while we were down resolves on its next
+//!   probes through the normal recovery rules.
 //! - **Every outcome** (probes from the recorder, passive ones from the passive queue) goes
 //!   through [`Detector::ingest`]; **every second** [`Detector::tick`] runs per route, so
 //!   passive error rates and time-based rules fire without waiting for the next probe.
@@ -168,7 +170,13 @@ impl HealthService {
         let detector = Detector::new(&config.detection);
         let mut stored: HashMap<RouteId, RouteHealth> = stored
             .into_iter()
-            .map(|s| (s.route.clone(), s.health))
+            .map(|s| {
+                let mut h = s.health;
+                // Saved at shutdown (or by the last periodic save): the time since is time
+                // nobody watched the route.
+                h.resume_after(now - s.updated_at);
+                (s.route, h)
+            })
             .collect();
         let mut routes = Vec::with_capacity(ids.len());
         let mut restored = 0usize;
@@ -246,6 +254,35 @@ impl HealthService {
             }
             None => (None, None),
         };
+        self.serve(&mut inputs, &mut control_rx, &persist, &shutdown)
+            .await;
+
+        // A checkpoint first: the drain below is bounded by the app's, and may be cut short.
+        self.save_changed(&persist).await;
+        while let Some(outcome) = inputs.recv().await {
+            self.ingest(outcome, &persist).await;
+        }
+        self.save_changed(&persist).await;
+        self.publish();
+        drop(persist);
+        if persister.await.is_err() {
+            tracing::error!("the health persister panicked; the last states may be unsaved");
+        }
+        if let Some(task) = control_task {
+            task.abort();
+        }
+        tracing::info!("health service stopped");
+    }
+
+    /// The main loop, until `shutdown` or until every input sender is gone. Its timers end
+    /// with it, so nothing ticks during the shutdown drain.
+    async fn serve(
+        &mut self,
+        inputs: &mut mpsc::Receiver<ProbeOutcome>,
+        control_rx: &mut Option<mpsc::Receiver<bool>>,
+        persist: &mpsc::Sender<Persist>,
+        shutdown: &CancellationToken,
+    ) {
         let every = |d: Duration, first: Duration| {
             let d = d.max(Duration::from_millis(1));
             let mut i = tokio::time::interval_at(Instant::now() + first, d);
@@ -265,38 +302,22 @@ impl HealthService {
                 // starve them, and a busy queue cannot delay the 1-second evaluation.
                 biased;
                 _ = shutdown.cancelled() => break,
-                _ = tick.tick() => self.tick_all(&persist).await,
-                _ = heartbeat.tick() => send(&persist, Persist::Heartbeat(self.clock.now())).await,
+                _ = tick.tick() => self.tick_all(persist).await,
+                _ = heartbeat.tick() => send(persist, Persist::Heartbeat(self.clock.now())).await,
                 _ = findings_timer.tick() => self.evaluate_findings(),
-                ok = next_control(&mut control_rx) => {
+                ok = next_control(control_rx) => {
                     self.control_ok = Some(ok);
                     self.evaluate_findings();
                 }
-                _ = save.tick() => self.save_changed(&persist).await,
+                _ = save.tick() => self.save_changed(persist).await,
                 _ = baselines.tick() => self.refresh_baselines(),
                 outcome = inputs.recv() => match outcome {
-                    Some(outcome) => self.ingest(outcome, &persist).await,
+                    Some(outcome) => self.ingest(outcome, persist).await,
                     None => break,
                 },
             }
             self.publish();
         }
-
-        // A checkpoint first: the drain below is bounded by the app's, and may be cut short.
-        self.save_changed(&persist).await;
-        while let Some(outcome) = inputs.recv().await {
-            self.ingest(outcome, &persist).await;
-        }
-        self.save_changed(&persist).await;
-        self.publish();
-        drop(persist);
-        if persister.await.is_err() {
-            tracing::error!("the health persister panicked; the last states may be unsaved");
-        }
-        if let Some(task) = control_task {
-            task.abort();
-        }
-        tracing::info!("health service stopped");
     }
 
     /// One outcome through the detector.
