@@ -12,7 +12,7 @@
 //! [`Detector::ingest`]; call [`Detector::tick`] every second per route; persist the returned
 //! [`Transition`]s, [`RouteHealth::incident`] / [`RouteHealth::last_closed`] and the
 //! `RouteHealth` itself; every few seconds build [`findings::RouteSummary`]s and call
-//! [`findings::findings`], then [`Detector::set_suppression`] on the routes it names.
+//! [`findings::findings`], then [`RouteHealth::set_suppression`] on the routes it names.
 //!
 //! - [`baseline`]: time-of-day buckets, ring buffers, mean/σ/percentiles via `statrs`.
 //! - [`classify`]: is one outcome abnormal, on which dimension, and is it the client's fault.
