@@ -24,7 +24,9 @@
 //!   a route's display or judged state, `since`, reason code, failure mode, incident,
 //!   `behavior_changed` or rounded success ratio, or the set of findings — never merely
 //!   because a probe arrived (weights versions, ETags and SSE depend on it). Baselines in the
-//!   snapshot are refreshed at most every [`HealthOptions::baselines_every`].
+//!   snapshot are refreshed at most every [`HealthOptions::baselines_every`]. A transition's
+//!   snapshot is published before its event is sent, so whoever reacts to the event reads
+//!   the new state from the watch.
 //!
 //! Shutdown: on the token the service saves every changed state, keeps judging what is still
 //! queued until every sender is gone (the recorder and the passive drain end after the
@@ -401,6 +403,9 @@ impl HealthService {
             },
         )
         .await;
+        // The snapshot first: a consumer woken by the event already sees the new state.
+        self.refresh(i, t.at);
+        self.publish();
         // No receiver (nobody subscribed yet) is not an error.
         let _ = self.events.send(HealthEvent::Transition {
             transition: Box::new(t),
