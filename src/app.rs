@@ -1,5 +1,11 @@
-//! Wires the running service together: store, probe client, scheduler, recorder, retention and
-//! the web server, all under one `CancellationToken` with a bounded drain at shutdown.
+//! Wires the running service together: store, probe client, scheduler, recorder, retention,
+//! detection (the health service) and the web server, all under one `CancellationToken` with
+//! a bounded drain at shutdown.
+//!
+//! Outcomes flow scheduler → recorder → store, then detection; passive outcomes flow passive
+//! queue → store, then detection. Every queue is bounded and every send waits (back-pressure,
+//! never a silent drop). At shutdown the producers stop first, so detection judges and saves
+//! everything that reached it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,16 +14,17 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::health::HealthSnapshot;
+use crate::health::service::{HealthOptions, HealthService};
+use crate::health::HealthRx;
 use crate::probe::client::ProbeClient;
 use crate::probe::{OutcomeKind, ProbeOutcome};
-use crate::route::{Route, RouteId};
+use crate::route::Route;
 use crate::scheduler::{self, Prober, SchedulerEvent, SchedulerOptions};
 use crate::store::{Store, StoreOptions, Writer};
 use crate::web::{self, AppState};
@@ -28,6 +35,9 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Passive outcomes waiting for detection and the store; senders wait when it is full.
 pub const PASSIVE_QUEUE: usize = 4096;
 
+/// Stored outcomes (probe and passive) waiting for detection; senders wait when it is full.
+pub const DETECTION_QUEUE: usize = 4096;
+
 /// How often old raw rows and rollups are pruned.
 const RETENTION_EVERY: Duration = Duration::from_secs(3600);
 
@@ -35,6 +45,8 @@ const RETENTION_EVERY: Duration = Duration::from_secs(3600);
 pub enum AppError {
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("detection: {0}")]
+    Health(#[from] crate::health::service::HealthError),
     #[error("probe client: {0}")]
     Probe(String),
     #[error("web server: {0}")]
@@ -53,6 +65,8 @@ impl Prober for ProbeClient {
 pub struct Running {
     pub addr: SocketAddr,
     pub store: Store,
+    /// Detection's latest judgement of every route.
+    pub health: HealthRx,
     pub done: JoinHandle<Result<(), AppError>>,
 }
 
@@ -82,17 +96,31 @@ pub async fn start(
     let client =
         ProbeClient::new(&routes, clock.clone()).map_err(|e| AppError::Probe(e.to_string()))?;
 
-    let (events_tx, events_rx) = mpsc::channel(1024);
+    let (health_events, _) = broadcast::channel(1024);
+    let health = HealthService::restore(
+        &config,
+        HealthOptions::default(),
+        &store,
+        clock.clone(),
+        health_events.clone(),
+    )
+    .await?;
+    let health_rx = health.subscribe();
+    // Detection ends once the recorder and the passive drain have dropped their senders.
+    let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
+    let health_task = tokio::spawn(health.run(detect_rx, shutdown.clone()));
+
+    let (sched_tx, sched_rx) = mpsc::channel(1024);
     let scheduler_task = tokio::spawn(scheduler::run(
         routes.iter().cloned().map(Arc::new).collect(),
         Arc::new(client),
         clock.clone(),
-        events_tx,
+        sched_tx,
         SchedulerOptions::default(),
         shutdown.clone(),
     ));
     // The recorder ends when the scheduler drops its sender, so every outcome is written.
-    let recorder_task = tokio::spawn(record(events_rx, store.writer()));
+    let recorder_task = tokio::spawn(record(sched_rx, store.writer(), detect_tx.clone()));
     let retention_task = tokio::spawn(retention(
         store.writer(),
         clock.clone(),
@@ -101,21 +129,21 @@ pub async fn start(
         shutdown.clone(),
     ));
 
-    let ids: Vec<RouteId> = routes.iter().map(|r| r.id.clone()).collect();
-    let (_health_tx, health_rx) =
-        watch::channel(Arc::new(HealthSnapshot::initial(&ids, clock.now())));
-    let (events_tx, _) = broadcast::channel(1024);
     let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
-    let passive_task = tokio::spawn(record_passive(passive_rx, store.writer()));
+    let passive_task = tokio::spawn(record_passive(passive_rx, store.writer(), detect_tx));
 
     let state = AppState {
         config: Arc::new(config.clone()),
         routes: Arc::new(routes.clone()),
         store: store.clone(),
         clock: clock.clone(),
-        jobs: Arc::new(vec!["scheduler", "retention"]),
-        health: health_rx,
-        events: events_tx,
+        jobs: Arc::new(vec![
+            "scheduler",
+            "retention",
+            crate::health::service::HEARTBEAT_JOB,
+        ]),
+        health: health_rx.clone(),
+        events: health_events,
         passive: passive_tx,
     };
     let addr = listener.local_addr()?;
@@ -137,6 +165,8 @@ pub async fn start(
             let web = web_task.await;
             // The web server (and with it every passive sender) is gone: the queue drains.
             let _ = passive_task.await;
+            // Both of detection's senders are gone: it judges what is left, then saves.
+            let _ = health_task.await;
             web
         };
         match tokio::time::timeout(DRAIN_TIMEOUT, drain).await {
@@ -147,14 +177,28 @@ pub async fn start(
         tracing::info!("stopped");
         Ok(())
     });
-    Ok(Running { addr, store, done })
+    Ok(Running {
+        addr,
+        store,
+        health: health_rx,
+        done,
+    })
 }
 
-/// Writes every scheduler event to the store; one failed write is logged, not fatal.
-async fn record(mut events: mpsc::Receiver<SchedulerEvent>, writer: Writer) {
+/// Writes every scheduler event to the store, then hands outcomes to detection; one failed
+/// write is logged, not fatal (the outcome is still judged).
+async fn record(
+    mut events: mpsc::Receiver<SchedulerEvent>,
+    writer: Writer,
+    detect: mpsc::Sender<ProbeOutcome>,
+) {
     while let Some(event) = events.recv().await {
         let result = match event {
-            SchedulerEvent::Outcome(outcome) => writer.record(outcome).await,
+            SchedulerEvent::Outcome(outcome) => {
+                let stored = writer.record(outcome.clone()).await;
+                to_detection(&detect, outcome).await;
+                stored
+            }
             SchedulerEvent::Skipped { route, kind, at } => {
                 writer.record_skip(&route, kind, at).await
             }
@@ -166,12 +210,25 @@ async fn record(mut events: mpsc::Receiver<SchedulerEvent>, writer: Writer) {
     }
 }
 
-/// Stores passive outcomes as they arrive.
-async fn record_passive(mut passive: mpsc::Receiver<ProbeOutcome>, writer: Writer) {
+/// Stores passive outcomes as they arrive, then hands them to detection.
+async fn record_passive(
+    mut passive: mpsc::Receiver<ProbeOutcome>,
+    writer: Writer,
+    detect: mpsc::Sender<ProbeOutcome>,
+) {
     while let Some(outcome) = passive.recv().await {
-        if let Err(e) = writer.record(outcome).await {
+        if let Err(e) = writer.record(outcome.clone()).await {
             tracing::error!(error = %e, "cannot record a passive outcome");
         }
+        to_detection(&detect, outcome).await;
+    }
+}
+
+/// Waits for room in detection's queue. Detection only stops after its senders are gone, so a
+/// refusal means it died: say so rather than drop the outcome silently.
+async fn to_detection(detect: &mpsc::Sender<ProbeOutcome>, outcome: ProbeOutcome) {
+    if let Err(e) = detect.send(outcome).await {
+        tracing::error!(route = %e.0.route, "detection has stopped; outcome stored but not judged");
     }
 }
 

@@ -17,15 +17,21 @@
 //!   `ProbeOutcome`/`ProbeError`, the classified result of one call.
 //! - [`scheduler`]: fires each route's probe on its jittered interval, never stacking overruns.
 //! - [`store`]: SQLite — migrations, the single batching writer thread, rollups, retention,
-//!   read queries on their own connections.
+//!   detection's route states, transitions and incidents, read queries on their own
+//!   connections.
 //! - [`health`]: the pure detection core — time-of-day baselines, the per-route state machine
 //!   (`UNKNOWN NORMAL WARNING DEGRADED CRITICAL` + `SWITCHED`), failure modes, incidents,
 //!   egress and request-side findings; functions of (state, outcome, baseline, config, now).
+//!   Its I/O shell is `health::service` (restores state and baselines from the store, feeds
+//!   every outcome and a 1 s tick through the detector, persists transitions, incidents and
+//!   states, publishes the `HealthSnapshot` watch and `HealthEvent` broadcast) with
+//!   `health::control` (the `[egress] control_url` probe).
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //! - [`web`]: the monitor's HTTP router (`/healthz` for now).
 //! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate).
-//! - [`app`]: wires the tasks together under one `CancellationToken`.
+//! - [`app`]: wires the tasks together under one `CancellationToken`: scheduler → recorder →
+//!   store → health service; passive queue → store → health service.
 
 pub mod app;
 pub mod cli;

@@ -1,5 +1,6 @@
 //! `serve` in-process on 127.0.0.1:0 against the simulated providers on a real socket:
-//! health endpoints answer, probes land in the store, shutdown drains and exits cleanly.
+//! health endpoints answer, probes land in the store and reach detection, shutdown drains and
+//! exits cleanly.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use probeok::app;
 use probeok::clock::SystemClock;
 use probeok::config::Config;
+use probeok::health::State;
 use probeok::route::RouteId;
 use probeok::sim::{self, Scenario, SimConfig, SimRoute};
 use tokio_util::sync::CancellationToken;
@@ -110,7 +112,26 @@ async fn serve_answers_health_records_probes_and_stops_cleanly() {
     assert!(outcome.success, "{outcome:?}");
     assert_eq!(outcome.verified, Some(true));
 
-    // Ready once the scheduler and retention jobs have beaten.
+    // Detection saw it too: the snapshot is no longer the initial one (UNKNOWN, no outcome
+    // yet) — the route has a success ratio. Bounded wait: the recorder stores, then forwards.
+    let mut health = running.health.clone();
+    let status = tokio::time::timeout(
+        Duration::from_secs(15),
+        health.wait_for(|s| s.route(&route).is_some_and(|r| r.success_ratio.is_some())),
+    )
+    .await
+    .expect("detection judged the probes within 15 s")
+    .unwrap()
+    .route(&route)
+    .unwrap()
+    .clone();
+    assert_eq!(status.success_ratio, Some(1.0));
+    assert!(
+        matches!(status.state, State::Unknown | State::Normal),
+        "{status:?}"
+    );
+
+    // Ready once the scheduler, retention and health jobs have beaten.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         let ready = http.get(format!("{base}/readyz")).send().await.unwrap();

@@ -307,6 +307,27 @@ impl RouteHealth {
     pub fn set_suppression(&mut self, s: Suppression) {
         self.suppression = s;
     }
+    /// After a restart: moves the time-based clocks (`abnormal_run_since`, `normal_since`,
+    /// `rate_high_since`, the passive one) `gap` later — the time nobody was watching. The
+    /// rules "DEGRADED this long without one normal observation", "error rate above the
+    /// threshold this long" and "normal this long" count observed time only: a stale
+    /// incident is neither escalated nor resolved by the downtime itself; the route's next
+    /// observations decide. `since` and the incident's times are facts and stay.
+    pub fn resume_after(&mut self, gap: chrono::Duration) {
+        if gap <= chrono::Duration::zero() {
+            return;
+        }
+        for t in [
+            &mut self.abnormal_run_since,
+            &mut self.normal_since,
+            &mut self.rate_high_since,
+            &mut self.passive_high_since,
+        ] {
+            if let Some(at) = t.as_mut() {
+                *at += gap;
+            }
+        }
+    }
     /// Bytes held in memory (error window, incidents with their evidence), for capacity
     /// planning.
     pub fn approx_bytes(&self) -> usize {
@@ -969,5 +990,69 @@ fn streak_threshold(streak: u32, limit: u32) -> Threshold {
         name: "consecutive_abnormal".into(),
         observed: f64::from(streak),
         limit: f64::from(limit),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::probe::outcome::ProbeError;
+
+    fn failed_probe(route: &RouteId, at: DateTime<Utc>) -> ProbeOutcome {
+        ProbeOutcome {
+            route: route.clone(),
+            kind: OutcomeKind::Probe,
+            started_at: at,
+            success: false,
+            verified: None,
+            ttfb_ms: None,
+            ttft_ms: None,
+            total_ms: 80.0,
+            output_tokens: None,
+            tokens_estimated: false,
+            tokens_per_second: None,
+            model_reported: None,
+            system_fingerprint: None,
+            http_status: Some(503),
+            error: Some(ProbeError::Http {
+                status: 503,
+                message: "overloaded".into(),
+            }),
+            answer: None,
+        }
+    }
+
+    /// Downtime is not observed time: a DEGRADED route restored an hour later is not CRITICAL
+    /// on the first tick, but still becomes CRITICAL after `critical_degraded_for` of watched
+    /// time without a normal observation.
+    #[test]
+    fn resume_after_counts_watched_time_only() {
+        let cfg = DetectionConfig::default();
+        let det = Detector::new(&cfg);
+        let r = RouteId::new("p", "r", "m");
+        let t0 = Utc.with_ymd_and_hms(2026, 11, 30, 6, 30, 0).unwrap();
+        let s = |secs: i64| t0 + chrono::Duration::seconds(secs);
+        let mut h = det.route(r.clone(), t0);
+        let mut b = Baseline::new(r.clone(), &cfg);
+        for at in [s(0), s(30), s(60)] {
+            det.ingest(&mut h, &mut b, &failed_probe(&r, at), at);
+        }
+        assert_eq!(h.state(), State::Degraded);
+
+        let mut stale = h.clone();
+        assert_eq!(
+            det.tick(&mut stale, s(3660)).map(|t| t.to),
+            Some(State::Critical),
+            "without resume_after the downtime counts"
+        );
+
+        h.resume_after(chrono::Duration::seconds(3600));
+        assert_eq!(det.tick(&mut h, s(3661)), None);
+        let critical = (3662..3800).find_map(|x| det.tick(&mut h, s(x)));
+        let critical = critical.expect("escalates after watched time");
+        assert_eq!(critical.reason.code, "degraded_too_long");
+        assert_eq!(critical.at, s(3600 + 60 + 120));
     }
 }

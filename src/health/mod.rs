@@ -2,16 +2,17 @@
 //! (`UNKNOWN NORMAL WARNING DEGRADED CRITICAL`, + the `SWITCHED` overlay), failure modes,
 //! incidents and cross-route findings (our egress, the requests themselves).
 //!
-//! Everything here is pure: plain data, functions of (state, observation, baseline, config,
-//! `now`). No I/O, no tasks, no global clock — so a test can replay an incident second by second.
+//! Everything here but [`service`] and [`control`] is pure: plain data, functions of (state,
+//! observation, baseline, config, `now`). No I/O, no tasks, no global clock — so a test can
+//! replay an incident second by second.
 //!
-//! The shell's part (not in this module): keep one [`RouteHealth`] and one [`Baseline`] per
+//! The shell's part ([`service`], the only I/O here): keep one [`RouteHealth`] and one [`Baseline`] per
 //! route; on start rebuild each `Baseline` from the store ([`Baseline::rebuild`]) and restore
 //! each `RouteHealth` from its persisted JSON; feed every outcome through
 //! [`Detector::ingest`]; call [`Detector::tick`] every second per route; persist the returned
 //! [`Transition`]s, [`RouteHealth::incident`] / [`RouteHealth::last_closed`] and the
 //! `RouteHealth` itself; every few seconds build [`findings::RouteSummary`]s and call
-//! [`findings::findings`], then [`Detector::set_suppression`] on the routes it names.
+//! [`findings::findings`], then [`RouteHealth::set_suppression`] on the routes it names.
 //!
 //! - [`baseline`]: time-of-day buckets, ring buffers, mean/σ/percentiles via `statrs`.
 //! - [`classify`]: is one outcome abnormal, on which dimension, and is it the client's fault.
@@ -19,11 +20,16 @@
 //! - [`detector`]: the state machine, evidence, reasons and incidents.
 //! - [`findings`]: egress and request-side findings over all routes.
 //! - [`status`]: the published view (`HealthSnapshot`, `HealthEvent`) other modules consume.
+//! - [`service`]: the shell — owns every route's state, feeds it outcomes and ticks, persists
+//!   transitions, incidents and states, publishes snapshots and events.
+//! - [`control`]: the egress control probe (a plain GET of `[egress] control_url`).
 
 pub mod baseline;
 pub mod classify;
+pub mod control;
 pub mod detector;
 pub mod findings;
+pub mod service;
 pub mod status;
 pub mod window;
 

@@ -14,6 +14,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0002_probe_skips",
         include_str!("../../migrations/0002_probe_skips.sql"),
     ),
+    (
+        "0003_health",
+        include_str!("../../migrations/0003_health.sql"),
+    ),
 ];
 
 /// The schema version this build expects.

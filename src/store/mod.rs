@@ -13,10 +13,12 @@
 //!
 //! Files: `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
-//! `jobs.rs` (heartbeats, skipped probes, retention), `histogram.rs`.
+//! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
+//! transitions and incidents), `histogram.rs`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod health;
 pub mod histogram;
 mod jobs;
 pub mod migrate;
@@ -33,6 +35,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
+pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
 pub use migrate::{latest_version, migrate, migrate_to, user_version};

@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
+use super::health::{self, HealthWrite};
 use super::jobs::{self, RetentionReport, Target};
 use super::outcomes;
 use super::rollups::{Granularity, RollupCache};
@@ -53,6 +54,11 @@ pub(crate) enum Command {
     CheckWritable {
         ack: Ack<()>,
     },
+    /// Detection's state, transitions and incidents (see `health.rs`), atomically.
+    Health {
+        write: HealthWrite,
+        ack: Ack<()>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -74,6 +80,7 @@ impl Command {
             Command::Record { ack, .. }
             | Command::Skip { ack, .. }
             | Command::Heartbeat { ack, .. }
+            | Command::Health { ack, .. }
             | Command::CheckWritable { ack } => {
                 let _ = ack.send(result.map(|_| ()));
             }
@@ -109,7 +116,10 @@ impl Writer {
         self.tx.send(c).await.map_err(|_| StoreError::Closed)
     }
 
-    async fn request<T>(&self, make: impl FnOnce(Ack<T>) -> Command) -> Result<T, StoreError> {
+    pub(super) async fn request<T>(
+        &self,
+        make: impl FnOnce(Ack<T>) -> Command,
+    ) -> Result<T, StoreError> {
         let (ack, answer) = oneshot::channel();
         self.send(make(ack)).await?;
         answer.await.map_err(|_| StoreError::Closed)?
@@ -358,6 +368,10 @@ impl State {
                     } else {
                         jobs::delete_old(&tx, *target, *cutoff_ms, *limit)?
                     }
+                }
+                Command::Health { write, .. } => {
+                    health::apply(&tx, write, |route| self.route_id(&tx, route))?;
+                    0
                 }
                 Command::Shutdown { .. } => 0,
             };
