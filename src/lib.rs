@@ -21,12 +21,18 @@
 //! - [`health`]: the pure detection core — time-of-day baselines, the per-route state machine
 //!   (`UNKNOWN NORMAL WARNING DEGRADED CRITICAL` + `SWITCHED`), failure modes, incidents,
 //!   egress and request-side findings; functions of (state, outcome, baseline, config, now).
+//! - [`alert`]: alerts to DingTalk, Feishu/Lark, email and webhooks — grouping, egress
+//!   inhibition, flapping summaries, maintenance windows and silences (admin API), SLO
+//!   burn-rate alerts, a persisted SQLite outbox (at-least-once, dedup keys, backoff),
+//!   messages in zh/en; `probeok alert test`.
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //! - [`web`]: the monitor's HTTP router (`/healthz` for now).
-//! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate).
+//! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate,
+//!   alert test).
 //! - [`app`]: wires the tasks together under one `CancellationToken`.
 
+pub mod alert;
 pub mod app;
 pub mod cli;
 pub mod clock;
