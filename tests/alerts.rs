@@ -1221,3 +1221,116 @@ secret_env = "T_FEISHU_SECRET"
     }
     assert_eq!(ok.got().len(), 1);
 }
+
+#[test]
+fn config_sections_parse_with_spec_defaults_and_located_errors() {
+    let base = r#"
+[[provider]]
+id = "qwen"
+  [[provider.region]]
+  id = "cn-beijing"
+  base_url = "https://dashscope.aliyuncs.com/compatible-mode/v1"
+[[route]]
+provider = "qwen"
+region = "cn-beijing"
+model = "qwen-max"
+serves = "chat-main"
+"#;
+    let ok = format!(
+        r#"{base}
+[alerting]
+runbook_url = "https://wiki.example.com/llm-runbook#{{failure_mode}}"
+
+[[alert.dingtalk]]
+webhook_env = "DINGTALK_WEBHOOK"
+secret_env = "DINGTALK_SECRET"
+min_severity = "critical"
+lang = "en"
+repeat_interval = "4h"
+
+[[alert.feishu]]
+webhook_env = "FEISHU_WEBHOOK"
+
+[[alert.email]]
+smtp_url_env = "SMTP_URL"
+from = "probeok@example.com"
+to = ["oncall@example.com"]
+
+[[alert.webhook]]
+url_env = "ALERT_WEBHOOK_URL"
+
+[[maintenance]]
+routes = ["qwen/*"]
+start = "2026-12-01T02:00:00+08:00"
+duration = "2h"
+every = "7d"
+"#
+    );
+    let c = Config::parse(&ok, "p.toml").unwrap().config;
+    assert_eq!(c.alerting.group_wait, Duration::from_secs(30));
+    let d = &c.alert.dingtalk[0].options;
+    assert_eq!(
+        (d.min_severity, d.lang, d.send_resolved),
+        (Severity::Critical, Lang::En, true)
+    );
+    assert_eq!(d.repeat_interval, Some(Duration::from_secs(4 * 3600)));
+    let f = &c.alert.feishu[0].options;
+    assert_eq!(
+        (f.min_severity, f.lang, f.repeat_interval),
+        (Severity::Warning, Lang::Zh, None)
+    );
+    assert_eq!(c.alert.len(), 4);
+    assert_eq!(
+        c.maintenance[0].start.to_rfc3339(),
+        "2026-11-30T18:00:00+00:00"
+    );
+    // Missing variables are named by key and variable, never by value.
+    let missing = c.missing_secrets();
+    assert!(
+        missing
+            .iter()
+            .any(|m| m.path == "alert.dingtalk[0].webhook_env"),
+        "{missing:?}"
+    );
+
+    let bad = format!(
+        r#"{base}
+[alerting]
+group_wait = "soon"
+[[alert.dingtalk]]
+webhook_env = "https://oapi.dingtalk.com/robot/send?access_token=x"
+min_severity = "loud"
+lang = "fr"
+[[alert.email]]
+smtp_url_env = "SMTP_URL"
+from = "nobody"
+to = []
+[[maintenance]]
+routes = []
+start = "tomorrow"
+duration = "2h"
+every = "1h"
+"#
+    );
+    let errs = Config::parse(&bad, "p.toml").unwrap_err().to_string();
+    for want in [
+        "alerting.group_wait: invalid duration",
+        "alert.dingtalk[0].webhook_env: must name an environment variable",
+        "alert.dingtalk[0].min_severity: unknown severity \"loud\"",
+        "alert.dingtalk[0].lang: unknown language \"fr\"",
+        "alert.email[0].from: invalid address",
+        "alert.email[0].to: no recipients",
+        "maintenance[0].routes: no routes",
+        "maintenance[0].start: invalid time",
+        "maintenance[0].every: every (1h) is shorter than duration (2h)",
+    ] {
+        assert!(errs.contains(want), "missing {want:?} in:\n{errs}");
+    }
+    assert!(!errs.contains("access_token=x"), "{errs}");
+    // Every line is located.
+    assert!(errs.lines().all(|l| l.starts_with("p.toml:")), "{errs}");
+    // Unknown keys are still errors.
+    let unknown = format!("{base}\n[[alert.webhook]]\nurl_env = \"X\"\nsecrte_env = \"Y\"\n");
+    let e = Config::parse(&unknown, "p.toml").unwrap_err().to_string();
+    assert!(e.contains("unknown key"), "{e}");
+}

@@ -540,8 +540,8 @@ impl Config {
         }
     }
 
-    /// One diagnostic per provider whose `api_key_env` names a variable that is unset or empty,
-    /// located at that key. `serve` treats them as errors, `check-config` as warnings.
+    /// One diagnostic per variable that is unset or empty — a provider's `api_key_env`, an alert
+    /// channel's `webhook_env`/`secret_env`/`smtp_url_env`/`url_env` — located at that key. `serve` treats them as errors, `check-config` as warnings.
     /// Only the variable's name is ever mentioned.
     pub fn missing_secrets(&self) -> Vec<Diagnostic> {
         let file = self.source.display().to_string();
