@@ -146,6 +146,26 @@ pub async fn start(
         events: health_events,
         passive: passive_tx,
     };
+    // Alerts: subscribe before anything can publish, so no event is missed.
+    let alert_task = {
+        let channels = crate::alert::channels(&config).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "alert channels unusable; alerts are queued for none");
+            Vec::new()
+        });
+        let service = crate::alert::AlertService::new(
+            state.config.clone(),
+            store.clone(),
+            clock.clone(),
+            channels,
+        )
+        .with_jobs(&state.jobs);
+        let events = state.events.subscribe();
+        tokio::spawn(crate::alert::run(
+            Arc::new(service),
+            events,
+            shutdown.clone(),
+        ))
+    };
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
     let web_task = tokio::spawn(async move {
@@ -162,6 +182,7 @@ pub async fn start(
             let _ = scheduler_task.await;
             let _ = recorder_task.await;
             let _ = retention_task.await;
+            let _ = alert_task.await;
             let web = web_task.await;
             // The web server (and with it every passive sender) is gone: the queue drains.
             let _ = passive_task.await;

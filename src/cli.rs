@@ -240,6 +240,8 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
             let (config, warnings) = load(path)?;
             warn_all(&warnings);
             refuse_missing_secrets(&config)?;
+            // A bad SMTP URL and the like: refuse now rather than alert into the void.
+            crate::alert::channels(&config).map_err(|e| CliError::Invalid(vec![e.to_string()]))?;
             (config, None)
         }
         None => {
@@ -257,6 +259,54 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     app::run(config, listener, shutdown)
         .await
         .map_err(CliError::runtime)
+}
+
+/// `probeok alert test`: a test message to each channel (or channel `only`, 0-based in the
+/// order dingtalk, feishu, email, webhook), printing what each receiver answered. Exit 2
+/// when any channel failed.
+pub async fn alert_test(path: &Path, only: Option<usize>) -> Result<(), CliError> {
+    let (config, warnings) = load(path)?;
+    warn_all(&warnings);
+    refuse_missing_secrets(&config)?;
+    if config.alert.is_empty() {
+        return Err(CliError::Invalid(vec![format!(
+            "{}: no alert channels configured ([[alert.dingtalk]], [[alert.feishu]], [[alert.email]], [[alert.webhook]])",
+            path.display()
+        )]));
+    }
+    let results = crate::alert::send_test(&config, only, chrono::Utc::now())
+        .await
+        .map_err(|e| match e {
+            crate::alert::AlertError::Config(m) => CliError::Invalid(vec![m]),
+            e => CliError::runtime(e),
+        })?;
+    let mut rows = vec![[
+        "CHANNEL".to_owned(),
+        "RESULT".to_owned(),
+        "ANSWER".to_owned(),
+    ]];
+    let mut failed = 0;
+    for (name, r) in &results {
+        let (result, answer) = match r {
+            Ok(receipt) => (
+                "ok".to_owned(),
+                format!("{} {}", receipt.status, receipt.body),
+            ),
+            Err(e) => {
+                failed += 1;
+                ("failed".to_owned(), e.to_string())
+            }
+        };
+        rows.push([name.clone(), result, answer.replace('\n', " ")]);
+    }
+    print!("{}", format_table(&rows));
+    if failed > 0 {
+        return Err(CliError::Runtime(format!(
+            "{failed} of {} channel(s) failed",
+            results.len()
+        )));
+    }
+    Ok(())
 }
 
 /// `probeok simulate`: the simulated providers alone, until Ctrl-C.

@@ -26,13 +26,19 @@
 //!   every outcome and a 1 s tick through the detector, persists transitions, incidents and
 //!   states, publishes the `HealthSnapshot` watch and `HealthEvent` broadcast) with
 //!   `health::control` (the `[egress] control_url` probe).
+//! - [`alert`]: alerts to DingTalk, Feishu/Lark, email and webhooks — grouping, egress
+//!   inhibition, flapping summaries, maintenance windows and silences (admin API), SLO
+//!   burn-rate alerts, a persisted SQLite outbox (at-least-once, dedup keys, backoff),
+//!   messages in zh/en; `probeok alert test`.
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //! - [`web`]: the monitor's HTTP router (`/healthz` for now).
-//! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate).
+//! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate,
+//!   alert test).
 //! - [`app`]: wires the tasks together under one `CancellationToken`: scheduler → recorder →
 //!   store → health service; passive queue → store → health service.
 
+pub mod alert;
 pub mod app;
 pub mod cli;
 pub mod clock;

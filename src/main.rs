@@ -53,6 +53,11 @@ enum Command {
         #[arg(long)]
         record: bool,
     },
+    /// Alert channels.
+    Alert {
+        #[command(subcommand)]
+        command: AlertCommand,
+    },
     /// Run the simulated OpenAI-compatible providers standalone.
     Simulate {
         #[arg(long, default_value = "127.0.0.1:9410")]
@@ -62,6 +67,18 @@ enum Command {
         /// How many times faster than real time the scenario's timeline runs.
         #[arg(long, default_value_t = 1.0)]
         time_scale: f64,
+    },
+}
+
+#[derive(Subcommand)]
+enum AlertCommand {
+    /// Send a test message to each alert channel and print what each receiver answered.
+    Test {
+        #[arg(long, env = "PROBEOK_CONFIG")]
+        config: PathBuf,
+        /// Only this channel: 0-based over dingtalk, feishu, email, webhook tables in that order.
+        #[arg(long)]
+        channel: Option<usize>,
     },
 }
 
@@ -99,6 +116,9 @@ fn main() -> ExitCode {
                 json,
                 record,
             } => cli::probe(&config, route.as_deref(), json, record).await,
+            Command::Alert {
+                command: AlertCommand::Test { config, channel },
+            } => cli::alert_test(&config, channel).await,
             Command::Simulate {
                 listen,
                 scenario,

@@ -45,6 +45,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .merge(crate::alert::silences::router())
         .fallback(not_found)
         .with_state(state)
 }

@@ -71,7 +71,7 @@ fn outage_and_recovery() -> Vec<(Transition, RouteHealth)> {
 
 #[tokio::test]
 async fn migration_3_applies_on_top_of_a_version_2_database() {
-    assert_eq!(latest_version(), 3);
+    assert!(latest_version() >= 3);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v2.db");
     {
@@ -93,7 +93,7 @@ async fn migration_3_applies_on_top_of_a_version_2_database() {
     store.close().await.unwrap();
 
     let conn = Connection::open(&path).unwrap();
-    assert_eq!(user_version(&conn).unwrap(), 3);
+    assert_eq!(user_version(&conn).unwrap(), latest_version());
     // The route kept its interned id from the older release.
     let route_id: i64 = conn
         .query_row("SELECT route_id FROM transitions", [], |r| r.get(0))

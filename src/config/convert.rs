@@ -9,12 +9,17 @@ use std::time::Duration;
 use chrono::NaiveTime;
 use toml_edit::ImDocument;
 
-use super::raw::{RawBuckets, RawConfig, RawRoute};
+use super::raw::{
+    RawAlert, RawAlerting, RawBuckets, RawConfig, RawMaintenance, RawOptions, RawRoute,
+};
 use super::validate::Checker;
 use super::{
-    Buckets, Config, ConfigErrors, DetectionConfig, Diagnostic, EgressConfig, Loaded, ProbeConfig,
-    ProviderConfig, RegionConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig,
+    AlertChannelsConfig, AlertingConfig, Buckets, ChannelOptions, Config, ConfigErrors,
+    DetectionConfig, Diagnostic, EgressConfig, EmailConfig, Loaded, MaintenanceConfig, ProbeConfig,
+    ProviderConfig, RegionConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap,
+    StorageConfig, WebhookConfig,
 };
+use crate::alert::{Lang, Severity};
 use crate::route::{Capability, ProviderKind};
 
 pub(super) fn parse(src: &str, label: &str) -> Result<Loaded, ConfigErrors> {
@@ -270,7 +275,125 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         providers,
         routes,
         slo,
+        alerting: alerting(ck, raw.alerting),
+        alert: alert(ck, raw.alert),
+        maintenance: raw
+            .maintenance
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| maintenance(ck, i, m))
+            .collect(),
         source_map: map.clone(),
+    }
+}
+
+fn alerting(ck: &mut Checker<'_>, r: RawAlerting) -> AlertingConfig {
+    let d = AlertingConfig::default();
+    AlertingConfig {
+        group_wait: duration(ck, "alerting.group_wait", r.group_wait, d.group_wait),
+        runbook_url: r.runbook_url,
+    }
+}
+
+fn alert(ck: &mut Checker<'_>, r: RawAlert) -> AlertChannelsConfig {
+    let robots = |ck: &mut Checker<'_>, kind: &str, raw: Vec<super::raw::RawRobot>| {
+        raw.into_iter()
+            .enumerate()
+            .map(|(i, x)| RobotConfig {
+                options: options(ck, &format!("alert.{kind}[{i}]"), x.options()),
+                webhook_env: x.webhook_env,
+                secret_env: x.secret_env,
+            })
+            .collect()
+    };
+    AlertChannelsConfig {
+        dingtalk: robots(ck, "dingtalk", r.dingtalk),
+        feishu: robots(ck, "feishu", r.feishu),
+        email: r
+            .email
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| EmailConfig {
+                options: options(ck, &format!("alert.email[{i}]"), x.options()),
+                smtp_url_env: x.smtp_url_env,
+                from: x.from,
+                to: x.to,
+            })
+            .collect(),
+        webhook: r
+            .webhook
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| WebhookConfig {
+                options: options(ck, &format!("alert.webhook[{i}]"), x.options()),
+                url_env: x.url_env,
+                secret_env: x.secret_env,
+            })
+            .collect(),
+    }
+}
+
+fn options(ck: &mut Checker<'_>, p: &str, r: RawOptions<'_>) -> ChannelOptions {
+    let d = ChannelOptions::default();
+    let min_severity = match r.min_severity {
+        None => d.min_severity,
+        Some(s) => Severity::parse(s).unwrap_or_else(|| {
+            ck.fail(
+                format!("{p}.min_severity"),
+                format!("unknown severity {s:?}: expected \"info\", \"warning\" or \"critical\""),
+            );
+            d.min_severity
+        }),
+    };
+    let lang = match r.lang {
+        None => d.lang,
+        Some(s) => Lang::parse(s).unwrap_or_else(|| {
+            ck.fail(
+                format!("{p}.lang"),
+                format!("unknown language {s:?}: expected \"zh\" or \"en\""),
+            );
+            d.lang
+        }),
+    };
+    let repeat_interval = r
+        .repeat_interval
+        .as_ref()
+        .and_then(|s| parse_duration(ck, &format!("{p}.repeat_interval"), s).ok());
+    ChannelOptions {
+        min_severity,
+        lang,
+        send_resolved: r.send_resolved.unwrap_or(d.send_resolved),
+        repeat_interval,
+    }
+}
+
+fn maintenance(ck: &mut Checker<'_>, i: usize, r: RawMaintenance) -> MaintenanceConfig {
+    let p = format!("maintenance[{i}]");
+    let start = match chrono::DateTime::parse_from_rfc3339(&r.start) {
+        Ok(t) => t.with_timezone(&chrono::Utc),
+        Err(e) => {
+            ck.fail(
+                format!("{p}.start"),
+                format!(
+                    "invalid time {:?}: {e} (write RFC 3339 with an offset, e.g. \"2026-12-01T02:00:00+08:00\")",
+                    r.start
+                ),
+            );
+            chrono::DateTime::<chrono::Utc>::UNIX_EPOCH
+        }
+    };
+    MaintenanceConfig {
+        routes: r.routes,
+        start,
+        duration: duration(
+            ck,
+            &format!("{p}.duration"),
+            Some(r.duration),
+            Duration::ZERO,
+        ),
+        every: r
+            .every
+            .and_then(|s| parse_duration(ck, &format!("{p}.every"), &s).ok()),
     }
 }
 

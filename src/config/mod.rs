@@ -1,5 +1,6 @@
 //! The TOML config (SPEC.md, "Config file"): `[server] [storage] [probe] [detection] [egress]
-//! [[provider]] [[provider.region]] [[route]] [slo]`. Other sections are rejected as unknown
+//! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
+//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -22,8 +23,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chrono::NaiveTime;
+use chrono::{DateTime, NaiveTime, Utc};
 
+use crate::alert::{Lang, Severity};
 use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteId, Tier};
 use crate::secret::Secret;
 
@@ -45,6 +47,12 @@ pub struct Config {
     /// `[[route]]`, in file order; see [`Config::routes`] for the resolved form.
     pub routes: Vec<RouteConfig>,
     pub slo: SloConfig,
+    /// `[alerting]`: grouping and the runbook link.
+    pub alerting: AlertingConfig,
+    /// `[[alert.*]]`: where alerts go.
+    pub alert: AlertChannelsConfig,
+    /// `[[maintenance]]`: planned windows that suppress alerts (probing goes on).
+    pub maintenance: Vec<MaintenanceConfig>,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -62,6 +70,9 @@ impl Default for Config {
             providers: Vec::new(),
             routes: Vec::new(),
             slo: SloConfig::default(),
+            alerting: AlertingConfig::default(),
+            alert: AlertChannelsConfig::default(),
+            maintenance: Vec::new(),
             source_map: SourceMap::default(),
         }
     }
@@ -339,6 +350,108 @@ impl Default for SloConfig {
     }
 }
 
+/// `[alerting]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlertingConfig {
+    /// What fires within this long of the first event goes out as one message (0: at once).
+    pub group_wait: Duration,
+    /// Linked in every message, `{failure_mode}` filled in (`unavailable`, `degraded`, …).
+    pub runbook_url: Option<String>,
+}
+
+impl Default for AlertingConfig {
+    fn default() -> Self {
+        Self {
+            group_wait: Duration::from_secs(30),
+            runbook_url: None,
+        }
+    }
+}
+
+/// What every channel has: which severities it gets, in which language, and reminders.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelOptions {
+    /// Messages below this severity are not sent to the channel (default `warning`).
+    pub min_severity: Severity,
+    pub lang: Lang,
+    /// A resolved message when the incident closes (default on).
+    pub send_resolved: bool,
+    /// Reminders while an alert still fires; off when `None` (the default).
+    pub repeat_interval: Option<Duration>,
+}
+
+impl Default for ChannelOptions {
+    fn default() -> Self {
+        Self {
+            min_severity: Severity::Warning,
+            lang: Lang::Zh,
+            send_resolved: true,
+            repeat_interval: None,
+        }
+    }
+}
+
+/// `[[alert.dingtalk]]` (and `[[alert.feishu]]`, same keys): a custom robot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RobotConfig {
+    /// The variable holding the full robot URL (with its access token).
+    pub webhook_env: String,
+    /// The variable holding the signing secret; unsigned when `None`.
+    pub secret_env: Option<String>,
+    pub options: ChannelOptions,
+}
+
+/// `[[alert.email]]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EmailConfig {
+    /// The variable holding `smtps://user:pass@host:465`, `smtp://…?tls=required` (STARTTLS)
+    /// or plain `smtp://` (loopback hosts only).
+    pub smtp_url_env: String,
+    pub from: String,
+    pub to: Vec<String>,
+    pub options: ChannelOptions,
+}
+
+/// `[[alert.webhook]]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WebhookConfig {
+    pub url_env: String,
+    /// When set: `X-Probeok-Signature: sha256=<hex HMAC of the body>`.
+    pub secret_env: Option<String>,
+    pub options: ChannelOptions,
+}
+
+/// Every `[[alert.*]]` table, each kind in file order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AlertChannelsConfig {
+    pub dingtalk: Vec<RobotConfig>,
+    pub feishu: Vec<RobotConfig>,
+    pub email: Vec<EmailConfig>,
+    pub webhook: Vec<WebhookConfig>,
+}
+
+impl AlertChannelsConfig {
+    /// How many channels there are in all.
+    pub fn len(&self) -> usize {
+        self.dingtalk.len() + self.feishu.len() + self.email.len() + self.webhook.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `[[maintenance]]`: alerts for matching routes are suppressed inside the window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaintenanceConfig {
+    /// Globs over route ids (`*` any run of characters, `?` one character).
+    pub routes: Vec<String>,
+    pub start: DateTime<Utc>,
+    pub duration: Duration,
+    /// Repeats every this long from `start` when set.
+    pub every: Option<Duration>,
+}
+
 /// A config that passed validation, with the warnings it raised (e.g. probes that overrun).
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -427,11 +540,62 @@ impl Config {
         }
     }
 
-    /// One diagnostic per provider whose `api_key_env` names a variable that is unset or empty,
-    /// located at that key. `serve` treats them as errors, `check-config` as warnings.
+    /// One diagnostic per variable that is unset or empty — a provider's `api_key_env`, an alert
+    /// channel's `webhook_env`/`secret_env`/`smtp_url_env`/`url_env` — located at that key. `serve` treats them as errors, `check-config` as warnings.
     /// Only the variable's name is ever mentioned.
     pub fn missing_secrets(&self) -> Vec<Diagnostic> {
         let file = self.source.display().to_string();
+        let mut out = self.missing_provider_keys(&file);
+        for (path, var) in self.alert_secret_vars() {
+            if Secret::from_env(&var).is_some() {
+                continue;
+            }
+            let (line, col) = self.source_map.locate(&path);
+            out.push(Diagnostic {
+                file: file.clone(),
+                line,
+                col,
+                message: format!(
+                    "environment variable {var} is not set (or empty): alert channel {} cannot send",
+                    path.rsplit_once('.').map_or(path.as_str(), |(p, _)| p)
+                ),
+                path,
+            });
+        }
+        out
+    }
+
+    /// `(key path, variable)` of every variable an alert channel reads.
+    fn alert_secret_vars(&self) -> Vec<(String, String)> {
+        let a = &self.alert;
+        let mut out = Vec::new();
+        for (kind, robots) in [("dingtalk", &a.dingtalk), ("feishu", &a.feishu)] {
+            for (i, r) in robots.iter().enumerate() {
+                out.push((
+                    format!("alert.{kind}[{i}].webhook_env"),
+                    r.webhook_env.clone(),
+                ));
+                if let Some(s) = &r.secret_env {
+                    out.push((format!("alert.{kind}[{i}].secret_env"), s.clone()));
+                }
+            }
+        }
+        for (i, e) in a.email.iter().enumerate() {
+            out.push((
+                format!("alert.email[{i}].smtp_url_env"),
+                e.smtp_url_env.clone(),
+            ));
+        }
+        for (i, w) in a.webhook.iter().enumerate() {
+            out.push((format!("alert.webhook[{i}].url_env"), w.url_env.clone()));
+            if let Some(s) = &w.secret_env {
+                out.push((format!("alert.webhook[{i}].secret_env"), s.clone()));
+            }
+        }
+        out
+    }
+
+    fn missing_provider_keys(&self, file: &str) -> Vec<Diagnostic> {
         self.providers
             .iter()
             .enumerate()
@@ -443,7 +607,7 @@ impl Config {
                 let path = format!("provider[{i}].api_key_env");
                 let (line, col) = self.source_map.locate(&path);
                 Some(Diagnostic {
-                    file: file.clone(),
+                    file: file.to_owned(),
                     line,
                     col,
                     path,

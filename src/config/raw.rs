@@ -32,6 +32,12 @@ pub(super) struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub slo: RawSlo,
+    #[serde(default)]
+    pub alerting: RawAlerting,
+    #[serde(default)]
+    pub alert: RawAlert,
+    #[serde(default)]
+    pub maintenance: Vec<RawMaintenance>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -171,3 +177,98 @@ pub(super) struct RawSlo {
     pub availability: Option<f64>,
     pub latency_threshold: Option<String>,
 }
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAlerting {
+    pub group_wait: Option<String>,
+    pub runbook_url: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAlert {
+    #[serde(default)]
+    pub dingtalk: Vec<RawRobot>,
+    #[serde(default)]
+    pub feishu: Vec<RawRobot>,
+    #[serde(default)]
+    pub email: Vec<RawEmail>,
+    #[serde(default)]
+    pub webhook: Vec<RawWebhook>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRobot {
+    pub webhook_env: String,
+    pub secret_env: Option<String>,
+    // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
+    // Words stay strings so a bad one is a located stage-two error.
+    pub min_severity: Option<String>,
+    pub lang: Option<String>,
+    pub send_resolved: Option<bool>,
+    pub repeat_interval: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEmail {
+    pub smtp_url_env: String,
+    pub from: String,
+    pub to: Vec<String>,
+    // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
+    // Words stay strings so a bad one is a located stage-two error.
+    pub min_severity: Option<String>,
+    pub lang: Option<String>,
+    pub send_resolved: Option<bool>,
+    pub repeat_interval: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWebhook {
+    pub url_env: String,
+    pub secret_env: Option<String>,
+    // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
+    // Words stay strings so a bad one is a located stage-two error.
+    pub min_severity: Option<String>,
+    pub lang: Option<String>,
+    pub send_resolved: Option<bool>,
+    pub repeat_interval: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMaintenance {
+    pub routes: Vec<String>,
+    pub start: String,
+    pub duration: String,
+    pub every: Option<String>,
+}
+
+/// The options every channel has, borrowed from whichever raw channel table.
+pub(super) struct RawOptions<'a> {
+    pub min_severity: &'a Option<String>,
+    pub lang: &'a Option<String>,
+    pub send_resolved: Option<bool>,
+    pub repeat_interval: &'a Option<String>,
+}
+
+macro_rules! options_of {
+    ($t:ty) => {
+        impl $t {
+            pub(super) fn options(&self) -> RawOptions<'_> {
+                RawOptions {
+                    min_severity: &self.min_severity,
+                    lang: &self.lang,
+                    send_resolved: self.send_resolved,
+                    repeat_interval: &self.repeat_interval,
+                }
+            }
+        }
+    };
+}
+options_of!(RawRobot);
+options_of!(RawEmail);
+options_of!(RawWebhook);

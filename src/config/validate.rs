@@ -89,6 +89,97 @@ impl<'a> Checker<'a> {
         self.routes(c);
         self.positive("slo.latency_threshold", c.slo.latency_threshold);
         self.open_unit("slo.availability", c.slo.availability);
+        self.alerting(c);
+        self.maintenance(c);
+    }
+
+    fn alerting(&mut self, c: &Config) {
+        if let Some(url) = &c.alerting.runbook_url {
+            // The placeholder is filled in per message; what is around it must be a URL.
+            let filled = url.replace("{failure_mode}", "unavailable");
+            self.url("alerting.runbook_url", &filled, false);
+        }
+        let a = &c.alert;
+        for (kind, robots) in [("dingtalk", &a.dingtalk), ("feishu", &a.feishu)] {
+            for (i, r) in robots.iter().enumerate() {
+                let p = format!("alert.{kind}[{i}]");
+                self.env_name(&format!("{p}.webhook_env"), &r.webhook_env);
+                if let Some(v) = &r.secret_env {
+                    self.env_name(&format!("{p}.secret_env"), v);
+                }
+                self.channel_options(&p, &r.options);
+            }
+        }
+        for (i, e) in a.email.iter().enumerate() {
+            let p = format!("alert.email[{i}]");
+            self.env_name(&format!("{p}.smtp_url_env"), &e.smtp_url_env);
+            if !is_address(&e.from) {
+                self.error(
+                    format!("{p}.from"),
+                    format!("invalid address {:?}: expected name@domain", e.from),
+                );
+            }
+            if e.to.is_empty() {
+                self.error(format!("{p}.to"), "no recipients: add at least one address");
+            }
+            for (j, to) in e.to.iter().enumerate() {
+                if !is_address(to) {
+                    self.error(
+                        format!("{p}.to[{j}]"),
+                        format!("invalid address {to:?}: expected name@domain"),
+                    );
+                }
+            }
+            self.channel_options(&p, &e.options);
+        }
+        for (i, w) in a.webhook.iter().enumerate() {
+            let p = format!("alert.webhook[{i}]");
+            self.env_name(&format!("{p}.url_env"), &w.url_env);
+            if let Some(v) = &w.secret_env {
+                self.env_name(&format!("{p}.secret_env"), v);
+            }
+            self.channel_options(&p, &w.options);
+        }
+    }
+
+    fn channel_options(&mut self, p: &str, o: &super::ChannelOptions) {
+        if let Some(d) = o.repeat_interval {
+            self.positive(&format!("{p}.repeat_interval"), d);
+        }
+    }
+
+    fn maintenance(&mut self, c: &Config) {
+        for (i, m) in c.maintenance.iter().enumerate() {
+            let p = format!("maintenance[{i}]");
+            if m.routes.is_empty() {
+                self.error(
+                    format!("{p}.routes"),
+                    "no routes: add at least one route id or glob (e.g. \"qwen/*\")",
+                );
+            }
+            for (j, g) in m.routes.iter().enumerate() {
+                if g.trim().is_empty() {
+                    self.error(format!("{p}.routes[{j}]"), "must not be empty");
+                }
+            }
+            let dpath = format!("{p}.duration");
+            if self.converted(&[&dpath]) {
+                self.positive(&dpath, m.duration);
+            }
+            if let Some(every) = m.every {
+                let epath = format!("{p}.every");
+                if every < m.duration && self.converted(&[&dpath]) {
+                    self.error(
+                        epath,
+                        format!(
+                            "every ({}) is shorter than duration ({}): the window would never close",
+                            humantime::format_duration(every),
+                            humantime::format_duration(m.duration)
+                        ),
+                    );
+                }
+            }
+        }
     }
 
     fn server(&mut self, c: &Config) {
@@ -573,4 +664,16 @@ pub(crate) fn is_id(s: &str) -> bool {
     !s.is_empty()
         && s.chars()
             .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_' || ch == '-')
+}
+
+/// `local@domain`, loosely: enough to catch a typo, not an RFC 5322 parser.
+fn is_address(s: &str) -> bool {
+    match s.rsplit_once('@') {
+        Some((local, domain)) => {
+            !local.is_empty()
+                && !domain.is_empty()
+                && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+        }
+        None => false,
+    }
 }

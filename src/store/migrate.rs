@@ -18,6 +18,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0003_health",
         include_str!("../../migrations/0003_health.sql"),
     ),
+    (
+        "0004_alerts",
+        include_str!("../../migrations/0004_alerts.sql"),
+    ),
 ];
 
 /// The schema version this build expects.
@@ -79,10 +83,16 @@ mod tests {
 
     #[test]
     fn migrations_are_numbered_in_order() {
-        for (i, (name, sql)) in MIGRATIONS.iter().enumerate() {
-            assert!(name.starts_with(&format!("{:04}_", i + 1)), "{name}");
+        // Strictly increasing file numbers from 0001 (a branch may skip a number another
+        // branch holds; the version is the position in this list).
+        let mut last = 0;
+        for (name, sql) in MIGRATIONS {
+            let n: u32 = name[..4].parse().unwrap();
+            assert!(n > last && name.as_bytes()[4] == b'_', "{name}");
+            last = n;
             assert!(!sql.trim().is_empty());
         }
+        assert!(MIGRATIONS[0].0.starts_with("0001_"));
     }
 
     #[test]

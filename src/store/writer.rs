@@ -59,6 +59,11 @@ pub(crate) enum Command {
         write: HealthWrite,
         ack: Ack<()>,
     },
+    /// A write to the alert tables (`store/alerts.rs`).
+    Alert {
+        op: super::alerts::AlertOp,
+        ack: Ack<u64>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -84,7 +89,7 @@ impl Command {
             | Command::CheckWritable { ack } => {
                 let _ = ack.send(result.map(|_| ()));
             }
-            Command::Retention { ack, .. } => {
+            Command::Retention { ack, .. } | Command::Alert { ack, .. } => {
                 let _ = ack.send(result);
             }
             Command::Shutdown { ack } => {
@@ -215,6 +220,12 @@ impl Writer {
             }
         }
         Ok(report)
+    }
+
+    /// One write to the alert tables, in its own transaction with whatever else is queued;
+    /// answers the op's count (see [`super::alerts::AlertOp`]).
+    pub async fn alert(&self, op: super::alerts::AlertOp) -> Result<u64, StoreError> {
+        self.request(|ack| Command::Alert { op, ack }).await
     }
 
     /// A tiny real write through the queue and a commit: the store is writable and the writer
@@ -373,6 +384,7 @@ impl State {
                     health::apply(&tx, write, |route| self.route_id(&tx, route))?;
                     0
                 }
+                Command::Alert { op, .. } => super::alerts::apply(&tx, op)?,
                 Command::Shutdown { .. } => 0,
             };
             replies.push(reply);

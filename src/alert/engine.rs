@@ -1,0 +1,496 @@
+//! The alert task: consumes health events, groups them, applies maintenance and silences,
+//! writes the outbox (with the firing state, in one transaction), and delivers — on its own
+//! sub-task, so a slow receiver never holds up the events. Once a minute it also evaluates
+//! SLO burn rates, stale job heartbeats and reminders.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{broadcast, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::group::{Draft, Grouper};
+use super::maintenance::{Silence, Suppressor};
+use super::outbox::Outbox;
+use super::{
+    accepts, burn, AlertError, AlertMetrics, Message, Notifier, RenderCtx, Severity, Status,
+    Subject,
+};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::health::HealthEvent;
+use crate::route::Route;
+use crate::store::alerts::{AlertOp, FiringRow, NewEntry};
+use crate::store::Store;
+
+/// How often due outbox rows are looked for when nothing wakes the sender sooner.
+pub const DELIVERY_POLL: Duration = Duration::from_secs(1);
+/// How often burn rates, heartbeats and reminders are evaluated.
+pub const EVALUATE_EVERY: Duration = Duration::from_secs(60);
+/// A job whose heartbeat is older than this alerts (SPEC `[heartbeat] stale_after` default).
+pub const HEARTBEAT_STALE_AFTER: chrono::Duration = chrono::Duration::minutes(3);
+/// Delivered and dropped rows, and ended silences, are kept this long.
+pub const KEEP_DONE: chrono::Duration = chrono::Duration::days(7);
+
+/// Everything the alert task needs; shareable so tests (and `alert test`) can drive it.
+pub struct AlertService {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub clock: Arc<dyn Clock>,
+    pub outbox: Outbox,
+    routes: Vec<Route>,
+    /// Scheduled jobs whose heartbeats must stay fresh.
+    jobs: Vec<String>,
+    wake: Notify,
+}
+
+impl AlertService {
+    pub fn new(
+        config: Arc<Config>,
+        store: Store,
+        clock: Arc<dyn Clock>,
+        channels: Vec<Arc<dyn Notifier>>,
+    ) -> Self {
+        let ctx = RenderCtx::from_config(&config);
+        let outbox = Outbox::new(
+            store.clone(),
+            channels,
+            ctx,
+            Arc::new(AlertMetrics::default()),
+        );
+        Self {
+            routes: config.routes(),
+            config,
+            store,
+            clock,
+            outbox,
+            jobs: Vec::new(),
+            wake: Notify::new(),
+        }
+    }
+
+    /// The jobs whose heartbeats alert when stale.
+    pub fn with_jobs(mut self, jobs: &[&str]) -> Self {
+        self.jobs = jobs.iter().map(|j| (*j).to_owned()).collect();
+        self
+    }
+
+    pub fn with_outbox(mut self, f: impl FnOnce(Outbox) -> Outbox) -> Self {
+        let ctx = RenderCtx::from_config(&self.config);
+        let placeholder = Outbox::new(
+            self.store.clone(),
+            Vec::new(),
+            ctx,
+            Arc::new(AlertMetrics::default()),
+        );
+        let outbox = std::mem::replace(&mut self.outbox, placeholder);
+        self.outbox = f(outbox);
+        self
+    }
+
+    pub fn grouper(&self) -> Grouper {
+        Grouper::new(self.config.alerting.group_wait, &self.routes)
+    }
+
+    pub fn metrics(&self) -> &Arc<AlertMetrics> {
+        self.outbox.metrics()
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(crate::store::Reader) -> Result<T, crate::store::StoreError> + Send + 'static,
+    ) -> Result<T, AlertError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(store.reader()?))
+            .await
+            .map_err(|e| AlertError::Store(e.to_string()))?
+            .map_err(AlertError::from)
+    }
+
+    /// Silences in the store.
+    pub async fn silences(&self) -> Result<Vec<Silence>, AlertError> {
+        self.blocking(|r| r.silences()).await
+    }
+
+    /// Applies maintenance, silences and the firing state to `drafts`, writes the outbox rows
+    /// (one per accepting channel) and wakes the sender. Returns how many rows were new.
+    pub async fn enqueue(&self, drafts: Vec<Draft>, now: DateTime<Utc>) -> Result<u64, AlertError> {
+        if drafts.is_empty() {
+            return Ok(0);
+        }
+        let (silences, firing_rows) = self
+            .blocking(|r| Ok((r.silences()?, r.alert_firing()?)))
+            .await?;
+        let mut firing_now: HashSet<String> = firing_rows.into_iter().map(|f| f.key).collect();
+        let suppressor = Suppressor {
+            windows: &self.config.maintenance,
+            silences: &silences,
+            now,
+        };
+        let mut entries = Vec::new();
+        let mut fire = Vec::new();
+        let mut resolve = Vec::new();
+        for d in drafts {
+            let Draft {
+                mut message,
+                item_keys,
+                key,
+            } = d;
+            let mut keys: HashMap<String, Option<String>> = message
+                .items
+                .iter()
+                .map(|i| i.route.to_string())
+                .zip(item_keys)
+                .collect();
+            if message.status == Status::Resolved {
+                // Only what was announced is resolved (and a resolution is never silenced).
+                message.items.retain(|i| {
+                    keys.get(i.route.as_str())
+                        .and_then(Option::as_ref)
+                        .is_some_and(|k| firing_now.contains(k))
+                });
+                let whole = key.as_ref().is_some_and(|k| firing_now.contains(k));
+                if message.items.is_empty() && !whole {
+                    continue;
+                }
+                for i in &message.items {
+                    if let Some(Some(k)) = keys.remove(i.route.as_str()) {
+                        firing_now.remove(&k);
+                        resolve.push(k);
+                    }
+                }
+                if let Some(k) = key {
+                    firing_now.remove(&k);
+                    resolve.push(k);
+                }
+            } else {
+                message = match suppressor.filter(message) {
+                    Ok(m) => m,
+                    Err(why) => {
+                        tracing::info!(reason = ?why, "alert suppressed by maintenance or silence");
+                        for ch in self.outbox.channels() {
+                            self.metrics().add(ch.name(), "suppressed");
+                        }
+                        continue;
+                    }
+                };
+                let json = to_json(&message)?;
+                for i in &message.items {
+                    if let Some(Some(k)) = keys.remove(i.route.as_str()) {
+                        firing_now.insert(k.clone());
+                        fire.push(FiringRow {
+                            key: k,
+                            message: json.clone(),
+                            opened_at: i.opened_at.unwrap_or(i.at),
+                        });
+                    }
+                }
+                if let Some(k) = key {
+                    firing_now.insert(k.clone());
+                    fire.push(FiringRow {
+                        key: k,
+                        message: json.clone(),
+                        opened_at: message.at,
+                    });
+                }
+            }
+            entries.extend(self.entries(&message, &message.key, now)?);
+        }
+        let n = self
+            .store
+            .writer()
+            .alert(AlertOp::Enqueue {
+                entries,
+                firing: fire,
+                resolved: resolve,
+            })
+            .await?;
+        if n > 0 {
+            self.wake.notify_one();
+        }
+        Ok(n)
+    }
+
+    /// One outbox row per channel that accepts `m`, under `<key>#<channel>`.
+    fn entries(
+        &self,
+        m: &Message,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEntry>, AlertError> {
+        let json = to_json(m)?;
+        Ok(self
+            .outbox
+            .channels()
+            .iter()
+            .filter(|c| accepts(c.options(), m))
+            .map(|c| NewEntry {
+                dedup_key: format!("{key}#{}", c.name()),
+                channel: c.name().to_owned(),
+                message: json.clone(),
+                created_at: now,
+            })
+            .collect())
+    }
+
+    /// Burn rates, stale heartbeats and reminders at `now`.
+    pub async fn evaluate(&self, now: DateTime<Utc>) -> Result<u64, AlertError> {
+        let routes: Vec<(crate::route::RouteId, f64)> =
+            self.routes.iter().map(|r| (r.id.clone(), r.slo)).collect();
+        let (windows, beats, firing) = self
+            .blocking(move |r| {
+                let mut w = Vec::new();
+                for (id, slo) in routes {
+                    w.push((id.clone(), slo, burn::read_windows(&r, &id, now)?));
+                }
+                Ok((w, r.heartbeats()?, r.alert_firing()?))
+            })
+            .await?;
+        let firing_keys: HashMap<&str, &FiringRow> =
+            firing.iter().map(|f| (f.key.as_str(), f)).collect();
+        let min_failures = u64::from(self.config.detection.min_failures);
+        let mut drafts = Vec::new();
+        for (route, slo, w) in &windows {
+            let key = format!("burn:{route}");
+            let verdict = burn::evaluate(route, *slo, w, min_failures);
+            let was: Option<Message> = firing_keys
+                .get(key.as_str())
+                .and_then(|f| serde_json::from_str(&f.message).ok());
+            let was_page = match was.as_ref().map(|m| &m.subject) {
+                Some(Subject::BurnRate(b)) => Some(b.page),
+                _ => None,
+            };
+            match (verdict, was) {
+                (Some(b), None) => drafts.push(burn_draft(b, key, now, Status::Firing)),
+                (Some(b), Some(_)) if was_page == Some(false) && b.page => {
+                    drafts.push(burn_draft(b, key, now, Status::Firing))
+                }
+                (None, Some(m)) => {
+                    if let Subject::BurnRate(b) = m.subject {
+                        drafts.push(burn_draft(b, key, now, Status::Resolved));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for job in &self.jobs {
+            let key = format!("heartbeat:{job}");
+            let at = beats.iter().find(|(j, _)| j == job).map(|(_, t)| *t);
+            let stale = at.is_some_and(|t| now - t > HEARTBEAT_STALE_AFTER);
+            let firing = firing_keys.contains_key(key.as_str());
+            if stale != firing {
+                let silent_s =
+                    at.map_or(0, |t| u64::try_from((now - t).num_seconds()).unwrap_or(0));
+                let status = if stale {
+                    Status::Firing
+                } else {
+                    Status::Resolved
+                };
+                drafts.push(Draft {
+                    message: Message {
+                        key: format!(
+                            "{key}:{}@{}",
+                            if stale { "stale" } else { "resolved" },
+                            now.timestamp_millis()
+                        ),
+                        severity: Severity::Critical,
+                        status,
+                        subject: Subject::Heartbeat {
+                            job: job.clone(),
+                            silent_s,
+                        },
+                        at: now,
+                        items: Vec::new(),
+                        related: Vec::new(),
+                        note: None,
+                    },
+                    item_keys: Vec::new(),
+                    key: Some(key),
+                });
+            }
+        }
+        let mut n = self.enqueue(drafts, now).await?;
+        n += self.reminders(&firing, now).await?;
+        if let Err(e) = self
+            .store
+            .writer()
+            .alert(AlertOp::Prune {
+                before: now - KEEP_DONE,
+            })
+            .await
+        {
+            tracing::warn!(error = %e, "cannot prune old alert rows");
+        }
+        Ok(n)
+    }
+
+    /// `repeat_interval` reminders: the k-th reminder of a firing message goes out once
+    /// `k·repeat_interval` after it opened (dedup key `…#remind<k>#<channel>`: exactly once).
+    async fn reminders(&self, firing: &[FiringRow], now: DateTime<Utc>) -> Result<u64, AlertError> {
+        let mut entries = Vec::new();
+        let mut seen = HashSet::new();
+        for f in firing {
+            let Ok(mut m) = serde_json::from_str::<Message>(&f.message) else {
+                continue;
+            };
+            if !seen.insert(m.key.clone()) {
+                continue;
+            }
+            m.status = Status::Reminder;
+            let json = to_json(&m)?;
+            for c in self.outbox.channels() {
+                let Some(every) = c.options().repeat_interval else {
+                    continue;
+                };
+                let Ok(every) = chrono::Duration::from_std(every) else {
+                    continue;
+                };
+                let k = (now - f.opened_at).num_milliseconds() / every.num_milliseconds().max(1);
+                if k < 1 || !accepts(c.options(), &m) {
+                    continue;
+                }
+                entries.push(NewEntry {
+                    dedup_key: format!("{}#remind{k}#{}", m.key, c.name()),
+                    channel: c.name().to_owned(),
+                    message: json.clone(),
+                    created_at: now,
+                });
+            }
+        }
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        let n = self
+            .store
+            .writer()
+            .alert(AlertOp::Enqueue {
+                entries,
+                firing: Vec::new(),
+                resolved: Vec::new(),
+            })
+            .await?;
+        if n > 0 {
+            self.wake.notify_one();
+        }
+        Ok(n)
+    }
+
+    /// Sends what is due now.
+    pub async fn deliver(&self) -> Result<super::outbox::Round, AlertError> {
+        self.outbox.deliver_due(self.clock.now()).await
+    }
+}
+
+fn burn_draft(b: burn::BurnAlert, key: String, now: DateTime<Utc>, status: Status) -> Draft {
+    let kind = if b.page { "page" } else { "ticket" };
+    let severity = if b.page {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    };
+    let tag = if status == Status::Resolved {
+        "resolved"
+    } else {
+        kind
+    };
+    Draft {
+        message: Message {
+            key: format!("{key}:{tag}@{}", now.timestamp_millis()),
+            severity,
+            status,
+            at: now,
+            items: Vec::new(),
+            related: vec![b.route.clone()],
+            subject: Subject::BurnRate(b),
+            note: None,
+        },
+        item_keys: Vec::new(),
+        key: Some(key),
+    }
+}
+
+fn to_json(m: &Message) -> Result<String, AlertError> {
+    serde_json::to_string(m)
+        .map_err(|e| AlertError::Store(format!("cannot serialise a message: {e}")))
+}
+
+/// Runs the alert engine until `shutdown`: events → grouped drafts → outbox; a sub-task
+/// delivers. On shutdown what is gathered but not yet grouped is written to the outbox, so
+/// the next start sends it. A lagging event receiver logs how much it missed and goes on.
+pub async fn run(
+    service: Arc<AlertService>,
+    mut events: broadcast::Receiver<HealthEvent>,
+    shutdown: CancellationToken,
+) {
+    let sender = tokio::spawn(deliver_loop(service.clone(), shutdown.clone()));
+    let mut grouper = service.grouper();
+    let immediate = service.config.alerting.group_wait.is_zero();
+    let mut evaluate = tokio::time::interval(EVALUATE_EVERY);
+    evaluate.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut open = true;
+    loop {
+        let wait = grouper
+            .deadline()
+            .map(|d| (d - service.clock.now()).to_std().unwrap_or(Duration::ZERO));
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            ev = events.recv(), if open => match ev {
+                Ok(ev) => {
+                    let now = service.clock.now();
+                    grouper.push(ev, now);
+                    // Whatever else already arrived belongs to the same moment.
+                    while let Ok(ev) = events.try_recv() {
+                        grouper.push(ev, now);
+                    }
+                    if immediate {
+                        flush(&service, &mut grouper).await;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "alert engine fell behind the health events; some transitions were not alerted");
+                }
+                Err(broadcast::error::RecvError::Closed) => open = false,
+            },
+            _ = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {
+                flush(&service, &mut grouper).await;
+            }
+            _ = evaluate.tick() => {
+                if let Err(e) = service.evaluate(service.clock.now()).await {
+                    tracing::error!(error = %e, "alert evaluation (burn rates, heartbeats, reminders) failed");
+                }
+            }
+        }
+    }
+    if !grouper.is_empty() {
+        flush(&service, &mut grouper).await;
+    }
+    let _ = sender.await;
+}
+
+async fn flush(service: &AlertService, grouper: &mut Grouper) {
+    let now = service.clock.now();
+    let drafts = grouper.flush(now);
+    if let Err(e) = service.enqueue(drafts, now).await {
+        tracing::error!(error = %e, "cannot write alerts to the outbox");
+    }
+}
+
+async fn deliver_loop(service: Arc<AlertService>, shutdown: CancellationToken) {
+    loop {
+        match service.deliver().await {
+            Ok(r) if r != super::outbox::Round::default() => {
+                tracing::debug!(?r, "alert delivery round");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "alert delivery round failed"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = service.wake.notified() => {}
+            _ = tokio::time::sleep(DELIVERY_POLL) => {}
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! From health events to messages: what fired together within `group_wait` goes out together.
+//!
+//! Pure: [`Grouper::push`] takes events with their arrival time, [`Grouper::flush`] turns what
+//! was gathered into [`Draft`]s. The rules, in order:
+//!
+//! - **Transitions** become route items: to WARNING (`info`, `warning` for a behaviour change),
+//!   DEGRADED (`warning`), CRITICAL/SWITCHED (`critical`) fire; back to NORMAL/UNKNOWN with the
+//!   incident closed resolves it (peak severity, duration). WARNING → NORMAL says nothing.
+//! - **Flapping**: a route with [`FLAP_TRANSITIONS`] or more transitions in [`FLAP_WINDOW`] gets
+//!   one summary per window instead of its firing items (resolutions still go through, so what
+//!   was announced is closed).
+//! - **Egress** inhibits: while an `egress` finding holds, firing items of the routes it names
+//!   are dropped — the one egress message explains them.
+//! - **Grouping**: two or more items of one provider (firing, or resolved) make one message
+//!   listing the routes; a lone item makes a route message.
+//!
+//! Every draft carries the firing-state keys it opens or closes (`incident:<id>`, `egress`):
+//! the engine records them in the store and only sends a resolution for what is firing.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use chrono::{DateTime, Utc};
+
+use super::render::key_digest;
+use super::{EvidenceLine, Message, RouteItem, Severity, Status, Subject};
+use crate::health::{FailureMode, Finding, FindingKind, HealthEvent, Incident, State, Transition};
+use crate::route::{Route, RouteId};
+
+/// Transitions within [`FLAP_WINDOW`] that make a route "flapping".
+pub const FLAP_TRANSITIONS: usize = 6;
+/// The flapping window (also: at most one flapping summary per route per window).
+pub const FLAP_WINDOW: chrono::Duration = chrono::Duration::minutes(30);
+
+/// A message and the firing state it touches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Draft {
+    pub message: Message,
+    /// Per item (same order): the state key it fires or resolves (`None`: no state, e.g. a
+    /// WARNING without an incident).
+    pub item_keys: Vec<Option<String>>,
+    /// A message-level state key (egress).
+    pub key: Option<String>,
+}
+
+impl Draft {
+    fn new(message: Message, item_keys: Vec<Option<String>>, key: Option<String>) -> Self {
+        Self {
+            message,
+            item_keys,
+            key,
+        }
+    }
+}
+
+/// Gathers events and decides what to say.
+#[derive(Debug)]
+pub struct Grouper {
+    group_wait: chrono::Duration,
+    /// `serves (tier)` per route, for "affected logical models".
+    serves: HashMap<RouteId, Vec<String>>,
+    pending: Vec<HealthEvent>,
+    first_at: Option<DateTime<Utc>>,
+    egress: Option<Finding>,
+    flaps: HashMap<RouteId, VecDeque<DateTime<Utc>>>,
+    flap_summarised: HashMap<RouteId, DateTime<Utc>>,
+}
+
+impl Grouper {
+    pub fn new(group_wait: std::time::Duration, routes: &[Route]) -> Self {
+        let mut serves: HashMap<RouteId, Vec<String>> = HashMap::new();
+        for r in routes {
+            serves.entry(r.id.clone()).or_default().push(format!(
+                "{} ({})",
+                r.serves,
+                r.tier.as_str()
+            ));
+        }
+        Self {
+            group_wait: chrono::Duration::from_std(group_wait).unwrap_or(chrono::Duration::MAX),
+            serves,
+            pending: Vec::new(),
+            first_at: None,
+            egress: None,
+            flaps: HashMap::new(),
+            flap_summarised: HashMap::new(),
+        }
+    }
+
+    /// Adds an event that arrived at `now`.
+    pub fn push(&mut self, event: HealthEvent, now: DateTime<Utc>) {
+        if let HealthEvent::Transition { transition, .. } = &event {
+            let q = self.flaps.entry(transition.route.clone()).or_default();
+            q.push_back(transition.at);
+            while q.len() > FLAP_TRANSITIONS * 4 {
+                q.pop_front();
+            }
+        }
+        self.first_at.get_or_insert(now);
+        self.pending.push(event);
+    }
+
+    /// When what is gathered should go out (`None` with nothing gathered).
+    pub fn deadline(&self) -> Option<DateTime<Utc>> {
+        self.first_at.map(|t| t + self.group_wait)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    fn flapping(&self, route: &RouteId, now: DateTime<Utc>) -> usize {
+        self.flaps
+            .get(route)
+            .map_or(0, |q| q.iter().filter(|t| now - **t < FLAP_WINDOW).count())
+    }
+
+    /// Turns everything gathered into drafts (possibly none) and starts a new group.
+    pub fn flush(&mut self, now: DateTime<Utc>) -> Vec<Draft> {
+        let events = std::mem::take(&mut self.pending);
+        self.first_at = None;
+        let mut drafts = Vec::new();
+        let mut firing: Vec<(Severity, RouteItem, Option<String>)> = Vec::new();
+        let mut resolved: Vec<(Severity, RouteItem, Option<String>)> = Vec::new();
+        let mut flap_items: BTreeMap<RouteId, (Severity, RouteItem)> = BTreeMap::new();
+
+        for event in events {
+            match event {
+                HealthEvent::Transition {
+                    transition,
+                    incident,
+                } => {
+                    let t = *transition;
+                    let incident = incident.map(|b| *b);
+                    match classify(&t, incident.as_ref()) {
+                        Kind::Fire(sev) => {
+                            let item = self.item(&t, incident.as_ref());
+                            let key = t.incident_id.as_ref().map(|id| format!("incident:{id}"));
+                            if self.flapping(&t.route, now) >= FLAP_TRANSITIONS {
+                                let e = flap_items
+                                    .entry(t.route.clone())
+                                    .or_insert((sev, item.clone()));
+                                e.0 = e.0.max(sev);
+                                e.1 = item;
+                            } else {
+                                firing.push((sev, item, key));
+                            }
+                        }
+                        Kind::Resolve(sev) => {
+                            let item = self.item(&t, incident.as_ref());
+                            let key = t.incident_id.as_ref().map(|id| format!("incident:{id}"));
+                            resolved.push((sev, item, key));
+                        }
+                        Kind::Nothing => {}
+                    }
+                }
+                HealthEvent::FindingOpened { finding, at } => match finding.kind {
+                    FindingKind::Egress => {
+                        drafts.push(Draft::new(
+                            Message {
+                                key: format!("egress@{}", at.timestamp_millis()),
+                                severity: Severity::Critical,
+                                status: Status::Firing,
+                                subject: Subject::Egress {
+                                    providers: finding.providers.clone(),
+                                },
+                                at,
+                                items: Vec::new(),
+                                related: finding.routes.clone(),
+                                note: Some(finding.text.clone()),
+                            },
+                            Vec::new(),
+                            Some("egress".into()),
+                        ));
+                        self.egress = Some(finding);
+                    }
+                    FindingKind::RequestSide => {
+                        let route = finding.routes.first().map(ToString::to_string);
+                        drafts.push(Draft::new(
+                            Message {
+                                key: format!(
+                                    "request_side:{}@{}",
+                                    route.unwrap_or_default(),
+                                    at.timestamp_millis()
+                                ),
+                                severity: Severity::Warning,
+                                status: Status::Firing,
+                                subject: Subject::RequestSide,
+                                at,
+                                items: Vec::new(),
+                                related: finding.routes.clone(),
+                                note: Some(finding.text.clone()),
+                            },
+                            Vec::new(),
+                            None,
+                        ));
+                    }
+                },
+                HealthEvent::FindingClosed { finding, at } => {
+                    if finding.kind == FindingKind::Egress {
+                        self.egress = None;
+                        drafts.push(Draft::new(
+                            Message {
+                                key: format!("egress:resolved@{}", at.timestamp_millis()),
+                                severity: Severity::Critical,
+                                status: Status::Resolved,
+                                subject: Subject::Egress {
+                                    providers: finding.providers.clone(),
+                                },
+                                at,
+                                items: Vec::new(),
+                                related: finding.routes.clone(),
+                                note: Some(finding.text.clone()),
+                            },
+                            Vec::new(),
+                            Some("egress".into()),
+                        ));
+                    }
+                }
+            }
+        }
+
+        // Egress inhibits the per-route messages it explains.
+        if let Some(e) = &self.egress {
+            firing.retain(|(_, item, _)| !e.routes.contains(&item.route));
+            flap_items.retain(|route, _| !e.routes.contains(route));
+        }
+
+        for (route, (sev, item)) in flap_items {
+            let recent = self
+                .flap_summarised
+                .get(&route)
+                .is_some_and(|t| now - *t < FLAP_WINDOW);
+            if recent {
+                continue;
+            }
+            self.flap_summarised.insert(route.clone(), now);
+            let n = self.flapping(&route, now);
+            let window = (now.timestamp() / FLAP_WINDOW.num_seconds()).max(0);
+            drafts.push(Draft::new(
+                Message {
+                    key: format!("flapping:{route}@{window}"),
+                    severity: sev.max(Severity::Warning),
+                    status: Status::Firing,
+                    subject: Subject::Flapping {
+                        transitions: u32::try_from(n).unwrap_or(u32::MAX),
+                        window_s: u64::try_from(FLAP_WINDOW.num_seconds()).unwrap_or(0),
+                    },
+                    at: item.at,
+                    items: vec![item],
+                    related: Vec::new(),
+                    note: None,
+                },
+                vec![None],
+                None,
+            ));
+        }
+        drafts.extend(group(firing, Status::Firing));
+        drafts.extend(group(resolved, Status::Resolved));
+        drafts
+    }
+
+    fn item(&self, t: &Transition, incident: Option<&Incident>) -> RouteItem {
+        let e = &t.evidence;
+        let (observed_ms, error, http_status) = match &e.observed {
+            Some(o) => (
+                o.success.then_some(o.total_ms),
+                o.error.clone(),
+                o.http_status,
+            ),
+            None => (None, None, None),
+        };
+        let evidence = EvidenceLine {
+            bucket: e.baseline.as_ref().map(|b| b.bucket.clone()),
+            baseline_mean_ms: e.baseline.as_ref().map(|b| b.mean_ms),
+            baseline_stddev_ms: e.baseline.as_ref().map(|b| b.stddev_ms),
+            baseline_samples: e.baseline.as_ref().map(|b| b.samples),
+            threshold_ms: e.baseline.as_ref().map(|b| b.threshold_ms),
+            observed_ms,
+            error,
+            http_status,
+            error_total: e.error_rate.total,
+            error_failures: e.error_rate.failures,
+            error_window_s: e.error_rate.window_s,
+        };
+        RouteItem {
+            route: t.route.clone(),
+            serves: self.serves.get(&t.route).cloned().unwrap_or_default(),
+            from: t.from,
+            to: t.to,
+            at: t.at,
+            reason_code: t.reason.code.clone(),
+            reason_text: t.reason.text.clone(),
+            failure_mode: t.failure_mode.or(incident.and_then(|i| i.failure_mode)),
+            evidence: Some(evidence),
+            incident_id: t.incident_id.clone(),
+            opened_at: incident.map(|i| i.opened_at),
+            closed_at: incident.and_then(|i| i.closed_at),
+            peak: incident.map(|i| i.peak),
+            shifted: None,
+        }
+    }
+}
+
+enum Kind {
+    Fire(Severity),
+    Resolve(Severity),
+    Nothing,
+}
+
+fn classify(t: &Transition, incident: Option<&Incident>) -> Kind {
+    match t.to {
+        State::Normal | State::Unknown => match incident {
+            Some(i) if i.closed_at.is_some() => {
+                Kind::Resolve(Severity::of_state(i.peak).unwrap_or(Severity::Warning))
+            }
+            _ => Kind::Nothing,
+        },
+        to => {
+            let Some(mut sev) = Severity::of_state(to) else {
+                return Kind::Nothing;
+            };
+            // A behaviour change is a drift signal: `warning` per SPEC, though it stays WARNING.
+            if t.failure_mode == Some(FailureMode::BehaviorChanged) {
+                sev = sev.max(Severity::Warning);
+            }
+            // Stepping down inside an incident (e.g. CRITICAL → DEGRADED) is not news.
+            let from = Severity::of_state(t.from);
+            if t.from.is_incident() && from.is_some_and(|f| f > sev) {
+                return Kind::Nothing;
+            }
+            Kind::Fire(sev)
+        }
+    }
+}
+
+fn item_key(status: Status, item: &RouteItem) -> String {
+    match (&item.incident_id, status) {
+        (Some(id), Status::Resolved) => format!("{id}:resolved"),
+        (Some(id), _) => format!("{id}:{}", item.to),
+        (None, _) => format!("{}@{}:{}", item.route, item.at.timestamp_millis(), item.to),
+    }
+}
+
+/// Two or more items of one provider → one message; else one message per item.
+fn group(items: Vec<(Severity, RouteItem, Option<String>)>, status: Status) -> Vec<Draft> {
+    let mut by_provider: BTreeMap<String, Vec<(Severity, RouteItem, Option<String>)>> =
+        BTreeMap::new();
+    for x in items {
+        by_provider
+            .entry(x.1.route.split().0.to_owned())
+            .or_default()
+            .push(x);
+    }
+    let mut out = Vec::new();
+    for (provider, mut items) in by_provider {
+        items.sort_by(|a, b| a.1.route.cmp(&b.1.route));
+        items.dedup_by(|a, b| a.1.route == b.1.route && a.1.to == b.1.to);
+        if items.len() == 1 {
+            let (sev, item, key) = items.remove(0);
+            out.push(Draft::new(
+                Message {
+                    key: item_key(status, &item),
+                    severity: sev,
+                    status,
+                    subject: Subject::Route,
+                    at: item.at,
+                    items: vec![item],
+                    related: Vec::new(),
+                    note: None,
+                },
+                vec![key],
+                None,
+            ));
+            continue;
+        }
+        let severity = items.iter().map(|x| x.0).max().unwrap_or(Severity::Warning);
+        let at = items.iter().map(|x| x.1.at).max().unwrap_or_default();
+        let keys: Vec<String> = items.iter().map(|x| item_key(status, &x.1)).collect();
+        let tag = if status == Status::Resolved {
+            "resolved"
+        } else {
+            "firing"
+        };
+        let (item_keys, route_items): (Vec<_>, Vec<_>) =
+            items.into_iter().map(|x| (x.2, x.1)).unzip();
+        out.push(Draft::new(
+            Message {
+                key: format!("provider:{provider}:{tag}:{}", key_digest(&keys.join("\n"))),
+                severity,
+                status,
+                subject: Subject::Provider { provider },
+                at,
+                items: route_items,
+                related: Vec::new(),
+                note: None,
+            },
+            item_keys,
+            None,
+        ));
+    }
+    out
+}

@@ -1,0 +1,463 @@
+//! Alerts: health events in, messages to DingTalk, Feishu/Lark, email and webhooks out —
+//! never lost, never spammed, readable at 4 a.m.
+//!
+//! The flow, inside [`run`] (one task):
+//!
+//! 1. [`group`]: transitions and findings collected for `[alerting] group_wait`, then turned
+//!    into [`Message`]s — a provider-wide failure is one message listing its routes, an egress
+//!    finding inhibits the per-route messages it explains, a flapping route is summarised.
+//! 2. [`maintenance`]: `[[maintenance]]` windows and silences (admin API) drop what they cover.
+//! 3. [`outbox`]: every message is written, per channel whose `min_severity` it reaches, to a
+//!    SQLite outbox under a dedup key, *then* delivered with exponential backoff and jitter
+//!    (at least once; a restart resumes what is pending; past [`outbox::MAX_AGE`] it is
+//!    dropped with a log line and a counter).
+//! 4. Channels ([`Notifier`]): [`dingtalk`], [`feishu`], [`email`], [`webhook`]. Robots are
+//!    signed at *send* time (signatures expire) and their HTTP-200 error bodies are failures.
+//!
+//! Beside it, once a minute: SLO burn-rate alerts ([`burn`], from the store's rollups) and
+//! reminders (`repeat_interval`). Which alerts are firing lives in the store (`alert_state`),
+//! so a resolved message still goes out after a restart.
+//!
+//! [`render`] writes the text (zh and en): what happened, since when, the evidence against the
+//! baseline, the failure mode, affected logical models, traffic, the route page and runbook.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod burn;
+pub mod dingtalk;
+pub mod email;
+pub mod engine;
+pub mod feishu;
+pub mod group;
+pub mod maintenance;
+pub mod outbox;
+pub mod render;
+pub mod silences;
+pub mod webhook;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ChannelOptions, Config};
+use crate::health::{FailureMode, State};
+use crate::route::RouteId;
+
+pub use engine::{run, AlertService};
+
+/// How urgent a message is (SPEC "Severities"): `info` WARNING; `warning` DEGRADED, drift,
+/// burn-rate tickets; `critical` CRITICAL, SWITCHED, egress, stale heartbeats, burn-rate pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "info" => Some(Self::Info),
+            "warning" => Some(Self::Warning),
+            "critical" => Some(Self::Critical),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+
+    /// The severity a route reaching `state` carries (`None`: nothing to alert).
+    pub fn of_state(state: State) -> Option<Self> {
+        match state {
+            State::Warning => Some(Severity::Info),
+            State::Degraded => Some(Severity::Warning),
+            State::Critical | State::Switched => Some(Severity::Critical),
+            State::Unknown | State::Normal => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Severity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The language a channel's messages are written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lang {
+    Zh,
+    En,
+}
+
+impl Lang {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "zh" => Some(Self::Zh),
+            "en" => Some(Self::En),
+            _ => None,
+        }
+    }
+}
+
+/// Firing, resolved, a reminder of something still firing, or `alert test`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Firing,
+    Resolved,
+    Reminder,
+    Test,
+}
+
+/// What a message is about.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Subject {
+    /// One route (`items` has one entry).
+    Route,
+    /// Several routes of one provider at once (`items` lists them).
+    Provider { provider: String },
+    /// Our own egress fails, not the providers (`items` lists the routes it explains).
+    Egress { providers: Vec<String> },
+    /// Probes fine while real traffic fails: the requests, not the provider.
+    RequestSide,
+    /// A route changing state again and again, summarised.
+    Flapping { transitions: u32, window_s: u64 },
+    /// The SLO error budget burns too fast.
+    BurnRate(burn::BurnAlert),
+    /// A scheduled job stopped beating.
+    Heartbeat { job: String, silent_s: u64 },
+    /// `probeok alert test`.
+    Test,
+}
+
+/// One route inside a message, with everything a reader needs to act.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteItem {
+    pub route: RouteId,
+    /// The logical models (`serves`) the route carries, with its tier (`chat-main (primary)`).
+    pub serves: Vec<String>,
+    pub from: State,
+    pub to: State,
+    /// When the route entered `to`.
+    pub at: DateTime<Utc>,
+    pub reason_code: String,
+    pub reason_text: String,
+    pub failure_mode: Option<FailureMode>,
+    /// One line of numbers against the baseline (bucket, mean ± σ, threshold, error rate).
+    pub evidence: Option<EvidenceLine>,
+    pub incident_id: Option<String>,
+    pub opened_at: Option<DateTime<Utc>>,
+    pub closed_at: Option<DateTime<Utc>>,
+    pub peak: Option<State>,
+    /// Whether traffic was moved off the route: `None` while no switch controller reports it.
+    pub shifted: Option<bool>,
+}
+
+/// The numbers a transition was decided on, kept small and language-neutral.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvidenceLine {
+    pub bucket: Option<String>,
+    pub baseline_mean_ms: Option<f64>,
+    pub baseline_stddev_ms: Option<f64>,
+    pub baseline_samples: Option<usize>,
+    pub threshold_ms: Option<f64>,
+    pub observed_ms: Option<f64>,
+    pub error: Option<String>,
+    pub http_status: Option<u16>,
+    pub error_total: u32,
+    pub error_failures: u32,
+    pub error_window_s: u64,
+}
+
+/// A message before it is written for a channel: stored as JSON in the outbox, rendered in the
+/// channel's language at send time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Stable across restarts for the same alert; the outbox dedup key is `key#channel`.
+    pub key: String,
+    pub severity: Severity,
+    pub status: Status,
+    pub subject: Subject,
+    pub at: DateTime<Utc>,
+    pub items: Vec<RouteItem>,
+    /// Routes concerned without a state change of their own (egress, request-side findings).
+    #[serde(default)]
+    pub related: Vec<RouteId>,
+    /// A finding's or summary's own sentence.
+    pub note: Option<String>,
+}
+
+impl Message {
+    /// Route ids the message is about (for silences and maintenance).
+    pub fn routes(&self) -> Vec<&RouteId> {
+        self.items
+            .iter()
+            .map(|i| &i.route)
+            .chain(self.related.iter())
+            .collect()
+    }
+}
+
+/// What a receiver answered to one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    pub status: u16,
+    /// The receiver's body, cut to a few hundred characters.
+    pub body: String,
+}
+
+/// Why a delivery failed. Never holds a webhook URL, token or secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AlertError {
+    /// No answer: connect, TLS, timeout (the URL is stripped).
+    #[error("transport: {0}")]
+    Transport(String),
+    /// An answer that is not a success (HTTP status, or DingTalk/Feishu error code in a 200).
+    #[error("rejected: HTTP {status}: {body}")]
+    Rejected { status: u16, body: String },
+    /// The channel cannot be used as configured (a bad SMTP URL, a missing variable).
+    #[error("config: {0}")]
+    Config(String),
+    #[error("store: {0}")]
+    Store(String),
+}
+
+impl From<crate::store::StoreError> for AlertError {
+    fn from(e: crate::store::StoreError) -> Self {
+        AlertError::Store(e.to_string())
+    }
+}
+
+/// Links and display settings every rendering needs.
+#[derive(Debug, Clone)]
+pub struct RenderCtx {
+    /// `server.public_url` without a trailing slash.
+    pub public_url: String,
+    pub runbook_url: Option<String>,
+    /// Times are shown in this zone too (`[detection] timezone`).
+    pub timezone: chrono_tz::Tz,
+}
+
+impl RenderCtx {
+    pub fn from_config(c: &Config) -> Self {
+        Self {
+            public_url: c.server.public_url.trim_end_matches('/').to_owned(),
+            runbook_url: c.alerting.runbook_url.clone(),
+            timezone: c.detection.timezone,
+        }
+    }
+}
+
+/// A place messages go. Implementations render, sign (at send time, with `now`) and post; a
+/// success is only what the receiver confirms (`errcode == 0`, `code == 0`, 2xx, `250`).
+pub trait Notifier: Send + Sync {
+    /// `dingtalk[0]`, `email[1]`, …: the config table it came from (no URL, no secret).
+    fn name(&self) -> &str;
+    fn options(&self) -> &ChannelOptions;
+    /// Most messages per minute the receiver accepts (DingTalk: 20); `None` for no limit.
+    fn per_minute(&self) -> Option<u32> {
+        None
+    }
+    fn send<'a>(
+        &'a self,
+        message: &'a Message,
+        ctx: &'a RenderCtx,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Receipt, AlertError>>;
+}
+
+/// Whether a channel takes a message: severity at least `min_severity`; resolved messages only
+/// with `send_resolved`.
+pub fn accepts(options: &ChannelOptions, m: &Message) -> bool {
+    if m.status == Status::Test {
+        return true;
+    }
+    if m.status == Status::Resolved && !options.send_resolved {
+        return false;
+    }
+    m.severity >= options.min_severity
+}
+
+/// Builds every configured channel, reading its variables now. Errors name the channel and
+/// the variable, never a value.
+pub fn channels(c: &Config) -> Result<Vec<Arc<dyn Notifier>>, AlertError> {
+    let http = http_client()?;
+    let mut out: Vec<Arc<dyn Notifier>> = Vec::new();
+    for (i, r) in c.alert.dingtalk.iter().enumerate() {
+        out.push(Arc::new(dingtalk::DingTalk::from_config(
+            format!("dingtalk[{i}]"),
+            r,
+            http.clone(),
+        )?));
+    }
+    for (i, r) in c.alert.feishu.iter().enumerate() {
+        out.push(Arc::new(feishu::Feishu::from_config(
+            format!("feishu[{i}]"),
+            r,
+            http.clone(),
+        )?));
+    }
+    for (i, e) in c.alert.email.iter().enumerate() {
+        out.push(Arc::new(email::Email::from_config(
+            format!("email[{i}]"),
+            e,
+        )?));
+    }
+    for (i, w) in c.alert.webhook.iter().enumerate() {
+        out.push(Arc::new(webhook::Webhook::from_config(
+            format!("webhook[{i}]"),
+            w,
+            http.clone(),
+        )?));
+    }
+    Ok(out)
+}
+
+/// The HTTP client every webhook-style channel shares.
+pub fn http_client() -> Result<reqwest::Client, AlertError> {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .build()
+        .map_err(|e| AlertError::Config(format!("http client: {}", e.without_url())))
+}
+
+/// Reads a channel's variable; the error names the variable only.
+pub(crate) fn env_secret(channel: &str, var: &str) -> Result<crate::secret::Secret, AlertError> {
+    crate::secret::Secret::from_env(var).ok_or_else(|| {
+        AlertError::Config(format!(
+            "{channel}: environment variable {var} is not set (or empty)"
+        ))
+    })
+}
+
+/// Posts JSON and returns the status and body; transport errors lose their URL.
+pub(crate) async fn post_json(
+    http: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    headers: &[(&str, String)],
+) -> Result<(u16, String), AlertError> {
+    let mut req = http
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body);
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| AlertError::Transport(e.without_url().to_string()))?;
+    let status = resp.status().as_u16();
+    let text = resp
+        .text()
+        .await
+        .map_err(|e| AlertError::Transport(e.without_url().to_string()))?;
+    Ok((status, cut(&text, 300)))
+}
+
+/// At most `n` characters, with `…` when cut.
+pub(crate) fn cut(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(n).collect();
+        out.push('…');
+        out
+    }
+}
+
+/// `probeok_alerts_total{channel,result}`: `delivered`, `failed` (one failed attempt),
+/// `dropped` (past the maximum age), `suppressed` (maintenance or silence).
+#[derive(Debug, Default)]
+pub struct AlertMetrics {
+    counts: Mutex<BTreeMap<(String, &'static str), u64>>,
+}
+
+impl AlertMetrics {
+    pub fn add(&self, channel: &str, result: &'static str) {
+        let mut m = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((channel.to_owned(), result)).or_default() += 1;
+    }
+
+    pub fn get(&self, channel: &str, result: &'static str) -> u64 {
+        let m = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&(channel.to_owned(), result)).copied().unwrap_or(0)
+    }
+
+    /// Every `(channel, result) → count`, for `/metrics`.
+    pub fn snapshot(&self) -> Vec<(String, &'static str, u64)> {
+        let m = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        m.iter().map(|((c, r), n)| (c.clone(), *r, *n)).collect()
+    }
+}
+
+/// The test message `probeok alert test` sends.
+pub fn test_message(now: DateTime<Utc>) -> Message {
+    Message {
+        key: format!("test@{}", now.timestamp_millis()),
+        severity: Severity::Info,
+        status: Status::Test,
+        subject: Subject::Test,
+        at: now,
+        items: Vec::new(),
+        related: Vec::new(),
+        note: None,
+    }
+}
+
+/// `probeok alert test`: sends the test message to each channel (or channel `only`, 0-based
+/// over all channels in the order dingtalk, feishu, email, webhook) and returns each
+/// channel's name and what its receiver answered.
+pub async fn send_test(
+    c: &Config,
+    only: Option<usize>,
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, Result<Receipt, AlertError>)>, AlertError> {
+    let channels = channels(c)?;
+    if let Some(n) = only {
+        if n >= channels.len() {
+            return Err(AlertError::Config(format!(
+                "--channel {n}: there are {} channel(s) (0-based)",
+                channels.len()
+            )));
+        }
+    }
+    let ctx = RenderCtx::from_config(c);
+    let message = test_message(now);
+    let mut out = Vec::new();
+    for (i, ch) in channels.iter().enumerate() {
+        if only.is_some_and(|n| n != i) {
+            continue;
+        }
+        let r = ch.send(&message, &ctx, now).await;
+        out.push((ch.name().to_owned(), r));
+    }
+    Ok(out)
+}
+
+/// HMAC-SHA256 of `message` under `key`.
+pub(crate) fn hmac_sha256(key: &[u8], message: &[u8]) -> Vec<u8> {
+    use hmac::{Hmac, Mac};
+    // HMAC accepts keys of any length; `new_from_slice` cannot fail for it.
+    let mut mac = match Hmac::<sha2::Sha256>::new_from_slice(key) {
+        Ok(m) => m,
+        Err(_) => return Vec::new(),
+    };
+    mac.update(message);
+    mac.finalize().into_bytes().to_vec()
+}

@@ -1,0 +1,280 @@
+//! The persisted outbox's sending side. Rows are written by the engine (one per message and
+//! channel, under `<message key>#<channel>`, ignored when the key exists); this sends what is
+//! due, oldest first, and records each result:
+//!
+//! - a receiver-confirmed success → `delivered` (never sent again, across restarts);
+//! - a failure → attempt counted, next try after [`backoff`] (exponential with jitter); the
+//!   channel's other due rows wait for the next round instead of hammering a dead receiver;
+//! - over the channel's per-minute limit (DingTalk: 20) → deferred, no attempt counted;
+//! - older than [`MAX_AGE`] → `dropped`, with a log line and `probeok_alerts_total{result=dropped}`.
+//!
+//! A crash between a send and its record repeats that one message after the restart; nothing
+//! recorded delivered is repeated and nothing pending is lost.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+
+use super::{AlertError, AlertMetrics, Message, Notifier, RenderCtx};
+use crate::store::alerts::{AlertOp, OutboxRow};
+use crate::store::Store;
+
+/// A message still undelivered this long after it was written is given up.
+pub const MAX_AGE: chrono::Duration = chrono::Duration::hours(24);
+/// First retry after about this long…
+pub const BACKOFF_BASE: chrono::Duration = chrono::Duration::seconds(5);
+/// …doubling per attempt up to this.
+pub const BACKOFF_CAP: chrono::Duration = chrono::Duration::minutes(10);
+/// Rows read per round.
+const BATCH: usize = 200;
+
+/// The wait after `attempts` failed attempts (1-based): `min(cap, base·2^(attempts−1))`, of
+/// which the upper half is jittered by `jitter` ∈ [0, 1] ("equal jitter": never less than half).
+pub fn backoff(attempts: u32, jitter: f64) -> chrono::Duration {
+    let exp = attempts.saturating_sub(1).min(20);
+    let full = (BACKOFF_BASE.num_milliseconds() << exp).min(BACKOFF_CAP.num_milliseconds());
+    let jitter = jitter.clamp(0.0, 1.0);
+    let half = full / 2;
+    chrono::Duration::milliseconds(half + (half as f64 * jitter) as i64)
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Round {
+    pub delivered: u32,
+    pub failed: u32,
+    pub deferred: u32,
+    pub dropped: u32,
+}
+
+/// Sends the outbox's due rows through the channels.
+pub struct Outbox {
+    store: Store,
+    channels: Vec<Arc<dyn Notifier>>,
+    ctx: RenderCtx,
+    metrics: Arc<AlertMetrics>,
+    max_age: chrono::Duration,
+    /// Send times in the last minute, per rate-limited channel.
+    sent: Mutex<HashMap<String, VecDeque<DateTime<Utc>>>>,
+}
+
+impl Outbox {
+    pub fn new(
+        store: Store,
+        channels: Vec<Arc<dyn Notifier>>,
+        ctx: RenderCtx,
+        metrics: Arc<AlertMetrics>,
+    ) -> Self {
+        Self {
+            store,
+            channels,
+            ctx,
+            metrics,
+            max_age: MAX_AGE,
+            sent: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Overrides [`MAX_AGE`] (tests).
+    pub fn with_max_age(mut self, max_age: chrono::Duration) -> Self {
+        self.max_age = max_age;
+        self
+    }
+
+    pub fn channels(&self) -> &[Arc<dyn Notifier>] {
+        &self.channels
+    }
+
+    pub fn metrics(&self) -> &Arc<AlertMetrics> {
+        &self.metrics
+    }
+
+    /// When the next pending row is due.
+    pub async fn next_due(&self) -> Result<Option<DateTime<Utc>>, AlertError> {
+        let store = self.store.clone();
+        Ok(
+            tokio::task::spawn_blocking(move || store.reader()?.outbox_next_due())
+                .await
+                .map_err(|e| AlertError::Store(e.to_string()))??,
+        )
+    }
+
+    /// Sends every row due at `now` (signing with `now`) and records the results.
+    pub async fn deliver_due(&self, now: DateTime<Utc>) -> Result<Round, AlertError> {
+        let mut round = Round::default();
+        let mut seen: HashSet<i64> = HashSet::new();
+        loop {
+            let store = self.store.clone();
+            let rows = tokio::task::spawn_blocking(move || store.reader()?.outbox_due(now, BATCH))
+                .await
+                .map_err(|e| AlertError::Store(e.to_string()))??;
+            let fresh: Vec<OutboxRow> = rows.into_iter().filter(|r| seen.insert(r.id)).collect();
+            if fresh.is_empty() {
+                return Ok(round);
+            }
+            // A channel that failed this round: its other rows wait for the failed one.
+            let mut failed: HashMap<String, DateTime<Utc>> = HashMap::new();
+            for row in fresh {
+                self.one(row, now, &mut failed, &mut round).await?;
+            }
+        }
+    }
+
+    async fn one(
+        &self,
+        row: OutboxRow,
+        now: DateTime<Utc>,
+        failed: &mut HashMap<String, DateTime<Utc>>,
+        round: &mut Round,
+    ) -> Result<(), AlertError> {
+        let writer = self.store.writer();
+        if now - row.created_at > self.max_age {
+            tracing::warn!(
+                channel = %row.channel,
+                key = %row.dedup_key,
+                attempts = row.attempts,
+                last_error = row.last_error.as_deref().unwrap_or("-"),
+                "alert dropped: undelivered past its maximum age"
+            );
+            self.metrics.add(&row.channel, "dropped");
+            round.dropped += 1;
+            let error = format!(
+                "undelivered after {} attempts; last error: {}",
+                row.attempts,
+                row.last_error.as_deref().unwrap_or("-")
+            );
+            writer
+                .alert(AlertOp::Dropped {
+                    id: row.id,
+                    at: now,
+                    error,
+                })
+                .await?;
+            return Ok(());
+        }
+        let Some(channel) = self.channels.iter().find(|c| c.name() == row.channel) else {
+            tracing::warn!(channel = %row.channel, key = %row.dedup_key, "alert dropped: its channel is no longer configured");
+            self.metrics.add(&row.channel, "dropped");
+            round.dropped += 1;
+            writer
+                .alert(AlertOp::Dropped {
+                    id: row.id,
+                    at: now,
+                    error: "channel no longer configured".into(),
+                })
+                .await?;
+            return Ok(());
+        };
+        if let Some(next) = failed.get(&row.channel) {
+            round.deferred += 1;
+            writer
+                .alert(AlertOp::Retry {
+                    id: row.id,
+                    count_attempt: false,
+                    next: *next,
+                    error: None,
+                })
+                .await?;
+            return Ok(());
+        }
+        if let Some(next) = self.rate_limited(channel.as_ref(), now) {
+            round.deferred += 1;
+            tracing::debug!(channel = %row.channel, "alert deferred: channel's per-minute limit reached");
+            failed.insert(row.channel.clone(), next);
+            writer
+                .alert(AlertOp::Retry {
+                    id: row.id,
+                    count_attempt: false,
+                    next,
+                    error: None,
+                })
+                .await?;
+            return Ok(());
+        }
+        let message: Message = match serde_json::from_str(&row.message) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(channel = %row.channel, key = %row.dedup_key, error = %e, "alert dropped: unreadable stored message");
+                self.metrics.add(&row.channel, "dropped");
+                round.dropped += 1;
+                writer
+                    .alert(AlertOp::Dropped {
+                        id: row.id,
+                        at: now,
+                        error: format!("unreadable message: {e}"),
+                    })
+                    .await?;
+                return Ok(());
+            }
+        };
+        self.note_sent(channel.as_ref(), now);
+        match channel.send(&message, &self.ctx, now).await {
+            Ok(receipt) => {
+                tracing::info!(channel = %row.channel, key = %row.dedup_key, attempt = row.attempts + 1, status = receipt.status, "alert delivered");
+                self.metrics.add(&row.channel, "delivered");
+                round.delivered += 1;
+                writer
+                    .alert(AlertOp::Delivered {
+                        id: row.id,
+                        at: now,
+                    })
+                    .await?;
+            }
+            Err(e) => {
+                let attempts = row.attempts + 1;
+                let next = now + backoff(attempts, rand::thread_rng().gen::<f64>());
+                tracing::warn!(channel = %row.channel, key = %row.dedup_key, attempt = attempts, error = %e, retry_at = %next, "alert delivery failed; will retry");
+                self.metrics.add(&row.channel, "failed");
+                round.failed += 1;
+                failed.insert(row.channel.clone(), next);
+                writer
+                    .alert(AlertOp::Retry {
+                        id: row.id,
+                        count_attempt: true,
+                        next,
+                        error: Some(e.to_string()),
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `Some(when the window frees up)` when the channel sent its per-minute limit already.
+    fn rate_limited(&self, ch: &dyn Notifier, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let limit = ch.per_minute()? as usize;
+        let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        let q = sent.entry(ch.name().to_owned()).or_default();
+        let minute = chrono::Duration::minutes(1);
+        while q.front().is_some_and(|t| now - *t >= minute) {
+            q.pop_front();
+        }
+        (q.len() >= limit).then(|| q.front().map_or(now, |t| *t + minute))
+    }
+
+    fn note_sent(&self, ch: &dyn Notifier, now: DateTime<Utc>) {
+        if ch.per_minute().is_none() {
+            return;
+        }
+        let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        sent.entry(ch.name().to_owned()).or_default().push_back(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_caps() {
+        assert_eq!(backoff(1, 0.0), chrono::Duration::milliseconds(2500));
+        assert_eq!(backoff(1, 1.0), chrono::Duration::seconds(5));
+        assert_eq!(backoff(2, 1.0), chrono::Duration::seconds(10));
+        assert_eq!(backoff(3, 0.5), chrono::Duration::seconds(15));
+        assert_eq!(backoff(30, 1.0), BACKOFF_CAP);
+        assert_eq!(backoff(30, 0.0), BACKOFF_CAP / 2);
+        assert!(backoff(0, 1.0) > chrono::Duration::zero());
+    }
+}

@@ -1,0 +1,640 @@
+//! Messages as people read them, in Chinese or English: a title, then labelled lines — what
+//! happened, since when, the evidence against the baseline, the failure mode, the affected
+//! logical models, traffic, the route page and the runbook. One document model, written out
+//! as Markdown (DingTalk, Feishu), plain text and HTML (email).
+
+use chrono::{DateTime, Utc};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use sha2::Digest;
+
+use super::{Lang, Message, RenderCtx, RouteItem, Severity, Status, Subject};
+use crate::health::{FailureMode, State};
+use crate::route::RouteId;
+
+/// Path-segment encoding: everything but unreserved characters (so `/` in ids is `%2F`).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Route items listed one by one in a grouped message; the rest are counted.
+const MAX_LISTED: usize = 30;
+
+/// A message written out for one channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// `[CRITICAL] qwen/cn-beijing/qwen-max unavailable`
+    pub title: String,
+    /// `[probeok][CRITICAL] qwen/cn-beijing/qwen-max unavailable`
+    pub subject: String,
+    pub markdown: String,
+    pub text: String,
+    pub html: String,
+}
+
+/// `{public_url}/routes/{percent-encoded id}`.
+pub fn route_url(ctx: &RenderCtx, route: &RouteId) -> String {
+    format!(
+        "{}/routes/{}",
+        ctx.public_url,
+        utf8_percent_encode(route.as_str(), SEGMENT)
+    )
+}
+
+/// The runbook link for a failure mode, when one is configured.
+pub fn runbook_url(ctx: &RenderCtx, mode: Option<FailureMode>) -> Option<String> {
+    let url = ctx.runbook_url.as_ref()?;
+    let mode = mode.map_or("unknown", FailureMode::as_str);
+    Some(url.replace("{failure_mode}", mode))
+}
+
+/// A short stable digest of a key (Message-IDs, grouped keys).
+pub fn key_digest(key: &str) -> String {
+    let d = sha2::Sha256::digest(key.as_bytes());
+    d.iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// `s` cut at a character boundary to at most `max` bytes, with a note when cut.
+pub fn fit_bytes(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let note = "\n\n…";
+    let mut end = max.saturating_sub(note.len());
+    while end > 0 && !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{note}", &s[..end])
+}
+
+enum Line {
+    Field(String, String),
+    Link(String, String),
+    Bullet(String, Option<String>),
+    Para(String),
+}
+
+struct Words {
+    lang: Lang,
+}
+
+impl Words {
+    fn t<'a>(&self, en: &'a str, zh: &'a str) -> &'a str {
+        match self.lang {
+            Lang::En => en,
+            Lang::Zh => zh,
+        }
+    }
+
+    fn state(&self, s: State) -> String {
+        match self.lang {
+            Lang::En => s.as_str().to_owned(),
+            Lang::Zh => {
+                let zh = match s {
+                    State::Unknown => "未知",
+                    State::Normal => "正常",
+                    State::Warning => "警告",
+                    State::Degraded => "降级",
+                    State::Critical => "严重",
+                    State::Switched => "已切换",
+                };
+                format!("{zh}({})", s.as_str())
+            }
+        }
+    }
+
+    fn mode(&self, m: FailureMode) -> &'static str {
+        match (self.lang, m) {
+            (Lang::En, FailureMode::Unavailable) => "unavailable",
+            (Lang::En, FailureMode::Degraded) => "degraded (slow)",
+            (Lang::En, FailureMode::BehaviorChanged) => "behavior changed",
+            (Lang::Zh, FailureMode::Unavailable) => "不可用",
+            (Lang::Zh, FailureMode::Degraded) => "变慢",
+            (Lang::Zh, FailureMode::BehaviorChanged) => "输出行为变化",
+        }
+    }
+
+    fn mode_explained(&self, m: FailureMode) -> String {
+        let why = match (self.lang, m) {
+            (Lang::En, FailureMode::Unavailable) => {
+                "connect errors, 5xx, timeouts or stalls: move traffic now"
+            }
+            (Lang::En, FailureMode::Degraded) => {
+                "answers arrive but slowly: deweight, prepare to switch"
+            }
+            (Lang::En, FailureMode::BehaviorChanged) => {
+                "transport fine, answers differ: possible model drift"
+            }
+            (Lang::Zh, FailureMode::Unavailable) => "连接错误、5xx、超时或卡住：应立即切走流量",
+            (Lang::Zh, FailureMode::Degraded) => "有应答但变慢：降低权重，准备切换",
+            (Lang::Zh, FailureMode::BehaviorChanged) => "网络正常但回答变了：可能是模型版本漂移",
+        };
+        format!("{} ({}) — {why}", self.mode(m), m.as_str())
+    }
+
+    fn time(&self, ctx: &RenderCtx, t: DateTime<Utc>) -> String {
+        let local = t.with_timezone(&ctx.timezone);
+        format!(
+            "{} ({} UTC)",
+            local.format("%Y-%m-%d %H:%M:%S %Z"),
+            t.format("%H:%M:%S")
+        )
+    }
+
+    fn dur(&self, secs: i64) -> String {
+        let secs = secs.max(0);
+        let (d, h, m, s) = (
+            secs / 86400,
+            secs % 86400 / 3600,
+            secs % 3600 / 60,
+            secs % 60,
+        );
+        let (ud, uh, um, us) = match self.lang {
+            Lang::En => ("d", "h", "m", "s"),
+            Lang::Zh => ("天", "小时", "分", "秒"),
+        };
+        if d > 0 {
+            format!("{d}{ud}{h}{uh}")
+        } else if h > 0 {
+            format!("{h}{uh}{m}{um}")
+        } else if m > 0 {
+            format!("{m}{um}{s}{us}")
+        } else {
+            format!("{s}{us}")
+        }
+    }
+
+    fn severity(&self, m: &Message) -> String {
+        match m.status {
+            Status::Resolved => self.t("RESOLVED", "已恢复").to_owned(),
+            Status::Test => self.t("TEST", "测试").to_owned(),
+            _ => {
+                let s = m.severity.as_str().to_uppercase();
+                match self.lang {
+                    Lang::En => s,
+                    Lang::Zh => {
+                        let zh = match m.severity {
+                            Severity::Critical => "严重",
+                            Severity::Warning => "警告",
+                            Severity::Info => "提示",
+                        };
+                        format!("{zh} {s}")
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a route item is in a few words: its failure mode, else its state.
+fn what(w: &Words, i: &RouteItem) -> String {
+    match i.failure_mode {
+        Some(m) => w.mode(m).to_owned(),
+        None => w.state(i.to),
+    }
+}
+
+fn evidence(w: &Words, i: &RouteItem) -> Option<String> {
+    let e = i.evidence.as_ref()?;
+    let mut parts = Vec::new();
+    if let (Some(mean), Some(sd)) = (e.baseline_mean_ms, e.baseline_stddev_ms) {
+        let observed = e
+            .observed_ms
+            .map(|o| format!("{} {} ", w.t("latency", "延迟"), crate::health::fmt_ms(o)))
+            .unwrap_or_default();
+        let mut s = format!(
+            "{observed}{} {}",
+            w.t("vs baseline", "基线"),
+            crate::health::fmt_spread(mean, sd)
+        );
+        let mut detail = Vec::new();
+        if let Some(b) = &e.bucket {
+            detail.push(format!("{} {b}", w.t("bucket", "时段")));
+        }
+        if let Some(n) = e.baseline_samples {
+            detail.push(format!("{n} {}", w.t("samples", "个样本")));
+        }
+        if let Some(t) = e.threshold_ms {
+            detail.push(format!(
+                "{} {}",
+                w.t("threshold", "阈值"),
+                crate::health::fmt_ms(t)
+            ));
+        }
+        if !detail.is_empty() {
+            s.push_str(&format!(" ({})", detail.join(", ")));
+        }
+        parts.push(s);
+    }
+    if e.error_total > 0 {
+        let pct = f64::from(e.error_failures) * 100.0 / f64::from(e.error_total);
+        parts.push(format!(
+            "{} {}/{} ({pct:.0}%) {} {}",
+            w.t("failures", "失败"),
+            e.error_failures,
+            e.error_total,
+            w.t("over", "于最近"),
+            w.dur(i64::try_from(e.error_window_s).unwrap_or(i64::MAX))
+        ));
+    }
+    if let Some(err) = &e.error {
+        let status = e
+            .http_status
+            .map(|s| format!(" (HTTP {s})"))
+            .unwrap_or_default();
+        parts.push(format!("{} {err}{status}", w.t("last error", "最近错误")));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+fn traffic(w: &Words, items: &[RouteItem]) -> String {
+    if items
+        .iter()
+        .any(|i| i.shifted == Some(true) || i.to == State::Switched)
+    {
+        w.t(
+            "shifted to other routes (SWITCHED)",
+            "已切换到其他线路(SWITCHED)",
+        )
+        .to_owned()
+    } else if items.iter().any(|i| i.shifted == Some(false)) {
+        w.t("not shifted", "未切换").to_owned()
+    } else {
+        w.t(
+            "not shifted (unknown: no switch controller reports it yet)",
+            "未切换(未知：尚无切换控制器上报)",
+        )
+        .to_owned()
+    }
+}
+
+fn affects(items: &[RouteItem]) -> String {
+    let mut all: Vec<&str> = items
+        .iter()
+        .flat_map(|i| i.serves.iter().map(String::as_str))
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    if all.is_empty() {
+        "-".to_owned()
+    } else {
+        all.join(", ")
+    }
+}
+
+/// Writes `m` for a channel in `lang`.
+pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
+    let w = Words { lang };
+    let first = m.items.first();
+    let headline = match &m.subject {
+        Subject::Route => match first {
+            Some(i) => format!("{} {}", i.route, what(&w, i)),
+            None => w.t("route alert", "线路告警").to_owned(),
+        },
+        Subject::Provider { provider } => {
+            let mode = first.map(|i| what(&w, i)).unwrap_or_default();
+            match lang {
+                Lang::En => format!("{provider}: {} routes {mode}", m.items.len()),
+                Lang::Zh => format!("{provider}：{} 条线路{mode}", m.items.len()),
+            }
+        }
+        Subject::Egress { providers } => match lang {
+            Lang::En => format!(
+                "our own egress is failing ({} providers, {} routes)",
+                providers.len(),
+                m.items.len()
+            ),
+            Lang::Zh => format!(
+                "本机出口网络故障({} 个服务商，{} 条线路)",
+                providers.len(),
+                m.items.len()
+            ),
+        },
+        Subject::RequestSide => {
+            let route = first.map(|i| i.route.to_string()).unwrap_or_default();
+            match lang {
+                Lang::En => format!("{route}: real requests fail while probes succeed"),
+                Lang::Zh => format!("{route}：真实请求失败但探测正常"),
+            }
+        }
+        Subject::Flapping {
+            transitions,
+            window_s,
+        } => {
+            let route = first.map(|i| i.route.to_string()).unwrap_or_default();
+            let win = w.dur(i64::try_from(*window_s).unwrap_or(i64::MAX));
+            match lang {
+                Lang::En => format!("{route} is flapping ({transitions} state changes in {win})"),
+                Lang::Zh => format!("{route} 状态反复抖动({win} 内 {transitions} 次变化)"),
+            }
+        }
+        Subject::BurnRate(b) => {
+            let kind = match (lang, b.page) {
+                (Lang::En, true) => "page",
+                (Lang::En, false) => "ticket",
+                (Lang::Zh, true) => "紧急",
+                (Lang::Zh, false) => "工单",
+            };
+            match lang {
+                Lang::En => format!(
+                    "{}: error budget burning {:.1}× ({kind})",
+                    b.route, b.burn_long
+                ),
+                Lang::Zh => format!("{}：错误预算消耗 {:.1} 倍({kind})", b.route, b.burn_long),
+            }
+        }
+        Subject::Heartbeat { job, silent_s } => {
+            let d = w.dur(i64::try_from(*silent_s).unwrap_or(i64::MAX));
+            match lang {
+                Lang::En => format!("job {job} silent for {d}"),
+                Lang::Zh => format!("任务 {job} 已 {d} 无心跳"),
+            }
+        }
+        Subject::Test => w
+            .t(
+                "test message from probeok: this channel works",
+                "probeok 测试消息：此通道可用",
+            )
+            .to_owned(),
+    };
+    let reminder = if m.status == Status::Reminder {
+        w.t(" (still firing)", "(仍在告警)")
+    } else {
+        ""
+    };
+    let tag = w.severity(m);
+    let title = format!("[{tag}] {headline}{reminder}");
+    let subject = match m.status {
+        Status::Resolved => format!("[probeok][RESOLVED] {headline}"),
+        Status::Test => format!("[probeok][TEST] {headline}"),
+        Status::Reminder => format!(
+            "[probeok][{}][REMINDER] {headline}",
+            m.severity.as_str().to_uppercase()
+        ),
+        Status::Firing => format!(
+            "[probeok][{}] {headline}",
+            m.severity.as_str().to_uppercase()
+        ),
+    };
+
+    let mut lines = Vec::new();
+    if let Some(note) = &m.note {
+        lines.push(Line::Para(note.clone()));
+    }
+    match (&m.subject, m.items.as_slice()) {
+        (Subject::Test, _) => {
+            lines.push(Line::Field(
+                w.t("Sent at", "发送时间").into(),
+                w.time(ctx, m.at),
+            ));
+        }
+        (Subject::Heartbeat { .. }, _) => {
+            lines.push(Line::Field(
+                w.t("Since", "开始时间").into(),
+                w.time(ctx, m.at),
+            ));
+        }
+        (_, []) => {
+            lines.push(Line::Field(
+                w.t("Since", "开始时间").into(),
+                w.time(ctx, m.at),
+            ));
+            for r in m.related.iter().take(MAX_LISTED) {
+                lines.push(Line::Bullet(r.to_string(), Some(route_url(ctx, r))));
+            }
+            if m.related.len() > MAX_LISTED {
+                lines.push(Line::Para(format!("… +{}", m.related.len() - MAX_LISTED)));
+            }
+            if matches!(m.subject, Subject::Egress { .. }) && m.status != Status::Resolved {
+                lines.push(Line::Para(
+                    w.t(
+                        "Per-route alerts for these routes are held back: check our own network first.",
+                        "这些线路的单独告警已被抑制：请先检查本机网络。",
+                    )
+                    .to_owned(),
+                ));
+            }
+        }
+        (_, [one]) => item_lines(&w, ctx, m, one, &mut lines),
+        (_, items) => {
+            let since = items
+                .iter()
+                .map(|i| i.opened_at.unwrap_or(i.at))
+                .min()
+                .unwrap_or(m.at);
+            lines.push(Line::Field(
+                w.t("Since", "开始时间").into(),
+                w.time(ctx, since),
+            ));
+            for i in items.iter().take(MAX_LISTED) {
+                let mut s = format!("{}: {} → {}", i.route, w.state(i.from), w.state(i.to));
+                if m.status == Status::Resolved {
+                    if let (Some(o), Some(c)) = (i.opened_at, i.closed_at) {
+                        s.push_str(&format!(
+                            ", {} {}",
+                            w.t("lasted", "持续"),
+                            w.dur((c - o).num_seconds())
+                        ));
+                    }
+                } else {
+                    if let Some(fm) = i.failure_mode {
+                        s.push_str(&format!(", {}", w.mode(fm)));
+                    }
+                    if !i.reason_text.is_empty() {
+                        s.push_str(&format!(" — {}", i.reason_text));
+                    }
+                }
+                lines.push(Line::Bullet(s, Some(route_url(ctx, &i.route))));
+            }
+            if items.len() > MAX_LISTED {
+                lines.push(Line::Para(match lang {
+                    Lang::En => format!("… and {} more routes", items.len() - MAX_LISTED),
+                    Lang::Zh => format!("… 另有 {} 条线路", items.len() - MAX_LISTED),
+                }));
+            }
+            if let Some(fm) = items.iter().find_map(|i| i.failure_mode) {
+                lines.push(Line::Field(
+                    w.t("Failure mode", "故障类型").into(),
+                    w.mode_explained(fm),
+                ));
+            }
+            lines.push(Line::Field(
+                w.t("Affects", "影响的逻辑模型").into(),
+                affects(items),
+            ));
+            if m.status != Status::Resolved {
+                lines.push(Line::Field(
+                    w.t("Traffic", "流量").into(),
+                    traffic(&w, items),
+                ));
+            }
+            if let Some(url) = runbook_url(ctx, items.iter().find_map(|i| i.failure_mode)) {
+                lines.push(Line::Link(w.t("Runbook", "处理手册").into(), url));
+            }
+        }
+    }
+    if let Subject::BurnRate(b) = &m.subject {
+        lines.push(Line::Field(
+            w.t("Burn rate", "消耗速率").into(),
+            format!(
+                "{:.1}× / {} {} {:.1}× / {} ({} {:.3}%, {} {}/{})",
+                b.burn_long,
+                w.dur(b.long_window_s),
+                w.t("and", "且"),
+                b.burn_short,
+                w.dur(b.short_window_s),
+                w.t("SLO", "SLO"),
+                b.slo * 100.0,
+                w.t("failures", "失败"),
+                b.failures,
+                b.total
+            ),
+        ));
+    }
+    let markdown = markdown(&title, &lines);
+    let text = text(&title, &lines);
+    let html = html(&title, &lines);
+    Rendered {
+        title,
+        subject,
+        markdown,
+        text,
+        html,
+    }
+}
+
+fn item_lines(w: &Words, ctx: &RenderCtx, m: &Message, i: &RouteItem, lines: &mut Vec<Line>) {
+    let what_happened = if m.status == Status::Resolved || i.reason_text.is_empty() {
+        format!("{} → {}", w.state(i.from), w.state(i.to))
+    } else {
+        format!("{} → {}: {}", w.state(i.from), w.state(i.to), i.reason_text)
+    };
+    lines.push(Line::Field(
+        w.t("What happened", "发生了什么").into(),
+        what_happened,
+    ));
+    if m.status == Status::Resolved {
+        if let Some(o) = i.opened_at {
+            let closed = i.closed_at.unwrap_or(i.at);
+            lines.push(Line::Field(
+                w.t("Duration", "持续时间").into(),
+                format!(
+                    "{} ({} → {})",
+                    w.dur((closed - o).num_seconds()),
+                    w.time(ctx, o),
+                    w.time(ctx, closed)
+                ),
+            ));
+        }
+        if let Some(p) = i.peak {
+            let sev = Severity::of_state(p).map_or("-", Severity::as_str);
+            lines.push(Line::Field(
+                w.t("Peak", "最严重状态").into(),
+                format!("{} ({sev})", w.state(p)),
+            ));
+        }
+    } else {
+        let since = i.opened_at.unwrap_or(i.at);
+        let mut s = w.time(ctx, since);
+        let for_s = (m.at - since).num_seconds();
+        if for_s > 0 {
+            s.push_str(&format!(", {} {}", w.t("for", "已持续"), w.dur(for_s)));
+        }
+        lines.push(Line::Field(w.t("Since", "开始时间").into(), s));
+        if let Some(e) = evidence(w, i) {
+            lines.push(Line::Field(w.t("Evidence", "证据").into(), e));
+        }
+        if let Some(fm) = i.failure_mode {
+            lines.push(Line::Field(
+                w.t("Failure mode", "故障类型").into(),
+                w.mode_explained(fm),
+            ));
+        }
+    }
+    lines.push(Line::Field(
+        w.t("Affects", "影响的逻辑模型").into(),
+        affects(std::slice::from_ref(i)),
+    ));
+    if m.status != Status::Resolved {
+        lines.push(Line::Field(
+            w.t("Traffic", "流量").into(),
+            traffic(w, std::slice::from_ref(i)),
+        ));
+    }
+    lines.push(Line::Link(
+        w.t("Route", "线路详情").into(),
+        route_url(ctx, &i.route),
+    ));
+    if let Some(url) = runbook_url(ctx, i.failure_mode) {
+        lines.push(Line::Link(w.t("Runbook", "处理手册").into(), url));
+    }
+}
+
+fn markdown(title: &str, lines: &[Line]) -> String {
+    let mut out = format!("### {title}\n\n");
+    for l in lines {
+        match l {
+            Line::Field(k, v) => out.push_str(&format!("**{k}**: {v}\n\n")),
+            Line::Link(k, url) => out.push_str(&format!("**{k}**: [{url}]({url})\n\n")),
+            Line::Bullet(s, Some(url)) => out.push_str(&format!("- [{s}]({url})\n")),
+            Line::Bullet(s, None) => out.push_str(&format!("- {s}\n")),
+            Line::Para(s) => out.push_str(&format!("\n{s}\n\n")),
+        }
+    }
+    out.trim_end().to_owned()
+}
+
+fn text(title: &str, lines: &[Line]) -> String {
+    let mut out = format!("{title}\n\n");
+    for l in lines {
+        match l {
+            Line::Field(k, v) | Line::Link(k, v) => out.push_str(&format!("{k}: {v}\n")),
+            Line::Bullet(s, Some(url)) => out.push_str(&format!("  - {s}\n    {url}\n")),
+            Line::Bullet(s, None) => out.push_str(&format!("  - {s}\n")),
+            Line::Para(s) => out.push_str(&format!("{s}\n\n")),
+        }
+    }
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn html(title: &str, lines: &[Line]) -> String {
+    let mut out = format!("<h3>{}</h3>\n", esc(title));
+    let mut in_list = false;
+    for l in lines {
+        let bullet = matches!(l, Line::Bullet(..));
+        if bullet && !in_list {
+            out.push_str("<ul>\n");
+            in_list = true;
+        } else if !bullet && in_list {
+            out.push_str("</ul>\n");
+            in_list = false;
+        }
+        match l {
+            Line::Field(k, v) => out.push_str(&format!("<p><b>{}</b>: {}</p>\n", esc(k), esc(v))),
+            Line::Link(k, url) => out.push_str(&format!(
+                "<p><b>{}</b>: <a href=\"{u}\">{u}</a></p>\n",
+                esc(k),
+                u = esc(url)
+            )),
+            Line::Bullet(s, Some(url)) => out.push_str(&format!(
+                "<li><a href=\"{}\">{}</a></li>\n",
+                esc(url),
+                esc(s)
+            )),
+            Line::Bullet(s, None) => out.push_str(&format!("<li>{}</li>\n", esc(s))),
+            Line::Para(s) => out.push_str(&format!("<p>{}</p>\n", esc(s))),
+        }
+    }
+    if in_list {
+        out.push_str("</ul>\n");
+    }
+    out
+}

@@ -1,0 +1,309 @@
+//! Alert tables (`migrations/0004_alerts.sql`): the outbox, the firing alerts and silences.
+//! Writes go through the writer thread as [`AlertOp`]s (one transaction each, so an enqueue
+//! and the firing-state change that goes with it commit together); reads are [`Reader`]
+//! methods. Messages are stored as JSON text; this module does not look inside them.
+
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{from_ms, to_ms, Reader, StoreError};
+use crate::alert::maintenance::Silence;
+
+/// One message for one channel, to be written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEntry {
+    pub dedup_key: String,
+    pub channel: String,
+    pub message: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// An outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub dedup_key: String,
+    pub channel: String,
+    pub message: String,
+    pub created_at: DateTime<Utc>,
+    /// `pending`, `delivered` or `dropped`.
+    pub status: String,
+    pub attempts: u32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+}
+
+/// A firing alert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FiringRow {
+    pub key: String,
+    pub message: String,
+    pub opened_at: DateTime<Utc>,
+}
+
+/// A write to the alert tables.
+#[derive(Debug, Clone)]
+pub enum AlertOp {
+    /// Inserts entries (a known dedup key is skipped), records firing alerts and forgets
+    /// resolved ones, atomically. Answers how many entries were new.
+    Enqueue {
+        entries: Vec<NewEntry>,
+        firing: Vec<FiringRow>,
+        resolved: Vec<String>,
+    },
+    Delivered {
+        id: i64,
+        at: DateTime<Utc>,
+    },
+    /// A failed attempt: count it (or not, when only deferred) and wait until `next`.
+    Retry {
+        id: i64,
+        count_attempt: bool,
+        next: DateTime<Utc>,
+        error: Option<String>,
+    },
+    /// Past its maximum age (or for a channel that no longer exists): given up.
+    Dropped {
+        id: i64,
+        at: DateTime<Utc>,
+        error: String,
+    },
+    PutSilence(Silence),
+    /// Answers 1 when it existed.
+    DeleteSilence(String),
+    /// Deletes delivered/dropped rows finished before `before` and silences ended before it.
+    Prune {
+        before: DateTime<Utc>,
+    },
+}
+
+pub(crate) fn apply(conn: &Connection, op: &AlertOp) -> Result<u64, StoreError> {
+    match op {
+        AlertOp::Enqueue {
+            entries,
+            firing,
+            resolved,
+        } => {
+            let mut n = 0;
+            let mut ins = conn.prepare_cached(
+                "INSERT INTO alert_outbox (dedup_key, channel, message, created_ms, status, next_attempt_ms)
+                 VALUES (?1, ?2, ?3, ?4, 'pending', ?4)
+                 ON CONFLICT (dedup_key) DO NOTHING",
+            )?;
+            for e in entries {
+                let t = to_ms(e.created_at);
+                n += ins.execute(params![e.dedup_key, e.channel, e.message, t])? as u64;
+            }
+            let mut put = conn.prepare_cached(
+                "INSERT INTO alert_state (key, message, opened_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (key) DO UPDATE SET message = excluded.message",
+            )?;
+            for f in firing {
+                put.execute(params![f.key, f.message, to_ms(f.opened_at)])?;
+            }
+            let mut del = conn.prepare_cached("DELETE FROM alert_state WHERE key = ?1")?;
+            for k in resolved {
+                del.execute(params![k])?;
+            }
+            Ok(n)
+        }
+        AlertOp::Delivered { id, at } => Ok(conn
+            .prepare_cached(
+                "UPDATE alert_outbox SET status = 'delivered', attempts = attempts + 1,
+                     done_ms = ?2, last_error = NULL
+                 WHERE id = ?1 AND status = 'pending'",
+            )?
+            .execute(params![id, to_ms(*at)])? as u64),
+        AlertOp::Retry {
+            id,
+            count_attempt,
+            next,
+            error,
+        } => Ok(conn
+            .prepare_cached(
+                "UPDATE alert_outbox SET attempts = attempts + ?2, next_attempt_ms = ?3,
+                     last_error = coalesce(?4, last_error)
+                 WHERE id = ?1 AND status = 'pending'",
+            )?
+            .execute(params![id, i64::from(*count_attempt), to_ms(*next), error])?
+            as u64),
+        AlertOp::Dropped { id, at, error } => Ok(conn
+            .prepare_cached(
+                "UPDATE alert_outbox SET status = 'dropped', done_ms = ?2, last_error = ?3
+                 WHERE id = ?1 AND status = 'pending'",
+            )?
+            .execute(params![id, to_ms(*at), error])?
+            as u64),
+        AlertOp::PutSilence(s) => {
+            let routes =
+                serde_json::to_string(&s.routes).map_err(|e| StoreError::Invalid(e.to_string()))?;
+            conn.prepare_cached(
+                "INSERT INTO alert_silences (id, routes, starts_ms, ends_ms, comment, created_by, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (id) DO UPDATE SET routes = excluded.routes,
+                     starts_ms = excluded.starts_ms, ends_ms = excluded.ends_ms,
+                     comment = excluded.comment",
+            )?
+            .execute(params![
+                s.id,
+                routes,
+                to_ms(s.starts_at),
+                to_ms(s.ends_at),
+                s.comment,
+                s.created_by,
+                to_ms(s.created_at)
+            ])?;
+            Ok(1)
+        }
+        AlertOp::DeleteSilence(id) => Ok(conn
+            .prepare_cached("DELETE FROM alert_silences WHERE id = ?1")?
+            .execute(params![id])? as u64),
+        AlertOp::Prune { before } => {
+            let t = to_ms(*before);
+            let a = conn
+                .prepare_cached(
+                    "DELETE FROM alert_outbox WHERE status != 'pending' AND done_ms < ?1",
+                )?
+                .execute(params![t])?;
+            let b = conn
+                .prepare_cached("DELETE FROM alert_silences WHERE ends_ms < ?1")?
+                .execute(params![t])?;
+            Ok((a + b) as u64)
+        }
+    }
+}
+
+fn outbox_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(OutboxRow, i64, i64)> {
+    Ok((
+        OutboxRow {
+            id: r.get(0)?,
+            dedup_key: r.get(1)?,
+            channel: r.get(2)?,
+            message: r.get(3)?,
+            created_at: DateTime::<Utc>::UNIX_EPOCH,
+            status: r.get(5)?,
+            attempts: r.get(6)?,
+            next_attempt_at: DateTime::<Utc>::UNIX_EPOCH,
+            last_error: r.get(8)?,
+        },
+        r.get(4)?,
+        r.get(7)?,
+    ))
+}
+
+const OUTBOX_COLUMNS: &str = "id, dedup_key, channel, message, created_ms, status, attempts, \
+                              next_attempt_ms, last_error";
+
+impl Reader {
+    fn outbox_query(
+        &self,
+        sql: &str,
+        p: &[&dyn rusqlite::ToSql],
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let rows = stmt.query_map(p, outbox_row)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (mut r, created, next) = row?;
+            r.created_at = from_ms(created)?;
+            r.next_attempt_at = from_ms(next)?;
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    /// Pending entries due at `now`, oldest first, at most `limit`.
+    pub fn outbox_due(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.outbox_query(
+            &format!(
+                "SELECT {OUTBOX_COLUMNS} FROM alert_outbox
+                 WHERE status = 'pending' AND next_attempt_ms <= ?1 ORDER BY id LIMIT ?2"
+            ),
+            &[&to_ms(now), &limit],
+        )
+    }
+
+    /// When the next pending entry is due, if any is pending.
+    pub fn outbox_next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let ms: Option<i64> = self
+            .conn
+            .prepare_cached(
+                "SELECT min(next_attempt_ms) FROM alert_outbox WHERE status = 'pending'",
+            )?
+            .query_row([], |r| r.get(0))
+            .optional()?
+            .flatten();
+        ms.map(from_ms).transpose()
+    }
+
+    /// Every outbox row, oldest first (tests, diagnostics).
+    pub fn outbox_all(&self) -> Result<Vec<OutboxRow>, StoreError> {
+        self.outbox_query(
+            &format!("SELECT {OUTBOX_COLUMNS} FROM alert_outbox ORDER BY id"),
+            &[],
+        )
+    }
+
+    /// Every firing alert.
+    pub fn alert_firing(&self) -> Result<Vec<FiringRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT key, message, opened_ms FROM alert_state ORDER BY key")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, message, opened) = row?;
+            out.push(FiringRow {
+                key,
+                message,
+                opened_at: from_ms(opened)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every stored silence (ended ones too, until pruned), by start.
+    pub fn silences(&self) -> Result<Vec<Silence>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, routes, starts_ms, ends_ms, comment, created_by, created_ms
+             FROM alert_silences ORDER BY starts_ms, id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+                r.get::<_, i64>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, routes, s, e, comment, created_by, c) = row?;
+            out.push(Silence {
+                id,
+                routes: serde_json::from_str(&routes)
+                    .map_err(|e| StoreError::Corrupt(format!("silence routes: {e}")))?,
+                starts_at: from_ms(s)?,
+                ends_at: from_ms(e)?,
+                comment,
+                created_by,
+                created_at: from_ms(c)?,
+            });
+        }
+        Ok(out)
+    }
+}
