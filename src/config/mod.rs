@@ -1,5 +1,5 @@
 //! The TOML config (SPEC.md, "Config file"): `[server] [storage] [probe] [detection] [egress]
-//! [[provider]] [[provider.region]] [[route]] [slo]`. Other sections are rejected as unknown
+//! [[provider]] [[provider.region]] [[route]] [slo] [drift]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -27,6 +27,8 @@ use chrono::NaiveTime;
 use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteId, Tier};
 use crate::secret::Secret;
 
+pub(crate) use convert::parse_located;
+pub(crate) use validate::Checker;
 pub use diag::{ConfigErrors, Diagnostic};
 pub use source_map::SourceMap;
 
@@ -45,6 +47,7 @@ pub struct Config {
     /// `[[route]]`, in file order; see [`Config::routes`] for the resolved form.
     pub routes: Vec<RouteConfig>,
     pub slo: SloConfig,
+    pub drift: DriftConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -62,6 +65,7 @@ impl Default for Config {
             providers: Vec::new(),
             routes: Vec::new(),
             slo: SloConfig::default(),
+            drift: DriftConfig::default(),
             source_map: SourceMap::default(),
         }
     }
@@ -339,6 +343,38 @@ impl Default for SloConfig {
     }
 }
 
+/// What a drift finding does besides alerting (SPEC `[drift] on_drift`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDrift {
+    /// Alert (severity `warning`) and mark the route `behavior_changed`; weights unchanged.
+    #[default]
+    Alert,
+    /// Also lower the route's weight in the feed: first move traffic, then investigate.
+    Deweight,
+}
+
+/// `[drift]`: offline regression sets (`probes/*.toml`) that catch silent model changes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriftConfig {
+    /// The folder of regression sets, as written; relative to the config file's directory
+    /// (see [`Config::drift_sets_dir`]).
+    pub sets: PathBuf,
+    pub on_drift: OnDrift,
+    /// `[drift]` was in the file: then a missing folder is an error, not "no sets".
+    pub explicit: bool,
+}
+
+impl Default for DriftConfig {
+    fn default() -> Self {
+        Self {
+            sets: PathBuf::from("probes"),
+            on_drift: OnDrift::Alert,
+            explicit: false,
+        }
+    }
+}
+
 /// A config that passed validation, with the warnings it raised (e.g. probes that overrun).
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -406,6 +442,16 @@ impl Config {
                 })
             })
             .collect()
+    }
+
+    /// The regression sets folder: `[drift] sets`, relative to the config file's directory
+    /// (a config built in code: relative to the working directory).
+    pub fn drift_sets_dir(&self) -> PathBuf {
+        // `join` keeps an absolute `sets` as it is; "(built-in)" has an empty parent.
+        self.source
+            .parent()
+            .unwrap_or_else(|| Path::new(""))
+            .join(&self.drift.sets)
     }
 
     /// `[probe]` merged with one route's overrides.

@@ -32,6 +32,7 @@ pub(super) struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub slo: RawSlo,
+    pub drift: Option<RawDrift>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -170,4 +171,11 @@ pub(super) struct RawRoute {
 pub(super) struct RawSlo {
     pub availability: Option<f64>,
     pub latency_threshold: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDrift {
+    pub sets: Option<String>,
+    pub on_drift: Option<crate::config::OnDrift>,
 }
