@@ -39,6 +39,8 @@ pub enum AppError {
     Probe(String),
     #[error("web server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("drift: {0}")]
+    Drift(String),
     #[error("a task panicked: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
@@ -82,6 +84,21 @@ pub async fn start(
     let client =
         ProbeClient::new(&routes, clock.clone()).map_err(|e| AppError::Probe(e.to_string()))?;
 
+    // Drift (issue 10): regression sets on their own schedule, findings on a watch channel,
+    // `GET /api/v1/drift` merged into the web router below, heartbeat job "drift".
+    let drift = crate::drift::spawn(
+        &config,
+        &routes,
+        client.clone(),
+        store.clone(),
+        clock.clone(),
+        crate::drift::RunnerOptions::default(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(AppError::Drift)?;
+    let drift_router = drift.router();
+
     let (events_tx, events_rx) = mpsc::channel(1024);
     let scheduler_task = tokio::spawn(scheduler::run(
         routes.iter().cloned().map(Arc::new).collect(),
@@ -113,7 +130,7 @@ pub async fn start(
         routes: Arc::new(routes.clone()),
         store: store.clone(),
         clock: clock.clone(),
-        jobs: Arc::new(vec!["scheduler", "retention"]),
+        jobs: Arc::new([vec!["scheduler", "retention"], drift.jobs.clone()].concat()),
         health: health_rx,
         events: events_tx,
         passive: passive_tx,
@@ -121,7 +138,7 @@ pub async fn start(
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
     let web_task = tokio::spawn(async move {
-        axum::serve(listener, web::router(state))
+        axum::serve(listener, web::router(state).merge(drift_router))
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await
     });
@@ -134,6 +151,7 @@ pub async fn start(
             let _ = scheduler_task.await;
             let _ = recorder_task.await;
             let _ = retention_task.await;
+            let _ = drift.task.await;
             let web = web_task.await;
             // The web server (and with it every passive sender) is gone: the queue drains.
             let _ = passive_task.await;

@@ -21,6 +21,9 @@
 //! - [`health`]: the pure detection core — time-of-day baselines, the per-route state machine
 //!   (`UNKNOWN NORMAL WARNING DEGRADED CRITICAL` + `SWITCHED`), failure modes, incidents,
 //!   egress and request-side findings; functions of (state, outcome, baseline, config, now).
+//! - [`drift`]: offline regression sets (`probes/*.toml`) run per route on a schedule and
+//!   compared with the route's own history (Fisher's exact test, Mann–Whitney U): drift
+//!   findings with evidence, `GET /api/v1/drift`, the quality gate for backup routes.
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //! - [`web`]: the monitor's HTTP router (`/healthz` for now).
@@ -32,6 +35,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod drift;
 pub mod health;
 pub mod probe;
 pub mod route;

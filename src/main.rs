@@ -53,6 +53,17 @@ enum Command {
         #[arg(long)]
         record: bool,
     },
+    /// Run the regression sets now on every route they apply to and print the report.
+    Regress {
+        #[arg(long, env = "PROBEOK_CONFIG")]
+        config: PathBuf,
+        /// Only this set (by name).
+        #[arg(long)]
+        set: Option<String>,
+        /// One JSON object per (route, set) run instead of the report.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the simulated OpenAI-compatible providers standalone.
     Simulate {
         #[arg(long, default_value = "127.0.0.1:9410")]
@@ -99,6 +110,9 @@ fn main() -> ExitCode {
                 json,
                 record,
             } => cli::probe(&config, route.as_deref(), json, record).await,
+            Command::Regress { config, set, json } => {
+                cli::regress(&config, set.as_deref(), json).await
+            }
             Command::Simulate {
                 listen,
                 scenario,

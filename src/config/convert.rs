@@ -12,8 +12,9 @@ use toml_edit::ImDocument;
 use super::raw::{RawBuckets, RawConfig, RawRoute};
 use super::validate::Checker;
 use super::{
-    Buckets, Config, ConfigErrors, DetectionConfig, Diagnostic, DriftConfig, EgressConfig, Loaded, ProbeConfig,
-    ProviderConfig, RegionConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig,
+    Buckets, Config, ConfigErrors, DetectionConfig, Diagnostic, DriftConfig, EgressConfig, Loaded,
+    ProbeConfig, ProviderConfig, RegionConfig, RouteConfig, ServerConfig, SloConfig, SourceMap,
+    StorageConfig,
 };
 use crate::route::{Capability, ProviderKind};
 
@@ -283,7 +284,10 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         drift: match raw.drift {
             None => DriftConfig::default(),
             Some(d) => DriftConfig {
-                sets: d.sets.map(PathBuf::from).unwrap_or(DriftConfig::default().sets),
+                sets: d
+                    .sets
+                    .map(PathBuf::from)
+                    .unwrap_or(DriftConfig::default().sets),
                 on_drift: d.on_drift.unwrap_or_default(),
                 explicit: true,
             },

@@ -28,9 +28,9 @@ use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteI
 use crate::secret::Secret;
 
 pub(crate) use convert::parse_located;
-pub(crate) use validate::Checker;
 pub use diag::{ConfigErrors, Diagnostic};
 pub use source_map::SourceMap;
+pub(crate) use validate::Checker;
 
 /// A validated config (or one built in code: see [`Config::validate`]).
 #[derive(Debug, Clone)]

@@ -289,7 +289,12 @@ impl ProbeClient {
         }
     }
 
-    async fn dispatch(&self, route: &Route, call: &Call, run: &mut Run) -> (Collected, Result<(), ProbeError>) {
+    async fn dispatch(
+        &self,
+        route: &Route,
+        call: &Call,
+        run: &mut Run,
+    ) -> (Collected, Result<(), ProbeError>) {
         match self.providers.get(&route.provider) {
             Some(p) => self.call(p, route, call, run).await,
             None => (
@@ -314,7 +319,13 @@ impl ProbeClient {
         let base = route.base_url.trim_end_matches('/');
         let mut request = match route.kind {
             ProviderKind::Openai => {
-                let body = openai::chat_body(&route.model, &s.messages, s.max_tokens, s.temperature, s.stream);
+                let body = openai::chat_body(
+                    &route.model,
+                    &s.messages,
+                    s.max_tokens,
+                    s.temperature,
+                    s.stream,
+                );
                 let mut req = provider
                     .http
                     .post(format!("{base}/chat/completions"))

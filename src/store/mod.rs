@@ -13,10 +13,12 @@
 //!
 //! Files: `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
-//! `jobs.rs` (heartbeats, skipped probes, retention), `histogram.rs`.
+//! `jobs.rs` (heartbeats, skipped probes, retention), `drift.rs` (regression set runs),
+//! `histogram.rs`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod drift;
 pub mod histogram;
 mod jobs;
 pub mod migrate;

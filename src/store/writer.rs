@@ -26,7 +26,7 @@ pub const RETENTION_BATCH: usize = 1000;
 /// 5-minute rollups serve 24 h charts; two days is plenty.
 const FIVE_MINUTE_RETENTION: chrono::Duration = chrono::Duration::hours(48);
 
-type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
+pub(crate) type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
 
 pub(crate) enum Command {
     Record {
@@ -53,6 +53,11 @@ pub(crate) enum Command {
     CheckWritable {
         ack: Ack<()>,
     },
+    /// One regression set run (`store/drift.rs`).
+    DriftRun {
+        run: Box<crate::drift::SetRun>,
+        ack: Ack<()>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -74,7 +79,8 @@ impl Command {
             Command::Record { ack, .. }
             | Command::Skip { ack, .. }
             | Command::Heartbeat { ack, .. }
-            | Command::CheckWritable { ack } => {
+            | Command::CheckWritable { ack }
+            | Command::DriftRun { ack, .. } => {
                 let _ = ack.send(result.map(|_| ()));
             }
             Command::Retention { ack, .. } => {
@@ -109,7 +115,10 @@ impl Writer {
         self.tx.send(c).await.map_err(|_| StoreError::Closed)
     }
 
-    async fn request<T>(&self, make: impl FnOnce(Ack<T>) -> Command) -> Result<T, StoreError> {
+    pub(crate) async fn request<T>(
+        &self,
+        make: impl FnOnce(Ack<T>) -> Command,
+    ) -> Result<T, StoreError> {
         let (ack, answer) = oneshot::channel();
         self.send(make(ack)).await?;
         answer.await.map_err(|_| StoreError::Closed)?
@@ -184,7 +193,7 @@ impl Writer {
         let mut report = RetentionReport::default();
         for target in Target::ALL {
             let cutoff_ms = match target {
-                Target::Outcomes | Target::Skips => raw_cutoff,
+                Target::Outcomes | Target::Skips | Target::DriftRuns => raw_cutoff,
                 Target::Rollups(Granularity::FiveMinutes) => to_ms(now - FIVE_MINUTE_RETENTION),
                 Target::Rollups(_) => rollup_cutoff,
             };
@@ -336,6 +345,10 @@ impl State {
                 }
                 Command::Heartbeat { job, at, .. } => {
                     jobs::upsert_heartbeat(&tx, job, *at)?;
+                    0
+                }
+                Command::DriftRun { run, .. } => {
+                    super::drift::insert_run(&tx, run)?;
                     0
                 }
                 Command::CheckWritable { .. } => {
