@@ -59,8 +59,10 @@ impl Default for CompareOptions {
     }
 }
 
-/// Findings for one (route, set) from its history, oldest run first.
-pub fn compare(history: &[SetRun], o: &CompareOptions) -> Vec<DriftFinding> {
+/// Findings for one (route, set) from its history, oldest run first. `frozen`: the baseline
+/// to use instead of the runs before the last two (see [`History`]: once drift is found, the
+/// baseline stays the pre-change runs, so the finding lasts while the change does).
+pub fn compare(history: &[SetRun], frozen: Option<&[SetRun]>, o: &CompareOptions) -> Vec<DriftFinding> {
     let mut out = Vec::new();
     let n = history.len();
     if n < 2 {
@@ -69,11 +71,14 @@ pub fn compare(history: &[SetRun], o: &CompareOptions) -> Vec<DriftFinding> {
     if let Some(f) = model_changed(history, o) {
         out.push(f);
     }
-    if n < 2 + o.min_baseline_runs {
+    let end = n - 2;
+    let base = match frozen {
+        Some(base) => base,
+        None => &history[end.saturating_sub(o.baseline_runs)..end],
+    };
+    if base.len() < o.min_baseline_runs {
         return out;
     }
-    let end = n - 2;
-    let base = &history[end.saturating_sub(o.baseline_runs)..end];
     let recent = &history[end..];
     if let Some(f) = pass_rate_drop(base, recent, o) {
         out.push(f);
@@ -395,11 +400,23 @@ fn most_common<T: PartialEq + Clone>(items: impl Iterator<Item = T>) -> Option<T
 
 /// The bounded history of every (route, set) and the findings it gives: the runner's state,
 /// pure (tests and the benchmark drive it without a server).
+///
+/// When a drift finding opens, the baseline it was found against is frozen: later runs are
+/// compared with the pre-change runs, not with a window that slowly fills with the changed
+/// behaviour, so the finding lasts as long as the change does. It closes when the latest two
+/// runs no longer differ from that baseline (the route went back), or when an operator
+/// accepts the new behaviour as normal ([`History::accept`]).
 #[derive(Debug, Default, Clone)]
 pub struct History {
-    runs: HashMap<(RouteId, String), VecDeque<SetRun>>,
-    findings: HashMap<(RouteId, String), Vec<DriftFinding>>,
+    pairs: HashMap<(RouteId, String), Pair>,
     options: CompareOptions,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Pair {
+    runs: VecDeque<SetRun>,
+    frozen: Option<Vec<SetRun>>,
+    findings: Vec<DriftFinding>,
 }
 
 impl History {
@@ -410,52 +427,188 @@ impl History {
         }
     }
 
+    /// Runs to load from the store to rebuild a pair (replaying them through [`ingest`]
+    /// refreezes a baseline found within this window).
+    ///
+    /// [`ingest`]: History::ingest
+    pub fn replay_window(&self) -> usize {
+        3 * self.options.baseline_runs + 2
+    }
+
     /// Adds a run (runs of one pair must come in time order) and recomputes that pair's
     /// findings, which it returns.
     pub fn ingest(&mut self, run: SetRun) -> &[DriftFinding] {
         let key = (run.route.clone(), run.set.clone());
-        let keep = self.options.baseline_runs + 2;
-        let runs = self.runs.entry(key.clone()).or_default();
-        runs.push_back(run);
-        while runs.len() > keep {
-            runs.pop_front();
+        let o = &self.options;
+        let keep = o.baseline_runs + 2;
+        let pair = self.pairs.entry(key).or_default();
+        pair.runs.push_back(run);
+        while pair.runs.len() > keep {
+            pair.runs.pop_front();
         }
-        let found = compare(runs.make_contiguous(), &self.options);
-        let slot = self.findings.entry(key).or_default();
-        *slot = found;
-        slot
+        let runs = pair.runs.make_contiguous();
+        let found = compare(runs, pair.frozen.as_deref(), o);
+        let drifting = found.iter().any(DriftFinding::is_drift);
+        match (&pair.frozen, drifting) {
+            (None, true) => {
+                let end = runs.len() - 2;
+                pair.frozen = Some(runs[end.saturating_sub(o.baseline_runs)..end].to_vec());
+            }
+            (Some(_), false) => pair.frozen = None,
+            _ => {}
+        }
+        pair.findings = found;
+        &pair.findings
+    }
+
+    /// Takes the current behaviour of (route, set) as its new normal: drops the frozen
+    /// baseline and the runs before the latest two, and clears the drift findings.
+    pub fn accept(&mut self, route: &RouteId, set: &str) {
+        if let Some(pair) = self.pairs.get_mut(&(route.clone(), set.to_owned())) {
+            pair.frozen = None;
+            while pair.runs.len() > 2 {
+                pair.runs.pop_front();
+            }
+            pair.findings.retain(|f| !f.is_drift());
+        }
     }
 
     /// Every current finding, in (route, set, kind) order.
     pub fn findings(&self) -> Vec<DriftFinding> {
-        let mut all: Vec<DriftFinding> = self.findings.values().flatten().cloned().collect();
+        let mut all: Vec<DriftFinding> = self
+            .pairs
+            .values()
+            .flat_map(|p| p.findings.iter().cloned())
+            .collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all
     }
 
     /// The runs kept for a pair, oldest first.
     pub fn runs(&self, route: &RouteId, set: &str) -> Vec<SetRun> {
-        self.runs
+        self.pairs
             .get(&(route.clone(), set.to_owned()))
-            .map(|r| r.iter().cloned().collect())
+            .map(|p| p.runs.iter().cloned().collect())
             .unwrap_or_default()
     }
 
     /// Every pair's latest runs (newest last), at most `n` each, in (route, set) order.
     pub fn latest(&self, n: usize) -> Vec<(RouteId, String, Vec<SetRun>)> {
         let mut out: Vec<_> = self
-            .runs
+            .pairs
             .iter()
-            .map(|((route, set), runs)| {
-                let skip = runs.len().saturating_sub(n);
-                (
-                    route.clone(),
-                    set.clone(),
-                    runs.iter().skip(skip).cloned().collect(),
-                )
+            .map(|((route, set), p)| {
+                let skip = p.runs.len().saturating_sub(n);
+                (route.clone(), set.clone(), p.runs.iter().skip(skip).cloned().collect())
             })
             .collect();
         out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drift::CaseResult;
+    use chrono::{TimeZone, Utc};
+
+    /// A run of `n` cases, the first `fail` failing, each answer `len` chars long.
+    fn run(i: i64, n: usize, fail: usize, len: u32, model: &str) -> SetRun {
+        SetRun {
+            route: RouteId::new("p", "r", "m"),
+            set: "s".into(),
+            started_at: Utc.timestamp_opt(1_700_000_000 + i * 3600, 0).unwrap(),
+            cases: (0..n)
+                .map(|c| CaseResult {
+                    case: format!("c{c}"),
+                    passed: Some(c >= fail),
+                    failures: Vec::new(),
+                    output_chars: len + c as u32,
+                    latency_ms: 100.0,
+                    output_tokens: None,
+                    model_reported: Some(model.into()),
+                    system_fingerprint: None,
+                    error: None,
+                    output: "x".repeat(len as usize),
+                })
+                .collect(),
+        }
+    }
+
+    fn kinds(h: &History) -> Vec<DriftKind> {
+        h.findings().iter().map(|f| f.kind).collect()
+    }
+
+    #[test]
+    fn drift_persists_while_it_lasts_and_closes_when_the_route_goes_back() {
+        let mut h = History::new(CompareOptions::default());
+        let mut i = 0;
+        let mut feed = |h: &mut History, fail: usize| {
+            i += 1;
+            h.ingest(run(i, 6, fail, 10, "m1"));
+        };
+        for _ in 0..10 {
+            feed(&mut h, 0);
+        }
+        feed(&mut h, 3);
+        assert!(kinds(&h).is_empty(), "one run is not enough");
+        feed(&mut h, 3);
+        assert_eq!(kinds(&h), vec![DriftKind::PassRateDrop]);
+        // 40 more drifted runs: the baseline stays the pre-change runs, the finding stays.
+        for _ in 0..40 {
+            feed(&mut h, 3);
+        }
+        assert_eq!(kinds(&h), vec![DriftKind::PassRateDrop]);
+        // Back to normal for two runs: closed.
+        feed(&mut h, 0);
+        feed(&mut h, 0);
+        assert!(kinds(&h).is_empty(), "{:?}", kinds(&h));
+    }
+
+    #[test]
+    fn accept_takes_the_new_behaviour_as_normal() {
+        let mut h = History::new(CompareOptions::default());
+        for i in 0..10 {
+            h.ingest(run(i, 6, 0, 10, "m1"));
+        }
+        for i in 10..13 {
+            h.ingest(run(i, 6, 4, 10, "m1"));
+        }
+        assert_eq!(kinds(&h), vec![DriftKind::PassRateDrop]);
+        h.accept(&RouteId::new("p", "r", "m"), "s");
+        assert!(kinds(&h).is_empty());
+        for i in 13..30 {
+            h.ingest(run(i, 6, 4, 10, "m1"));
+        }
+        assert!(kinds(&h).is_empty(), "{:?}", kinds(&h));
+    }
+
+    #[test]
+    fn lengths_that_double_are_a_length_shift() {
+        let mut h = History::new(CompareOptions::default());
+        for i in 0..10 {
+            h.ingest(run(i, 6, 0, 20, "m1"));
+        }
+        h.ingest(run(10, 6, 0, 45, "m1"));
+        assert!(kinds(&h).is_empty());
+        h.ingest(run(11, 6, 0, 45, "m1"));
+        assert_eq!(kinds(&h), vec![DriftKind::LengthShift]);
+        let f = &h.findings()[0];
+        let l = f.evidence.length.as_ref().unwrap();
+        assert!(l.after_median_ratio > 2.0 * l.before_median_ratio * 0.9, "{l:?}");
+        assert!(f.summary.contains("longer"), "{}", f.summary);
+    }
+
+    #[test]
+    fn too_little_history_judges_nothing_and_model_changes_are_info() {
+        let mut h = History::new(CompareOptions::default());
+        h.ingest(run(0, 6, 0, 10, "m1"));
+        h.ingest(run(1, 6, 6, 10, "m1"));
+        h.ingest(run(2, 6, 6, 10, "m1"));
+        assert!(kinds(&h).is_empty(), "needs min_baseline_runs first");
+        h.ingest(run(3, 6, 6, 10, "m2"));
+        assert_eq!(kinds(&h), vec![DriftKind::ModelChanged]);
+        assert_eq!(h.findings()[0].severity, Severity::Info);
     }
 }

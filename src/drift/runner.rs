@@ -190,8 +190,8 @@ pub async fn spawn(
         .filter(|(_, s)| !s.is_empty())
         .collect();
 
-    // Each pair's own history, from the store.
-    let keep = options.compare.baseline_runs + 2;
+    // Each pair's own history, from the store (replayed, so a frozen baseline is rebuilt).
+    let keep = History::new(options.compare.clone()).replay_window();
     let wanted: Vec<(crate::route::RouteId, String)> = pairs
         .iter()
         .flat_map(|(r, sets)| sets.iter().map(|s| (r.id.clone(), s.name.clone())))
