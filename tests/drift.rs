@@ -138,7 +138,11 @@ async fn switching(
     let (server, _) = fake("/v1/chat/completions", move |c| {
         let i = n.fetch_add(1, Ordering::SeqCst);
         let p = prompt(c);
-        let (text, model) = if i < switch_after { before(&p) } else { after(&p) };
+        let (text, model) = if i < switch_after {
+            before(&p)
+        } else {
+            after(&p)
+        };
         Reply::now(json(axum::http::StatusCode::OK, body(&text, &model)))
     })
     .await;
@@ -177,7 +181,10 @@ async fn run_rounds(
         for r in routes {
             let run = drift::run_set(&client, r, &set, Duration::ZERO).await;
             for f in history.ingest(run) {
-                if !first_seen.iter().any(|(_, id, k)| id == &f.route && *k == f.kind) {
+                if !first_seen
+                    .iter()
+                    .any(|(_, id, k)| id == &f.route && *k == f.kind)
+                {
                     first_seen.push((round, f.route.clone(), f.kind));
                 }
             }
@@ -229,7 +236,11 @@ async fn a_format_change_is_found_on_that_route_only() {
     assert!(e.after.rate.unwrap() < 0.8, "{e:?}");
     assert!(e.p_value.unwrap() < 0.001, "{e:?}");
     assert_eq!(e.runs.len(), 2);
-    let ex = e.examples.iter().find(|x| x.case == "json").unwrap_or_else(|| panic!("{e:#?}"));
+    let ex = e
+        .examples
+        .iter()
+        .find(|x| x.case == "json")
+        .unwrap_or_else(|| panic!("{e:#?}"));
     assert_eq!(ex.before.as_deref(), Some(r#"{"ok": true}"#));
     assert!(ex.after.as_deref().unwrap().starts_with("```"), "{ex:?}");
     assert_eq!(ex.failures[0].validator, "json_schema");
@@ -267,7 +278,10 @@ async fn transport_failures_are_not_drift() {
                 openai::error("overloaded", "server_error", None),
             ));
         }
-        Reply::now(json(axum::http::StatusCode::OK, body(&answer_for(&prompt(c), false), "m1")))
+        Reply::now(json(
+            axum::http::StatusCode::OK,
+            body(&answer_for(&prompt(c), false), "m1"),
+        ))
     })
     .await;
     let routes = vec![route(&server, "a")];
@@ -335,7 +349,10 @@ fn shipped_sets_parse_and_accept_known_good_answers() {
         assert_eq!(s.params.temperature, 0.0, "{}", s.name);
         assert!(s.params.max_tokens <= 128, "{}", s.name);
         for c in &s.cases {
-            let good = c.example.as_deref().unwrap_or_else(|| panic!("{}/{} has an example", s.name, c.name));
+            let good = c
+                .example
+                .as_deref()
+                .unwrap_or_else(|| panic!("{}/{} has an example", s.name, c.name));
             for v in &c.validators {
                 assert!(v.check(good).is_ok(), "{}/{}: {}", s.name, c.name, v.name());
             }
@@ -343,12 +360,19 @@ fn shipped_sets_parse_and_accept_known_good_answers() {
     }
     // And they catch the classic silent change: JSON wrapped in a code fence.
     let json = sets.iter().find(|s| s.name == "json").unwrap();
-    let person = json.cases.iter().find(|c| c.name == "extract_person").unwrap();
+    let person = json
+        .cases
+        .iter()
+        .find(|c| c.name == "extract_person")
+        .unwrap();
     let fenced = "```json\n{\"name\": \"Alice Zhang\", \"age\": 34}\n```";
     assert!(person.validators.iter().any(|v| v.check(fenced).is_err()));
     let format = sets.iter().find(|s| s.name == "format").unwrap();
     let word = format.cases.iter().find(|c| c.name == "one_word").unwrap();
-    assert!(word.validators.iter().any(|v| v.check("The capital is Paris.").is_err()));
+    assert!(word
+        .validators
+        .iter()
+        .any(|v| v.check("The capital is Paris.").is_err()));
 }
 
 #[test]
@@ -358,7 +382,10 @@ fn duplicate_set_names_across_files_are_located() {
     std::fs::write(dir.path().join("a.toml"), one).unwrap();
     std::fs::write(dir.path().join("b.toml"), one).unwrap();
     let err = drift::load_dir(dir.path()).unwrap_err().to_string();
-    assert!(err.contains("b.toml:1:8: name: duplicate set name \"dup\""), "{err}");
+    assert!(
+        err.contains("b.toml:1:8: name: duplicate set name \"dup\""),
+        "{err}"
+    );
 }
 
 fn summary(passed: usize, failed: &[&str]) -> drift::RunSummary {
@@ -389,22 +416,40 @@ async fn quality_gate_refuses_backups_whose_latest_runs_fail() {
         }],
     };
     // Both latest runs fail: not eligible, and the reason says why.
-    let s = snap(&backup, vec![summary(3, &["person: json_schema"]), summary(3, &["person: json_schema"])]);
+    let s = snap(
+        &backup,
+        vec![
+            summary(3, &["person: json_schema"]),
+            summary(3, &["person: json_schema"]),
+        ],
+    );
     let e = drift::eligible(&backup, &s).unwrap_err();
     assert_eq!(e.code, "regression_failed");
-    assert!(e.text.contains("\"json\"") && e.text.contains("person: json_schema"), "{}", e.text);
+    assert!(
+        e.text.contains("\"json\"") && e.text.contains("person: json_schema"),
+        "{}",
+        e.text
+    );
     // One good run among the latest two: eligible (a single flaky case does not flap it).
-    let s = snap(&backup, vec![summary(4, &[]), summary(3, &["person: json_schema"])]);
+    let s = snap(
+        &backup,
+        vec![summary(4, &[]), summary(3, &["person: json_schema"])],
+    );
     assert!(s.eligible(&backup).is_ok());
     // A primary is never gated (its drift is a finding and, with deweight, a lower weight).
-    let s = snap(&primary, vec![summary(0, &["a: exact"]), summary(0, &["a: exact"])]);
+    let s = snap(
+        &primary,
+        vec![summary(0, &["a: exact"]), summary(0, &["a: exact"])],
+    );
     assert!(s.eligible(&primary).is_ok());
     // Fallbacks are gated like backups; no runs at all: eligible.
     let mut fallback = backup.clone();
     fallback.tier = Tier::Fallback;
     let s = snap(&fallback, vec![summary(1, &["a: exact"])]);
     assert!(s.eligible(&fallback).is_err());
-    assert!(drift::DriftSnapshot::empty(chrono::Utc::now()).eligible(&fallback).is_ok());
+    assert!(drift::DriftSnapshot::empty(chrono::Utc::now())
+        .eligible(&fallback)
+        .is_ok());
 }
 
 fn config_for(dir: &Path, base_url: &str, sets: &str) -> PathBuf {
@@ -504,7 +549,10 @@ async fn the_runner_records_runs_and_publishes_findings() {
     assert!(stored.len() >= 2, "{}", stored.len());
     assert_eq!(stored[0].cases.len(), CASES);
     assert_eq!(stored[0].passed(), CASES);
-    assert_eq!(stored[0].cases[0].model_reported.as_deref(), Some("model-v1"));
+    assert_eq!(
+        stored[0].cases[0].model_reported.as_deref(),
+        Some("model-v1")
+    );
     assert!(stored[0].started_at <= stored[1].started_at);
     let beats = reader.heartbeats().unwrap();
     assert!(beats.iter().any(|(job, _)| job == "drift"), "{beats:?}");
@@ -531,34 +579,70 @@ async fn regress_prints_a_report_and_check_config_lists_sets() {
         })
     };
     let p = path.display().to_string();
-    let out = run(vec!["regress".into(), "--config".into(), p.clone()]).await.unwrap();
+    let out = run(vec!["regress".into(), "--config".into(), p.clone()])
+        .await
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("route fake/r1/m"), "{stdout}");
     assert!(stdout.contains("set mini: 3/5 passed"), "{stdout}");
-    assert!(stdout.contains("FAIL  json") && stdout.contains("json_schema: not JSON"), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  json") && stdout.contains("json_schema: not JSON"),
+        "{stdout}"
+    );
     assert!(stdout.contains("answer: \"```⏎"), "{stdout}");
 
-    let out = run(vec!["regress".into(), "--config".into(), p.clone(), "--json".into()]).await.unwrap();
+    let out = run(vec![
+        "regress".into(),
+        "--config".into(),
+        p.clone(),
+        "--json".into(),
+    ])
+    .await
+    .unwrap();
     let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(line["set"], "mini");
     assert_eq!(line["cases"].as_array().unwrap().len(), CASES);
 
-    let out = run(vec!["regress".into(), "--config".into(), p.clone(), "--set".into(), "nope".into()]).await.unwrap();
+    let out = run(vec![
+        "regress".into(),
+        "--config".into(),
+        p.clone(),
+        "--set".into(),
+        "nope".into(),
+    ])
+    .await
+    .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown regression set \"nope\" (known: mini)"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("unknown regression set \"nope\" (known: mini)"));
 
-    let out = run(vec!["check-config".into(), "--config".into(), p.clone()]).await.unwrap();
+    let out = run(vec!["check-config".into(), "--config".into(), p.clone()])
+        .await
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0));
-    assert!(stdout.contains("1 regression set(s)") && stdout.contains("mini"), "{stdout}");
+    assert!(
+        stdout.contains("1 regression set(s)") && stdout.contains("mini"),
+        "{stdout}"
+    );
 
     // A bad set fails check-config and regress with exit 1 and a located error.
     std::fs::write(dir.path().join("sets/bad.toml"), "name = \"bad\"\nevery = \"1h\"\napplies_to = [\"*\"]\n[[case]]\nname = \"a\"\nuser = \"q\"\nregex = \"(\"\n").unwrap();
     for cmd in ["check-config", "regress"] {
-        let out = run(vec![cmd.into(), "--config".into(), p.clone()]).await.unwrap();
+        let out = run(vec![cmd.into(), "--config".into(), p.clone()])
+            .await
+            .unwrap();
         assert_eq!(out.status.code(), Some(1), "{cmd}");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("bad.toml:7:9: case[0].regex: invalid regex"), "{cmd}: {stderr}");
+        assert!(
+            stderr.contains("bad.toml:7:9: case[0].regex: invalid regex"),
+            "{cmd}: {stderr}"
+        );
     }
 }

@@ -1,17 +1,18 @@
 //! A route against ITS OWN history, one regression set at a time — never route against route:
 //! different providers differ by design (seed 003), and a backup's style is not a defect.
 //!
-//! For the latest two runs `r1, r2` of a (route, set) and the baseline `B` (up to
-//! [`CompareOptions::baseline_runs`] runs just before them):
+//! For the latest `m` runs `R` of a (route, set) — `m` from 2 to [`CompareOptions::max_recent`],
+//! so a change that started a few runs ago is still compared with the runs before it — and
+//! the baseline `B` (up to [`CompareOptions::baseline_runs`] runs just before `R`):
 //!
 //! - **pass rate drop** (`warning`, `behavior_changed`): Fisher's exact test, one-sided, of the
-//!   pooled pass count of `r1+r2` against `B`, at `alpha` (0.001); and each of `r1`, `r2` on its
-//!   own must show the drop (rate below `B`'s, one-sided p < `per_run_alpha`). A small α and
-//!   "seen in two consecutive runs" keep many tests over many runs from raising false findings.
+//!   pooled pass count of `R` against `B`, at `alpha` (0.001); and every run of `R` on its own
+//!   must show the drop (pass rate below `B`'s). A small α and "seen in (at least) two
+//!   consecutive runs" keep many tests over many runs from raising false findings.
 //! - **output length shift** (`warning`, `behavior_changed`): each answer's length as a ratio
 //!   to its case's median length in `B` (so cases of different lengths pool), Mann–Whitney U of
-//!   `r1+r2` against `B` at `alpha`, the medians at least `min_length_shift` apart, and both
-//!   runs on the same side.
+//!   `R` against `B` at `alpha`, the medians at least `min_length_shift` apart, and every run
+//!   of `R` on the same side.
 //! - **model changed** (`info`): the latest run's reported model or `system_fingerprint` is not
 //!   the one most runs before it reported. Informational: not drift by itself.
 //!
@@ -34,12 +35,12 @@ use crate::route::RouteId;
 pub struct CompareOptions {
     /// Significance of the pooled test over the last two runs.
     pub alpha: f64,
-    /// Each of the two runs must show the shift on its own at this level.
-    pub per_run_alpha: f64,
     /// Runs before the last two that form the baseline.
     pub baseline_runs: usize,
     /// Below this many baseline runs nothing is judged (model changes excepted).
     pub min_baseline_runs: usize,
+    /// A change is looked for in the last 2..=this many runs (each against the runs before).
+    pub max_recent: usize,
     /// The smallest relative change of median length worth a finding.
     pub min_length_shift: f64,
     /// Examples kept per finding.
@@ -50,9 +51,9 @@ impl Default for CompareOptions {
     fn default() -> Self {
         Self {
             alpha: 0.001,
-            per_run_alpha: 0.05,
             baseline_runs: 24,
             min_baseline_runs: 4,
+            max_recent: 6,
             min_length_shift: 0.25,
             max_examples: 3,
         }
@@ -62,7 +63,11 @@ impl Default for CompareOptions {
 /// Findings for one (route, set) from its history, oldest run first. `frozen`: the baseline
 /// to use instead of the runs before the last two (see [`History`]: once drift is found, the
 /// baseline stays the pre-change runs, so the finding lasts while the change does).
-pub fn compare(history: &[SetRun], frozen: Option<&[SetRun]>, o: &CompareOptions) -> Vec<DriftFinding> {
+pub fn compare(
+    history: &[SetRun],
+    frozen: Option<&[SetRun]>,
+    o: &CompareOptions,
+) -> Vec<DriftFinding> {
     let mut out = Vec::new();
     let n = history.len();
     if n < 2 {
@@ -71,22 +76,53 @@ pub fn compare(history: &[SetRun], frozen: Option<&[SetRun]>, o: &CompareOptions
     if let Some(f) = model_changed(history, o) {
         out.push(f);
     }
-    let end = n - 2;
-    let base = match frozen {
-        Some(base) => base,
-        None => &history[end.saturating_sub(o.baseline_runs)..end],
+    // A change may have started up to `max_recent` runs ago (a window that missed it at two
+    // runs must not lose it as the baseline fills with the changed runs): scan the last m
+    // runs, m = 2..=max_recent, each against the runs just before them.
+    let windows: Vec<usize> = match frozen {
+        Some(_) => vec![2],
+        None => (2..=o.max_recent.max(2)).collect(),
     };
-    if base.len() < o.min_baseline_runs {
-        return out;
+    let mut drop = None;
+    let mut shift = None;
+    for m in windows {
+        if m > n {
+            break;
+        }
+        let end = n - m;
+        let base = match frozen {
+            Some(base) => base,
+            None => &history[end.saturating_sub(o.baseline_runs)..end],
+        };
+        if base.len() < o.min_baseline_runs {
+            continue;
+        }
+        let recent = &history[end..];
+        if drop.is_none() {
+            drop = pass_rate_drop(base, recent, o);
+        }
+        if shift.is_none() {
+            shift = length_shift(base, recent, o);
+        }
     }
-    let recent = &history[end..];
-    if let Some(f) = pass_rate_drop(base, recent, o) {
-        out.push(f);
-    }
-    if let Some(f) = length_shift(base, recent, o) {
-        out.push(f);
-    }
+    out.extend(drop);
+    out.extend(shift);
     out
+}
+
+/// The baseline a drift finding was found against (what [`History`] freezes): the
+/// `baseline_runs` runs before the finding's first run.
+fn baseline_of<'a>(history: &'a [SetRun], f: &DriftFinding, o: &CompareOptions) -> &'a [SetRun] {
+    let first = f
+        .evidence
+        .runs
+        .first()
+        .map_or(f.detected_at, |r| r.started_at);
+    let end = history
+        .iter()
+        .position(|r| r.started_at >= first)
+        .unwrap_or(history.len());
+    &history[end.saturating_sub(o.baseline_runs)..end]
 }
 
 fn counts(runs: &[SetRun]) -> (u64, u64) {
@@ -145,7 +181,7 @@ fn pass_rate_drop(base: &[SetRun], recent: &[SetRun], o: &CompareOptions) -> Opt
             return None;
         }
         let p_value = fisher_exact(p, t - p, pb, nb - pb).less;
-        if p as f64 / t as f64 >= rate_b || p_value >= o.per_run_alpha {
+        if p as f64 / t as f64 >= rate_b {
             return None;
         }
         per_run.push(RunStat {
@@ -161,7 +197,7 @@ fn pass_rate_drop(base: &[SetRun], recent: &[SetRun], o: &CompareOptions) -> Opt
     let after = sample(recent);
     let examples = failing_examples(base, latest, o.max_examples);
     let summary = format!(
-        "set {:?} on {}: pass rate fell from {}/{} ({:.0}%) to {}/{} ({:.0}%) over the last 2 runs (Fisher exact, one-sided p = {:.2e})",
+        "set {:?} on {}: pass rate fell from {}/{} ({:.0}%) to {}/{} ({:.0}%) over the last {} runs (Fisher exact, one-sided p = {:.2e})",
         latest.set,
         latest.route,
         pb,
@@ -170,6 +206,7 @@ fn pass_rate_drop(base: &[SetRun], recent: &[SetRun], o: &CompareOptions) -> Opt
         pa,
         na,
         pa as f64 / na as f64 * 100.0,
+        recent.len(),
         pooled
     );
     Some(finding(
@@ -293,11 +330,12 @@ fn length_shift(base: &[SetRun], recent: &[SetRun], o: &CompareOptions) -> Optio
             after: Some(excerpt(&c.output, 200)),
         });
     let summary = format!(
-        "set {:?} on {}: answers got {} — median {:.0}% of their usual length over the last 2 runs (Mann–Whitney U, p = {:.2e})",
+        "set {:?} on {}: answers got {} — median {:.0}% of their usual length over the last {} runs (Mann–Whitney U, p = {:.2e})",
         latest.set,
         latest.route,
         if longer { "longer" } else { "shorter" },
         ma / mb * 100.0,
+        recent.len(),
         test.two_sided
     );
     Some(finding(
@@ -451,8 +489,9 @@ impl History {
         let drifting = found.iter().any(DriftFinding::is_drift);
         match (&pair.frozen, drifting) {
             (None, true) => {
-                let end = runs.len() - 2;
-                pair.frozen = Some(runs[end.saturating_sub(o.baseline_runs)..end].to_vec());
+                if let Some(f) = found.iter().find(|f| f.is_drift()) {
+                    pair.frozen = Some(baseline_of(runs, f, o).to_vec());
+                }
             }
             (Some(_), false) => pair.frozen = None,
             _ => {}
@@ -499,7 +538,11 @@ impl History {
             .iter()
             .map(|((route, set), p)| {
                 let skip = p.runs.len().saturating_sub(n);
-                (route.clone(), set.clone(), p.runs.iter().skip(skip).cloned().collect())
+                (
+                    route.clone(),
+                    set.clone(),
+                    p.runs.iter().skip(skip).cloned().collect(),
+                )
             })
             .collect();
         out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
@@ -596,7 +639,10 @@ mod tests {
         assert_eq!(kinds(&h), vec![DriftKind::LengthShift]);
         let f = &h.findings()[0];
         let l = f.evidence.length.as_ref().unwrap();
-        assert!(l.after_median_ratio > 2.0 * l.before_median_ratio * 0.9, "{l:?}");
+        assert!(
+            l.after_median_ratio > 2.0 * l.before_median_ratio * 0.9,
+            "{l:?}"
+        );
         assert!(f.summary.contains("longer"), "{}", f.summary);
     }
 
