@@ -447,7 +447,7 @@ fn case(ck: &mut Checker<'_>, p: &str, c: RawCase) -> Case {
     }
     if let Some(schema) = c.json_schema {
         match Schema::compile(&schema) {
-            Ok(s) => validators.push(Validator::JsonSchema(s)),
+            Ok(s) => validators.push(Validator::JsonSchema(Box::new(s))),
             Err((at, msg)) => {
                 let path = if at.is_empty() {
                     key("json_schema")

@@ -105,7 +105,7 @@ pub fn mann_whitney_u(x: &[f64], y: &[f64]) -> MannWhitney {
     let nn = n1 + n2;
     let mean = n1 * n2 / 2.0;
     let var = n1 * n2 / 12.0 * ((nn + 1.0) - tie_term / (nn * (nn - 1.0)));
-    if !(var > 0.0) {
+    if var.is_nan() || var <= 0.0 {
         return MannWhitney { u, ..none };
     }
     let sd = var.sqrt();

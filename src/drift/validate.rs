@@ -23,7 +23,7 @@ pub enum Validator {
     /// Matched anywhere; anchor with `^…$` for the whole answer.
     Regex(Regex),
     Json,
-    JsonSchema(Schema),
+    JsonSchema(Box<Schema>),
     MinChars(usize),
     MaxChars(usize),
     OneOf(Vec<String>),
