@@ -51,6 +51,8 @@ pub enum AppError {
     Probe(String),
     #[error("web server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("drift: {0}")]
+    Drift(String),
     #[error("a task panicked: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
@@ -97,6 +99,8 @@ pub async fn start(
         ProbeClient::new(&routes, clock.clone()).map_err(|e| AppError::Probe(e.to_string()))?;
 
     let (health_events, _) = broadcast::channel(1024);
+    // Alerts subscribe before detection can publish anything, so no event is missed.
+    let alert_events = health_events.subscribe();
     let health = HealthService::restore(
         &config,
         HealthOptions::default(),
@@ -109,6 +113,21 @@ pub async fn start(
     // Detection ends once the recorder and the passive drain have dropped their senders.
     let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
     let health_task = tokio::spawn(health.run(detect_rx, shutdown.clone()));
+
+    // Drift (issue 10): regression sets on their own schedule, findings on a watch channel,
+    // `GET /api/v1/drift` merged into the web router below, heartbeat job "drift".
+    let drift = crate::drift::spawn(
+        &config,
+        &routes,
+        client.clone(),
+        store.clone(),
+        clock.clone(),
+        crate::drift::RunnerOptions::default(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(AppError::Drift)?;
+    let drift_router = drift.router();
 
     let (sched_tx, sched_rx) = mpsc::channel(1024);
     let scheduler_task = tokio::spawn(scheduler::run(
@@ -137,16 +156,21 @@ pub async fn start(
         routes: Arc::new(routes.clone()),
         store: store.clone(),
         clock: clock.clone(),
-        jobs: Arc::new(vec![
-            "scheduler",
-            "retention",
-            crate::health::service::HEARTBEAT_JOB,
-        ]),
+        jobs: Arc::new(
+            [
+                vec![
+                    "scheduler",
+                    "retention",
+                    crate::health::service::HEARTBEAT_JOB,
+                ],
+                drift.jobs.clone(),
+            ]
+            .concat(),
+        ),
         health: health_rx.clone(),
         events: health_events,
         passive: passive_tx,
     };
-    // Alerts: subscribe before anything can publish, so no event is missed.
     let alert_task = {
         let channels = crate::alert::channels(&config).unwrap_or_else(|e| {
             tracing::error!(error = %e, "alert channels unusable; alerts are queued for none");
@@ -159,17 +183,16 @@ pub async fn start(
             channels,
         )
         .with_jobs(&state.jobs);
-        let events = state.events.subscribe();
         tokio::spawn(crate::alert::run(
             Arc::new(service),
-            events,
+            alert_events,
             shutdown.clone(),
         ))
     };
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
     let web_task = tokio::spawn(async move {
-        axum::serve(listener, web::router(state))
+        axum::serve(listener, web::router(state).merge(drift_router))
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await
     });
@@ -183,6 +206,7 @@ pub async fn start(
             let _ = recorder_task.await;
             let _ = retention_task.await;
             let _ = alert_task.await;
+            let _ = drift.task.await;
             let web = web_task.await;
             // The web server (and with it every passive sender) is gone: the queue drains.
             let _ = passive_task.await;

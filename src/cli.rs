@@ -1,4 +1,5 @@
-//! The commands behind the binary's subcommands: each loads what it needs, runs, and returns a
+//! The commands behind the binary's subcommands (check-config, probe, regress, serve,
+//! simulate): each loads what it needs, runs, and returns a
 //! [`CliError`] that the binary turns into stderr lines and an exit code (1 bad input, 2 runtime).
 
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::{Route, RouteId};
 use crate::sim::{self, Scenario, SimConfig};
 use crate::store::{Store, StoreOptions};
-use crate::{app, demo};
+use crate::{app, demo, drift};
 
 /// What went wrong, as the user should read it.
 #[derive(Debug, thiserror::Error)]
@@ -86,14 +87,120 @@ fn warn_all(warnings: &[Diagnostic]) {
     }
 }
 
-/// `probeok check-config`: every error, or the routes found.
+/// `probeok check-config`: every error, or the routes found (and the regression sets).
 pub fn check_config(path: &Path) -> Result<(), CliError> {
     let (config, mut warnings) = load(path)?;
+    let sets = load_sets(&config)?;
     warnings.extend(config.missing_secrets());
     warn_all(&warnings);
     let routes = config.routes();
     println!("{}: ok, {} route(s)", path.display(), routes.len());
     print!("{}", routes_table(&routes));
+    print!("{}", sets_summary(&config, &sets, &routes));
+    Ok(())
+}
+
+/// The regression sets of `[drift] sets` (relative to the config file): none when the folder
+/// is absent and `[drift]` does not name it; every located error otherwise.
+pub fn load_sets(config: &Config) -> Result<Vec<drift::RegressionSet>, CliError> {
+    let dir = config.drift_sets_dir();
+    if !dir.exists() && !config.drift.explicit {
+        return Ok(Vec::new());
+    }
+    drift::load_dir(&dir)
+        .map_err(|errors| CliError::Invalid(errors.0.iter().map(ToString::to_string).collect()))
+}
+
+fn sets_summary(config: &Config, sets: &[drift::RegressionSet], routes: &[Route]) -> String {
+    let dir = config.drift_sets_dir();
+    if sets.is_empty() {
+        return format!("regression sets ({}): none\n", dir.display());
+    }
+    let mut rows = vec![[
+        "SET".to_owned(),
+        "CASES".to_owned(),
+        "EVERY".to_owned(),
+        "ROUTES".to_owned(),
+        "FILE".to_owned(),
+    ]];
+    for s in sets {
+        rows.push([
+            s.name.clone(),
+            s.cases.len().to_string(),
+            humantime::format_duration(s.every).to_string(),
+            routes.iter().filter(|r| s.applies(r)).count().to_string(),
+            s.file.display().to_string(),
+        ]);
+    }
+    format!(
+        "{} regression set(s) in {}:\n{}",
+        sets.len(),
+        dir.display(),
+        format_table(&rows)
+    )
+}
+
+/// `probeok regress`: runs the regression sets now on every route they apply to and prints
+/// the report (or JSON lines). Failing cases are the report, not an error: exit 0.
+pub async fn regress(path: &Path, only: Option<&str>, json: bool) -> Result<(), CliError> {
+    let (config, warnings) = load(path)?;
+    let mut sets = load_sets(&config)?;
+    warn_all(&warnings);
+    if let Some(only) = only {
+        let known: Vec<String> = sets.iter().map(|s| s.name.clone()).collect();
+        sets.retain(|s| s.name == only);
+        if sets.is_empty() {
+            return Err(CliError::Invalid(vec![format!(
+                "--set: unknown regression set \"{only}\" (known: {})",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            )]));
+        }
+    }
+    let routes: Vec<Route> = config
+        .routes()
+        .into_iter()
+        .filter(|r| sets.iter().any(|s| s.applies(r)))
+        .collect();
+    if routes.is_empty() {
+        eprintln!("no route is named by any regression set's applies_to: nothing to run");
+        return Ok(());
+    }
+    let mut missing = config.missing_secrets();
+    missing.retain(|d| {
+        config.providers.iter().enumerate().any(|(i, p)| {
+            d.path == format!("provider[{i}].api_key_env")
+                && routes.iter().any(|r| r.provider == p.id)
+        })
+    });
+    if !missing.is_empty() {
+        return Err(CliError::Invalid(
+            missing.iter().map(ToString::to_string).collect(),
+        ));
+    }
+    let client = ProbeClient::new(&routes, Arc::new(SystemClock)).map_err(CliError::runtime)?;
+    // Routes in parallel, each route's sets one after the other (one run per route at a time).
+    let per_route = futures_util::future::join_all(routes.iter().map(|route| {
+        let client = &client;
+        let sets = &sets;
+        async move {
+            let mut runs = Vec::new();
+            for set in sets.iter().filter(|s| s.applies(route)) {
+                runs.push(drift::run_set(client, route, set, std::time::Duration::ZERO).await);
+            }
+            runs
+        }
+    }))
+    .await;
+    let runs: Vec<drift::SetRun> = per_route.into_iter().flatten().collect();
+    if json {
+        print!("{}", drift::report::json_lines(&runs));
+    } else {
+        print!("{}", drift::report::text(&runs));
+    }
     Ok(())
 }
 
@@ -238,6 +345,7 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     let (config, _demo) = match path {
         Some(path) => {
             let (config, warnings) = load(path)?;
+            load_sets(&config)?;
             warn_all(&warnings);
             refuse_missing_secrets(&config)?;
             // A bad SMTP URL and the like: refuse now rather than alert into the void.

@@ -30,6 +30,9 @@
 //!   inhibition, flapping summaries, maintenance windows and silences (admin API), SLO
 //!   burn-rate alerts, a persisted SQLite outbox (at-least-once, dedup keys, backoff),
 //!   messages in zh/en; `probeok alert test`.
+//! - [`drift`]: offline regression sets (`probes/*.toml`) run per route on a schedule and
+//!   compared with the route's own history (Fisher's exact test, Mann–Whitney U): drift
+//!   findings with evidence, `GET /api/v1/drift`, the quality gate for backup routes.
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //! - [`web`]: the monitor's HTTP router (`/healthz` for now).
@@ -44,6 +47,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod drift;
 pub mod health;
 pub mod probe;
 pub mod route;

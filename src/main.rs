@@ -58,6 +58,17 @@ enum Command {
         #[command(subcommand)]
         command: AlertCommand,
     },
+    /// Run the regression sets now on every route they apply to and print the report.
+    Regress {
+        #[arg(long, env = "PROBEOK_CONFIG")]
+        config: PathBuf,
+        /// Only this set (by name).
+        #[arg(long)]
+        set: Option<String>,
+        /// One JSON object per (route, set) run instead of the report.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the simulated OpenAI-compatible providers standalone.
     Simulate {
         #[arg(long, default_value = "127.0.0.1:9410")]
@@ -119,6 +130,9 @@ fn main() -> ExitCode {
             Command::Alert {
                 command: AlertCommand::Test { config, channel },
             } => cli::alert_test(&config, channel).await,
+            Command::Regress { config, set, json } => {
+                cli::regress(&config, set.as_deref(), json).await
+            }
             Command::Simulate {
                 listen,
                 scenario,

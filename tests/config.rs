@@ -111,7 +111,7 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "section not supported yet",
             format!("[proxy]\nenabled = true\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: proxy: unknown key `proxy`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`"],
+            vec!["p.toml:1:2: proxy: unknown key `proxy`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`"],
         ),
         (
             "unknown tier",

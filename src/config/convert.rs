@@ -15,14 +15,29 @@ use super::raw::{
 use super::validate::Checker;
 use super::{
     AlertChannelsConfig, AlertingConfig, Buckets, ChannelOptions, Config, ConfigErrors,
-    DetectionConfig, Diagnostic, EgressConfig, EmailConfig, Loaded, MaintenanceConfig, ProbeConfig,
-    ProviderConfig, RegionConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap,
-    StorageConfig, WebhookConfig,
+    DetectionConfig, Diagnostic, DriftConfig, EgressConfig, EmailConfig, Loaded, MaintenanceConfig,
+    ProbeConfig, ProviderConfig, RegionConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig,
+    SourceMap, StorageConfig, WebhookConfig,
 };
 use crate::alert::{Lang, Severity};
 use crate::route::{Capability, ProviderKind};
 
 pub(super) fn parse(src: &str, label: &str) -> Result<Loaded, ConfigErrors> {
+    let (raw, map): (RawConfig, SourceMap) = parse_located(src, label)?;
+
+    let mut checker = Checker::new(label, &map);
+    let config = convert(raw, &mut checker, label, &map);
+    checker.check(&config);
+    let warnings = checker.finish()?;
+    Ok(Loaded { config, warnings })
+}
+
+/// Stage one for any TOML file checked like the config (regression sets): the span-keeping
+/// [`SourceMap`] and the serde value, or the one located syntax/serde error.
+pub(crate) fn parse_located<T: serde::de::DeserializeOwned>(
+    src: &str,
+    label: &str,
+) -> Result<(T, SourceMap), ConfigErrors> {
     let doc = ImDocument::parse(src.to_owned()).map_err(|e| {
         let (line, col) = super::source_map::line_col(src, e.span().map_or(0, |s| s.start));
         ConfigErrors(vec![Diagnostic {
@@ -34,14 +49,9 @@ pub(super) fn parse(src: &str, label: &str) -> Result<Loaded, ConfigErrors> {
         }])
     })?;
     let map = SourceMap::new(doc);
-    let raw: RawConfig = toml_edit::de::from_str(src)
+    let value: T = toml_edit::de::from_str(src)
         .map_err(|e| ConfigErrors(vec![serde_diagnostic(&e, &map, label)]))?;
-
-    let mut checker = Checker::new(label, &map);
-    let config = convert(raw, &mut checker, label, &map);
-    checker.check(&config);
-    let warnings = checker.finish()?;
-    Ok(Loaded { config, warnings })
+    Ok((value, map))
 }
 
 /// Locates serde's error through its span and words it in TOML's terms (keys, not fields).
@@ -283,6 +293,17 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             .enumerate()
             .map(|(i, m)| maintenance(ck, i, m))
             .collect(),
+        drift: match raw.drift {
+            None => DriftConfig::default(),
+            Some(d) => DriftConfig {
+                sets: d
+                    .sets
+                    .map(PathBuf::from)
+                    .unwrap_or(DriftConfig::default().sets),
+                on_drift: d.on_drift.unwrap_or_default(),
+                explicit: true,
+            },
+        },
         source_map: map.clone(),
     }
 }

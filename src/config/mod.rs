@@ -1,6 +1,6 @@
 //! The TOML config (SPEC.md, "Config file"): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
-//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]]`. Other sections are rejected as unknown
+//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]] [drift]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -29,8 +29,10 @@ use crate::alert::{Lang, Severity};
 use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteId, Tier};
 use crate::secret::Secret;
 
+pub(crate) use convert::parse_located;
 pub use diag::{ConfigErrors, Diagnostic};
 pub use source_map::SourceMap;
+pub(crate) use validate::Checker;
 
 /// A validated config (or one built in code: see [`Config::validate`]).
 #[derive(Debug, Clone)]
@@ -53,6 +55,7 @@ pub struct Config {
     pub alert: AlertChannelsConfig,
     /// `[[maintenance]]`: planned windows that suppress alerts (probing goes on).
     pub maintenance: Vec<MaintenanceConfig>,
+    pub drift: DriftConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -73,6 +76,7 @@ impl Default for Config {
             alerting: AlertingConfig::default(),
             alert: AlertChannelsConfig::default(),
             maintenance: Vec::new(),
+            drift: DriftConfig::default(),
             source_map: SourceMap::default(),
         }
     }
@@ -368,6 +372,38 @@ impl Default for AlertingConfig {
     }
 }
 
+/// What a drift finding does besides alerting (SPEC `[drift] on_drift`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDrift {
+    /// Alert (severity `warning`) and mark the route `behavior_changed`; weights unchanged.
+    #[default]
+    Alert,
+    /// Also lower the route's weight in the feed: first move traffic, then investigate.
+    Deweight,
+}
+
+/// `[drift]`: offline regression sets (`probes/*.toml`) that catch silent model changes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriftConfig {
+    /// The folder of regression sets, as written; relative to the config file's directory
+    /// (see [`Config::drift_sets_dir`]).
+    pub sets: PathBuf,
+    pub on_drift: OnDrift,
+    /// `[drift]` was in the file: then a missing folder is an error, not "no sets".
+    pub explicit: bool,
+}
+
+impl Default for DriftConfig {
+    fn default() -> Self {
+        Self {
+            sets: PathBuf::from("probes"),
+            on_drift: OnDrift::Alert,
+            explicit: false,
+        }
+    }
+}
+
 /// What every channel has: which severities it gets, in which language, and reminders.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChannelOptions {
@@ -519,6 +555,16 @@ impl Config {
                 })
             })
             .collect()
+    }
+
+    /// The regression sets folder: `[drift] sets`, relative to the config file's directory
+    /// (a config built in code: relative to the working directory).
+    pub fn drift_sets_dir(&self) -> PathBuf {
+        // `join` keeps an absolute `sets` as it is; "(built-in)" has an empty parent.
+        self.source
+            .parent()
+            .unwrap_or_else(|| Path::new(""))
+            .join(&self.drift.sets)
     }
 
     /// `[probe]` merged with one route's overrides.

@@ -38,6 +38,7 @@ pub(super) struct RawConfig {
     pub alert: RawAlert,
     #[serde(default)]
     pub maintenance: Vec<RawMaintenance>,
+    pub drift: Option<RawDrift>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -272,3 +273,10 @@ macro_rules! options_of {
 options_of!(RawRobot);
 options_of!(RawEmail);
 options_of!(RawWebhook);
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDrift {
+    pub sets: Option<String>,
+    pub on_drift: Option<crate::config::OnDrift>,
+}

@@ -89,6 +89,9 @@ impl<'a> Checker<'a> {
         self.routes(c);
         self.positive("slo.latency_threshold", c.slo.latency_threshold);
         self.open_unit("slo.availability", c.slo.availability);
+        if c.drift.sets.as_os_str().is_empty() {
+            self.error("drift.sets", "must not be empty");
+        }
         self.alerting(c);
         self.maintenance(c);
     }

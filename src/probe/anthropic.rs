@@ -16,6 +16,7 @@ use super::wire::{as_u32, event_json, Collected, Step, StreamDecoder};
 pub(crate) const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// The request body. `system` is omitted when empty (the throughput probe sends none).
+#[cfg(test)]
 pub(crate) fn request_body(
     model: &str,
     system: &str,
@@ -23,15 +24,39 @@ pub(crate) fn request_body(
     max_tokens: u32,
     stream: bool,
 ) -> Value {
+    let messages = super::client::ChatMessage::pair(system, user);
+    chat_body(model, &messages, max_tokens, 0.0, stream)
+}
+
+/// The request body for any conversation: system messages are joined into the top-level
+/// `system` field (the Messages API has no system role), the others kept in order.
+pub(crate) fn chat_body(
+    model: &str,
+    messages: &[super::client::ChatMessage],
+    max_tokens: u32,
+    temperature: f64,
+    stream: bool,
+) -> Value {
+    use super::client::Role;
+    let system: Vec<&str> = messages
+        .iter()
+        .filter(|m| m.role == Role::System)
+        .map(|m| m.content.as_str())
+        .collect();
+    let turns: Vec<Value> = messages
+        .iter()
+        .filter(|m| m.role != Role::System)
+        .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
+        .collect();
     let mut body = json!({
         "model": model,
         "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": user}],
-        "temperature": 0,
+        "messages": turns,
+        "temperature": super::wire::json_number(temperature),
         "stream": stream,
     });
     if !system.is_empty() {
-        body["system"] = json!(system);
+        body["system"] = json!(system.join("\n\n"));
     }
     body
 }

@@ -30,7 +30,7 @@ use super::upstream::classify_status;
 use super::wire::{Collected, Step, StreamDecoder};
 use super::{anthropic, openai};
 use crate::clock::Clock;
-use crate::route::{ProviderKind, Route};
+use crate::route::{ProviderKind, Route, RouteId};
 use crate::secret::Secret;
 
 /// A successful non-streamed body larger than this is not a probe answer.
@@ -58,6 +58,93 @@ pub enum ProbeSetupError {
     InconsistentApiKeyEnv { provider: String },
     #[error("provider {provider}: cannot build the HTTP client: {message}")]
     Client { provider: String, message: String },
+}
+
+/// Who says a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// One message of a conversation sent with [`ProbeClient::chat`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+        }
+    }
+
+    /// `[system, user]`, the system message left out when empty (the probe's shape).
+    pub fn pair(system: &str, user: &str) -> Vec<ChatMessage> {
+        let mut out = Vec::with_capacity(2);
+        if !system.is_empty() {
+            out.push(ChatMessage::new(Role::System, system));
+        }
+        out.push(ChatMessage::new(Role::User, user));
+        out
+    }
+}
+
+/// An arbitrary request for [`ProbeClient::chat`]: messages and sampling parameters, with the
+/// same two clocks as a probe (no headers by `first_byte_timeout`, or a stream silent that
+/// long, fails; the whole call is bounded by `timeout`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    pub max_tokens: u32,
+    pub temperature: f64,
+    pub stream: bool,
+    pub timeout: Duration,
+    pub first_byte_timeout: Duration,
+}
+
+/// What one [`ProbeClient::chat`] call returned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatOutcome {
+    pub route: RouteId,
+    pub started_at: DateTime<Utc>,
+    pub total_ms: f64,
+    pub ttft_ms: Option<f64>,
+    pub http_status: Option<u16>,
+    /// The API's usage when reported, else our estimate.
+    pub output_tokens: Option<u32>,
+    pub model_reported: Option<String>,
+    pub system_fingerprint: Option<String>,
+    /// `None`: a complete answer (transport and protocol succeeded).
+    pub error: Option<ProbeError>,
+    /// The visible answer, untrimmed (what arrived, even on failure).
+    pub text: String,
+}
+
+/// What [`ProbeClient::call`] sends: a probe and a chat request alike.
+struct Call {
+    messages: Vec<ChatMessage>,
+    max_tokens: u32,
+    temperature: f64,
+    stream: bool,
+    timeout: Duration,
+    first_byte_timeout: Duration,
 }
 
 /// One provider's connection pool and key.
@@ -144,18 +231,20 @@ impl ProbeClient {
         };
         let started_at = self.clock.now();
         let mut run = Run::new(Instant::now());
-        let (collected, result) = match self.providers.get(&route.provider) {
-            Some(p) => self.call(p, route, kind, &mut run).await,
-            None => (
-                Collected::default(),
-                Err(ProbeError::Connect {
-                    message: format!(
-                        "no HTTP client for provider {}: the route was not given to ProbeClient::new",
-                        route.provider
-                    ),
-                }),
-            ),
+        let s = &route.probe;
+        let (system, user, max_tokens) = match kind {
+            OutcomeKind::Throughput => ("", s.throughput_prompt.as_str(), s.throughput_max_tokens),
+            _ => (s.system.as_str(), s.user.as_str(), s.max_tokens),
         };
+        let call = Call {
+            messages: ChatMessage::pair(system, user),
+            max_tokens,
+            temperature: 0.0,
+            stream: s.stream,
+            timeout: s.timeout,
+            first_byte_timeout: s.first_byte_timeout,
+        };
+        let (collected, result) = self.dispatch(route, &call, &mut run).await;
         let total_ms = run.end.unwrap_or_else(|| run.now_ms());
         let outcome = assemble(route, kind, started_at, &run, total_ms, &collected, result);
         tracing::debug!(
@@ -169,22 +258,74 @@ impl ProbeClient {
         outcome
     }
 
+    /// Sends any conversation to `route` with the route's key and connection pool, under the
+    /// same timing rules and classification as a probe (regression sets use it). The answer is
+    /// kept whole (up to 64 KiB), not bounded like a probe's evidence. Never fails: every
+    /// failure is a classified [`ChatOutcome::error`].
+    pub async fn chat(&self, route: &Route, request: &ChatRequest) -> ChatOutcome {
+        let started_at = self.clock.now();
+        let mut run = Run::new(Instant::now());
+        let call = Call {
+            messages: request.messages.clone(),
+            max_tokens: request.max_tokens,
+            temperature: request.temperature,
+            stream: request.stream,
+            timeout: request.timeout,
+            first_byte_timeout: request.first_byte_timeout.min(request.timeout),
+        };
+        let (collected, result) = self.dispatch(route, &call, &mut run).await;
+        let total_ms = run.end.unwrap_or_else(|| run.now_ms());
+        ChatOutcome {
+            route: route.id.clone(),
+            started_at,
+            total_ms,
+            ttft_ms: run.ttft.map(|t| t.min(total_ms)),
+            http_status: run.status,
+            output_tokens: collected.output_tokens().map(|(n, _)| n),
+            model_reported: collected.model.clone(),
+            system_fingerprint: collected.system_fingerprint.clone(),
+            error: result.err(),
+            text: collected.text,
+        }
+    }
+
+    async fn dispatch(
+        &self,
+        route: &Route,
+        call: &Call,
+        run: &mut Run,
+    ) -> (Collected, Result<(), ProbeError>) {
+        match self.providers.get(&route.provider) {
+            Some(p) => self.call(p, route, call, run).await,
+            None => (
+                Collected::default(),
+                Err(ProbeError::Connect {
+                    message: format!(
+                        "no HTTP client for provider {}: the route was not given to ProbeClient::new",
+                        route.provider
+                    ),
+                }),
+            ),
+        }
+    }
+
     async fn call(
         &self,
         provider: &Provider,
         route: &Route,
-        kind: OutcomeKind,
+        s: &Call,
         run: &mut Run,
     ) -> (Collected, Result<(), ProbeError>) {
-        let s = &route.probe;
-        let (system, user, max_tokens) = match kind {
-            OutcomeKind::Throughput => ("", s.throughput_prompt.as_str(), s.throughput_max_tokens),
-            _ => (s.system.as_str(), s.user.as_str(), s.max_tokens),
-        };
         let base = route.base_url.trim_end_matches('/');
         let mut request = match route.kind {
             ProviderKind::Openai => {
-                let body = openai::request_body(&route.model, system, user, max_tokens, s.stream);
+                let body = openai::chat_body(
+                    &route.model,
+                    &s.messages,
+                    s.max_tokens,
+                    s.temperature,
+                    s.stream,
+                );
                 let mut req = provider
                     .http
                     .post(format!("{base}/chat/completions"))
@@ -198,8 +339,13 @@ impl ProbeClient {
                 req
             }
             ProviderKind::Anthropic => {
-                let body =
-                    anthropic::request_body(&route.model, system, user, max_tokens, s.stream);
+                let body = anthropic::chat_body(
+                    &route.model,
+                    &s.messages,
+                    s.max_tokens,
+                    s.temperature,
+                    s.stream,
+                );
                 let mut req = provider
                     .http
                     .post(format!("{base}/v1/messages"))

@@ -1,6 +1,7 @@
 //! The probe client: one fixed tiny prompt, streamed, measured honestly.
 //!
-//! - [`client`]: `ProbeClient` — HTTP, timeouts, timing, outcome assembly.
+//! - [`client`]: `ProbeClient` — HTTP, timeouts, timing, outcome assembly; `chat` sends any
+//!   conversation (regression sets) through the same code.
 //! - [`outcome`]: `ProbeOutcome` and the `ProbeError` classification.
 //! - [`measure`]: answer verification, token estimate, tokens/s (pure).
 //! - `openai`, `anthropic`: request bodies and decoders for each wire dialect (pure).
@@ -16,5 +17,7 @@ mod sse;
 mod upstream;
 mod wire;
 
-pub use client::{probe_json, ProbeClient, ProbeSetupError};
+pub use client::{
+    probe_json, ChatMessage, ChatOutcome, ChatRequest, ProbeClient, ProbeSetupError, Role,
+};
 pub use outcome::{OutcomeKind, ProbeError, ProbeOutcome};

@@ -16,6 +16,7 @@ use super::wire::{as_u32, event_json, Collected, Step, StreamDecoder};
 
 /// The request body. `system` is omitted when empty (the throughput probe sends none: the
 /// probe's "Reply with exactly: PROBE_OK" would contradict "count from 1 to 40").
+#[cfg(test)]
 pub(crate) fn request_body(
     model: &str,
     system: &str,
@@ -23,16 +24,27 @@ pub(crate) fn request_body(
     max_tokens: u32,
     stream: bool,
 ) -> Value {
-    let mut messages = Vec::with_capacity(2);
-    if !system.is_empty() {
-        messages.push(json!({"role": "system", "content": system}));
-    }
-    messages.push(json!({"role": "user", "content": user}));
+    let messages = super::client::ChatMessage::pair(system, user);
+    chat_body(model, &messages, max_tokens, 0.0, stream)
+}
+
+/// The request body for any conversation (regression sets), messages in order.
+pub(crate) fn chat_body(
+    model: &str,
+    messages: &[super::client::ChatMessage],
+    max_tokens: u32,
+    temperature: f64,
+    stream: bool,
+) -> Value {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|m| json!({"role": m.role.as_str(), "content": m.content}))
+        .collect();
     let mut body = json!({
         "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
-        "temperature": 0,
+        "temperature": super::wire::json_number(temperature),
         "stream": stream,
     });
     if stream {

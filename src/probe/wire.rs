@@ -111,3 +111,14 @@ pub(crate) fn event_json(event: &Event) -> Result<serde_json::Value, ProbeError>
 pub(crate) fn as_u32(v: Option<&serde_json::Value>) -> Option<u32> {
     v?.as_u64().and_then(|n| u32::try_from(n).ok())
 }
+
+/// A number as JSON, integral values without a fraction (`0`, not `0.0`): the bytes a probe
+/// sends stay what they always were, and strict gateways that want an integer are satisfied.
+pub(crate) fn json_number(v: f64) -> serde_json::Value {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        // Integral and far inside i64's range: the cast is exact.
+        serde_json::Value::from(v as i64)
+    } else {
+        serde_json::Value::from(v)
+    }
+}

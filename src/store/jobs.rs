@@ -49,12 +49,15 @@ pub(crate) enum Target {
     Outcomes,
     Skips,
     Rollups(Granularity),
+    /// Regression set runs (`store/drift.rs`), kept as long as raw outcomes.
+    DriftRuns,
 }
 
 impl Target {
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 6] = [
         Target::Outcomes,
         Target::Skips,
+        Target::DriftRuns,
         Target::Rollups(Granularity::FiveMinutes),
         Target::Rollups(Granularity::Hour),
         Target::Rollups(Granularity::Day),
@@ -92,6 +95,7 @@ pub(crate) fn delete_old(
                       ORDER BY bucket_start_ms LIMIT ?3)",
             )?
             .execute(params![g.seconds(), cutoff_ms, limit])?,
+        Target::DriftRuns => return super::drift::delete_old(conn, cutoff_ms, limit as usize),
     };
     Ok(n as u64)
 }
@@ -105,6 +109,8 @@ pub struct RetentionReport {
     pub skips: u64,
     /// 5-minute rollups older than 48 h.
     pub rollups_five_minutes: u64,
+    /// Regression set runs older than `retention_days`.
+    pub drift_runs: u64,
     /// Hourly rollups older than `rollup_retention_days`.
     pub rollups_hour: u64,
     /// Daily rollups older than `rollup_retention_days`.
@@ -121,6 +127,7 @@ impl RetentionReport {
             Target::Rollups(Granularity::FiveMinutes) => &mut self.rollups_five_minutes,
             Target::Rollups(Granularity::Hour) => &mut self.rollups_hour,
             Target::Rollups(Granularity::Day) => &mut self.rollups_day,
+            Target::DriftRuns => &mut self.drift_runs,
         };
         *slot += n;
         self.steps += 1;
@@ -132,6 +139,7 @@ impl RetentionReport {
             + self.rollups_five_minutes
             + self.rollups_hour
             + self.rollups_day
+            + self.drift_runs
     }
 }
 

@@ -22,6 +22,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0004_alerts",
         include_str!("../../migrations/0004_alerts.sql"),
     ),
+    (
+        "0005_drift",
+        include_str!("../../migrations/0005_drift.sql"),
+    ),
 ];
 
 /// The schema version this build expects.

@@ -14,12 +14,13 @@
 //! Files: `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
-//! transitions and incidents), `histogram.rs`, `alerts.rs` (the alert
+//! transitions and incidents), `drift.rs` (regression set runs), `histogram.rs`, `alerts.rs` (the alert
 //! outbox, firing alerts, silences).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod alerts;
+mod drift;
 mod health;
 pub mod histogram;
 mod jobs;

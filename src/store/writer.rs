@@ -27,7 +27,7 @@ pub const RETENTION_BATCH: usize = 1000;
 /// 5-minute rollups serve 24 h charts; two days is plenty.
 const FIVE_MINUTE_RETENTION: chrono::Duration = chrono::Duration::hours(48);
 
-type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
+pub(crate) type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
 
 pub(crate) enum Command {
     Record {
@@ -64,6 +64,11 @@ pub(crate) enum Command {
         op: super::alerts::AlertOp,
         ack: Ack<u64>,
     },
+    /// One regression set run (`store/drift.rs`).
+    DriftRun {
+        run: Box<crate::drift::SetRun>,
+        ack: Ack<()>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -86,7 +91,8 @@ impl Command {
             | Command::Skip { ack, .. }
             | Command::Heartbeat { ack, .. }
             | Command::Health { ack, .. }
-            | Command::CheckWritable { ack } => {
+            | Command::CheckWritable { ack }
+            | Command::DriftRun { ack, .. } => {
                 let _ = ack.send(result.map(|_| ()));
             }
             Command::Retention { ack, .. } | Command::Alert { ack, .. } => {
@@ -121,7 +127,7 @@ impl Writer {
         self.tx.send(c).await.map_err(|_| StoreError::Closed)
     }
 
-    pub(super) async fn request<T>(
+    pub(crate) async fn request<T>(
         &self,
         make: impl FnOnce(Ack<T>) -> Command,
     ) -> Result<T, StoreError> {
@@ -199,7 +205,7 @@ impl Writer {
         let mut report = RetentionReport::default();
         for target in Target::ALL {
             let cutoff_ms = match target {
-                Target::Outcomes | Target::Skips => raw_cutoff,
+                Target::Outcomes | Target::Skips | Target::DriftRuns => raw_cutoff,
                 Target::Rollups(Granularity::FiveMinutes) => to_ms(now - FIVE_MINUTE_RETENTION),
                 Target::Rollups(_) => rollup_cutoff,
             };
@@ -357,6 +363,10 @@ impl State {
                 }
                 Command::Heartbeat { job, at, .. } => {
                     jobs::upsert_heartbeat(&tx, job, *at)?;
+                    0
+                }
+                Command::DriftRun { run, .. } => {
+                    super::drift::insert_run(&tx, run)?;
                     0
                 }
                 Command::CheckWritable { .. } => {

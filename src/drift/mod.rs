@@ -1,0 +1,411 @@
+//! Drift: offline regression sets (`probes/*.toml`) that catch silent model changes per route
+//! (seed 004's "interface healthy, output changed", which no online signal shows).
+//!
+//! The `PROBE_OK` probe's mismatches are the fast signal; regression sets are the thorough one.
+//! Each set is run on each route it applies to on its schedule, and every route is compared
+//! only with **its own** past — never with another route (different providers differ by
+//! design).
+//!
+//! - [`sets`]: parsing and checking the set files (located errors, like the config).
+//! - [`validate`]: the validators (`exact`, `contains`, `regex`, `json`, `json_schema` — a
+//!   strict subset validator —, `min_chars`/`max_chars`, `one_of`).
+//! - [`stats`]: Fisher's exact test and Mann–Whitney U on top of `statrs` distributions.
+//! - [`runner`]: runs sets (one run per route at a time, spread out, low priority), records
+//!   them, keeps [`History`] and publishes a [`DriftSnapshot`] on a `watch` channel.
+//! - [`compare`]: the statistics over a route's own history → [`DriftFinding`]s with evidence.
+//! - [`api`]: `GET /api/v1/drift`, a router fragment the web server merges.
+//! - [`report`]: the text report of `probeok regress`.
+//!
+//! Consumers (alerts, weights, status page) read the [`DriftSnapshot`]: its findings (each
+//! with a stable [`DriftFinding::id`] to track open/closed, see [`DriftSnapshot::diff`]) and
+//! the quality gate [`DriftSnapshot::eligible`] for backup and fallback routes (seed 003: a
+//! backup that answers in the wrong format is no backup).
+
+pub mod api;
+pub mod compare;
+pub mod report;
+pub mod runner;
+pub mod sets;
+pub mod stats;
+pub mod validate;
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+pub use compare::{compare, CompareOptions, History};
+pub use runner::{run_set, spawn, DriftHandle, RunnerOptions};
+pub use sets::{load_dir, RegressionSet};
+
+use crate::health::FailureMode;
+use crate::route::{Route, RouteId, Tier};
+
+/// Stored and shown answers are evidence, not transcripts.
+pub const MAX_OUTPUT_CHARS: usize = 2000;
+
+/// What one validator said about one answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidatorFailure {
+    /// `exact`, `contains`, `regex`, `json`, `json_schema`, `min_chars`, `max_chars`, `one_of`.
+    pub validator: String,
+    pub message: String,
+}
+
+/// One case of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseResult {
+    pub case: String,
+    /// Every validator accepted the answer; `None` when there was no complete answer to judge
+    /// (transport or protocol failure: the health detector's business, not drift).
+    pub passed: Option<bool>,
+    /// The validators that rejected it (empty when passed).
+    pub failures: Vec<ValidatorFailure>,
+    /// Length of the whole trimmed answer, in characters.
+    pub output_chars: u32,
+    pub latency_ms: f64,
+    pub output_tokens: Option<u32>,
+    pub model_reported: Option<String>,
+    pub system_fingerprint: Option<String>,
+    /// The call's error (`kind: message`) when it failed.
+    pub error: Option<String>,
+    /// The trimmed answer, bounded to [`MAX_OUTPUT_CHARS`].
+    pub output: String,
+}
+
+/// One run of one set on one route.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SetRun {
+    pub route: RouteId,
+    pub set: String,
+    pub started_at: DateTime<Utc>,
+    pub cases: Vec<CaseResult>,
+}
+
+impl SetRun {
+    /// Cases whose answer passed every validator.
+    pub fn passed(&self) -> usize {
+        self.cases.iter().filter(|c| c.passed == Some(true)).count()
+    }
+
+    /// Cases with a complete answer (judged at all).
+    pub fn answered(&self) -> usize {
+        self.cases.iter().filter(|c| c.passed.is_some()).count()
+    }
+
+    /// Cases whose call failed.
+    pub fn errors(&self) -> usize {
+        self.cases.len() - self.answered()
+    }
+
+    /// The model most cases reported (ties: the first seen).
+    pub fn model(&self) -> Option<String> {
+        mode(self.cases.iter().filter_map(|c| c.model_reported.clone()))
+    }
+
+    pub fn fingerprint(&self) -> Option<String> {
+        mode(
+            self.cases
+                .iter()
+                .filter_map(|c| c.system_fingerprint.clone()),
+        )
+    }
+}
+
+fn mode(items: impl Iterator<Item = String>) -> Option<String> {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for item in items {
+        match counts.iter_mut().find(|(k, _)| *k == item) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((item, 1)),
+        }
+    }
+    let best = counts.iter().map(|(_, n)| *n).max()?;
+    counts.into_iter().find(|(_, n)| *n == best).map(|(k, _)| k)
+}
+
+/// What kind of change a finding reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriftKind {
+    /// Fewer cases pass than this route's own history says they should.
+    PassRateDrop,
+    /// Answers got markedly longer or shorter than this route's own history.
+    LengthShift,
+    /// The reported model or `system_fingerprint` changed (informational).
+    ModelChanged,
+}
+
+impl DriftKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriftKind::PassRateDrop => "pass_rate_drop",
+            DriftKind::LengthShift => "length_shift",
+            DriftKind::ModelChanged => "model_changed",
+        }
+    }
+}
+
+/// SPEC severities; drift findings are `warning`, model changes `info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+}
+
+/// A pass count.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RateSample {
+    pub runs: usize,
+    pub passed: u64,
+    /// Cases judged (complete answers).
+    pub total: u64,
+    /// `passed / total`; `None` with nothing judged.
+    pub rate: Option<f64>,
+}
+
+/// One of the runs that showed the shift.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunStat {
+    pub started_at: DateTime<Utc>,
+    pub passed: u64,
+    pub total: u64,
+    /// That run alone against the baseline (pass-rate findings).
+    pub p_value: Option<f64>,
+    /// Median answer length relative to the baseline's per-case median (length findings).
+    pub median_length_ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LengthEvidence {
+    pub before_median_chars: Option<f64>,
+    pub after_median_chars: Option<f64>,
+    pub before_median_ratio: f64,
+    pub after_median_ratio: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelEvidence {
+    pub before_model: Option<String>,
+    pub after_model: Option<String>,
+    pub before_fingerprint: Option<String>,
+    pub after_fingerprint: Option<String>,
+    /// The first run of the unbroken streak reporting the new value.
+    pub since: DateTime<Utc>,
+}
+
+/// One case's answer before and after, bounded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Example {
+    pub case: String,
+    /// Why the latest answer failed (empty for length findings of passing answers).
+    pub failures: Vec<ValidatorFailure>,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+/// What a finding rests on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// `fisher_exact_one_sided`, `mann_whitney_u_two_sided`, or `none` (model changes).
+    pub test: String,
+    /// The pooled test over the last two runs.
+    pub p_value: Option<f64>,
+    /// The baseline (this route's own earlier runs).
+    pub before: RateSample,
+    /// The runs judged.
+    pub after: RateSample,
+    /// Each of the (two) runs that showed it.
+    pub runs: Vec<RunStat>,
+    pub length: Option<LengthEvidence>,
+    pub model: Option<ModelEvidence>,
+    pub examples: Vec<Example>,
+}
+
+/// A change in one route's behaviour on one regression set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriftFinding {
+    /// `route|set|kind`: stable while the finding lasts (alerts track open/closed by it).
+    pub id: String,
+    pub route: RouteId,
+    pub set: String,
+    pub kind: DriftKind,
+    pub severity: Severity,
+    /// `behavior_changed` for drift; `None` for the informational model change.
+    pub failure_mode: Option<FailureMode>,
+    /// Start of the latest run it rests on.
+    pub detected_at: DateTime<Utc>,
+    /// One human sentence with the numbers.
+    pub summary: String,
+    pub evidence: Evidence,
+}
+
+impl DriftFinding {
+    pub fn key(route: &RouteId, set: &str, kind: DriftKind) -> String {
+        format!("{route}|{set}|{}", kind.as_str())
+    }
+
+    /// Drift proper (not the informational model change): sets the route's failure mode to
+    /// `behavior_changed`, alerts, and with `on_drift = "deweight"` lowers its weight.
+    pub fn is_drift(&self) -> bool {
+        self.kind != DriftKind::ModelChanged
+    }
+}
+
+/// One (route, set)'s latest runs, for the quality gate and the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SetStatus {
+    pub route: RouteId,
+    pub set: String,
+    /// Newest last; at most [`GATE_RUNS`].
+    pub runs: Vec<RunSummary>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub started_at: DateTime<Utc>,
+    pub passed: usize,
+    pub answered: usize,
+    pub errors: usize,
+    /// `case: validator` of every failed case.
+    pub failed: Vec<String>,
+    pub model: Option<String>,
+}
+
+impl From<&SetRun> for RunSummary {
+    fn from(r: &SetRun) -> Self {
+        Self {
+            started_at: r.started_at,
+            passed: r.passed(),
+            answered: r.answered(),
+            errors: r.errors(),
+            failed: r
+                .cases
+                .iter()
+                .filter(|c| c.passed == Some(false))
+                .map(|c| {
+                    let v: Vec<&str> = c.failures.iter().map(|f| f.validator.as_str()).collect();
+                    format!("{}: {}", c.case, v.join(", "))
+                })
+                .collect(),
+            model: r.model(),
+        }
+    }
+}
+
+/// The latest runs the quality gate looks at.
+pub const GATE_RUNS: usize = 2;
+
+/// Why a backup or fallback route gets no traffic share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ineligible {
+    /// `regression_failed`.
+    pub code: String,
+    pub text: String,
+}
+
+/// What drift publishes: every current finding and every (route, set)'s latest runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriftSnapshot {
+    pub generated_at: DateTime<Utc>,
+    pub findings: Vec<DriftFinding>,
+    pub sets: Vec<SetStatus>,
+}
+
+impl DriftSnapshot {
+    pub fn empty(now: DateTime<Utc>) -> Self {
+        Self {
+            generated_at: now,
+            findings: Vec::new(),
+            sets: Vec::new(),
+        }
+    }
+
+    pub fn from_history(history: &History, now: DateTime<Utc>) -> Self {
+        Self {
+            generated_at: now,
+            findings: history.findings(),
+            sets: history
+                .latest(GATE_RUNS)
+                .into_iter()
+                .map(|(route, set, runs)| SetStatus {
+                    route,
+                    set,
+                    runs: runs.iter().map(RunSummary::from).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The route's current findings.
+    pub fn route_findings<'a>(
+        &'a self,
+        route: &'a RouteId,
+    ) -> impl Iterator<Item = &'a DriftFinding> {
+        self.findings.iter().filter(move |f| &f.route == route)
+    }
+
+    /// Whether the route has a drift finding (not just a model change): its failure mode is
+    /// then `behavior_changed`.
+    pub fn behavior_changed(&self, route: &RouteId) -> bool {
+        self.route_findings(route).any(DriftFinding::is_drift)
+    }
+
+    /// The quality gate (seed 003). Primary routes always pass (their drift is a finding that
+    /// alerts and, with `on_drift = "deweight"`, lowers their weight). A `backup` or `fallback`
+    /// route is not eligible for traffic share when, for some set, its latest runs (the last
+    /// [`GATE_RUNS`], or the only one) all had failing cases: a backup that answers in the
+    /// wrong format is no backup. Runs whose every call failed judge nothing.
+    pub fn eligible(&self, route: &Route) -> Result<(), Ineligible> {
+        if route.tier == Tier::Primary {
+            return Ok(());
+        }
+        for s in self.sets.iter().filter(|s| s.route == route.id) {
+            let judged: Vec<&RunSummary> = s.runs.iter().filter(|r| r.answered > 0).collect();
+            if judged.is_empty() || judged.iter().any(|r| r.failed.is_empty()) {
+                continue;
+            }
+            let Some(last) = judged.last() else { continue };
+            return Err(Ineligible {
+                code: "regression_failed".into(),
+                text: format!(
+                    "{} route failed regression set {:?} in its latest {} run(s): {}/{} cases passed; failing: {}",
+                    route.tier.as_str(),
+                    s.set,
+                    judged.len(),
+                    last.passed,
+                    last.answered,
+                    last.failed.join("; ")
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Findings opened and closed between two snapshots (by id), for alerting.
+    pub fn diff<'a>(
+        old: &'a DriftSnapshot,
+        new: &'a DriftSnapshot,
+    ) -> (Vec<&'a DriftFinding>, Vec<&'a DriftFinding>) {
+        let opened = new
+            .findings
+            .iter()
+            .filter(|f| !old.findings.iter().any(|o| o.id == f.id))
+            .collect();
+        let closed = old
+            .findings
+            .iter()
+            .filter(|f| !new.findings.iter().any(|n| n.id == f.id))
+            .collect();
+        (opened, closed)
+    }
+}
+
+/// The quality gate as a free function (see [`DriftSnapshot::eligible`]).
+pub fn eligible(route: &Route, snapshot: &DriftSnapshot) -> Result<(), Ineligible> {
+    snapshot.eligible(route)
+}
+
+/// The receiving end consumers hold.
+pub type DriftRx = tokio::sync::watch::Receiver<Arc<DriftSnapshot>>;
