@@ -32,6 +32,8 @@ pub(super) struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub slo: RawSlo,
+    #[serde(default)]
+    pub proxy: RawProxy,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -170,4 +172,30 @@ pub(super) struct RawRoute {
 pub(super) struct RawSlo {
     pub availability: Option<f64>,
     pub latency_threshold: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawProxy {
+    pub enabled: Option<bool>,
+    pub listen: Option<String>,
+    pub first_byte_timeout: Option<String>,
+    pub total_timeout: Option<String>,
+    pub max_attempts: Option<i64>,
+    pub max_retry_wait: Option<String>,
+    pub stream_idle_timeout: Option<String>,
+    pub max_body: Option<String>,
+    pub idempotency_ttl: Option<String>,
+    pub client_keys_env: Option<String>,
+    #[serde(default)]
+    pub breaker: RawBreaker,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBreaker {
+    pub failure_ratio: Option<f64>,
+    pub window: Option<String>,
+    pub min_requests: Option<i64>,
+    pub open_for: Option<String>,
 }
