@@ -23,6 +23,10 @@
 //!   egress and request-side findings; functions of (state, outcome, baseline, config, now).
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
+//! - [`proxy`]: the OpenAI-compatible routing proxy — candidates from the weights
+//!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
+//!   SPEC's failover classes (`proxy::attempt`), committed streams (`proxy::stream`), its own
+//!   view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
 //! - [`web`]: the monitor's HTTP router (`/healthz` for now).
 //! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate).
 //! - [`app`]: wires the tasks together under one `CancellationToken`.
@@ -34,6 +38,7 @@ pub mod config;
 pub mod demo;
 pub mod health;
 pub mod probe;
+pub mod proxy;
 pub mod route;
 pub mod scheduler;
 pub mod secret;
