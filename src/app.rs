@@ -115,9 +115,8 @@ pub async fn start(
     // monitor's weights feed replaces its sender).
     let proxy_task = if config.proxy.enabled {
         let proxy_listener = TcpListener::bind(config.proxy.listen).await?;
-        let (_weights_tx, weights_rx) = watch::channel(Arc::new(
-            crate::proxy::WeightsView::from_config(&routes),
-        ));
+        let (_weights_tx, weights_rx) =
+            watch::channel(Arc::new(crate::proxy::WeightsView::from_config(&routes)));
         let proxy = crate::proxy::Proxy::new(&config, weights_rx, passive_tx.clone())?;
         tracing::info!(addr = %config.proxy.listen, "proxy serving");
         Some(tokio::spawn(crate::proxy::serve(

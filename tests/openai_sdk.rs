@@ -43,11 +43,17 @@ async fn the_official_openai_sdk_works_through_the_proxy() {
         if body["stream"] == true {
             Reply::now(
                 Script::new()
-                    .every(Duration::from_millis(5), openai::stream(&["Hello", ", ", "world"], "stop", None))
+                    .every(
+                        Duration::from_millis(5),
+                        openai::stream(&["Hello", ", ", "world"], "stop", None),
+                    )
                     .sse(),
             )
         } else {
-            Reply::now(json(StatusCode::OK, openai::body("Hello, world", "stop", Some(3))))
+            Reply::now(json(
+                StatusCode::OK,
+                openai::body("Hello, world", "stop", Some(3)),
+            ))
         }
     })
     .await;
@@ -72,7 +78,9 @@ async fn the_official_openai_sdk_works_through_the_proxy() {
     let (_wtx, wrx) = watch::channel(Arc::new(WeightsView::from_config(&config.routes())));
     let (ptx, _prx) = mpsc::channel(64);
     let p = Proxy::new(&config, wrx, ptx).expect("proxy");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let shutdown = CancellationToken::new();
     tokio::spawn(proxy::serve(listener, p, shutdown.clone()));
@@ -108,7 +116,12 @@ async fn the_official_openai_sdk_works_through_the_proxy() {
         assert_eq!(h["x-probeok-route"], "fake/r1/up-model", "{part}");
         assert_eq!(h["x-probeok-attempts"], "1", "{part}");
         assert_eq!(h["x-probeok-mode"], "normal", "{part}");
-        assert!(h["x-request-id"].as_str().is_some_and(|s| s.starts_with("req_")), "{part}");
+        assert!(
+            h["x-request-id"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("req_")),
+            "{part}"
+        );
         assert_eq!(h["x-probeok-fallback-reason"], Value::Null, "{part}");
     }
     assert_eq!(v["interrupted"]["raised"], "APIError", "{v}");

@@ -48,7 +48,11 @@ fn ok_body(text: &str) -> Reply {
 }
 
 fn ok_stream(pieces: &[&str]) -> Reply {
-    Reply::now(Script::new().send_all(openai::stream(pieces, "stop", Some(3))).sse())
+    Reply::now(
+        Script::new()
+            .send_all(openai::stream(pieces, "stop", Some(3)))
+            .sse(),
+    )
 }
 
 struct Running {
@@ -101,7 +105,11 @@ async fn start(ups: &[&Up], tweak: impl FnOnce(&mut ProxyConfig)) -> Running {
             }],
             ..ProviderConfig::default()
         });
-        let tier = if i == 0 { u.tier } else { Tier::Backup.max(u.tier) };
+        let tier = if i == 0 {
+            u.tier
+        } else {
+            Tier::Backup.max(u.tier)
+        };
         config.routes.push(RouteConfig {
             provider: format!("p{i}"),
             region: "r".into(),
@@ -114,7 +122,10 @@ async fn start(ups: &[&Up], tweak: impl FnOnce(&mut ProxyConfig)) -> Running {
             ..RouteConfig::default()
         });
         // Same value in every test: set before any proxy reads it.
-        std::env::set_var(format!("PROBEOK_TEST_PROXY_KEY_{i}"), format!("sk-upstream-key-{i}-0123456789"));
+        std::env::set_var(
+            format!("PROBEOK_TEST_PROXY_KEY_{i}"),
+            format!("sk-upstream-key-{i}-0123456789"),
+        );
     }
     config.proxy.enabled = true;
     config.proxy.total_timeout = Duration::from_secs(10);
@@ -122,7 +133,9 @@ async fn start(ups: &[&Up], tweak: impl FnOnce(&mut ProxyConfig)) -> Running {
     let (wtx, wrx) = watch::channel(Arc::new(WeightsView::from_config(&config.routes())));
     let (ptx, prx) = mpsc::channel(256);
     let p = Proxy::new(&config, wrx, ptx).expect("proxy");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let shutdown = CancellationToken::new();
     tokio::spawn(proxy::serve(listener, p, shutdown.clone()));
@@ -201,7 +214,11 @@ async fn non_streaming_answer_headers_model_name_and_keys() {
     assert_eq!(v["choices"][0]["message"]["content"], "hello");
 
     let got = a.reqs.last();
-    assert_eq!(got.json()["model"], "up-0", "the route gets its own model name");
+    assert_eq!(
+        got.json()["model"],
+        "up-0",
+        "the route gets its own model name"
+    );
     assert_eq!(got.json()["messages"][0]["content"], "hi");
     assert_eq!(
         got.header("authorization"),
@@ -229,7 +246,11 @@ async fn client_errors_are_returned_as_is_and_never_retried() {
     let a = up(|_| {
         Reply::now(json(
             StatusCode::BAD_REQUEST,
-            openai::error("messages[0].role is invalid", "invalid_request_error", Some("invalid_value")),
+            openai::error(
+                "messages[0].role is invalid",
+                "invalid_request_error",
+                Some("invalid_value"),
+            ),
         ))
     })
     .await;
@@ -241,13 +262,21 @@ async fn client_errors_are_returned_as_is_and_never_retried() {
     assert_eq!(header(&r, "x-probeok-attempts"), "1");
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "invalid_value");
-    assert_eq!(b.reqs.all().len(), 0, "a client's fault is never tried elsewhere");
+    assert_eq!(
+        b.reqs.all().len(),
+        0,
+        "a client's fault is never tried elsewhere"
+    );
 
     // A content-policy refusal is the client's fault too.
     let c = up(|_| {
         Reply::now(json(
             StatusCode::BAD_REQUEST,
-            openai::error("inappropriate", "data_inspection_failed", Some("data_inspection_failed")),
+            openai::error(
+                "inappropriate",
+                "data_inspection_failed",
+                Some("data_inspection_failed"),
+            ),
         ))
     })
     .await;
@@ -271,7 +300,11 @@ async fn auth_failures_move_on_and_all_401_is_502() {
     let unauthorized = |_: &Captured| {
         Reply::now(json(
             StatusCode::UNAUTHORIZED,
-            openai::error("Incorrect API key provided", "invalid_request_error", Some("invalid_api_key")),
+            openai::error(
+                "Incorrect API key provided",
+                "invalid_request_error",
+                Some("invalid_api_key"),
+            ),
         ))
     };
     let a = up(unauthorized).await;
@@ -286,12 +319,18 @@ async fn auth_failures_move_on_and_all_401_is_502() {
     assert_eq!(b.reqs.last().json()["model"], "up-1");
     let outcomes = px.outcomes().await;
     assert_eq!(outcomes.len(), 2);
-    assert_eq!(outcomes[0].error.as_ref().and_then(ProbeError::status), Some(401));
+    assert_eq!(
+        outcomes[0].error.as_ref().and_then(ProbeError::status),
+        Some(401)
+    );
     assert!(outcomes[1].success);
 
     let c = up(unauthorized).await;
     let d = up(|_| {
-        Reply::now(json(StatusCode::FORBIDDEN, openai::error("forbidden", "permission_error", None)))
+        Reply::now(json(
+            StatusCode::FORBIDDEN,
+            openai::error("forbidden", "permission_error", None),
+        ))
     })
     .await;
     let px = start(&[&c, &d], |_| {}).await;
@@ -348,7 +387,10 @@ async fn rate_limits_move_on_and_the_route_rests_until_retry_after() {
 #[tokio::test]
 async fn server_errors_move_on() {
     let a = up(|_| {
-        Reply::now(json(StatusCode::SERVICE_UNAVAILABLE, openai::error("overloaded", "server_error", None)))
+        Reply::now(json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            openai::error("overloaded", "server_error", None),
+        ))
     })
     .await;
     let b = up(|_| ok_stream(&["from ", "b"])).await;
@@ -377,10 +419,13 @@ async fn server_errors_move_on() {
 
 #[tokio::test]
 async fn a_hung_first_candidate_leaves_time_for_the_next() {
-    let a = up(|_| Reply::after(
+    let a = up(|_| {
+        Reply::after(
             Duration::from_secs(60),
             json(StatusCode::OK, openai::body("too late", "stop", None)),
-        )).await;
+        )
+    })
+    .await;
     let b = up(|_| ok_body("from b")).await;
     let mut px = start(&[&a, &b], |p| p.total_timeout = Duration::from_secs(2)).await;
     let t0 = Instant::now();
@@ -388,9 +433,15 @@ async fn a_hung_first_candidate_leaves_time_for_the_next() {
     let took = t0.elapsed();
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-probeok-route"), "p1/r/up-1");
-    assert_eq!(header(&r, "x-probeok-fallback-reason"), "timeout_before_first_byte");
+    assert_eq!(
+        header(&r, "x-probeok-fallback-reason"),
+        "timeout_before_first_byte"
+    );
     // 2 s over 2 candidates: the first gets 1 s.
-    assert!(took >= Duration::from_millis(950) && took < Duration::from_millis(1800), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_millis(1800),
+        "{took:?}"
+    );
     let outcomes = px.outcomes().await;
     assert_eq!(outcomes[0].error, Some(ProbeError::TimeoutBeforeFirstByte));
 }
@@ -409,14 +460,23 @@ async fn stream_watchdog_moves_on_when_the_first_event_is_late() {
     })
     .await;
     let b = up(|_| ok_stream(&["on ", "time"])).await;
-    let mut px = start(&[&a, &b], |p| p.first_byte_timeout = Duration::from_millis(300)).await;
+    let mut px = start(&[&a, &b], |p| {
+        p.first_byte_timeout = Duration::from_millis(300)
+    })
+    .await;
     let t0 = Instant::now();
     let r = px.post(chat(true)).await;
     assert_eq!(r.status(), 200);
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(290) && took < Duration::from_millis(1000), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(290) && took < Duration::from_millis(1000),
+        "{took:?}"
+    );
     assert_eq!(header(&r, "x-probeok-route"), "p1/r/up-1");
-    assert_eq!(header(&r, "x-probeok-fallback-reason"), "timeout_before_first_byte");
+    assert_eq!(
+        header(&r, "x-probeok-fallback-reason"),
+        "timeout_before_first_byte"
+    );
     assert_eq!(text_of(&sse_events(r).await), "on time");
     assert_eq!(a.reqs.all().len(), 1);
     let outcomes = px.outcomes().await;
@@ -428,7 +488,14 @@ async fn stream_watchdog_moves_on_when_the_first_event_is_late() {
 async fn streams_pass_through_chunk_by_chunk() {
     const EVERY: Duration = Duration::from_millis(250);
     let pieces = ["a", "b", "c", "d"];
-    let a = up(move |_| Reply::now(Script::new().every(EVERY, openai::stream(&pieces, "stop", None)).sse())).await;
+    let a = up(move |_| {
+        Reply::now(
+            Script::new()
+                .every(EVERY, openai::stream(&pieces, "stop", None))
+                .sse(),
+        )
+    })
+    .await;
     let px = start(&[&a], |_| {}).await;
     let t0 = Instant::now();
     let r = px.post(chat(true)).await;
@@ -444,7 +511,10 @@ async fn streams_pass_through_chunk_by_chunk() {
         let sent = EVERY * (k as u32 + 1);
         let next = EVERY * (k as u32 + 2);
         let seen = *at - t0;
-        assert!(seen >= sent, "chunk {k} seen at {seen:?} before it was sent ({sent:?})");
+        assert!(
+            seen >= sent,
+            "chunk {k} seen at {seen:?} before it was sent ({sent:?})"
+        );
         assert!(
             seen < next,
             "chunk {k} seen at {seen:?}, not before the upstream sent chunk {} ({next:?})",
@@ -459,27 +529,55 @@ async fn streams_pass_through_chunk_by_chunk() {
 async fn mid_stream_failures_interrupt_without_failover() {
     type Make = fn() -> Script;
     let cases: [(&str, Make, &str); 5] = [
-        ("error event", || {
-            Script::new()
-                .send(openai::content("par"))
-                .send(common::frame(None, &j!({"error": {"message": "overloaded", "code": 503}}).to_string()))
-        }, "http"),
-        ("stall", || Script::new().send(openai::content("par")).hang(), "stalled"),
-        ("no finish, no [DONE]", || Script::new().send(openai::content("par")), "truncated"),
-        ("malformed chunk", || {
-            Script::new().send(openai::content("par")).send("data: {not json\n\n")
-        }, "malformed"),
-        ("cut", || {
-            Script::new()
-                .send(openai::content("par"))
-                .after(Duration::from_millis(100), ": ping\n\n")
-                .cut()
-        }, "truncated"),
+        (
+            "error event",
+            || {
+                Script::new()
+                    .send(openai::content("par"))
+                    .send(common::frame(
+                        None,
+                        &j!({"error": {"message": "overloaded", "code": 503}}).to_string(),
+                    ))
+            },
+            "http",
+        ),
+        (
+            "stall",
+            || Script::new().send(openai::content("par")).hang(),
+            "stalled",
+        ),
+        (
+            "no finish, no [DONE]",
+            || Script::new().send(openai::content("par")),
+            "truncated",
+        ),
+        (
+            "malformed chunk",
+            || {
+                Script::new()
+                    .send(openai::content("par"))
+                    .send("data: {not json\n\n")
+            },
+            "malformed",
+        ),
+        (
+            "cut",
+            || {
+                Script::new()
+                    .send(openai::content("par"))
+                    .after(Duration::from_millis(100), ": ping\n\n")
+                    .cut()
+            },
+            "truncated",
+        ),
     ];
     for (name, make, kind) in cases {
         let a = up(move |_| Reply::now(make().sse())).await;
         let b = up(|_| ok_stream(&["spliced"])).await;
-        let mut px = start(&[&a, &b], |p| p.stream_idle_timeout = Duration::from_millis(300)).await;
+        let mut px = start(&[&a, &b], |p| {
+            p.stream_idle_timeout = Duration::from_millis(300)
+        })
+        .await;
         let r = px.post(chat(true)).await;
         assert_eq!(r.status(), 200, "{name}");
         assert_eq!(header(&r, "x-probeok-route"), "p0/r/up-0", "{name}");
@@ -490,11 +588,19 @@ async fn mid_stream_failures_interrupt_without_failover() {
         let last: Value = serde_json::from_str(&events.last().unwrap().1).unwrap();
         assert_eq!(last["error"]["code"], "provider_interrupted", "{name}");
         assert_eq!(last["error"]["type"], "upstream_error", "{name}");
-        assert_eq!(b.reqs.all().len(), 0, "{name}: no failover after the commit point");
+        assert_eq!(
+            b.reqs.all().len(),
+            0,
+            "{name}: no failover after the commit point"
+        );
         let outcomes = px.outcomes().await;
         assert_eq!(outcomes.len(), 1, "{name}");
         assert!(!outcomes[0].success, "{name}");
-        assert_eq!(outcomes[0].error.as_ref().map(ProbeError::kind), Some(kind), "{name}");
+        assert_eq!(
+            outcomes[0].error.as_ref().map(ProbeError::kind),
+            Some(kind),
+            "{name}"
+        );
     }
 }
 
@@ -504,7 +610,11 @@ async fn capability_filtering_and_no_substitution() {
     a.caps = vec![Capability::Stream];
     a.context_window = Some(50);
     let mut b = up(|_| ok_body("from b")).await;
-    b.caps = vec![Capability::Stream, Capability::Tools, Capability::JsonSchema];
+    b.caps = vec![
+        Capability::Stream,
+        Capability::Tools,
+        Capability::JsonSchema,
+    ];
     b.context_window = Some(100_000);
     let px = start(&[&a, &b], |_| {}).await;
 
@@ -527,7 +637,11 @@ async fn capability_filtering_and_no_substitution() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "no_capable_route");
     assert!(v["error"]["message"].as_str().unwrap().contains("vision"));
-    assert_eq!(a.reqs.all().len(), 0, "never sent to a route lacking what it needs");
+    assert_eq!(
+        a.reqs.all().len(),
+        0,
+        "never sent to a route lacking what it needs"
+    );
     assert_eq!(b.reqs.all().len(), 2);
 
     let r = px
@@ -604,10 +718,18 @@ async fn all_weights_zero_is_degraded_least_bad_first() {
     let r = px.post(chat(false)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-probeok-mode"), "degraded");
-    assert_eq!(header(&r, "x-probeok-route"), "p1/r/up-1", "least bad first");
+    assert_eq!(
+        header(&r, "x-probeok-route"),
+        "p1/r/up-1",
+        "least bad first"
+    );
     let since = header(&r, "x-probeok-degraded-since").to_owned();
     assert!(since.ends_with('Z'), "{since}");
     let r = px.post(chat(false)).await;
-    assert_eq!(header(&r, "x-probeok-degraded-since"), since, "stable while degraded");
+    assert_eq!(
+        header(&r, "x-probeok-degraded-since"),
+        since,
+        "stable while degraded"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }

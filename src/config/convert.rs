@@ -313,7 +313,12 @@ fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
         ),
         total_timeout: duration(ck, "proxy.total_timeout", r.total_timeout, d.total_timeout),
         max_attempts: uint(ck, "proxy.max_attempts", r.max_attempts, d.max_attempts, 1),
-        max_retry_wait: duration(ck, "proxy.max_retry_wait", r.max_retry_wait, d.max_retry_wait),
+        max_retry_wait: duration(
+            ck,
+            "proxy.max_retry_wait",
+            r.max_retry_wait,
+            d.max_retry_wait,
+        ),
         stream_idle_timeout: duration(
             ck,
             "proxy.stream_idle_timeout",
@@ -321,12 +326,23 @@ fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
             d.stream_idle_timeout,
         ),
         max_body,
-        idempotency_ttl: duration(ck, "proxy.idempotency_ttl", r.idempotency_ttl, d.idempotency_ttl),
+        idempotency_ttl: duration(
+            ck,
+            "proxy.idempotency_ttl",
+            r.idempotency_ttl,
+            d.idempotency_ttl,
+        ),
         client_keys_env: r.client_keys_env.unwrap_or(d.client_keys_env),
         breaker: BreakerConfig {
             failure_ratio: b.failure_ratio.unwrap_or(db.failure_ratio),
             window: duration(ck, "proxy.breaker.window", b.window, db.window),
-            min_requests: uint(ck, "proxy.breaker.min_requests", b.min_requests, db.min_requests, 1),
+            min_requests: uint(
+                ck,
+                "proxy.breaker.min_requests",
+                b.min_requests,
+                db.min_requests,
+                1,
+            ),
             open_for: duration(ck, "proxy.breaker.open_for", b.open_for, db.open_for),
         },
     }

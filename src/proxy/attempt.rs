@@ -62,7 +62,7 @@ pub fn class_of(e: &ProbeError) -> Class {
     match e {
         ProbeError::Refused { .. } => Class::ClientFault,
         ProbeError::Http { status, .. } => match *status {
-            401 | 402 | 403 | 404 => Class::RouteFault,
+            401..=404 => Class::RouteFault,
             408 | 429 => Class::Transient,
             s if (400..500).contains(&s) => Class::ClientFault,
             _ => Class::Transient, // 5xx, 529, anything unexpected
@@ -228,10 +228,7 @@ pub struct Committed {
 /// How one attempt ended.
 pub enum Attempt {
     /// A complete non-streamed answer (possibly a refusal, which is the client's answer too).
-    Answer {
-        body: Bytes,
-        outcome: ProbeOutcome,
-    },
+    Answer { body: Bytes, outcome: ProbeOutcome },
     /// The client's fault, returned as it is.
     ClientError {
         status: u16,
@@ -318,7 +315,8 @@ impl Upstream {
         };
         let key = self.keys.get(&route.provider);
         let fail = |timing: &Timing, status: Option<u16>, error: ProbeError| {
-            let outcome = timing.outcome(&route.id, Instant::now(), status, Some(error.clone()), None);
+            let outcome =
+                timing.outcome(&route.id, Instant::now(), status, Some(error.clone()), None);
             Attempt::Failed { error, outcome }
         };
 
@@ -375,7 +373,8 @@ impl Upstream {
                 .get(CONTENT_TYPE)
                 .cloned()
                 .unwrap_or(HeaderValue::from_static("application/json"));
-            let bytes = sse::guarded_bytes(response.bytes_stream(), headers_at, limits.budget, deadline);
+            let bytes =
+                sse::guarded_bytes(response.bytes_stream(), headers_at, limits.budget, deadline);
             let (raw, _, _) = sse::read_body(bytes, MAX_ERROR_BODY_BYTES).await;
             let error = classify_status(status, &headers, &raw, Utc::now());
             if class_of(&error) == Class::ClientFault {
@@ -527,7 +526,10 @@ mod tests {
             assert_eq!(class_of(&e), Class::Transient);
         }
         assert_eq!(reason_code(&http(503)), "http_503");
-        assert_eq!(reason_code(&ProbeError::TimeoutBeforeFirstByte), "timeout_before_first_byte");
+        assert_eq!(
+            reason_code(&ProbeError::TimeoutBeforeFirstByte),
+            "timeout_before_first_byte"
+        );
     }
 
     #[test]

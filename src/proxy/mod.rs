@@ -48,7 +48,9 @@ use crate::probe::{ProbeError, ProbeOutcome};
 use crate::route::{Route, RouteId, Tier};
 use crate::secret::Secret;
 
-use attempt::{class_of, reason_code, Attempt, Class, Limits, Outgoing, PassiveSink, Rests, Upstream};
+use attempt::{
+    class_of, reason_code, Attempt, Class, Limits, Outgoing, PassiveSink, Rests, Upstream,
+};
 use select::{Needs, Rejection};
 pub use weights::{WeightsRx, WeightsView};
 
@@ -251,7 +253,8 @@ fn authorized(keys: &[Secret], headers: &HeaderMap) -> bool {
     else {
         return false;
     };
-    keys.iter().any(|k| constant_time_eq(k.expose().as_bytes(), given.as_bytes()))
+    keys.iter()
+        .any(|k| constant_time_eq(k.expose().as_bytes(), given.as_bytes()))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -288,24 +291,44 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             "request_too_large",
-            &format!("the request body is larger than {} bytes", p.config.max_body),
+            &format!(
+                "the request body is larger than {} bytes",
+                p.config.max_body
+            ),
         );
     };
     let bad = |code: &str, message: &str| {
-        error_body(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
+        error_body(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            code,
+            message,
+        )
     };
     let request: Value = match serde_json::from_slice(&raw) {
         Ok(v @ Value::Object(_)) => v,
         Ok(_) => return bad("invalid_request", "the request body must be a JSON object"),
-        Err(e) => return bad("invalid_json", &format!("the request body is not valid JSON: {e}")),
+        Err(e) => {
+            return bad(
+                "invalid_json",
+                &format!("the request body is not valid JSON: {e}"),
+            )
+        }
     };
-    let Some(model) = request.get("model").and_then(Value::as_str).map(str::to_owned) else {
-        return bad("missing_model", "`model` (a logical model name) is required");
+    let Some(model) = request
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+    else {
+        return bad(
+            "missing_model",
+            "`model` (a logical model name) is required",
+        );
     };
-    if !request
+    if request
         .get("messages")
         .and_then(Value::as_array)
-        .is_some_and(|m| !m.is_empty())
+        .is_none_or(Vec::is_empty)
     {
         return bad("missing_messages", "`messages` must be a non-empty array");
     }
@@ -334,7 +357,9 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 "model_not_found",
-                &format!("the model `{model}` does not exist: GET /v1/models lists the models served here"),
+                &format!(
+                "the model `{model}` does not exist: GET /v1/models lists the models served here"
+            ),
             )
         }
         Err(Rejection::NoCapableRoute { missing }) => {
@@ -358,7 +383,10 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
                 .filter(|r| r.serves == model)
                 .map(|r| r.id.clone())
                 .collect();
-            let wait = p.rests.soonest_end(&ids, now).unwrap_or(Duration::from_secs(1));
+            let wait = p
+                .rests
+                .soonest_end(&ids, now)
+                .unwrap_or(Duration::from_secs(1));
             let mut r = error_body(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "upstream_error",
@@ -415,7 +443,11 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
             d.fallback_reason = Some("no_primary_usable".to_owned());
         }
         let started_at = p.clock.now();
-        match p.upstream.attempt(route, &outgoing, limits, started_at).await {
+        match p
+            .upstream
+            .attempt(route, &outgoing, limits, started_at)
+            .await
+        {
             Attempt::Answer { body, outcome } => {
                 p.passive.send(outcome);
                 let mut r = Response::new(Body::from(body));
@@ -460,9 +492,8 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
                 } else {
                     tracing::info!(route = %route.id, error = %error, attempt = i + 1, "attempt failed: trying the next candidate");
                 }
-                if d.fallback_reason.is_none() || i == 0 {
-                    d.fallback_reason.get_or_insert_with(|| reason_code(&error));
-                }
+                // The first reason the request left its first choice is the one disclosed.
+                d.fallback_reason.get_or_insert_with(|| reason_code(&error));
                 failures.push(error);
             }
         }
@@ -495,10 +526,7 @@ fn exhausted(model: &str, failures: &[ProbeError]) -> Response {
             &format!("no route of `{model}` answered in time"),
         );
     }
-    let last = failures
-        .last()
-        .map(|e| reason_code(e))
-        .unwrap_or_default();
+    let last = failures.last().map(reason_code).unwrap_or_default();
     error_body(
         StatusCode::SERVICE_UNAVAILABLE,
         "upstream_error",

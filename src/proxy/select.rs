@@ -242,14 +242,16 @@ pub fn plan(
     // configured weight if it is a primary, as in `WeightsView::from_config`.
     let scored: Vec<(&Arc<Route>, u32, bool, u8)> = awake
         .iter()
-        .map(|r| match model.and_then(|m| m.routes.iter().find(|w| w.route == r.id)) {
-            Some(w) => (*r, u32::from(w.weight), w.usable(), w.badness()),
-            None if model.is_none() => {
-                let w = if r.tier == Tier::Primary { r.weight } else { 0 };
-                (*r, u32::from(w), true, 1)
-            }
-            None => (*r, 0, true, 1),
-        })
+        .map(
+            |r| match model.and_then(|m| m.routes.iter().find(|w| w.route == r.id)) {
+                Some(w) => (*r, u32::from(w.weight), w.usable(), w.badness()),
+                None if model.is_none() => {
+                    let w = if r.tier == Tier::Primary { r.weight } else { 0 };
+                    (*r, u32::from(w), true, 1)
+                }
+                None => (*r, 0, true, 1),
+            },
+        )
         .collect();
     let flagged = model.is_some_and(|m| m.all_unhealthy);
     let any_share = scored.iter().any(|(_, w, usable, _)| *w > 0 && *usable);
@@ -343,7 +345,8 @@ mod tests {
         assert!(n.stream && n.tools && n.json_schema && n.vision);
         assert_eq!(n.residency.as_deref(), Some("cn"));
         assert!(n.context_tokens >= 100 + 85 + 2, "{n:?}");
-        let plain = Needs::from_request(&json!({"messages":[{"role":"user","content":"hi"}]}), None);
+        let plain =
+            Needs::from_request(&json!({"messages":[{"role":"user","content":"hi"}]}), None);
         assert_eq!(
             plain,
             Needs {
@@ -373,7 +376,8 @@ mod tests {
                 &[Capability::Stream, Capability::Tools],
             ),
         ];
-        let view = WeightsView::from_config(&routes.iter().map(|r| (**r).clone()).collect::<Vec<_>>());
+        let view =
+            WeightsView::from_config(&routes.iter().map(|r| (**r).clone()).collect::<Vec<_>>());
         let none = |_: &RouteId| false;
         assert_eq!(
             plan("nope", &Needs::default(), &routes, &view, none, &mut rng()),
@@ -414,7 +418,8 @@ mod tests {
             route("p2", "chat", Tier::Primary, 10, &[Capability::Stream]),
             route("bk", "chat", Tier::Backup, 100, &[Capability::Stream]),
         ];
-        let view = WeightsView::from_config(&routes.iter().map(|r| (**r).clone()).collect::<Vec<_>>());
+        let view =
+            WeightsView::from_config(&routes.iter().map(|r| (**r).clone()).collect::<Vec<_>>());
         let mut first_p1 = 0;
         let mut r = rng();
         for _ in 0..1000 {
@@ -438,7 +443,14 @@ mod tests {
         assert_eq!(ids(&p), vec!["p2", "bk", "fb"]);
         assert_eq!(p.resting, vec![routes[1].id.clone()]);
         assert_eq!(
-            plan("chat", &Needs::default(), &routes, &view, |_| true, &mut rng()),
+            plan(
+                "chat",
+                &Needs::default(),
+                &routes,
+                &view,
+                |_| true,
+                &mut rng()
+            ),
             Err(Rejection::AllResting)
         );
     }
@@ -467,7 +479,15 @@ mod tests {
                 all_unhealthy: true,
             },
         );
-        let p = plan("chat", &Needs::default(), &routes, &view, |_| false, &mut rng()).unwrap();
+        let p = plan(
+            "chat",
+            &Needs::default(),
+            &routes,
+            &view,
+            |_| false,
+            &mut rng(),
+        )
+        .unwrap();
         assert!(p.degraded);
         assert_eq!(ids(&p), vec!["p2", "p1"]);
     }
@@ -479,7 +499,14 @@ mod tests {
         let routes = vec![Arc::new(a)];
         assert_eq!(logical_models(&routes), Vec::<String>::new());
         assert_eq!(
-            plan("chat", &Needs::default(), &routes, &WeightsView::default(), |_| false, &mut rng()),
+            plan(
+                "chat",
+                &Needs::default(),
+                &routes,
+                &WeightsView::default(),
+                |_| false,
+                &mut rng()
+            ),
             Err(Rejection::UnknownModel)
         );
     }

@@ -38,7 +38,10 @@ struct State {
 }
 
 /// The client's body for a committed stream.
-pub(crate) fn body(c: Committed, sink: PassiveSink) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
+pub(crate) fn body(
+    c: Committed,
+    sink: PassiveSink,
+) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     let state = State {
         c,
         phase: Phase::First,
