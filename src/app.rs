@@ -53,6 +53,8 @@ pub enum AppError {
     Io(#[from] std::io::Error),
     #[error("drift: {0}")]
     Drift(String),
+    #[error("proxy: {0}")]
+    Proxy(#[from] crate::proxy::ProxyError),
     #[error("a task panicked: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
@@ -151,6 +153,24 @@ pub async fn start(
     let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
     let passive_task = tokio::spawn(record_passive(passive_rx, store.writer(), detect_tx));
 
+    // The routing proxy, when enabled: its own listener, the shared shutdown, every attempt into
+    // the passive queue, weights through a watch channel (the configured view for now; the
+    // monitor's weights feed replaces its sender).
+    let proxy_task = if config.proxy.enabled {
+        let proxy_listener = TcpListener::bind(config.proxy.listen).await?;
+        let (_weights_tx, weights_rx) =
+            tokio::sync::watch::channel(Arc::new(crate::proxy::WeightsView::from_config(&routes)));
+        let proxy = crate::proxy::Proxy::new(&config, weights_rx, passive_tx.clone())?;
+        tracing::info!(addr = %config.proxy.listen, "proxy serving");
+        Some(tokio::spawn(crate::proxy::serve(
+            proxy_listener,
+            proxy,
+            shutdown.clone(),
+        )))
+    } else {
+        None
+    };
+
     let state = AppState {
         config: Arc::new(config.clone()),
         routes: Arc::new(routes.clone()),
@@ -208,6 +228,11 @@ pub async fn start(
             let _ = alert_task.await;
             let _ = drift.task.await;
             let web = web_task.await;
+            if let Some(proxy) = proxy_task {
+                if let Ok(Err(e)) = proxy.await {
+                    tracing::error!(error = %e, "proxy server failed");
+                }
+            }
             // The web server (and with it every passive sender) is gone: the queue drains.
             let _ = passive_task.await;
             // Both of detection's senders are gone: it judges what is left, then saves.

@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{
-    Config, DetectionConfig, EgressConfig, ProbeConfig, ProviderConfig, RegionConfig, RouteConfig,
-    ServerConfig, SloConfig, StorageConfig,
+    Config, DetectionConfig, EgressConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig,
+    RouteConfig, ServerConfig, SloConfig, StorageConfig,
 };
 use crate::route::{Capability, Price, ProviderKind, Tier};
 use crate::sim::{self, Scenario, SimConfig, SimRoute};
@@ -162,13 +162,19 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
         providers,
         routes,
         slo: SloConfig::default(),
+        // The proxy runs too, so a new user can `curl` it on 127.0.0.1:9401.
+        proxy: ProxyConfig {
+            enabled: true,
+            ..ProxyConfig::default()
+        },
         ..Config::default()
     };
     tracing::info!(
         simulator = %sim_addr,
         database = DEMO_DB,
-        "no config given: running the built-in demo with simulated providers; open http://{}",
-        config.server.listen
+        "no config given: running the built-in demo with simulated providers; open http://{} (proxy: http://{}/v1)",
+        config.server.listen,
+        config.proxy.listen
     );
     Ok(Demo { config, sim_addr })
 }

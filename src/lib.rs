@@ -35,6 +35,10 @@
 //!   findings with evidence, `GET /api/v1/drift`, the quality gate for backup routes.
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
+//! - [`proxy`]: the OpenAI-compatible routing proxy — candidates from the weights
+//!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
+//!   SPEC's failover classes (`proxy::attempt`), committed streams (`proxy::stream`), its own
+//!   view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
 //! - [`web`]: the monitor's HTTP router (`/healthz` for now).
 //! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate,
 //!   alert test).
@@ -50,6 +54,7 @@ pub mod demo;
 pub mod drift;
 pub mod health;
 pub mod probe;
+pub mod proxy;
 pub mod route;
 pub mod scheduler;
 pub mod secret;

@@ -110,8 +110,8 @@ fn bad_configs_give_exact_located_diagnostics() {
         ),
         (
             "section not supported yet",
-            format!("[proxy]\nenabled = true\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: proxy: unknown key `proxy`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`"],
+            format!("[budget]\ndegrade_at = 0.8\n{PROVIDERS}{ROUTE}"),
+            vec!["p.toml:1:2: budget: unknown key `budget`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`"],
         ),
         (
             "unknown tier",
@@ -538,5 +538,53 @@ fn the_example_config_loads_cleanly() {
             "qwen/intl/qwen-max",
             "deepseek/cn/deepseek-ai/DeepSeek-V3"
         ]
+    );
+}
+
+#[test]
+fn proxy_section_defaults_and_located_errors() {
+    let loaded = Config::parse(&with_route(""), "p.toml").expect("valid");
+    let p = &loaded.config.proxy;
+    assert!(!p.enabled, "a real config opts in");
+    assert_eq!(p.listen.to_string(), "127.0.0.1:9401");
+    assert_eq!(p.first_byte_timeout, Duration::from_secs(2));
+    assert_eq!(p.total_timeout, Duration::from_secs(540));
+    assert_eq!(p.max_attempts, 5);
+    assert_eq!(p.max_retry_wait, Duration::from_secs(30));
+    assert_eq!(p.stream_idle_timeout, Duration::from_secs(30));
+    assert_eq!(p.max_body, 10 * 1024 * 1024);
+    assert_eq!(p.idempotency_ttl, Duration::from_secs(86_400));
+    assert_eq!(p.client_keys_env, "PROBEOK_CLIENT_KEYS");
+    assert_eq!(p.breaker.failure_ratio, 0.5);
+    assert_eq!(p.breaker.window, Duration::from_secs(60));
+    assert_eq!(p.breaker.min_requests, 20);
+    assert_eq!(p.breaker.open_for, Duration::from_secs(30));
+
+    let src = format!(
+        "{PROVIDERS}{ROUTE}[proxy]\nenabled = true\nlisten = \"127.0.0.1:9500\"\nmax_body = \"1MB\"\nfirst_byte_timeout = \"800ms\"\n  [proxy.breaker]\n  open_for = \"1m\"\n"
+    );
+    let p = Config::parse(&src, "p.toml").expect("valid").config.proxy;
+    assert!(p.enabled);
+    assert_eq!(p.listen.to_string(), "127.0.0.1:9500");
+    assert_eq!(p.max_body, 1_000_000);
+    assert_eq!(p.first_byte_timeout, Duration::from_millis(800));
+    assert_eq!(p.breaker.open_for, Duration::from_secs(60));
+
+    let bad = format!(
+        "{PROVIDERS}{ROUTE}[proxy]\nenabled = true\nlisten = \"127.0.0.1:9400\"\nmax_body = \"lots\"\nmax_attempts = 0\ntotal_timeout = \"1s\"\nfirst_byte_timeout = \"2s\"\n  [proxy.breaker]\n  failure_ratio = 1.5\n"
+    );
+    assert_eq!(
+        errors(&bad),
+        vec![
+            "p.toml:19:10: proxy.listen: 127.0.0.1:9400 is also server.listen: the proxy needs its own address",
+            "p.toml:20:12: proxy.max_body: invalid size \"lots\": write e.g. \"10MiB\", \"512KiB\", \"1MB\" or a number of bytes",
+            "p.toml:21:16: proxy.max_attempts: must be at least 1, got 0",
+            "p.toml:23:22: proxy.first_byte_timeout: first_byte_timeout (2s) must not exceed total_timeout (1s)",
+            "p.toml:25:19: proxy.breaker.failure_ratio: must be in (0, 1], got 1.5",
+        ]
+    );
+    assert_eq!(
+        errors(&format!("{PROVIDERS}{ROUTE}[proxy]\nenable = true\n")),
+        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_body`, `idempotency_ttl`, `client_keys_env`, `breaker`"]
     );
 }

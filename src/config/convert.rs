@@ -10,14 +10,14 @@ use chrono::NaiveTime;
 use toml_edit::ImDocument;
 
 use super::raw::{
-    RawAlert, RawAlerting, RawBuckets, RawConfig, RawMaintenance, RawOptions, RawRoute,
+    RawAlert, RawAlerting, RawBuckets, RawConfig, RawMaintenance, RawOptions, RawProxy, RawRoute,
 };
 use super::validate::Checker;
 use super::{
-    AlertChannelsConfig, AlertingConfig, Buckets, ChannelOptions, Config, ConfigErrors,
-    DetectionConfig, Diagnostic, DriftConfig, EgressConfig, EmailConfig, Loaded, MaintenanceConfig,
-    ProbeConfig, ProviderConfig, RegionConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig,
-    SourceMap, StorageConfig, WebhookConfig,
+    AlertChannelsConfig, AlertingConfig, BreakerConfig, Buckets, ChannelOptions, Config,
+    ConfigErrors, DetectionConfig, Diagnostic, DriftConfig, EgressConfig, EmailConfig, Loaded,
+    MaintenanceConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig,
+    RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, WebhookConfig,
 };
 use crate::alert::{Lang, Severity};
 use crate::route::{Capability, ProviderKind};
@@ -273,6 +273,8 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         }
     };
 
+    let proxy = proxy(ck, raw.proxy);
+
     Config {
         source: PathBuf::from(label),
         server,
@@ -304,6 +306,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
                 explicit: true,
             },
         },
+        proxy,
         source_map: map.clone(),
     }
 }
@@ -416,6 +419,96 @@ fn maintenance(ck: &mut Checker<'_>, i: usize, r: RawMaintenance) -> Maintenance
             .every
             .and_then(|s| parse_duration(ck, &format!("{p}.every"), &s).ok()),
     }
+}
+
+fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
+    let d = ProxyConfig::default();
+    let listen = match r.listen {
+        None => d.listen,
+        Some(s) => s.parse::<SocketAddr>().unwrap_or_else(|_| {
+            ck.fail(
+                "proxy.listen",
+                format!("invalid address {s:?}: expected IP:PORT, e.g. \"127.0.0.1:9401\""),
+            );
+            d.listen
+        }),
+    };
+    let max_body = match r.max_body {
+        None => d.max_body,
+        Some(s) => parse_size(&s).unwrap_or_else(|| {
+            ck.fail(
+                "proxy.max_body",
+                format!("invalid size {s:?}: write e.g. \"10MiB\", \"512KiB\", \"1MB\" or a number of bytes"),
+            );
+            d.max_body
+        }),
+    };
+    let b = r.breaker;
+    let db = BreakerConfig::default();
+    ProxyConfig {
+        enabled: r.enabled.unwrap_or(d.enabled),
+        listen,
+        first_byte_timeout: duration(
+            ck,
+            "proxy.first_byte_timeout",
+            r.first_byte_timeout,
+            d.first_byte_timeout,
+        ),
+        total_timeout: duration(ck, "proxy.total_timeout", r.total_timeout, d.total_timeout),
+        max_attempts: uint(ck, "proxy.max_attempts", r.max_attempts, d.max_attempts, 1),
+        max_retry_wait: duration(
+            ck,
+            "proxy.max_retry_wait",
+            r.max_retry_wait,
+            d.max_retry_wait,
+        ),
+        stream_idle_timeout: duration(
+            ck,
+            "proxy.stream_idle_timeout",
+            r.stream_idle_timeout,
+            d.stream_idle_timeout,
+        ),
+        max_body,
+        idempotency_ttl: duration(
+            ck,
+            "proxy.idempotency_ttl",
+            r.idempotency_ttl,
+            d.idempotency_ttl,
+        ),
+        client_keys_env: r.client_keys_env.unwrap_or(d.client_keys_env),
+        breaker: BreakerConfig {
+            failure_ratio: b.failure_ratio.unwrap_or(db.failure_ratio),
+            window: duration(ck, "proxy.breaker.window", b.window, db.window),
+            min_requests: uint(
+                ck,
+                "proxy.breaker.min_requests",
+                b.min_requests,
+                db.min_requests,
+                1,
+            ),
+            open_for: duration(ck, "proxy.breaker.open_for", b.open_for, db.open_for),
+        },
+    }
+}
+
+/// `"10MiB"`, `"512KiB"`, `"1MB"`, `"2GiB"`, `"100B"` or plain digits (bytes). Binary units are
+/// powers of 1024, decimal ones of 1000.
+pub(super) fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1000,
+        "KiB" => 1024,
+        "MB" => 1000 * 1000,
+        "MiB" => 1024 * 1024,
+        "GB" => 1000 * 1000 * 1000,
+        "GiB" => 1024 * 1024 * 1024,
+        _ => return None,
+    };
+    n.checked_mul(mult)
 }
 
 fn route(ck: &mut Checker<'_>, i: usize, r: RawRoute) -> RouteConfig {
@@ -578,6 +671,17 @@ fn parse_hhmm(s: &str) -> Option<NaiveTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("10MiB"), Some(10 * 1024 * 1024));
+        assert_eq!(parse_size("1MB"), Some(1_000_000));
+        assert_eq!(parse_size("512 KiB"), Some(512 * 1024));
+        assert_eq!(parse_size("100"), Some(100));
+        for bad in ["", "MiB", "10 mb", "-1MiB", "1.5MiB"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn hhmm_is_strict() {

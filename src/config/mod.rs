@@ -1,6 +1,6 @@
 //! The TOML config (SPEC.md, "Config file"): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
-//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]] [drift]`. Other sections are rejected as unknown
+//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]] [drift] [proxy] [proxy.breaker]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -56,6 +56,8 @@ pub struct Config {
     /// `[[maintenance]]`: planned windows that suppress alerts (probing goes on).
     pub maintenance: Vec<MaintenanceConfig>,
     pub drift: DriftConfig,
+    /// `[proxy]`: the bundled routing proxy (off unless `enabled`).
+    pub proxy: ProxyConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -77,6 +79,7 @@ impl Default for Config {
             alert: AlertChannelsConfig::default(),
             maintenance: Vec::new(),
             drift: DriftConfig::default(),
+            proxy: ProxyConfig::default(),
             source_map: SourceMap::default(),
         }
     }
@@ -372,6 +375,51 @@ impl Default for AlertingConfig {
     }
 }
 
+/// `[proxy]`: the OpenAI-compatible routing proxy (SPEC.md, "HTTP API of the proxy").
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyConfig {
+    /// Off by default: a real config opts in (the built-in demo turns it on).
+    pub enabled: bool,
+    pub listen: SocketAddr,
+    /// Streams: the first SSE `data:` event must arrive within this, else the next candidate.
+    /// A route's own `first_byte_timeout` overrides it for that route.
+    pub first_byte_timeout: Duration,
+    /// The whole request, split over the remaining candidates (per-candidate budget).
+    pub total_timeout: Duration,
+    /// Upstream attempts per request, at most.
+    pub max_attempts: u32,
+    /// The longest `Retry-After` the proxy would wait out itself (parsed; used with retries
+    /// of the same route, a later issue).
+    pub max_retry_wait: Duration,
+    /// A committed stream with no byte for this long is interrupted (`provider_interrupted`).
+    pub stream_idle_timeout: Duration,
+    /// Request bodies above this many bytes are refused with 413, unread.
+    pub max_body: u64,
+    /// How long an idempotency key is remembered (parsed; a later issue uses it).
+    pub idempotency_ttl: Duration,
+    /// Comma-separated client keys; while the variable is unset, clients need no key.
+    pub client_keys_env: String,
+    pub breaker: BreakerConfig,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9401)),
+            first_byte_timeout: Duration::from_secs(2),
+            total_timeout: Duration::from_secs(540),
+            max_attempts: 5,
+            max_retry_wait: Duration::from_secs(30),
+            stream_idle_timeout: Duration::from_secs(30),
+            max_body: 10 * 1024 * 1024,
+            idempotency_ttl: Duration::from_secs(24 * 3600),
+            client_keys_env: "PROBEOK_CLIENT_KEYS".into(),
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
 /// What a drift finding does besides alerting (SPEC `[drift] on_drift`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -400,6 +448,30 @@ impl Default for DriftConfig {
             sets: PathBuf::from("probes"),
             on_drift: OnDrift::Alert,
             explicit: false,
+        }
+    }
+}
+
+/// `[proxy.breaker]`: per-route circuit breaker (parsed and validated here; its behaviour is
+/// the next proxy issue).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerConfig {
+    /// Opens when failures / requests over `window` exceed this, in (0, 1].
+    pub failure_ratio: f64,
+    pub window: Duration,
+    /// No judgement below this many requests in the window.
+    pub min_requests: u32,
+    /// Open this long; doubled on each failed half-open try, up to 10 minutes.
+    pub open_for: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failure_ratio: 0.5,
+            window: Duration::from_secs(60),
+            min_requests: 20,
+            open_for: Duration::from_secs(30),
         }
     }
 }

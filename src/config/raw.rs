@@ -39,6 +39,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub maintenance: Vec<RawMaintenance>,
     pub drift: Option<RawDrift>,
+    #[serde(default)]
+    pub proxy: RawProxy,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -188,6 +190,23 @@ pub(super) struct RawAlerting {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub(super) struct RawProxy {
+    pub enabled: Option<bool>,
+    pub listen: Option<String>,
+    pub first_byte_timeout: Option<String>,
+    pub total_timeout: Option<String>,
+    pub max_attempts: Option<i64>,
+    pub max_retry_wait: Option<String>,
+    pub stream_idle_timeout: Option<String>,
+    pub max_body: Option<String>,
+    pub idempotency_ttl: Option<String>,
+    pub client_keys_env: Option<String>,
+    #[serde(default)]
+    pub breaker: RawBreaker,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct RawAlert {
     #[serde(default)]
     pub dingtalk: Vec<RawRobot>,
@@ -279,4 +298,13 @@ options_of!(RawWebhook);
 pub(super) struct RawDrift {
     pub sets: Option<String>,
     pub on_drift: Option<crate::config::OnDrift>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBreaker {
+    pub failure_ratio: Option<f64>,
+    pub window: Option<String>,
+    pub min_requests: Option<i64>,
+    pub open_for: Option<String>,
 }

@@ -94,6 +94,7 @@ impl<'a> Checker<'a> {
         }
         self.alerting(c);
         self.maintenance(c);
+        self.proxy(c);
     }
 
     fn alerting(&mut self, c: &Config) {
@@ -182,6 +183,52 @@ impl<'a> Checker<'a> {
                     );
                 }
             }
+        }
+    }
+
+    fn proxy(&mut self, c: &Config) {
+        let p = &c.proxy;
+        for (key, d) in [
+            ("proxy.first_byte_timeout", p.first_byte_timeout),
+            ("proxy.total_timeout", p.total_timeout),
+            ("proxy.stream_idle_timeout", p.stream_idle_timeout),
+            ("proxy.idempotency_ttl", p.idempotency_ttl),
+            ("proxy.breaker.window", p.breaker.window),
+            ("proxy.breaker.open_for", p.breaker.open_for),
+        ] {
+            self.positive(key, d);
+        }
+        self.at_least("proxy.max_attempts", p.max_attempts, 1);
+        self.at_least("proxy.breaker.min_requests", p.breaker.min_requests, 1);
+        self.rate("proxy.breaker.failure_ratio", p.breaker.failure_ratio);
+        if p.max_body == 0 {
+            self.error("proxy.max_body", "must be greater than 0");
+        }
+        self.env_name("proxy.client_keys_env", &p.client_keys_env);
+        if self.converted(&["proxy.first_byte_timeout", "proxy.total_timeout"])
+            && !p.total_timeout.is_zero()
+            && p.first_byte_timeout > p.total_timeout
+        {
+            self.error(
+                "proxy.first_byte_timeout",
+                format!(
+                    "first_byte_timeout ({}) must not exceed total_timeout ({})",
+                    humantime::format_duration(p.first_byte_timeout),
+                    humantime::format_duration(p.total_timeout)
+                ),
+            );
+        }
+        if p.enabled
+            && self.converted(&["proxy.listen", "server.listen"])
+            && p.listen == c.server.listen
+        {
+            self.error(
+                "proxy.listen",
+                format!(
+                    "{} is also server.listen: the proxy needs its own address",
+                    p.listen
+                ),
+            );
         }
     }
 

@@ -7,15 +7,18 @@
 //! - `openai`, `anthropic`: request bodies and decoders for each wire dialect (pure).
 //! - `sse`: body reading under the stall and deadline clocks; SSE framing.
 //! - `upstream`: upstream error bodies and `Retry-After` → classification (pure).
+//!
+//! `openai`, `sse`, `upstream` and `wire` are crate-visible: the proxy reads upstream answers
+//! with the same framing, end-of-stream rules and error classification as the probes.
 
 mod anthropic;
 pub mod client;
 pub mod measure;
-mod openai;
+pub(crate) mod openai;
 pub mod outcome;
-mod sse;
-mod upstream;
-mod wire;
+pub(crate) mod sse;
+pub(crate) mod upstream;
+pub(crate) mod wire;
 
 pub use client::{
     probe_json, ChatMessage, ChatOutcome, ChatRequest, ProbeClient, ProbeSetupError, Role,
