@@ -19,6 +19,7 @@ use crate::probe::client::ProbeClient;
 use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::{Route, RouteId};
 use crate::scheduler::{self, Prober, SchedulerEvent, SchedulerOptions};
+use crate::secret::Secret;
 use crate::store::{Store, StoreOptions, Writer};
 use crate::web::{self, AppState};
 
@@ -82,6 +83,7 @@ pub async fn start(
     let client =
         ProbeClient::new(&routes, clock.clone()).map_err(|e| AppError::Probe(e.to_string()))?;
 
+    let metrics = Arc::new(web::Metrics::new(&routes));
     let (events_tx, events_rx) = mpsc::channel(1024);
     let scheduler_task = tokio::spawn(scheduler::run(
         routes.iter().cloned().map(Arc::new).collect(),
@@ -92,7 +94,7 @@ pub async fn start(
         shutdown.clone(),
     ));
     // The recorder ends when the scheduler drops its sender, so every outcome is written.
-    let recorder_task = tokio::spawn(record(events_rx, store.writer()));
+    let recorder_task = tokio::spawn(record(events_rx, store.writer(), metrics.clone()));
     let retention_task = tokio::spawn(retention(
         store.writer(),
         clock.clone(),
@@ -108,6 +110,18 @@ pub async fn start(
     let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
     let passive_task = tokio::spawn(record_passive(passive_rx, store.writer()));
 
+    // Publishing (issue 5): weights follow health; metrics see every outcome; the ingest
+    // token is read once here.
+    let weights_rx = crate::weights::spawn_publisher(
+        Arc::new(routes.clone()),
+        health_rx.clone(),
+        shutdown.clone(),
+    );
+    let ingest_token = Secret::from_env(&config.server.ingest_token_env);
+    if ingest_token.is_none() {
+        tracing::info!(var = %config.server.ingest_token_env, "ingest disabled: token variable unset");
+    }
+
     let state = AppState {
         config: Arc::new(config.clone()),
         routes: Arc::new(routes.clone()),
@@ -117,6 +131,11 @@ pub async fn start(
         health: health_rx,
         events: events_tx,
         passive: passive_tx,
+        weights: weights_rx,
+        metrics: metrics.clone(),
+        ingest_token,
+        incidents: Arc::new(web::SnapshotIncidents),
+        shutdown: shutdown.clone(),
     };
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
@@ -151,10 +170,17 @@ pub async fn start(
 }
 
 /// Writes every scheduler event to the store; one failed write is logged, not fatal.
-async fn record(mut events: mpsc::Receiver<SchedulerEvent>, writer: Writer) {
+async fn record(
+    mut events: mpsc::Receiver<SchedulerEvent>,
+    writer: Writer,
+    metrics: Arc<web::Metrics>,
+) {
     while let Some(event) = events.recv().await {
         let result = match event {
-            SchedulerEvent::Outcome(outcome) => writer.record(outcome).await,
+            SchedulerEvent::Outcome(outcome) => {
+                metrics.observe_outcome(&outcome);
+                writer.record(outcome).await
+            }
             SchedulerEvent::Skipped { route, kind, at } => {
                 writer.record_skip(&route, kind, at).await
             }

@@ -23,7 +23,11 @@
 //!   egress and request-side findings; functions of (state, outcome, baseline, config, now).
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
-//! - [`web`]: the monitor's HTTP router (`/healthz` for now).
+//! - [`weights`]: health → integer traffic weights per logical model by tier, versioned only
+//!   on real change, serialised once per version, published on a `watch` channel.
+//! - [`web`]: the monitor's HTTP router — JSON API (status, probes, incidents, ingest), the
+//!   weights feed (ETag, long-poll, SSE), `/metrics` (OpenMetrics), `/api/openapi.json`,
+//!   `/healthz`, `/readyz`.
 //! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate).
 //! - [`app`]: wires the tasks together under one `CancellationToken`.
 
@@ -40,3 +44,4 @@ pub mod secret;
 pub mod sim;
 pub mod store;
 pub mod web;
+pub mod weights;
