@@ -135,6 +135,7 @@ pub async fn start(
         metrics: metrics.clone(),
         ingest_token,
         incidents: Arc::new(web::SnapshotIncidents),
+        figures: Default::default(),
         shutdown: shutdown.clone(),
     };
     let addr = listener.local_addr()?;

@@ -27,6 +27,8 @@
 //! `Last-Event-ID` never looks newer than the server's. Each version is serialised to JSON
 //! once ([`WeightsSnapshot::json`]) and shared by every subscriber.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 

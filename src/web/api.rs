@@ -21,13 +21,17 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Duration as TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::time::Instant;
 
 use super::{rfc3339, ApiError, AppState};
 use crate::health::{HealthSnapshot, Incident, State as RouteState};
@@ -218,6 +222,25 @@ pub fn status_json(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Value {
+    serde_json::to_value(status_view(routes, health, figures, now)).unwrap_or(Value::Null)
+}
+
+/// The same document, serialised straight to bytes (what the handler sends).
+pub fn status_bytes(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    figures: &Figures,
+    now: DateTime<Utc>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&status_view(routes, health, figures, now))
+}
+
+fn status_view<'a>(
+    routes: &'a [Route],
+    health: &'a HealthSnapshot,
+    figures: &Figures,
+    now: DateTime<Utc>,
+) -> StatusView<'a> {
     let views = routes
         .iter()
         .map(|r| {
@@ -273,25 +296,56 @@ pub fn status_json(
             }
         })
         .collect();
-    let view = StatusView {
+    StatusView {
         generated_at: rfc3339(now),
         overall: overall(routes, health),
         routes: views,
-    };
-    serde_json::to_value(view).unwrap_or(Value::Null)
+    }
+}
+
+/// How long store figures are reused between status requests. The health part of the answer
+/// is always fresh; the store part (windows of an hour and more) may be this old.
+pub const FIGURES_TTL: Duration = Duration::from_secs(5);
+
+/// The last [`Figures`] read, shared by concurrent status requests (one read at a time: a
+/// burst of requests costs one set of scans, not one each).
+#[derive(Debug, Default)]
+pub struct FiguresCache {
+    last: tokio::sync::Mutex<Option<(Instant, Arc<Figures>)>>,
+}
+
+impl FiguresCache {
+    /// Fresh figures (at most [`FIGURES_TTL`] old), reading the store when needed.
+    pub async fn get(&self, store: &Store, now: DateTime<Utc>) -> Result<Arc<Figures>, ApiError> {
+        let mut last = self.last.lock().await;
+        if let Some((at, figures)) = last.as_ref() {
+            if at.elapsed() < FIGURES_TTL {
+                return Ok(figures.clone());
+            }
+        }
+        let store = store.clone();
+        let figures = tokio::task::spawn_blocking(move || -> Result<Figures, StoreError> {
+            Figures::load(&store.reader()?, now)
+        })
+        .await??;
+        let figures = Arc::new(figures);
+        *last = Some((Instant::now(), figures.clone()));
+        Ok(figures)
+    }
 }
 
 /// `GET /api/v1/status`.
-pub async fn status(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError> {
     let health = state.health.borrow().clone();
     let now = state.clock.now();
-    let (store, routes) = (state.store.clone(), state.routes.clone());
-    let doc = tokio::task::spawn_blocking(move || -> Result<Value, StoreError> {
-        let figures = Figures::load(&store.reader()?, now)?;
-        Ok(status_json(&routes, &health, &figures, now))
+    let figures = state.figures.get(&state.store, now).await?;
+    let routes = state.routes.clone();
+    let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
+        status_bytes(&routes, &health, &figures, now)
+            .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))
     })
     .await??;
-    Ok(Json(doc))
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 #[derive(Debug, Deserialize)]

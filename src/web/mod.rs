@@ -40,7 +40,7 @@ use crate::secret::Secret;
 use crate::store::{Store, StoreError};
 use crate::weights::WeightsRx;
 
-pub use api::{IncidentSource, SnapshotIncidents};
+pub use api::{FiguresCache, IncidentSource, SnapshotIncidents};
 pub use metrics::Metrics;
 
 /// A job whose heartbeat is older than this makes `/readyz` fail.
@@ -71,6 +71,8 @@ pub struct AppState {
     pub ingest_token: Option<Secret>,
     /// Where `/api/v1/incidents` reads incidents from.
     pub incidents: Arc<dyn IncidentSource>,
+    /// The store figures `/api/v1/status` reuses for a few seconds.
+    pub figures: Arc<FiguresCache>,
     /// Cancelled at shutdown: long-polls and SSE streams end on it so graceful shutdown is
     /// never held open by a subscriber.
     pub shutdown: CancellationToken,

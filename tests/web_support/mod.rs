@@ -177,6 +177,7 @@ impl Harness {
             weights,
             ingest_token: opts.ingest_token.map(Secret::new),
             incidents: Arc::new(SnapshotIncidents),
+            figures: Default::default(),
             shutdown: shutdown.clone(),
         };
         Self {
