@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +26,7 @@ use crate::probe::client::ProbeClient;
 use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::Route;
 use crate::scheduler::{self, Prober, SchedulerEvent, SchedulerOptions};
+use crate::secret::Secret;
 use crate::store::{Store, StoreOptions, Writer};
 use crate::web::{self, AppState};
 
@@ -131,6 +132,7 @@ pub async fn start(
     .map_err(AppError::Drift)?;
     let drift_router = drift.router();
 
+    let metrics = Arc::new(web::Metrics::new(&routes));
     let (sched_tx, sched_rx) = mpsc::channel(1024);
     let scheduler_task = tokio::spawn(scheduler::run(
         routes.iter().cloned().map(Arc::new).collect(),
@@ -141,7 +143,12 @@ pub async fn start(
         shutdown.clone(),
     ));
     // The recorder ends when the scheduler drops its sender, so every outcome is written.
-    let recorder_task = tokio::spawn(record(sched_rx, store.writer(), detect_tx.clone()));
+    let recorder_task = tokio::spawn(record(
+        sched_rx,
+        store.writer(),
+        detect_tx.clone(),
+        metrics.clone(),
+    ));
     let retention_task = tokio::spawn(retention(
         store.writer(),
         clock.clone(),
@@ -153,14 +160,21 @@ pub async fn start(
     let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
     let passive_task = tokio::spawn(record_passive(passive_rx, store.writer(), detect_tx));
 
+    // Publishing (issue 5): weights follow health; metrics see every outcome; the ingest
+    // token is read once here.
+    let weights_rx = crate::weights::spawn_publisher(
+        Arc::new(routes.clone()),
+        health_rx.clone(),
+        shutdown.clone(),
+    );
+
     // The routing proxy, when enabled: its own listener, the shared shutdown, every attempt into
-    // the passive queue, weights through a watch channel (the configured view for now; the
-    // monitor's weights feed replaces its sender).
+    // the passive queue, and the monitor's weights, in-process, through the same JSON a remote
+    // router reads.
     let proxy_task = if config.proxy.enabled {
         let proxy_listener = TcpListener::bind(config.proxy.listen).await?;
-        let (_weights_tx, weights_rx) =
-            tokio::sync::watch::channel(Arc::new(crate::proxy::WeightsView::from_config(&routes)));
-        let proxy = crate::proxy::Proxy::new(&config, weights_rx, passive_tx.clone())?;
+        let proxy_weights = follow_weights(weights_rx.clone(), &routes);
+        let proxy = crate::proxy::Proxy::new(&config, proxy_weights, passive_tx.clone())?;
         tracing::info!(addr = %config.proxy.listen, "proxy serving");
         Some(tokio::spawn(crate::proxy::serve(
             proxy_listener,
@@ -170,6 +184,11 @@ pub async fn start(
     } else {
         None
     };
+
+    let ingest_token = Secret::from_env(&config.server.ingest_token_env);
+    if ingest_token.is_none() {
+        tracing::info!(var = %config.server.ingest_token_env, "ingest disabled: token variable unset");
+    }
 
     let state = AppState {
         config: Arc::new(config.clone()),
@@ -190,6 +209,12 @@ pub async fn start(
         health: health_rx.clone(),
         events: health_events,
         passive: passive_tx,
+        weights: weights_rx,
+        metrics: metrics.clone(),
+        ingest_token,
+        incidents: Arc::new(web::SnapshotIncidents),
+        figures: Default::default(),
+        shutdown: shutdown.clone(),
     };
     let alert_task = {
         let channels = crate::alert::channels(&config).unwrap_or_else(|e| {
@@ -261,10 +286,12 @@ async fn record(
     mut events: mpsc::Receiver<SchedulerEvent>,
     writer: Writer,
     detect: mpsc::Sender<ProbeOutcome>,
+    metrics: Arc<web::Metrics>,
 ) {
     while let Some(event) = events.recv().await {
         let result = match event {
             SchedulerEvent::Outcome(outcome) => {
+                metrics.observe_outcome(&outcome);
                 let stored = writer.record(outcome.clone()).await;
                 to_detection(&detect, outcome).await;
                 stored
@@ -278,6 +305,35 @@ async fn record(
             tracing::error!(error = %e, "cannot record a scheduler event");
         }
     }
+}
+
+/// The proxy's view of the monitor's weights, kept current by a task that ends with the
+/// publisher. Both speak SPEC's JSON, so the in-process proxy reads what a remote one would.
+fn follow_weights(
+    mut monitor: watch::Receiver<Arc<crate::weights::WeightsSnapshot>>,
+    routes: &[Route],
+) -> crate::proxy::WeightsRx {
+    let view = |json: &[u8]| match crate::proxy::WeightsView::from_json(json) {
+        Ok(v) => Some(Arc::new(v)),
+        Err(e) => {
+            tracing::error!(error = %e, "the proxy cannot read the weights; keeping the last ones");
+            None
+        }
+    };
+    let first = view(&monitor.borrow_and_update().json)
+        .unwrap_or_else(|| Arc::new(crate::proxy::WeightsView::from_config(routes)));
+    let (tx, rx) = watch::channel(first);
+    tokio::spawn(async move {
+        while monitor.changed().await.is_ok() {
+            let json = monitor.borrow_and_update().json.clone();
+            if let Some(v) = view(&json) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
 }
 
 /// Stores passive outcomes as they arrive, then hands them to detection.

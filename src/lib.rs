@@ -39,7 +39,11 @@
 //!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
 //!   SPEC's failover classes (`proxy::attempt`), committed streams (`proxy::stream`), its own
 //!   view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
-//! - [`web`]: the monitor's HTTP router (`/healthz` for now).
+//! - [`weights`]: health → integer traffic weights per logical model by tier, versioned only
+//!   on real change, serialised once per version, published on a `watch` channel.
+//! - [`web`]: the monitor's HTTP router — JSON API (status, probes, incidents, ingest), the
+//!   weights feed (ETag, long-poll, SSE), `/metrics` (OpenMetrics), `/api/openapi.json`,
+//!   `/healthz`, `/readyz`.
 //! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate,
 //!   alert test).
 //! - [`app`]: wires the tasks together under one `CancellationToken`: scheduler → recorder →
@@ -61,3 +65,4 @@ pub mod secret;
 pub mod sim;
 pub mod store;
 pub mod web;
+pub mod weights;

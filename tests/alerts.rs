@@ -955,8 +955,13 @@ async fn maintenance_and_silences_suppress() {
     let _keep = health_tx;
     let (events, _) = tokio::sync::broadcast::channel(4);
     let (passive, _rx) = tokio::sync::mpsc::channel(4);
+    let routes = Arc::new(config.routes());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let weights =
+        probeok::weights::spawn_publisher(routes.clone(), health.clone(), shutdown.clone());
     let state = probeok::web::AppState {
-        routes: Arc::new(config.routes()),
+        metrics: Arc::new(probeok::web::Metrics::new(&routes)),
+        routes,
         config,
         store: rig.service.store.clone(),
         clock: clock.clone(),
@@ -964,6 +969,11 @@ async fn maintenance_and_silences_suppress() {
         health,
         events,
         passive,
+        weights,
+        ingest_token: None,
+        incidents: Arc::new(probeok::web::SnapshotIncidents),
+        figures: Default::default(),
+        shutdown,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let web = listener.local_addr().unwrap();

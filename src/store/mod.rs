@@ -14,7 +14,8 @@
 //! Files: `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
-//! transitions and incidents), `drift.rs` (regression set runs), `histogram.rs`, `alerts.rs` (the alert
+//! transitions and incidents), `drift.rs` (regression set runs), `stats.rs` (bulk reads over every route for the
+//! published views), `histogram.rs`, `alerts.rs` (the alert
 //! outbox, firing alerts, silences).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -27,6 +28,7 @@ mod jobs;
 pub mod migrate;
 mod outcomes;
 mod rollups;
+mod stats;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -43,6 +45,7 @@ pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
 pub use migrate::{latest_version, migrate, migrate_to, user_version};
 pub use rollups::{Granularity, Rollup};
+pub use stats::{quantile, Counts, Samples, MAX_SAMPLE_ROWS};
 pub use writer::{Writer, RETENTION_BATCH};
 
 use crate::probe::outcome::OutcomeKind;

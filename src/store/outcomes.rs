@@ -161,6 +161,28 @@ impl Reader {
         collect(route, &mut stmt, params![id, limit as i64])
     }
 
+    /// The route's latest outcomes of `kinds` (empty means every kind), newest first.
+    pub fn recent_outcomes_of(
+        &self,
+        route: &RouteId,
+        kinds: &[OutcomeKind],
+        limit: usize,
+    ) -> Result<Vec<ProbeOutcome>, StoreError> {
+        let Some(id) = self.route_id(route)? else {
+            return Ok(Vec::new());
+        };
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM outcomes WHERE route_id = ?1 AND {}
+             ORDER BY started_at_ms DESC, id DESC LIMIT ?2",
+            kind_filter_sql("kind", kinds)
+        ))?;
+        collect(
+            route,
+            &mut stmt,
+            params![id, i64::try_from(limit).unwrap_or(i64::MAX)],
+        )
+    }
+
     /// The route's outcomes that started at or after `since`, oldest first (baseline rebuilds).
     /// `kinds` filters; an empty slice means every kind.
     pub fn outcomes_since(

@@ -37,7 +37,7 @@ impl Granularity {
         }
     }
 
-    fn millis(self) -> i64 {
+    pub(crate) fn millis(self) -> i64 {
         self.seconds() * 1000
     }
 
@@ -369,14 +369,14 @@ fn load(conn: &Connection, key: &Key, route: &RouteId) -> Result<Rollup, StoreEr
 
 /// A row's figures before conversion: count, successes, good, verified, latency_sum_us,
 /// ttfb_sum_us, ttfb_count, tps_count; then tps_sum and the encoded histogram.
-struct Figures {
-    counts: [i64; 8],
-    tps_sum: f64,
-    histogram: Vec<u8>,
+pub(crate) struct Figures {
+    pub(crate) counts: [i64; 8],
+    pub(crate) tps_sum: f64,
+    pub(crate) histogram: Vec<u8>,
 }
 
 impl Figures {
-    fn apply(self, r: &mut Rollup) -> Result<(), StoreError> {
+    pub(crate) fn apply(self, r: &mut Rollup) -> Result<(), StoreError> {
         let [count, successes, good, verified, lat, ttfb, ttfb_n, tps_n] = self.counts.map(to_u64);
         r.count = count;
         r.successes = successes;

@@ -1,0 +1,432 @@
+//! Publishing benchmark at 1,000 routes: `/api/v1/status` latency over a real socket with a
+//! real store full of rollups, the weights snapshot build time, and SSE fan-out latency to
+//! 1,000 subscribers. `CARGO_TARGET_DIR=/work/target cargo bench --bench api`
+//!
+//! Store contents: for every route, 30 days of hourly probes (rollups at every granularity)
+//! plus the last hour at the default 30 s interval with a throughput probe every 5 minutes —
+//! about 850,000 outcomes. Prints medians (and min–max).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Duration as D, Utc};
+use probeok::clock::ManualClock;
+use probeok::config::Config;
+use probeok::health::{HealthSnapshot, Reason, RouteStatus, State};
+use probeok::probe::outcome::{OutcomeKind, ProbeOutcome};
+use probeok::route::{Route, RouteId};
+use probeok::secret::Secret;
+use probeok::store::{Store, StoreOptions};
+use probeok::web::{self, AppState, Metrics, SnapshotIncidents};
+use probeok::weights::{self, Policy, Weights};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+const ROUTES: usize = 1000;
+const SUBSCRIBERS: usize = 1000;
+
+fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn config(db: &std::path::Path) -> Config {
+    let mut src = format!("[storage]\npath = \"{}\"\n", db.display());
+    for p in 0..20 {
+        src += &format!("[[provider]]\nid = \"p{p}\"\nkind = \"openai\"\n");
+        for r in 0..5 {
+            src += &format!(
+                "  [[provider.region]]\n  id = \"r{r}\"\n  base_url = \"http://127.0.0.1:9/v1\"\n"
+            );
+        }
+    }
+    for i in 0..ROUTES {
+        // 100 logical models of 10 routes: 3 primaries, 4 backups, 3 fallbacks.
+        let tier = match i % 10 {
+            0..=2 => "primary",
+            3..=6 => "backup",
+            _ => "fallback",
+        };
+        src += &format!(
+            "[[route]]\nprovider = \"p{}\"\nregion = \"r{}\"\nmodel = \"org/model-{i}\"\nserves = \"m{}\"\ntier = \"{tier}\"\nweight = {}\n",
+            i % 20,
+            (i / 20) % 5,
+            i / 10,
+            10 + (i % 7) * 10,
+        );
+    }
+    Config::parse(&src, "bench.toml")
+        .expect("bench config")
+        .config
+}
+
+fn outcome(
+    rng: &mut StdRng,
+    route: &RouteId,
+    kind: OutcomeKind,
+    at: DateTime<Utc>,
+) -> ProbeOutcome {
+    let ok = !rng.gen_ratio(1, 50);
+    let total_ms = rng.gen_range(250.0..1800.0);
+    ProbeOutcome {
+        route: route.clone(),
+        kind,
+        started_at: at,
+        success: ok,
+        verified: ok.then_some(true),
+        ttfb_ms: Some(total_ms * 0.3),
+        ttft_ms: Some(total_ms * 0.45),
+        total_ms,
+        output_tokens: Some(if kind == OutcomeKind::Throughput {
+            79
+        } else {
+            3
+        }),
+        tokens_estimated: false,
+        tokens_per_second: (kind == OutcomeKind::Throughput && ok)
+            .then(|| rng.gen_range(20.0..90.0)),
+        model_reported: None,
+        system_fingerprint: None,
+        http_status: Some(if ok { 200 } else { 503 }),
+        error: (!ok).then(|| probeok::probe::ProbeError::Http {
+            status: 503,
+            message: "busy".into(),
+        }),
+        answer: None,
+    }
+}
+
+/// Generates the history, then records it in time order, as a running service would.
+async fn fill(store: &Store, routes: &[Route], now: DateTime<Utc>) -> usize {
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut all = Vec::with_capacity(routes.len() * 840);
+    for r in routes {
+        for h in 1..(30 * 24) {
+            all.push(outcome(
+                &mut rng,
+                &r.id,
+                OutcomeKind::Probe,
+                now - D::hours(h),
+            ));
+        }
+        for s in 0..120 {
+            let kind = if s % 10 == 0 {
+                OutcomeKind::Throughput
+            } else {
+                OutcomeKind::Probe
+            };
+            let jitter = D::milliseconds(rng.gen_range(0..30_000));
+            all.push(outcome(
+                &mut rng,
+                &r.id,
+                kind,
+                now - D::seconds(30 * s + 30) + jitter,
+            ));
+        }
+    }
+    all.sort_by_key(|o| o.started_at);
+    let total = all.len();
+    let writer = store.writer();
+    let mut it = all.into_iter().peekable();
+    while it.peek().is_some() {
+        let batch: Vec<ProbeOutcome> = it.by_ref().take(20_000).collect();
+        writer.record_many(batch).await.expect("record");
+    }
+    total
+}
+
+fn health(routes: &[Route], now: DateTime<Utc>, critical_every: usize) -> HealthSnapshot {
+    HealthSnapshot {
+        generated_at: now,
+        routes: routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let bad = critical_every > 0 && i % critical_every == 0;
+                RouteStatus {
+                    route: r.id.clone(),
+                    state: if bad { State::Critical } else { State::Normal },
+                    judged: if bad { State::Critical } else { State::Normal },
+                    since: now,
+                    reason: bad.then(|| Reason::new("error_rate_high", "error rate 12% over 5m")),
+                    failure_mode: None,
+                    baseline: None,
+                    success_ratio: Some(if bad { 0.5 } else { 0.99 }),
+                    behavior_changed: false,
+                    incident: None,
+                }
+            })
+            .collect(),
+        findings: Vec::new(),
+    }
+}
+
+/// Opens a raw HTTP/1.1 SSE subscription and reads until `id: {first}` arrived.
+async fn subscribe(addr: std::net::SocketAddr, first: u64) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"GET /api/v1/weights/stream HTTP/1.1\r\nHost: bench\r\n\r\n")
+        .await
+        .expect("write");
+    wait_for(&mut s, &format!("id: {first}\n")).await;
+    s
+}
+
+/// Reads until the event carrying `needle` (its `id:` line) has fully arrived (the blank line
+/// ending it). Only new bytes are searched, so the client costs little next to the server.
+async fn wait_for(s: &mut tokio::net::TcpStream, needle: &str) {
+    let mut chunk = vec![0u8; 256 * 1024];
+    let mut tail: Vec<u8> = Vec::new();
+    let mut found = false;
+    loop {
+        let n = s.read(&mut chunk).await.expect("read");
+        assert!(n > 0, "stream closed before {needle:?}");
+        // The last bytes of the previous read plus this one, so a split needle is seen.
+        let mut window = std::mem::take(&mut tail);
+        window.extend_from_slice(&chunk[..n.min(4096)]);
+        if !found {
+            found = window.windows(needle.len()).any(|w| w == needle.as_bytes());
+        }
+        let end = &chunk[n.saturating_sub(16)..n];
+        // An event ends with a blank line; chunked framing adds `\r\n` after it.
+        if found && end.windows(2).any(|w| w == b"\n\n") {
+            return;
+        }
+        tail = chunk[n.saturating_sub(needle.len())..n].to_vec();
+    }
+}
+
+fn main() {
+    // 1,000 subscribers need ~2,000 descriptors (both ends live in this process).
+    if let Err(e) = rlimit::increase_nofile_limit(16_384) {
+        eprintln!("could not raise RLIMIT_NOFILE: {e}");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run());
+}
+
+async fn run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("bench.db");
+    let config = config(&db);
+    let routes = Arc::new(config.routes());
+    let now = Utc::now();
+    let store = Store::open(&db, StoreOptions::default()).expect("store");
+    let t = Instant::now();
+    let n = fill(&store, &routes, now).await;
+    println!(
+        "setup: {} routes, {n} outcomes stored in {:.1} s",
+        routes.len(),
+        t.elapsed().as_secs_f64()
+    );
+
+    // Weights build.
+    let a = health(&routes, now, 0);
+    let b = health(&routes, now, 7);
+    let mut compute_ms = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        std::hint::black_box(weights::compute(&routes, &a, &Policy::default()));
+        compute_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let mut w = Weights::new(routes.clone(), Policy::default(), &a);
+    let mut build_ms = Vec::new();
+    let mut bytes = 0;
+    for i in 0..50 {
+        let t = Instant::now();
+        let snap = w
+            .update(if i % 2 == 0 { &b } else { &a })
+            .expect("a change");
+        build_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        bytes = snap.json.len();
+    }
+    let mut same_ms = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        assert!(w.update(&a).is_none());
+        same_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let (m, lo, hi) = median(compute_ms);
+    println!(
+        "weights compute (1,000 routes, 100 models): median {m:.2} ms (min {lo:.2}, max {hi:.2})"
+    );
+    let (m, lo, hi) = median(build_ms);
+    println!("weights new version (compute + compare + serialise {bytes} B): median {m:.2} ms (min {lo:.2}, max {hi:.2})");
+    let (m, lo, hi) = median(same_ms);
+    println!("weights unchanged (compute + compare, no version): median {m:.2} ms (min {lo:.2}, max {hi:.2})");
+
+    // The service around the store.
+    let (health_tx, health_rx) = watch::channel(Arc::new(a.clone()));
+    let shutdown = CancellationToken::new();
+    let weights_rx = weights::spawn_publisher(routes.clone(), health_rx.clone(), shutdown.clone());
+    let (passive_tx, _passive_rx) = mpsc::channel(16);
+    let state = AppState {
+        config: Arc::new(config.clone()),
+        routes: routes.clone(),
+        store: store.clone(),
+        clock: Arc::new(ManualClock::new(now)),
+        jobs: Arc::new(Vec::new()),
+        health: health_rx,
+        events: broadcast::channel(16).0,
+        passive: passive_tx,
+        weights: weights_rx.clone(),
+        metrics: Arc::new(Metrics::new(&routes)),
+        ingest_token: Some(Secret::new("bench")),
+        incidents: Arc::new(SnapshotIncidents),
+        figures: Default::default(),
+        shutdown: shutdown.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server_shutdown = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, web::router(state))
+            .with_graceful_shutdown(server_shutdown.cancelled_owned())
+            .await
+    });
+
+    // Where a status request spends its time (in-process, one reader).
+    {
+        let store = store.clone();
+        let routes = routes.clone();
+        let a = a.clone();
+        tokio::task::spawn_blocking(move || {
+            use probeok::store::Granularity;
+            use probeok::web::api::{self, Figures};
+            let r = store.reader().expect("reader");
+            let until = now + D::milliseconds(1);
+            let time = |what: &str, f: &mut dyn FnMut()| {
+                let mut v = Vec::new();
+                for _ in 0..7 {
+                    let t = Instant::now();
+                    f();
+                    v.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                println!("  status part {what}: median {:.1} ms", median(v).0);
+            };
+            time("latency rollups (5 min, 1 h)", &mut || {
+                r.summaries_by_route(
+                    Granularity::FiveMinutes,
+                    now - D::hours(1),
+                    until,
+                    api::LATENCY_KINDS,
+                )
+                .expect("q");
+            });
+            time("raw samples (1 h)", &mut || {
+                r.recent_samples(now - D::hours(1), api::LATENCY_KINDS, api::TPS_KINDS)
+                    .expect("q");
+            });
+            time("counts 24h", &mut || {
+                r.counts_by_route(now - D::days(1), until, api::UPTIME_KINDS)
+                    .expect("q");
+            });
+            time("counts 30d", &mut || {
+                r.counts_by_route(now - D::days(30), until, api::UPTIME_KINDS)
+                    .expect("q");
+            });
+            let figures = Figures::load(&r, now).expect("figures");
+            time("compose JSON", &mut || {
+                std::hint::black_box(api::status_bytes(&routes, &a, &figures, now).expect("json"));
+            });
+            time("TOTAL cold (cache miss: every scan + compose)", &mut || {
+                let f = Figures::load(&r, now).expect("figures");
+                std::hint::black_box(api::status_bytes(&routes, &a, &f, now).expect("json"));
+            });
+        })
+        .await
+        .expect("parts");
+    }
+
+    // /api/v1/status over HTTP.
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}/api/v1/status");
+    let mut status_ms = Vec::new();
+    let mut size = 0;
+    for i in 0..21 {
+        let t = Instant::now();
+        let body = http
+            .get(&url)
+            .send()
+            .await
+            .expect("status")
+            .bytes()
+            .await
+            .expect("body");
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if i > 0 {
+            status_ms.push(ms);
+        }
+        size = body.len();
+    }
+    let (m, lo, hi) = median(status_ms);
+    println!(
+        "GET /api/v1/status over HTTP (1,000 routes, {size} B; store figures reused for {} s): median {m:.1} ms (min {lo:.1}, max {hi:.1})",
+        probeok::web::api::FIGURES_TTL.as_secs()
+    );
+
+    // SSE fan-out.
+    let v0 = weights_rx.borrow().version;
+    let t = Instant::now();
+    let mut subs = Vec::with_capacity(SUBSCRIBERS);
+    for _ in 0..SUBSCRIBERS {
+        subs.push(subscribe(addr, v0).await);
+    }
+    println!(
+        "sse: {SUBSCRIBERS} subscribers connected in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    let mut rounds = Vec::new();
+    let mut version = v0;
+    for round in 0..5 {
+        version += 1;
+        let needle = format!("id: {version}\n");
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        for mut s in subs.drain(..) {
+            let needle = needle.clone();
+            let done = done_tx.clone();
+            tasks.push(tokio::spawn(async move {
+                wait_for(&mut s, &needle).await;
+                let _ = done.send(Instant::now());
+                s
+            }));
+        }
+        drop(done_tx);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let start = Instant::now();
+        health_tx.send_replace(Arc::new(if round % 2 == 0 { b.clone() } else { a.clone() }));
+        let mut lat = Vec::with_capacity(SUBSCRIBERS);
+        while let Some(at) = done_rx.recv().await {
+            lat.push(at.duration_since(start).as_secs_f64() * 1e3);
+        }
+        for task in tasks {
+            subs.push(task.await.expect("subscriber"));
+        }
+        lat.sort_by(f64::total_cmp);
+        let p50 = lat[lat.len() / 2];
+        let p99 = lat[lat.len() * 99 / 100];
+        let max = lat[lat.len() - 1];
+        println!(
+            "sse round {round}: {} received; p50 {p50:.1} ms, p99 {p99:.1} ms, last {max:.1} ms",
+            lat.len()
+        );
+        rounds.push((p50, max));
+    }
+    let (m50, ..) = median(rounds.iter().map(|r| r.0).collect());
+    let (mmax, ..) = median(rounds.iter().map(|r| r.1).collect());
+    println!("SSE fan-out to {SUBSCRIBERS} subscribers: median over rounds of p50 {m50:.1} ms, of the last subscriber {mmax:.1} ms");
+
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    drop(subs);
+    let _ = store.close().await;
+}

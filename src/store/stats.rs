@@ -1,0 +1,281 @@
+//! Bulk reads for the published views (`/api/v1/status`, the status page): one query answers
+//! a figure for *every* route, so a status request at 1,000 routes costs a handful of range
+//! scans instead of thousands of per-route queries.
+//!
+//! - [`Reader::counts_by_route`]: count / successes / good over a window, from hourly rollups
+//!   at the window's edges and daily rollups in between (30 days is ~30 rows per route).
+//! - [`Reader::summaries_by_route`]: merged rollups (with latency histograms) per route.
+//! - [`Reader::recent_samples`]: raw TTFB and tokens/s values of the last minutes, for
+//!   percentiles the rollups do not keep (they hold only sums for those two).
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use rusqlite::params;
+
+use super::rollups::Figures;
+use super::{from_ms, kind_filter_sql, to_ms, Granularity, Reader, Rollup, StoreError};
+use crate::probe::outcome::OutcomeKind;
+use crate::route::RouteId;
+
+/// Outcome counts over a window (see [`Rollup`] for what each means).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub count: u64,
+    pub successes: u64,
+    pub good: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: Counts) {
+        self.count += o.count;
+        self.successes += o.successes;
+        self.good += o.good;
+    }
+
+    /// successes / count; `None` without outcomes.
+    pub fn success_ratio(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.successes as f64 / self.count as f64)
+    }
+
+    /// good / count; `None` without outcomes.
+    pub fn good_ratio(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.good as f64 / self.count as f64)
+    }
+}
+
+/// Raw values of one route, newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Samples {
+    /// TTFB of successful outcomes of the kinds asked for TTFB.
+    pub ttfb_ms: Vec<f64>,
+    /// Tokens/s of successful outcomes of the kinds asked for throughput.
+    pub tokens_per_second: Vec<f64>,
+}
+
+/// Most raw rows [`Reader::recent_samples`] reads in one call (newest first): bounds a status
+/// request even when passive traffic floods the window.
+pub const MAX_SAMPLE_ROWS: usize = 500_000;
+
+fn u(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl Reader {
+    /// Interned id → route, for the bulk queries.
+    fn route_names(&self) -> Result<HashMap<i64, RouteId>, StoreError> {
+        let mut stmt = self.conn.prepare_cached("SELECT id, name FROM routes")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = HashMap::new();
+        for row in rows {
+            let (id, name) = row?;
+            if let Some(route) = RouteId::parse(&name) {
+                out.insert(id, route);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sums of buckets of `g` whose start lies in `[from_ms, to_ms)`, per route id.
+    fn bucket_counts(
+        &self,
+        g: Granularity,
+        from_ms: i64,
+        to_ms: i64,
+        kinds: &[OutcomeKind],
+        into: &mut HashMap<i64, Counts>,
+    ) -> Result<(), StoreError> {
+        if from_ms >= to_ms {
+            return Ok(());
+        }
+        // The primary key is (granularity_s, bucket_start_ms, route_id, kind): one range scan.
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT route_id, SUM(count), SUM(successes), SUM(good) FROM rollups
+             WHERE granularity_s = ?1 AND bucket_start_ms >= ?2 AND bucket_start_ms < ?3 AND {}
+             GROUP BY route_id",
+            kind_filter_sql("kind", kinds)
+        ))?;
+        let rows = stmt.query_map(params![g.seconds(), from_ms, to_ms], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                Counts {
+                    count: u(r.get(1)?),
+                    successes: u(r.get(2)?),
+                    good: u(r.get(3)?),
+                },
+            ))
+        })?;
+        for row in rows {
+            let (id, c) = row?;
+            into.entry(id).or_default().add(c);
+        }
+        Ok(())
+    }
+
+    /// Counts per route over `[since, until)`, hour-aligned: hourly rollups for the partial
+    /// days at both ends, daily rollups for the whole days between. The window starts at the
+    /// hour holding `since` (so "24 h" covers 24–25 h of buckets). Routes without outcomes
+    /// are absent.
+    pub fn counts_by_route(
+        &self,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        kinds: &[OutcomeKind],
+    ) -> Result<HashMap<RouteId, Counts>, StoreError> {
+        let hour = Granularity::Hour.millis();
+        let day = Granularity::Day.millis();
+        let start = to_ms(since).div_euclid(hour) * hour;
+        let end = to_ms(until);
+        // Whole days strictly inside the window.
+        let first_day = (start + day - 1).div_euclid(day) * day;
+        let last_day = end.div_euclid(day) * day;
+        let mut by_id = HashMap::new();
+        if first_day < last_day {
+            self.bucket_counts(Granularity::Hour, start, first_day, kinds, &mut by_id)?;
+            self.bucket_counts(Granularity::Day, first_day, last_day, kinds, &mut by_id)?;
+            self.bucket_counts(Granularity::Hour, last_day, end, kinds, &mut by_id)?;
+        } else {
+            self.bucket_counts(Granularity::Hour, start, end, kinds, &mut by_id)?;
+        }
+        let names = self.route_names()?;
+        Ok(by_id
+            .into_iter()
+            .filter_map(|(id, c)| names.get(&id).map(|r| (r.clone(), c)))
+            .collect())
+    }
+
+    /// Every route's buckets of `g` overlapping `[since, until)` merged into one rollup per
+    /// route (over `kinds`; empty means every kind). Routes without outcomes are absent.
+    pub fn summaries_by_route(
+        &self,
+        g: Granularity,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        kinds: &[OutcomeKind],
+    ) -> Result<HashMap<RouteId, Rollup>, StoreError> {
+        let kind = match kinds {
+            [k] => Some(*k),
+            _ => None,
+        };
+        let names = self.route_names()?;
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT route_id, count, successes, good, verified, latency_sum_us, ttfb_sum_us,
+                 ttfb_count, tps_sum, tps_count, histogram
+             FROM rollups
+             WHERE granularity_s = ?1 AND bucket_start_ms >= ?2 AND bucket_start_ms < ?3 AND {}",
+            kind_filter_sql("kind", kinds)
+        ))?;
+        let from = to_ms(g.bucket_start(since));
+        let rows = stmt.query_map(params![g.seconds(), from, to_ms(until)], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                Figures {
+                    counts: [
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                        row.get(5)?,
+                        row.get(6)?,
+                        row.get(7)?,
+                        row.get(9)?,
+                    ],
+                    tps_sum: row.get(8)?,
+                    histogram: row.get(10)?,
+                },
+            ))
+        })?;
+        let start = from_ms(from)?;
+        let mut out: HashMap<RouteId, Rollup> = HashMap::new();
+        for row in rows {
+            let (id, figures) = row?;
+            let Some(route) = names.get(&id) else {
+                continue;
+            };
+            let mut one = Rollup::empty(route.clone(), kind, g, start);
+            figures.apply(&mut one)?;
+            out.entry(route.clone())
+                .or_insert_with(|| Rollup::empty(route.clone(), kind, g, start))
+                .merge(&one);
+        }
+        Ok(out)
+    }
+
+    /// Raw TTFB (from successful outcomes of `ttfb_kinds`) and tokens/s (from successful
+    /// outcomes of `tps_kinds`) of every route since `since`, newest first; at most
+    /// [`MAX_SAMPLE_ROWS`] rows are read.
+    pub fn recent_samples(
+        &self,
+        since: DateTime<Utc>,
+        ttfb_kinds: &[OutcomeKind],
+        tps_kinds: &[OutcomeKind],
+    ) -> Result<HashMap<RouteId, Samples>, StoreError> {
+        let names = self.route_names()?;
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT route_id, kind, ttfb_ms, tokens_per_second FROM outcomes
+             WHERE started_at_ms >= ?1 AND success = 1
+                 AND (ttfb_ms IS NOT NULL OR tokens_per_second IS NOT NULL)
+             ORDER BY started_at_ms DESC LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(
+            params![
+                to_ms(since),
+                i64::try_from(MAX_SAMPLE_ROWS).unwrap_or(i64::MAX)
+            ],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<f64>>(2)?,
+                    r.get::<_, Option<f64>>(3)?,
+                ))
+            },
+        )?;
+        let mut out: HashMap<RouteId, Samples> = HashMap::new();
+        for row in rows {
+            let (id, kind, ttfb, tps) = row?;
+            let (Some(route), Some(kind)) = (names.get(&id), OutcomeKind::parse(&kind)) else {
+                continue;
+            };
+            let want_ttfb = ttfb.filter(|_| ttfb_kinds.contains(&kind));
+            let want_tps = tps.filter(|_| tps_kinds.contains(&kind));
+            if want_ttfb.is_none() && want_tps.is_none() {
+                continue;
+            }
+            let s = out.entry(route.clone()).or_default();
+            s.ttfb_ms.extend(want_ttfb);
+            s.tokens_per_second.extend(want_tps);
+        }
+        Ok(out)
+    }
+}
+
+/// The `q` quantile (0..=1) of `values` by the nearest-rank method; `None` when empty.
+/// Sorts `values` in place.
+pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = (q.clamp(0.0, 1.0) * values.len() as f64).ceil() as usize;
+    values
+        .get(rank.saturating_sub(1).min(values.len() - 1))
+        .copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(quantile(&mut v, 0.5), Some(50.0));
+        assert_eq!(quantile(&mut v, 0.95), Some(95.0));
+        assert_eq!(quantile(&mut v, 0.99), Some(99.0));
+        assert_eq!(quantile(&mut v, 1.0), Some(100.0));
+        assert_eq!(quantile(&mut v, 0.0), Some(1.0));
+        assert_eq!(quantile(&mut [], 0.5), None);
+        assert_eq!(quantile(&mut [7.0], 0.99), Some(7.0));
+    }
+}

@@ -1,0 +1,507 @@
+//! The read side of the JSON API: `/api/v1/status`, `/api/v1/routes/{id}/probes`,
+//! `/api/v1/incidents`. Store reads run in `spawn_blocking` on their own [`Reader`].
+//!
+//! Where each status figure comes from:
+//! - `state`, `since`, `reason`, `failure_mode`, `baseline`: the health snapshot.
+//! - `latency_ms` (p50/p95/p99): the last hour of 5-minute rollups of **probe** outcomes
+//!   (the fixed prompt; real traffic has every prompt size), histogram estimates.
+//! - `ttfb_ms`: raw successful **probe** outcomes of the last hour (rollups keep only a TTFB
+//!   sum), nearest-rank percentiles.
+//! - `tokens_per_second`: raw successful **throughput and passive** outcomes of the last hour
+//!   (the 2–5 token `PROBE_OK` answer gives no tokens/s figure).
+//! - `uptime` (24h/7d/30d): success ratio of the **synthetic** outcomes (probe + throughput),
+//!   from hourly/daily rollups. Passive outcomes are left out on purpose: a client's bad
+//!   requests would count against the provider, and the public page shows synthetic evidence.
+//! - `slo.error_budget_remaining`: over 30 days of the same synthetic outcomes,
+//!   `1 − (1 − good_ratio) / (1 − target)` — 1 untouched, 0 spent, negative overspent; `null`
+//!   without outcomes. "Good" is a success within `[slo] latency_threshold`.
+//! - `overall`: `outage` when some logical model has no usable route (weights'
+//!   `all_unhealthy`), `degraded` when any route is DEGRADED or worse or any model is served
+//!   off its primaries, else `operational`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Duration as TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::{rfc3339, ApiError, AppState};
+use crate::health::{HealthSnapshot, Incident, State as RouteState};
+use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
+use crate::route::{Route, RouteId, Tier};
+use crate::store::{quantile, Counts, Granularity, Reader, Rollup, Samples, Store, StoreError};
+use crate::weights::{self, Policy};
+
+/// Latency, TTFB and tokens/s cover this much recent time.
+pub const RECENT: TimeDelta = TimeDelta::hours(1);
+/// Latency percentiles come from these outcomes.
+pub const LATENCY_KINDS: &[OutcomeKind] = &[OutcomeKind::Probe];
+/// Tokens/s percentiles come from these outcomes.
+pub const TPS_KINDS: &[OutcomeKind] = &[OutcomeKind::Throughput, OutcomeKind::Passive];
+/// Uptime and the SLO count these outcomes.
+pub const UPTIME_KINDS: &[OutcomeKind] = &[OutcomeKind::Probe, OutcomeKind::Throughput];
+/// `/api/v1/routes/{id}/probes` lists these (synthetic evidence only, never real traffic).
+pub const PROBE_KINDS: &[OutcomeKind] = &[OutcomeKind::Probe, OutcomeKind::Throughput];
+
+/// `?limit=` default and ceiling for lists.
+pub const DEFAULT_LIMIT: usize = 50;
+pub const MAX_LIMIT: usize = 1000;
+
+/// What the store knows for the status view, read in one go.
+#[derive(Debug, Default)]
+pub struct Figures {
+    pub latency: HashMap<RouteId, Rollup>,
+    pub samples: HashMap<RouteId, Samples>,
+    pub uptime_24h: HashMap<RouteId, Counts>,
+    pub uptime_7d: HashMap<RouteId, Counts>,
+    pub uptime_30d: HashMap<RouteId, Counts>,
+}
+
+impl Figures {
+    /// A handful of range scans over every route (see `store::stats`).
+    pub fn load(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {
+        let until = now + TimeDelta::milliseconds(1);
+        Ok(Self {
+            latency: reader.summaries_by_route(
+                Granularity::FiveMinutes,
+                now - RECENT,
+                until,
+                LATENCY_KINDS,
+            )?,
+            samples: reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)?,
+            uptime_24h: reader.counts_by_route(now - TimeDelta::days(1), until, UPTIME_KINDS)?,
+            uptime_7d: reader.counts_by_route(now - TimeDelta::days(7), until, UPTIME_KINDS)?,
+            uptime_30d: reader.counts_by_route(now - TimeDelta::days(30), until, UPTIME_KINDS)?,
+        })
+    }
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Percentiles {
+    pub p50: Option<f64>,
+    pub p95: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+fn round(v: f64, places: i32) -> f64 {
+    let f = 10f64.powi(places);
+    (v * f).round() / f
+}
+
+impl Percentiles {
+    fn from_rollup(r: Option<&Rollup>) -> Self {
+        let q = |q: f64| r.and_then(|r| r.percentile(q)).map(|v| round(v, 1));
+        Self {
+            p50: q(0.50),
+            p95: q(0.95),
+            p99: q(0.99),
+        }
+    }
+
+    fn from_samples(values: Option<&Vec<f64>>) -> Self {
+        let mut v = values.cloned().unwrap_or_default();
+        let mut q = |q: f64| quantile(&mut v, q).map(|v| round(v, 1));
+        Self {
+            p50: q(0.50),
+            p95: q(0.95),
+            p99: q(0.99),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct ReasonView<'a> {
+    code: &'a str,
+    text: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+struct BaselineView<'a> {
+    bucket: &'a str,
+    samples: usize,
+    mean_ms: f64,
+    stddev_ms: f64,
+    p95_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Uptime {
+    #[serde(rename = "24h")]
+    h24: Option<f64>,
+    #[serde(rename = "7d")]
+    d7: Option<f64>,
+    #[serde(rename = "30d")]
+    d30: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Slo {
+    target: f64,
+    error_budget_remaining: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct IncidentRef<'a> {
+    id: &'a str,
+    opened_at: String,
+    peak: RouteState,
+}
+
+#[derive(Debug, Serialize)]
+struct RouteView<'a> {
+    id: &'a RouteId,
+    provider: &'a str,
+    region: &'a str,
+    model: &'a str,
+    serves: &'a str,
+    tier: Tier,
+    state: RouteState,
+    since: Option<String>,
+    reason: Option<ReasonView<'a>>,
+    failure_mode: Option<&'static str>,
+    latency_ms: Percentiles,
+    ttfb_ms: Percentiles,
+    tokens_per_second: Percentiles,
+    baseline: Option<BaselineView<'a>>,
+    uptime: Uptime,
+    slo: Slo,
+    behavior_changed: bool,
+    incident: Option<IncidentRef<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct StatusView<'a> {
+    generated_at: String,
+    overall: &'static str,
+    routes: Vec<RouteView<'a>>,
+}
+
+/// `1 − (1 − good_ratio) / (1 − target)`, rounded to 1e-4; `None` without outcomes.
+pub fn error_budget_remaining(counts: Option<&Counts>, target: f64) -> Option<f64> {
+    let good = counts?.good_ratio()?;
+    let budget = 1.0 - target;
+    if budget <= 0.0 {
+        return Some(if good >= 1.0 { 1.0 } else { 0.0 });
+    }
+    Some(round(1.0 - (1.0 - good) / budget, 4))
+}
+
+/// SPEC's `overall`: `outage`, `degraded` or `operational` (see the module doc).
+pub fn overall(routes: &[Route], health: &HealthSnapshot) -> &'static str {
+    let models = weights::compute(routes, health, &Policy::default());
+    if models.values().any(|m| m.serving.all_unhealthy) {
+        return "outage";
+    }
+    let bad_route = routes.iter().any(|r| {
+        health
+            .route(&r.id)
+            .is_some_and(|s| s.state >= RouteState::Degraded)
+    });
+    let off_primary = models
+        .values()
+        .any(|m| m.serving.tier != Some(Tier::Primary));
+    if bad_route || off_primary {
+        "degraded"
+    } else {
+        "operational"
+    }
+}
+
+/// The `/api/v1/status` document for one health snapshot and the store's figures.
+pub fn status_json(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    figures: &Figures,
+    now: DateTime<Utc>,
+) -> Value {
+    serde_json::to_value(status_view(routes, health, figures, now)).unwrap_or(Value::Null)
+}
+
+/// The same document, serialised straight to bytes (what the handler sends).
+pub fn status_bytes(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    figures: &Figures,
+    now: DateTime<Utc>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&status_view(routes, health, figures, now))
+}
+
+fn status_view<'a>(
+    routes: &'a [Route],
+    health: &'a HealthSnapshot,
+    figures: &Figures,
+    now: DateTime<Utc>,
+) -> StatusView<'a> {
+    let views = routes
+        .iter()
+        .map(|r| {
+            let s = health.route(&r.id);
+            let samples = figures.samples.get(&r.id);
+            let ratio = |m: &HashMap<RouteId, Counts>| {
+                m.get(&r.id)
+                    .and_then(Counts::success_ratio)
+                    .map(|v| round(v, 6))
+            };
+            RouteView {
+                id: &r.id,
+                provider: &r.provider,
+                region: &r.region,
+                model: &r.model,
+                serves: &r.serves,
+                tier: r.tier,
+                state: s.map_or(RouteState::Unknown, |s| s.state),
+                since: s.map(|s| rfc3339(s.since)),
+                reason: s.and_then(|s| s.reason.as_ref()).map(|x| ReasonView {
+                    code: &x.code,
+                    text: &x.text,
+                }),
+                failure_mode: s.and_then(|s| s.failure_mode).map(|f| f.as_str()),
+                latency_ms: Percentiles::from_rollup(figures.latency.get(&r.id)),
+                ttfb_ms: Percentiles::from_samples(samples.map(|s| &s.ttfb_ms)),
+                tokens_per_second: Percentiles::from_samples(samples.map(|s| &s.tokens_per_second)),
+                baseline: s.and_then(|s| s.baseline.as_ref()).map(|b| BaselineView {
+                    bucket: &b.bucket,
+                    samples: b.samples,
+                    mean_ms: round(b.mean_ms, 1),
+                    stddev_ms: round(b.stddev_ms, 1),
+                    p95_ms: round(b.p95_ms, 1),
+                }),
+                uptime: Uptime {
+                    h24: ratio(&figures.uptime_24h),
+                    d7: ratio(&figures.uptime_7d),
+                    d30: ratio(&figures.uptime_30d),
+                },
+                slo: Slo {
+                    target: r.slo,
+                    error_budget_remaining: error_budget_remaining(
+                        figures.uptime_30d.get(&r.id),
+                        r.slo,
+                    ),
+                },
+                behavior_changed: s.is_some_and(|s| s.behavior_changed),
+                incident: s.and_then(|s| s.incident.as_ref()).map(|i| IncidentRef {
+                    id: &i.id,
+                    opened_at: rfc3339(i.opened_at),
+                    peak: i.peak,
+                }),
+            }
+        })
+        .collect();
+    StatusView {
+        generated_at: rfc3339(now),
+        overall: overall(routes, health),
+        routes: views,
+    }
+}
+
+/// How long store figures are reused between status requests. The health part of the answer
+/// is always fresh; the store part (windows of an hour and more) may be this old.
+pub const FIGURES_TTL: Duration = Duration::from_secs(5);
+
+/// The last [`Figures`] read, shared by concurrent status requests (one read at a time: a
+/// burst of requests costs one set of scans, not one each).
+#[derive(Debug, Default)]
+pub struct FiguresCache {
+    last: tokio::sync::Mutex<Option<(Instant, Arc<Figures>)>>,
+}
+
+impl FiguresCache {
+    /// Fresh figures (at most [`FIGURES_TTL`] old), reading the store when needed.
+    pub async fn get(&self, store: &Store, now: DateTime<Utc>) -> Result<Arc<Figures>, ApiError> {
+        let mut last = self.last.lock().await;
+        if let Some((at, figures)) = last.as_ref() {
+            if at.elapsed() < FIGURES_TTL {
+                return Ok(figures.clone());
+            }
+        }
+        let store = store.clone();
+        let figures = tokio::task::spawn_blocking(move || -> Result<Figures, StoreError> {
+            Figures::load(&store.reader()?, now)
+        })
+        .await??;
+        let figures = Arc::new(figures);
+        *last = Some((Instant::now(), figures.clone()));
+        Ok(figures)
+    }
+}
+
+/// `GET /api/v1/status`.
+pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let health = state.health.borrow().clone();
+    let now = state.clock.now();
+    let figures = state.figures.get(&state.store, now).await?;
+    let routes = state.routes.clone();
+    let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
+        status_bytes(&routes, &health, &figures, now)
+            .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))
+    })
+    .await??;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LimitQuery {
+    limit: Option<String>,
+}
+
+/// `?limit=N`: default [`DEFAULT_LIMIT`], clamped to [`MAX_LIMIT`], 400 when not a number.
+fn limit(q: Result<Query<LimitQuery>, QueryRejection>) -> Result<usize, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
+    match q.limit {
+        None => Ok(DEFAULT_LIMIT),
+        Some(s) => s
+            .trim()
+            .parse::<usize>()
+            .map(|n| n.clamp(1, MAX_LIMIT))
+            .map_err(|_| {
+                ApiError::bad_request("bad_query", format!("limit must be a number, got {s:?}"))
+            }),
+    }
+}
+
+/// `GET /api/v1/routes/{id}/probes`: the wildcard carries `{id}/probes`; the id may arrive
+/// with its slashes raw or percent-encoded (axum decodes it).
+pub async fn route_tail(
+    State(state): State<AppState>,
+    Path(rest): Path<String>,
+    q: Result<Query<LimitQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Some(id) = rest.strip_suffix("/probes") else {
+        return Err(ApiError::NotFound("no such path".into()));
+    };
+    let route = RouteId::parse(id)
+        .filter(|id| state.routes.iter().any(|r| &r.id == id))
+        .ok_or_else(|| ApiError::NotFound(format!("unknown route {id:?}")))?;
+    let limit = limit(q)?;
+    let store = state.store.clone();
+    let r = route.clone();
+    let outcomes = tokio::task::spawn_blocking(move || {
+        store.reader()?.recent_outcomes_of(&r, PROBE_KINDS, limit)
+    })
+    .await??;
+    Ok(Json(json!({
+        "route": route,
+        "probes": outcomes.iter().map(outcome_json).collect::<Vec<_>>(),
+    })))
+}
+
+/// One stored outcome as the API shows it (no answer text: evidence stays in drift reports).
+pub fn outcome_json(o: &ProbeOutcome) -> Value {
+    json!({
+        "started_at": rfc3339(o.started_at),
+        "kind": o.kind.as_str(),
+        "success": o.success,
+        "verified": o.verified,
+        "ttfb_ms": o.ttfb_ms,
+        "ttft_ms": o.ttft_ms,
+        "total_ms": o.total_ms,
+        "output_tokens": o.output_tokens,
+        "tokens_per_second": o.tokens_per_second,
+        "model_reported": o.model_reported,
+        "http_status": o.http_status,
+        "error": o.error.as_ref().map(ProbeError::to_json),
+    })
+}
+
+/// Where `/api/v1/incidents` reads from. Called on a blocking thread.
+///
+/// Today the only source is [`SnapshotIncidents`] (the open incidents of the health
+/// snapshot, without transitions); when the incident and transition tables land in the store,
+/// a store-backed source implements this and replaces it in `AppState`.
+pub trait IncidentSource: Send + Sync + 'static {
+    /// Newest first, at most `limit`.
+    fn incidents(
+        &self,
+        store: &Store,
+        health: &HealthSnapshot,
+        limit: usize,
+    ) -> Result<Vec<Incident>, StoreError>;
+}
+
+/// The open incidents of the health snapshot.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SnapshotIncidents;
+
+impl IncidentSource for SnapshotIncidents {
+    fn incidents(
+        &self,
+        _store: &Store,
+        health: &HealthSnapshot,
+        limit: usize,
+    ) -> Result<Vec<Incident>, StoreError> {
+        let mut open: Vec<Incident> = health
+            .routes
+            .iter()
+            .filter_map(|s| {
+                s.incident.as_ref().map(|i| Incident {
+                    id: i.id.clone(),
+                    route: s.route.clone(),
+                    opened_at: i.opened_at,
+                    closed_at: None,
+                    peak: i.peak,
+                    failure_mode: i.failure_mode,
+                    transitions: Vec::new(),
+                })
+            })
+            .collect();
+        open.sort_by_key(|i| std::cmp::Reverse(i.opened_at));
+        open.truncate(limit);
+        Ok(open)
+    }
+}
+
+/// `GET /api/v1/incidents?limit=N`: `{"incidents":[{id, route, opened_at, closed_at, peak,
+/// failure_mode, transitions}]}`, newest first.
+pub async fn incidents(
+    State(state): State<AppState>,
+    q: Result<Query<LimitQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = limit(q)?;
+    let health = state.health.borrow().clone();
+    let (source, store): (Arc<dyn IncidentSource>, Store) =
+        (state.incidents.clone(), state.store.clone());
+    let list =
+        tokio::task::spawn_blocking(move || source.incidents(&store, &health, limit)).await??;
+    Ok(Json(json!({ "incidents": list })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_budget() {
+        let c = |count, good| Counts {
+            count,
+            successes: count,
+            good,
+        };
+        assert_eq!(error_budget_remaining(None, 0.999), None);
+        assert_eq!(
+            error_budget_remaining(Some(&c(1000, 1000)), 0.999),
+            Some(1.0)
+        );
+        assert_eq!(
+            error_budget_remaining(Some(&c(1000, 999)), 0.999),
+            Some(0.0)
+        );
+        assert_eq!(
+            error_budget_remaining(Some(&c(2000, 1999)), 0.999),
+            Some(0.5)
+        );
+        assert_eq!(
+            error_budget_remaining(Some(&c(1000, 998)), 0.999),
+            Some(-1.0)
+        );
+        assert_eq!(error_budget_remaining(Some(&c(10, 9)), 1.0), Some(0.0));
+    }
+}

@@ -1,0 +1,247 @@
+//! `POST /api/v1/ingest`: passive outcomes from remote proxies and agents.
+//!
+//! - **Auth**: `Authorization: Bearer <token>`, the token read at startup from the variable
+//!   named by `server.ingest_token_env`, compared in constant time (`subtle`). Missing or
+//!   wrong → 401. With the variable unset the endpoint is off: 404 `ingest_disabled` (the
+//!   same answer whatever the request, so nothing is learnt by probing it).
+//! - **Bounds**: at most [`MAX_BODY`] bytes (413 `payload_too_large`), at most [`MAX_ITEMS`]
+//!   items (413 `too_many_items`). Auth is checked before the body is read.
+//! - **Body**: a JSON array of `{route, started_at, success, total_ms, ttfb_ms?, ttft_ms?,
+//!   output_tokens?, tokens_estimated?, tokens_per_second?, model_reported?, http_status?,
+//!   error?: {kind, status?, message?, retry_after_ms?}}`. Unknown fields are ignored; `kind`
+//!   is always `passive`. Each item is validated on its own (route configured, numbers finite
+//!   and ≥ 0, `started_at` not more than [`MAX_FUTURE`] ahead nor [`MAX_AGE`] old, error kind
+//!   known); a bad item is rejected with its index and the rest go on.
+//! - **Delivery**: accepted items are sent to `AppState::passive` in order, awaiting each send
+//!   (a full queue slows the client down instead of dropping data).
+//! - **Answer**: 200 `{"accepted": N, "rejected": [{"index", "error"}]}`.
+
+use std::time::Duration;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::Json;
+use chrono::{DateTime, Duration as TimeDelta, Utc};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+
+use super::{ApiError, AppState};
+use crate::probe::outcome::{scrub, truncate_chars, OutcomeKind, ProbeError, ProbeOutcome};
+use crate::route::RouteId;
+
+/// Largest accepted body.
+pub const MAX_BODY: usize = 1024 * 1024;
+/// Most items in one request.
+pub const MAX_ITEMS: usize = 1000;
+/// How far in the future `started_at` may be (clock skew).
+pub const MAX_FUTURE: Duration = Duration::from_secs(300);
+/// How old `started_at` may be (an agent that buffered through an outage).
+pub const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+const ERROR_KINDS: &[&str] = &[
+    "connect",
+    "timeout_before_first_byte",
+    "stalled",
+    "timeout",
+    "http",
+    "rate_limited",
+    "refused",
+    "malformed",
+    "truncated",
+];
+
+#[derive(Debug, Deserialize)]
+struct Item {
+    route: String,
+    started_at: DateTime<Utc>,
+    success: bool,
+    total_ms: f64,
+    ttfb_ms: Option<f64>,
+    ttft_ms: Option<f64>,
+    output_tokens: Option<u32>,
+    #[serde(default)]
+    tokens_estimated: bool,
+    tokens_per_second: Option<f64>,
+    model_reported: Option<String>,
+    http_status: Option<u16>,
+    error: Option<ItemError>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ItemError {
+    kind: String,
+    status: Option<u16>,
+    message: Option<String>,
+    retry_after_ms: Option<u64>,
+}
+
+/// Is the `Authorization` header `Bearer <expected>`? Constant time in the token's content.
+fn authorized(headers: &HeaderMap, expected: &str) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    bool::from(given.trim().as_bytes().ct_eq(expected.as_bytes()))
+}
+
+/// One item → an outcome, or why not.
+fn validate(state: &AppState, item: Item, now: DateTime<Utc>) -> Result<ProbeOutcome, String> {
+    let route = RouteId::parse(&item.route)
+        .filter(|id| state.routes.iter().any(|r| &r.id == id))
+        .ok_or_else(|| format!("unknown route {:?}", truncate_chars(&item.route, 200)))?;
+    let numbers = [
+        ("total_ms", Some(item.total_ms)),
+        ("ttfb_ms", item.ttfb_ms),
+        ("ttft_ms", item.ttft_ms),
+        ("tokens_per_second", item.tokens_per_second),
+    ];
+    for (name, v) in numbers {
+        if let Some(v) = v {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{name} must be a finite number >= 0"));
+            }
+        }
+    }
+    let future = TimeDelta::from_std(MAX_FUTURE).unwrap_or_default();
+    let age = TimeDelta::from_std(MAX_AGE).unwrap_or_default();
+    if item.started_at > now + future {
+        return Err("started_at is in the future".into());
+    }
+    if item.started_at < now - age {
+        return Err("started_at is more than 24 h old".into());
+    }
+    let error = match item.error {
+        None => None,
+        Some(e) if !ERROR_KINDS.contains(&e.kind.as_str()) => {
+            return Err(format!(
+                "error.kind must be one of {}",
+                ERROR_KINDS.join(", ")
+            ))
+        }
+        Some(e) => Some(ProbeError::from_parts(
+            &e.kind,
+            e.status,
+            e.message.as_deref().map(scrub),
+            e.retry_after_ms,
+        )),
+    };
+    if item.success && error.is_some() {
+        return Err("a successful outcome cannot carry an error".into());
+    }
+    // A failure reported by status alone gets the error its status implies.
+    let error = match (error, item.success, item.http_status) {
+        (None, false, Some(429)) => Some(ProbeError::from_parts("rate_limited", None, None, None)),
+        (None, false, Some(status)) => {
+            Some(ProbeError::from_parts("http", Some(status), None, None))
+        }
+        (None, false, None) => {
+            return Err("a failed outcome needs an error or an http_status".into())
+        }
+        (error, _, _) => error,
+    };
+    Ok(ProbeOutcome {
+        route,
+        kind: OutcomeKind::Passive,
+        started_at: item.started_at,
+        success: item.success,
+        verified: None,
+        ttfb_ms: item.ttfb_ms,
+        ttft_ms: item.ttft_ms,
+        total_ms: item.total_ms,
+        output_tokens: item.output_tokens,
+        tokens_estimated: item.tokens_estimated,
+        tokens_per_second: item.tokens_per_second,
+        model_reported: item.model_reported.map(|m| truncate_chars(&m, 200)),
+        system_fingerprint: None,
+        http_status: item.http_status,
+        error,
+        answer: None,
+    })
+}
+
+/// `POST /api/v1/ingest`.
+pub async fn handler(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let Some(token) = state.ingest_token.as_ref() else {
+        return Err(ApiError::IngestDisabled);
+    };
+    if !authorized(&headers, token.expose()) {
+        return Err(ApiError::Unauthorized);
+    }
+    let too_large = || ApiError::TooLarge {
+        code: "payload_too_large",
+        message: format!("the body exceeds {MAX_BODY} bytes"),
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    let bytes = to_bytes(body, MAX_BODY).await.map_err(|_| too_large())?;
+    let items: Vec<Value> = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request("bad_json", format!("expected a JSON array: {e}")))?;
+    if items.len() > MAX_ITEMS {
+        return Err(ApiError::TooLarge {
+            code: "too_many_items",
+            message: format!("{} items; at most {MAX_ITEMS} per request", items.len()),
+        });
+    }
+    let now = state.clock.now();
+    let mut accepted = 0usize;
+    let mut rejected = Vec::new();
+    for (index, raw) in items.into_iter().enumerate() {
+        let outcome = serde_json::from_value::<Item>(raw)
+            .map_err(|e| e.to_string())
+            .and_then(|item| validate(&state, item, now));
+        match outcome {
+            Ok(outcome) => {
+                state
+                    .passive
+                    .send(outcome)
+                    .await
+                    .map_err(|_| ApiError::ShuttingDown)?;
+                accepted += 1;
+            }
+            Err(error) => rejected.push(json!({"index": index, "error": error})),
+        }
+    }
+    state.metrics.observe_ingest(accepted, rejected.len());
+    if !rejected.is_empty() {
+        tracing::debug!(accepted, rejected = rejected.len(), "ingest rejected items");
+    }
+    Ok(Json(json!({"accepted": accepted, "rejected": rejected})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn bearer_tokens_compare_exactly() {
+        let mut h = HeaderMap::new();
+        assert!(!authorized(&h, "s3cret"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer s3cret"),
+        );
+        assert!(authorized(&h, "s3cret"));
+        assert!(!authorized(&h, "s3cre"));
+        assert!(!authorized(&h, "s3cret!"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic s3cret"),
+        );
+        assert!(!authorized(&h, "s3cret"));
+    }
+}

@@ -1,0 +1,284 @@
+//! `/metrics`: OpenMetrics text through `prometheus-client`, ending in `# EOF`.
+//!
+//! Families (SPEC "Metrics"):
+//! - from outcomes, as the recorder passes them to [`Metrics::observe_outcome`] (synthetic
+//!   kinds only — probe and throughput): `probeok_probe_success{provider,region,model}` (0/1,
+//!   last probe), `probeok_probe_duration_seconds` and `probeok_probe_ttfb_seconds`
+//!   (histograms of successful probes), `probeok_probe_output_tokens_per_second` (last
+//!   figure), `probeok_probes_total{provider,region,model,result}` (`result` is `success` or
+//!   the error kind, a closed set);
+//! - set at scrape time from the health and weights snapshots: `probeok_route_state{…}`
+//!   (0 UNKNOWN … 5 SWITCHED), `probeok_route_weight{serves,provider,region,model}`;
+//! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`.
+//!
+//! Label values come only from the config (outcomes of unconfigured routes are ignored), never
+//! from request input, so the series count is bounded by the config. Later families (proxy,
+//! alerts) are added as fields here and registered in [`Metrics::new`].
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use super::{ApiError, AppState};
+use crate::health::{HealthSnapshot, State as RouteState};
+use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
+use crate::route::{Route, RouteId};
+use crate::weights::WeightsSnapshot;
+
+/// What `/metrics` answers with.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    provider: String,
+    region: String,
+    model: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    provider: String,
+    region: String,
+    model: String,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WeightLabels {
+    serves: String,
+    provider: String,
+    region: String,
+    model: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IngestLabels {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
+type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    Histogram::new([0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0])
+}
+
+fn ttfb_histogram() -> Histogram {
+    Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0])
+}
+
+/// The registry and handles on its families. Shared (`Arc`) between the recorder and `/metrics`.
+pub struct Metrics {
+    registry: Registry,
+    routes: HashMap<RouteId, (RouteLabels, String)>,
+    /// In config order, for the scrape-time gauges.
+    order: Vec<RouteId>,
+    probe_success: Family<RouteLabels, Gauge>,
+    probe_duration: HistogramFamily,
+    probe_ttfb: HistogramFamily,
+    probe_tps: Family<RouteLabels, Gauge<f64, AtomicU64>>,
+    probes: Family<ResultLabels, Counter>,
+    route_state: Family<RouteLabels, Gauge>,
+    route_weight: Family<WeightLabels, Gauge>,
+    ingest_items: Family<IngestLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("routes", &self.order.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub fn new(routes: &[Route]) -> Self {
+        let mut registry = Registry::with_prefix("probeok");
+        let probe_success = Family::<RouteLabels, Gauge>::default();
+        let probe_duration: HistogramFamily = Family::new_with_constructor(duration_histogram);
+        let probe_ttfb: HistogramFamily = Family::new_with_constructor(ttfb_histogram);
+        let probe_tps = Family::<RouteLabels, Gauge<f64, AtomicU64>>::default();
+        let probes = Family::<ResultLabels, Counter>::default();
+        let route_state = Family::<RouteLabels, Gauge>::default();
+        let route_weight = Family::<WeightLabels, Gauge>::default();
+        let ingest_items = Family::<IngestLabels, Counter>::default();
+        registry.register(
+            "probe_success",
+            "1 when the route's last probe succeeded, else 0",
+            probe_success.clone(),
+        );
+        registry.register(
+            "probe_duration_seconds",
+            "Total duration of successful probes",
+            probe_duration.clone(),
+        );
+        registry.register(
+            "probe_ttfb_seconds",
+            "Time to first response byte of successful probes",
+            probe_ttfb.clone(),
+        );
+        registry.register(
+            "probe_output_tokens_per_second",
+            "Output tokens per second of the route's last throughput measurement",
+            probe_tps.clone(),
+        );
+        registry.register("probes", "Probes by result", probes.clone());
+        registry.register(
+            "route_state",
+            "Route state: 0 UNKNOWN, 1 NORMAL, 2 WARNING, 3 DEGRADED, 4 CRITICAL, 5 SWITCHED",
+            route_state.clone(),
+        );
+        registry.register(
+            "route_weight",
+            "Published traffic weight (0-100) within the logical model",
+            route_weight.clone(),
+        );
+        registry.register(
+            "ingest_items",
+            "Passive outcomes received on /api/v1/ingest",
+            ingest_items.clone(),
+        );
+        registry.register(
+            "build",
+            "Build information",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            }),
+        );
+        let labels = |r: &Route| RouteLabels {
+            provider: r.provider.clone(),
+            region: r.region.clone(),
+            model: r.model.clone(),
+        };
+        Self {
+            registry,
+            routes: routes
+                .iter()
+                .map(|r| (r.id.clone(), (labels(r), r.serves.clone())))
+                .collect(),
+            order: routes.iter().map(|r| r.id.clone()).collect(),
+            probe_success,
+            probe_duration,
+            probe_ttfb,
+            probe_tps,
+            probes,
+            route_state,
+            route_weight,
+            ingest_items,
+        }
+    }
+
+    /// Counts one outcome in. Passive outcomes and unconfigured routes are ignored.
+    pub fn observe_outcome(&self, o: &ProbeOutcome) {
+        if o.kind == OutcomeKind::Passive {
+            return;
+        }
+        let Some((labels, _)) = self.routes.get(&o.route) else {
+            return;
+        };
+        self.probe_success
+            .get_or_create(labels)
+            .set(i64::from(o.success));
+        let result = match (&o.error, o.success) {
+            (_, true) => "success",
+            (Some(e), false) => e.kind(),
+            (None, false) => "failure",
+        };
+        self.probes
+            .get_or_create(&ResultLabels {
+                provider: labels.provider.clone(),
+                region: labels.region.clone(),
+                model: labels.model.clone(),
+                result,
+            })
+            .inc();
+        if o.success {
+            self.probe_duration
+                .get_or_create(labels)
+                .observe(o.total_ms / 1000.0);
+            if let Some(ttfb) = o.ttfb_ms {
+                self.probe_ttfb.get_or_create(labels).observe(ttfb / 1000.0);
+            }
+        }
+        if let Some(tps) = o.tokens_per_second {
+            self.probe_tps.get_or_create(labels).set(tps);
+        }
+    }
+
+    /// Counts an ingest request's items.
+    pub fn observe_ingest(&self, accepted: usize, rejected: usize) {
+        for (result, n) in [("accepted", accepted), ("rejected", rejected)] {
+            if n > 0 {
+                self.ingest_items
+                    .get_or_create(&IngestLabels { result })
+                    .inc_by(n as u64);
+            }
+        }
+    }
+
+    /// Sets the scrape-time gauges from the snapshots, then encodes everything.
+    pub fn render(
+        &self,
+        health: &HealthSnapshot,
+        weights: &WeightsSnapshot,
+    ) -> Result<String, std::fmt::Error> {
+        for id in &self.order {
+            let Some((labels, serves)) = self.routes.get(id) else {
+                continue;
+            };
+            let state = health.route(id).map_or(RouteState::Unknown, |s| s.state);
+            self.route_state
+                .get_or_create(labels)
+                .set(state_value(state));
+            let weight = weights.weight(id).unwrap_or(0);
+            self.route_weight
+                .get_or_create(&WeightLabels {
+                    serves: serves.clone(),
+                    provider: labels.provider.clone(),
+                    region: labels.region.clone(),
+                    model: labels.model.clone(),
+                })
+                .set(i64::from(weight));
+        }
+        let mut out = String::with_capacity(4096 + self.order.len() * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// SPEC's state numbering.
+pub fn state_value(state: RouteState) -> i64 {
+    match state {
+        RouteState::Unknown => 0,
+        RouteState::Normal => 1,
+        RouteState::Warning => 2,
+        RouteState::Degraded => 3,
+        RouteState::Critical => 4,
+        RouteState::Switched => 5,
+    }
+}
+
+/// `GET /metrics`.
+pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let health = state.health.borrow().clone();
+    let weights = state.weights.borrow().clone();
+    let body = state
+        .metrics
+        .render(&health, &weights)
+        .map_err(|e| ApiError::Internal(format!("encoding metrics: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response())
+}

@@ -1,0 +1,283 @@
+//! The monitor's HTTP surface on `server.listen`: the router, what handlers share
+//! ([`AppState`]), the JSON error shape ([`ApiError`]) and liveness/readiness.
+//!
+//! - [`api`]: `/api/v1/status`, `/api/v1/routes/{id}/probes`, `/api/v1/incidents`.
+//! - [`ingest`]: `POST /api/v1/ingest` (passive outcomes, bearer token).
+//! - [`feed`]: the weights feed — `/api/v1/weights` (ETag, long-poll) and its SSE stream.
+//! - [`metrics`]: `/metrics` (OpenMetrics via `prometheus-client`).
+//! - [`openapi`]: `/api/openapi.json`, checked against [`endpoints`] by a test.
+//!
+//! Every endpoint is listed once in [`endpoints`] (method, axum path, documented path), so the
+//! router and the OpenAPI document cannot drift apart unnoticed.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod api;
+pub mod feed;
+pub mod ingest;
+pub mod metrics;
+pub mod openapi;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, MethodRouter};
+use axum::{Json, Router};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::json;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::health::{HealthEvent, HealthRx};
+use crate::probe::ProbeOutcome;
+use crate::route::Route;
+use crate::secret::Secret;
+use crate::store::{Store, StoreError};
+use crate::weights::WeightsRx;
+
+pub use api::{FiguresCache, IncidentSource, SnapshotIncidents};
+pub use metrics::Metrics;
+
+/// A job whose heartbeat is older than this makes `/readyz` fail.
+pub const HEARTBEAT_STALE_AFTER: Duration = Duration::from_secs(180);
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    /// The resolved routes, in config order.
+    pub routes: Arc<Vec<Route>>,
+    pub store: Store,
+    pub clock: Arc<dyn Clock>,
+    /// The jobs that must keep beating for the service to be ready.
+    pub jobs: Arc<Vec<&'static str>>,
+    /// Detection's latest judgement of every route.
+    pub health: HealthRx,
+    /// Transitions and findings as they happen.
+    pub events: broadcast::Sender<HealthEvent>,
+    /// Passive outcomes (ingest, proxy) go to detection and the store through here.
+    pub passive: mpsc::Sender<ProbeOutcome>,
+    /// The published weights (see [`crate::weights::spawn_publisher`]).
+    pub weights: WeightsRx,
+    /// The metric families `/metrics` renders; the recorder feeds it every outcome.
+    pub metrics: Arc<Metrics>,
+    /// `POST /api/v1/ingest`'s bearer token (from `server.ingest_token_env`); `None` turns
+    /// the endpoint off (404 `ingest_disabled`).
+    pub ingest_token: Option<Secret>,
+    /// Where `/api/v1/incidents` reads incidents from.
+    pub incidents: Arc<dyn IncidentSource>,
+    /// The store figures `/api/v1/status` reuses for a few seconds.
+    pub figures: Arc<FiguresCache>,
+    /// Cancelled at shutdown: long-polls and SSE streams end on it so graceful shutdown is
+    /// never held open by a subscriber.
+    pub shutdown: CancellationToken,
+}
+
+/// One endpoint of the router.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub method: Method,
+    /// As axum matches it.
+    pub path: &'static str,
+    /// As `/api/openapi.json` names it (differs where a wildcard stands for `{id}/…`).
+    pub doc_path: &'static str,
+}
+
+fn ep(method: Method, path: &'static str) -> Endpoint {
+    Endpoint {
+        method,
+        path,
+        doc_path: path,
+    }
+}
+
+/// Every endpoint with its handler. Route ids contain `/` (`qwen/cn/deepseek-ai/V3`), so the
+/// per-route endpoints use one wildcard and split the tail (`{id}/probes`) themselves.
+fn table() -> Vec<(Endpoint, MethodRouter<AppState>)> {
+    vec![
+        (ep(Method::GET, "/healthz"), get(healthz)),
+        (ep(Method::GET, "/readyz"), get(readyz)),
+        (ep(Method::GET, "/metrics"), get(metrics::handler)),
+        (ep(Method::GET, "/api/openapi.json"), get(openapi::handler)),
+        (ep(Method::GET, "/api/v1/status"), get(api::status)),
+        (
+            Endpoint {
+                method: Method::GET,
+                path: "/api/v1/routes/{*rest}",
+                doc_path: "/api/v1/routes/{id}/probes",
+            },
+            get(api::route_tail),
+        ),
+        (ep(Method::GET, "/api/v1/incidents"), get(api::incidents)),
+        (ep(Method::GET, "/api/v1/weights"), get(feed::weights)),
+        (ep(Method::GET, "/api/v1/weights/stream"), get(feed::stream)),
+        (ep(Method::POST, "/api/v1/ingest"), post(ingest::handler)),
+    ]
+}
+
+/// Every endpoint the router serves.
+pub fn endpoints() -> Vec<Endpoint> {
+    table().into_iter().map(|(e, _)| e).collect()
+}
+
+pub fn router(state: AppState) -> Router {
+    table()
+        .into_iter()
+        .fold(Router::new(), |r, (e, handler)| r.route(e.path, handler))
+        .merge(crate::alert::silences::router())
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// The process is up and serving HTTP.
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// The store takes writes and every scheduled job has beaten recently.
+async fn readyz(State(state): State<AppState>) -> Response {
+    let mut problems = Vec::new();
+    if let Err(e) = state.store.writer().check_writable().await {
+        problems.push(format!("store not writable: {e}"));
+    }
+    let store = state.store.clone();
+    let beats = tokio::task::spawn_blocking(move || store.reader()?.heartbeats()).await;
+    let now = state.clock.now();
+    match beats {
+        Ok(Ok(beats)) => {
+            for job in state.jobs.iter() {
+                match beats.iter().find(|(name, _)| name == job) {
+                    None => problems.push(format!("job {job} has not reported yet")),
+                    Some((_, at)) => {
+                        let age = (now - *at).to_std().unwrap_or_default();
+                        if age > HEARTBEAT_STALE_AFTER {
+                            problems.push(format!("job {job} silent for {}s", age.as_secs()));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Err(e)) => problems.push(format!("cannot read heartbeats: {e}")),
+        Err(e) => problems.push(format!("cannot read heartbeats: {e}")),
+    }
+    if problems.is_empty() {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "not_ready", "problems": problems})),
+        )
+            .into_response()
+    }
+}
+
+async fn not_found() -> Response {
+    api_error(StatusCode::NOT_FOUND, "not_found", "no such path")
+}
+
+/// SPEC's error shape: `{"error":{"code","message"}}`.
+pub fn api_error(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        Json(json!({"error": {"code": code, "message": message}})),
+    )
+        .into_response()
+}
+
+/// What a JSON endpoint can fail with; rendered as `{"error":{"code","message"}}`.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 404 `not_found`.
+    #[error("{0}")]
+    NotFound(String),
+    /// 400 with a specific code (`bad_query`, `bad_json`, …).
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+    /// 401 `unauthorized`: no or a wrong bearer token.
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    /// 404 `ingest_disabled`: `server.ingest_token_env` names an unset variable.
+    #[error("ingest is disabled: the ingest token variable is not set")]
+    IngestDisabled,
+    /// 413 with `payload_too_large` or `too_many_items`.
+    #[error("{message}")]
+    TooLarge { code: &'static str, message: String },
+    /// 503 `shutting_down`.
+    #[error("the service is shutting down")]
+    ShuttingDown,
+    /// 500 `store_error`; the detail is logged, not sent.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// 500 `internal`; the detail is logged, not sent.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::NotFound(_) | Self::IngestDisabled => StatusCode::NOT_FOUND,
+            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Store(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotFound(_) => "not_found",
+            Self::BadRequest { code, .. } | Self::TooLarge { code, .. } => code,
+            Self::Unauthorized => "unauthorized",
+            Self::IngestDisabled => "ingest_disabled",
+            Self::ShuttingDown => "shutting_down",
+            Self::Store(_) => "store_error",
+            Self::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<tokio::task::JoinError> for ApiError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        Self::Internal(format!("blocking task failed: {e}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        // Internal details stay in the log (logged once, here, where the error is handled).
+        let message = match &self {
+            Self::Store(_) | Self::Internal(_) => {
+                tracing::error!(error = %self, "request failed");
+                "internal error; see the server log".to_owned()
+            }
+            other => other.to_string(),
+        };
+        let mut response = api_error(status, self.code(), &message);
+        if matches!(self, Self::Unauthorized) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// RFC 3339 UTC with milliseconds: how every time in the API is written.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}

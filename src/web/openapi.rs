@@ -1,0 +1,281 @@
+//! `/api/openapi.json`: the OpenAPI 3.0 description of the monitor's HTTP API, written by
+//! hand as JSON next to the handlers it describes. A test parses it with a real OpenAPI
+//! parser and checks that every endpoint of [`super::endpoints`] is described.
+
+use std::sync::OnceLock;
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::api::MAX_LIMIT;
+use super::feed::MAX_WAIT;
+use super::ingest::{MAX_BODY, MAX_ITEMS};
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    })
+}
+
+fn json_response(description: &str, schema: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}
+    })
+}
+
+fn percentiles() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "p50": {"type": "number", "nullable": true},
+            "p95": {"type": "number", "nullable": true},
+            "p99": {"type": "number", "nullable": true}
+        }
+    })
+}
+
+fn state_enum() -> Value {
+    json!({"type": "string", "enum": ["UNKNOWN", "NORMAL", "WARNING", "DEGRADED", "CRITICAL", "SWITCHED"]})
+}
+
+fn tier_enum() -> Value {
+    json!({"type": "string", "enum": ["primary", "backup", "fallback"]})
+}
+
+fn limit_param() -> Value {
+    json!({
+        "name": "limit", "in": "query", "required": false,
+        "description": format!("How many, newest first (default 50, at most {MAX_LIMIT})."),
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}
+    })
+}
+
+fn schemas() -> Value {
+    json!({
+        "Error": {
+            "type": "object", "required": ["error"],
+            "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
+                "code": {"type": "string"}, "message": {"type": "string"}}}}
+        },
+        "Percentiles": percentiles(),
+        "Reason": {
+            "type": "object", "required": ["code", "text"],
+            "properties": {"code": {"type": "string", "description": "Stable snake_case code"},
+                           "text": {"type": "string"}}
+        },
+        "RouteStatus": {
+            "type": "object",
+            "required": ["id", "provider", "region", "model", "serves", "tier", "state", "latency_ms", "ttfb_ms", "tokens_per_second", "uptime", "slo"],
+            "properties": {
+                "id": {"type": "string", "description": "provider/region/model"},
+                "provider": {"type": "string"}, "region": {"type": "string"}, "model": {"type": "string"},
+                "serves": {"type": "string"}, "tier": tier_enum(), "state": state_enum(),
+                "since": {"type": "string", "format": "date-time", "nullable": true},
+                "reason": {"allOf": [{"$ref": "#/components/schemas/Reason"}], "nullable": true},
+                "failure_mode": {"type": "string", "enum": ["unavailable", "degraded", "behavior_changed"], "nullable": true},
+                "latency_ms": {"$ref": "#/components/schemas/Percentiles"},
+                "ttfb_ms": {"$ref": "#/components/schemas/Percentiles"},
+                "tokens_per_second": {"$ref": "#/components/schemas/Percentiles"},
+                "baseline": {"type": "object", "nullable": true, "properties": {
+                    "bucket": {"type": "string"}, "samples": {"type": "integer"},
+                    "mean_ms": {"type": "number"}, "stddev_ms": {"type": "number"}, "p95_ms": {"type": "number"}}},
+                "uptime": {"type": "object", "properties": {
+                    "24h": {"type": "number", "nullable": true}, "7d": {"type": "number", "nullable": true},
+                    "30d": {"type": "number", "nullable": true}}},
+                "slo": {"type": "object", "properties": {
+                    "target": {"type": "number"},
+                    "error_budget_remaining": {"type": "number", "nullable": true,
+                        "description": "1 untouched, 0 spent, negative overspent (30 days)"}}},
+                "behavior_changed": {"type": "boolean"},
+                "incident": {"type": "object", "nullable": true, "properties": {
+                    "id": {"type": "string"}, "opened_at": {"type": "string", "format": "date-time"}, "peak": state_enum()}}
+            }
+        },
+        "Status": {
+            "type": "object", "required": ["generated_at", "overall", "routes"],
+            "properties": {
+                "generated_at": {"type": "string", "format": "date-time"},
+                "overall": {"type": "string", "enum": ["operational", "degraded", "outage"]},
+                "routes": {"type": "array", "items": {"$ref": "#/components/schemas/RouteStatus"}}
+            }
+        },
+        "Outcome": {
+            "type": "object",
+            "properties": {
+                "started_at": {"type": "string", "format": "date-time"},
+                "kind": {"type": "string", "enum": ["probe", "throughput", "passive"]},
+                "success": {"type": "boolean"}, "verified": {"type": "boolean", "nullable": true},
+                "ttfb_ms": {"type": "number", "nullable": true}, "ttft_ms": {"type": "number", "nullable": true},
+                "total_ms": {"type": "number"}, "output_tokens": {"type": "integer", "nullable": true},
+                "tokens_per_second": {"type": "number", "nullable": true},
+                "model_reported": {"type": "string", "nullable": true},
+                "http_status": {"type": "integer", "nullable": true},
+                "error": {"allOf": [{"$ref": "#/components/schemas/OutcomeError"}], "nullable": true}
+            }
+        },
+        "OutcomeError": {
+            "type": "object", "required": ["kind"],
+            "properties": {
+                "kind": {"type": "string", "enum": ["connect", "timeout_before_first_byte", "stalled", "timeout", "http", "rate_limited", "refused", "malformed", "truncated"]},
+                "status": {"type": "integer", "nullable": true},
+                "message": {"type": "string", "nullable": true},
+                "retry_after_ms": {"type": "integer", "nullable": true}
+            }
+        },
+        "Probes": {
+            "type": "object", "required": ["route", "probes"],
+            "properties": {"route": {"type": "string"},
+                           "probes": {"type": "array", "items": {"$ref": "#/components/schemas/Outcome"}}}
+        },
+        "Incident": {
+            "type": "object", "required": ["id", "route", "opened_at", "peak", "transitions"],
+            "properties": {
+                "id": {"type": "string"}, "route": {"type": "string"},
+                "opened_at": {"type": "string", "format": "date-time"},
+                "closed_at": {"type": "string", "format": "date-time", "nullable": true},
+                "peak": state_enum(),
+                "failure_mode": {"type": "string", "nullable": true},
+                "transitions": {"type": "array", "items": {"type": "object", "properties": {
+                    "from": state_enum(), "to": state_enum(), "at": {"type": "string", "format": "date-time"},
+                    "reason": {"$ref": "#/components/schemas/Reason"}}}}
+            }
+        },
+        "Incidents": {
+            "type": "object", "required": ["incidents"],
+            "properties": {"incidents": {"type": "array", "items": {"$ref": "#/components/schemas/Incident"}}}
+        },
+        "WeightEntry": {
+            "type": "object", "required": ["route", "provider", "region", "model", "tier", "weight", "state", "reason"],
+            "properties": {
+                "route": {"type": "string"}, "provider": {"type": "string"}, "region": {"type": "string"},
+                "model": {"type": "string"}, "tier": tier_enum(),
+                "weight": {"type": "integer", "minimum": 0, "maximum": 100},
+                "state": state_enum(),
+                "reason": {"type": "string", "description": "Stable code: healthy, unjudged, standby, success_ratio_low, weight_zero, behavior_changed, or detection's reason code"}
+            }
+        },
+        "Weights": {
+            "type": "object", "required": ["version", "generated_at", "models", "serving"],
+            "properties": {
+                "version": {"type": "integer", "format": "int64", "description": "Grows only when a weight, state, reason code or serving tier changes; equals the ETag"},
+                "generated_at": {"type": "string", "format": "date-time"},
+                "models": {"type": "object", "additionalProperties": {"type": "array", "items": {"$ref": "#/components/schemas/WeightEntry"}}},
+                "serving": {"type": "object", "additionalProperties": {"type": "object", "required": ["all_unhealthy"], "properties": {
+                    "tier": {"allOf": [tier_enum()], "nullable": true},
+                    "all_unhealthy": {"type": "boolean", "description": "No route is usable: every weight is 0"}}}}
+            }
+        },
+        "IngestItem": {
+            "type": "object", "required": ["route", "started_at", "success", "total_ms"],
+            "properties": {
+                "route": {"type": "string"}, "started_at": {"type": "string", "format": "date-time"},
+                "success": {"type": "boolean"}, "total_ms": {"type": "number", "minimum": 0},
+                "ttfb_ms": {"type": "number", "minimum": 0}, "ttft_ms": {"type": "number", "minimum": 0},
+                "output_tokens": {"type": "integer", "minimum": 0}, "tokens_estimated": {"type": "boolean"},
+                "tokens_per_second": {"type": "number", "minimum": 0},
+                "model_reported": {"type": "string"}, "http_status": {"type": "integer"},
+                "error": {"$ref": "#/components/schemas/OutcomeError"}
+            }
+        },
+        "IngestResult": {
+            "type": "object", "required": ["accepted", "rejected"],
+            "properties": {
+                "accepted": {"type": "integer"},
+                "rejected": {"type": "array", "items": {"type": "object", "properties": {
+                    "index": {"type": "integer"}, "error": {"type": "string"}}}}
+            }
+        },
+        "Health": {"type": "object", "properties": {"status": {"type": "string"},
+            "problems": {"type": "array", "items": {"type": "string"}}}}
+    })
+}
+
+fn paths() -> Value {
+    json!({
+        "/healthz": {"get": {"summary": "Liveness", "operationId": "healthz",
+            "responses": {"200": json_response("Up", "Health")}}},
+        "/readyz": {"get": {"summary": "Readiness: store writable, every job's heartbeat fresh", "operationId": "readyz",
+            "responses": {"200": json_response("Ready", "Health"), "503": json_response("Not ready", "Health")}}},
+        "/metrics": {"get": {"summary": "OpenMetrics text", "operationId": "metrics",
+            "responses": {"200": {"description": "Metrics",
+                "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}}}}},
+        "/api/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
+            "responses": {"200": {"description": "OpenAPI 3.0", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+        "/api/v1/status": {"get": {"summary": "Every route's state, recent latency, uptime and SLO", "operationId": "status",
+            "responses": {"200": json_response("Status", "Status"), "500": error_response("Store failure")}}},
+        "/api/v1/routes/{id}/probes": {"get": {
+            "summary": "Recent synthetic outcomes of one route, newest first", "operationId": "routeProbes",
+            "parameters": [
+                {"name": "id", "in": "path", "required": true,
+                 "description": "Route id provider/region/model; slashes raw or percent-encoded",
+                 "schema": {"type": "string"}},
+                limit_param()
+            ],
+            "responses": {"200": json_response("Outcomes", "Probes"), "400": error_response("Bad limit"),
+                          "404": error_response("Unknown route")}}},
+        "/api/v1/incidents": {"get": {"summary": "Incidents with transitions, newest first", "operationId": "incidents",
+            "parameters": [limit_param()],
+            "responses": {"200": json_response("Incidents", "Incidents"), "400": error_response("Bad limit")}}},
+        "/api/v1/weights": {"get": {
+            "summary": "Traffic weights per logical model", "operationId": "weights",
+            "parameters": [
+                {"name": "wait", "in": "query", "required": false,
+                 "description": format!("With If-None-Match naming the current version: hold the request until a newer version (200) or this long (304); at most {}s.", MAX_WAIT.as_secs()),
+                 "schema": {"type": "string", "example": "30s"}},
+                {"name": "If-None-Match", "in": "header", "required": false, "schema": {"type": "string"}}
+            ],
+            "responses": {
+                "200": {"description": "The current weights",
+                        "headers": {"ETag": {"schema": {"type": "string"}, "description": "\"<version>\""}},
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Weights"}}}},
+                "304": {"description": "Not modified (no newer version within the wait)"},
+                "400": error_response("Bad wait")}}},
+        "/api/v1/weights/stream": {"get": {
+            "summary": "Server-Sent Events: `event: weights`, `id: <version>`, data = the Weights JSON; `: heartbeat` every 15 s",
+            "operationId": "weightsStream",
+            "parameters": [{"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "Event stream",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}}}}}},
+        "/api/v1/ingest": {"post": {
+            "summary": "Passive outcomes from proxies and remote agents",
+            "operationId": "ingest",
+            "security": [{"ingestToken": []}],
+            "requestBody": {"required": true, "description": format!("At most {MAX_ITEMS} items and {MAX_BODY} bytes"),
+                "content": {"application/json": {"schema": {"type": "array", "maxItems": MAX_ITEMS,
+                    "items": {"$ref": "#/components/schemas/IngestItem"}}}}},
+            "responses": {
+                "200": json_response("Accepted and rejected items", "IngestResult"),
+                "400": error_response("Not a JSON array"),
+                "401": error_response("Missing or wrong token"),
+                "404": error_response("Ingest disabled (token variable unset)"),
+                "413": error_response("Body or item count too large"),
+                "503": error_response("Shutting down")}}}
+    })
+}
+
+/// The whole document.
+pub fn document() -> Value {
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "probeok monitor API",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Status, incidents, the weights feed, passive ingest and metrics of a probeok monitor. Times are RFC 3339 UTC; errors are {\"error\":{\"code\",\"message\"}}."
+        },
+        "paths": paths(),
+        "components": {
+            "schemas": schemas(),
+            "securitySchemes": {"ingestToken": {"type": "http", "scheme": "bearer"}}
+        }
+    })
+}
+
+/// `GET /api/openapi.json` (rendered once per process).
+pub async fn handler() -> Response {
+    static BODY: OnceLock<String> = OnceLock::new();
+    let body = BODY.get_or_init(|| document().to_string());
+    ([(header::CONTENT_TYPE, "application/json")], body.as_str()).into_response()
+}

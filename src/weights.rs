@@ -1,0 +1,403 @@
+//! Health → traffic weights, per logical model (`serves`), versioned, published on a `watch`
+//! channel that the weights feed (`/api/v1/weights`, SSE) and the in-process proxy follow.
+//!
+//! The core ([`compute`], [`Weights::update`]) is pure; [`spawn_publisher`] is the thin task
+//! that recomputes on every health change.
+//!
+//! **Rules** (SPEC "Tiers and equivalence"). A route's score is
+//! `configured weight × health factor × success factor (× drift factor)`, all in integer
+//! tenths so the arithmetic is exact:
+//! - health factor: NORMAL 1, WARNING 0.5, DEGRADED 0.1, CRITICAL and SWITCHED 0, UNKNOWN 1
+//!   (flagged with the reason code `unjudged`);
+//! - success factor: the route's rolling success ratio (probes and passive, from detection)
+//!   rounded to 0.1; no outcome yet counts as 1;
+//! - drift factor: 1 for now — the hook for `[drift] on_drift = "deweight"`
+//!   ([`Policy::behavior_changed_tenths`]).
+//!
+//! A route is *usable* when its score is above 0. The whole share goes to the usable
+//! `primary` routes; when none is usable, to the `backup` routes; then to the `fallback`
+//! routes. The share is 100 split by largest remainder (ties to config order), so weights are
+//! integers summing to exactly 100. With nothing usable every weight is 0 and the model is
+//! `all_unhealthy` (a router may then fail open).
+//!
+//! **Versions.** `version` increases only when a weight, a state, a reason code or the serving
+//! tier changes — never because time passed or one more probe arrived — so ETags, long-polls
+//! and SSE stay quiet while nothing changes. The first version is the publishing start time in
+//! unix milliseconds, so versions keep increasing across restarts and a client's old ETag or
+//! `Last-Event-ID` never looks newer than the server's. Each version is serialised to JSON
+//! once ([`WeightsSnapshot::json`]) and shared by every subscriber.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::health::{HealthRx, HealthSnapshot, RouteStatus, State};
+use crate::route::{Route, RouteId, Tier};
+
+/// The receiving end of the published weights.
+pub type WeightsRx = watch::Receiver<Arc<WeightsSnapshot>>;
+
+/// Knobs that later issues turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Factor in tenths applied to a route whose answers stopped being `PROBE_OK`
+    /// (`behavior_changed`). 10 = no effect (`on_drift = "alert"`, the default); the drift
+    /// issue lowers it for `on_drift = "deweight"`.
+    pub behavior_changed_tenths: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            behavior_changed_tenths: 10,
+        }
+    }
+}
+
+/// One route's weight within its logical model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WeightEntry {
+    pub route: RouteId,
+    pub provider: String,
+    pub region: String,
+    pub model: String,
+    pub tier: Tier,
+    /// 0..=100; the weights of a model sum to 100 unless it is `all_unhealthy`.
+    pub weight: u8,
+    pub state: State,
+    /// Stable code: `healthy`, `unjudged` (UNKNOWN, weighted as healthy), `standby` (usable,
+    /// but a higher tier carries the traffic), `success_ratio_low`, `weight_zero`,
+    /// `behavior_changed`, or detection's reason code for WARNING and worse (e.g.
+    /// `latency_above_baseline`, `error_rate_high`; the state name when it gave none).
+    pub reason: String,
+}
+
+/// Which tier carries a model, and whether anything can.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Serving {
+    /// The tier whose routes have the share; `None` when nothing is usable.
+    pub tier: Option<Tier>,
+    /// No route of the model is usable: every weight is 0.
+    pub all_unhealthy: bool,
+}
+
+/// One logical model's weights.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelWeights {
+    /// In config order.
+    pub entries: Vec<WeightEntry>,
+    pub serving: Serving,
+}
+
+/// One published version.
+#[derive(Debug, Clone)]
+pub struct WeightsSnapshot {
+    pub version: u64,
+    /// When this version was computed (the health snapshot's time).
+    pub generated_at: DateTime<Utc>,
+    pub models: BTreeMap<String, ModelWeights>,
+    /// The JSON body, serialised once per version: `{version, generated_at, models:{"<serves>":
+    /// [entries]}, serving:{"<serves>":{tier, all_unhealthy}}}`.
+    pub json: Bytes,
+}
+
+impl WeightsSnapshot {
+    fn new(
+        version: u64,
+        generated_at: DateTime<Utc>,
+        models: BTreeMap<String, ModelWeights>,
+    ) -> Self {
+        #[derive(Serialize)]
+        struct Body<'a> {
+            version: u64,
+            generated_at: String,
+            models: BTreeMap<&'a str, &'a [WeightEntry]>,
+            serving: BTreeMap<&'a str, Serving>,
+        }
+        let body = Body {
+            version,
+            generated_at: crate::web::rfc3339(generated_at),
+            models: models
+                .iter()
+                .map(|(k, m)| (k.as_str(), m.entries.as_slice()))
+                .collect(),
+            serving: models
+                .iter()
+                .map(|(k, m)| (k.as_str(), m.serving))
+                .collect(),
+        };
+        // Plain strings, numbers and enums with derived impls: serialising cannot fail; an
+        // empty body would only show up as a client-side parse error.
+        let json = serde_json::to_vec(&body).unwrap_or_default();
+        Self {
+            version,
+            generated_at,
+            models,
+            json: Bytes::from(json),
+        }
+    }
+
+    /// The JSON as text (for SSE `data:` lines).
+    pub fn json_str(&self) -> &str {
+        std::str::from_utf8(&self.json).unwrap_or_default()
+    }
+
+    /// The weight of `route`, if it is configured.
+    pub fn weight(&self, route: &RouteId) -> Option<u8> {
+        self.models
+            .values()
+            .flat_map(|m| &m.entries)
+            .find(|e| &e.route == route)
+            .map(|e| e.weight)
+    }
+}
+
+/// Health factor in tenths.
+fn health_tenths(state: State) -> u64 {
+    match state {
+        State::Unknown | State::Normal => 10,
+        State::Warning => 5,
+        State::Degraded => 1,
+        State::Critical | State::Switched => 0,
+    }
+}
+
+/// Success factor in tenths: the ratio rounded to 0.1; no evidence counts as 1.
+fn success_tenths(ratio: Option<f64>) -> u64 {
+    match ratio {
+        Some(r) if r.is_finite() => (r.clamp(0.0, 1.0) * 10.0).round() as u64,
+        _ => 10,
+    }
+}
+
+/// A route's score and the reason code that explains it (before tier selection).
+fn score(route: &Route, status: Option<&RouteStatus>, policy: &Policy) -> (u64, State, String) {
+    let state = status.map_or(State::Unknown, |s| s.state);
+    let health = health_tenths(state);
+    let success = success_tenths(status.and_then(|s| s.success_ratio));
+    let drifted = status.is_some_and(|s| s.behavior_changed);
+    let drift = if drifted {
+        policy.behavior_changed_tenths.min(10)
+    } else {
+        10
+    };
+    let score = u64::from(route.weight) * health * success * drift;
+    let reason = match state {
+        State::Warning | State::Degraded | State::Critical | State::Switched => status
+            .and_then(|s| s.reason.as_ref())
+            .map(|r| r.code.clone())
+            .unwrap_or_else(|| state.as_str().to_ascii_lowercase()),
+        _ if route.weight == 0 => "weight_zero".to_owned(),
+        _ if drift < 10 => "behavior_changed".to_owned(),
+        _ if success < 10 => "success_ratio_low".to_owned(),
+        State::Unknown => "unjudged".to_owned(),
+        _ => "healthy".to_owned(),
+    };
+    (score, state, reason)
+}
+
+/// Splits 100 proportionally to `scores` by largest remainder (ties to the earlier index).
+/// All zero → all zero.
+pub fn largest_remainder(scores: &[u64]) -> Vec<u8> {
+    let total: u64 = scores.iter().sum();
+    if total == 0 {
+        return vec![0; scores.len()];
+    }
+    let mut out: Vec<u64> = scores.iter().map(|s| s * 100 / total).collect();
+    let assigned: u64 = out.iter().sum();
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    // Largest remainder first; the stable sort keeps config order among equals.
+    order.sort_by_key(|&i| std::cmp::Reverse(scores[i] * 100 % total));
+    for &i in order.iter().take((100 - assigned) as usize) {
+        out[i] += 1;
+    }
+    out.into_iter()
+        .map(|w| u8::try_from(w).unwrap_or(100))
+        .collect()
+}
+
+/// The weights of every logical model for one health snapshot (routes missing from it are
+/// UNKNOWN). Models in name order, entries in config order.
+pub fn compute(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    policy: &Policy,
+) -> BTreeMap<String, ModelWeights> {
+    let by_id: HashMap<&RouteId, &RouteStatus> =
+        health.routes.iter().map(|s| (&s.route, s)).collect();
+    let mut groups: BTreeMap<&str, Vec<&Route>> = BTreeMap::new();
+    for r in routes {
+        groups.entry(r.serves.as_str()).or_default().push(r);
+    }
+    groups
+        .into_iter()
+        .map(|(serves, members)| {
+            let scored: Vec<(u64, State, String)> = members
+                .iter()
+                .map(|r| score(r, by_id.get(&r.id).copied(), policy))
+                .collect();
+            let serving_tier = [Tier::Primary, Tier::Backup, Tier::Fallback]
+                .into_iter()
+                .find(|t| {
+                    members
+                        .iter()
+                        .zip(&scored)
+                        .any(|(r, (s, _, _))| r.tier == *t && *s > 0)
+                });
+            let shares: Vec<u64> = members
+                .iter()
+                .zip(&scored)
+                .map(|(r, (s, _, _))| if Some(r.tier) == serving_tier { *s } else { 0 })
+                .collect();
+            let weights = largest_remainder(&shares);
+            let entries = members
+                .iter()
+                .zip(scored)
+                .zip(weights)
+                .map(|((r, (s, state, reason)), weight)| {
+                    let standby = s > 0 && Some(r.tier) != serving_tier;
+                    WeightEntry {
+                        route: r.id.clone(),
+                        provider: r.provider.clone(),
+                        region: r.region.clone(),
+                        model: r.model.clone(),
+                        tier: r.tier,
+                        weight,
+                        state,
+                        reason: if standby {
+                            "standby".to_owned()
+                        } else {
+                            reason
+                        },
+                    }
+                })
+                .collect();
+            let model = ModelWeights {
+                entries,
+                serving: Serving {
+                    tier: serving_tier,
+                    all_unhealthy: serving_tier.is_none(),
+                },
+            };
+            (serves.to_owned(), model)
+        })
+        .collect()
+}
+
+/// The versioned state of the weights: recompute on each health snapshot, bump the version
+/// only on a real change.
+#[derive(Debug)]
+pub struct Weights {
+    routes: Arc<Vec<Route>>,
+    policy: Policy,
+    current: Arc<WeightsSnapshot>,
+}
+
+impl Weights {
+    /// The first version is `health.generated_at` in unix milliseconds (at least 1).
+    pub fn new(routes: Arc<Vec<Route>>, policy: Policy, health: &HealthSnapshot) -> Self {
+        let models = compute(&routes, health, &policy);
+        let version = u64::try_from(health.generated_at.timestamp_millis())
+            .unwrap_or(0)
+            .max(1);
+        let current = Arc::new(WeightsSnapshot::new(version, health.generated_at, models));
+        Self {
+            routes,
+            policy,
+            current,
+        }
+    }
+
+    pub fn current(&self) -> Arc<WeightsSnapshot> {
+        self.current.clone()
+    }
+
+    /// Recomputes; `Some(new version)` when a weight, state, reason code or serving tier
+    /// changed, `None` (and no serialisation) otherwise.
+    pub fn update(&mut self, health: &HealthSnapshot) -> Option<Arc<WeightsSnapshot>> {
+        let models = compute(&self.routes, health, &self.policy);
+        if models == self.current.models {
+            return None;
+        }
+        let next = Arc::new(WeightsSnapshot::new(
+            self.current.version + 1,
+            health.generated_at,
+            models,
+        ));
+        self.current = next.clone();
+        Some(next)
+    }
+}
+
+/// Publishes the weights: computes them from the current health snapshot at once, then again
+/// on every health change, sending only new versions. Ends on `shutdown`; if the health
+/// publisher goes away first, the last weights stay published until shutdown.
+pub fn spawn_publisher(
+    routes: Arc<Vec<Route>>,
+    mut health: HealthRx,
+    shutdown: CancellationToken,
+) -> WeightsRx {
+    let first = health.borrow_and_update().clone();
+    let mut weights = Weights::new(routes, Policy::default(), &first);
+    let (tx, rx) = watch::channel(weights.current());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                changed = health.changed() => {
+                    if changed.is_err() {
+                        // No more health updates: keep the last weights until shutdown.
+                        shutdown.cancelled().await;
+                        break;
+                    }
+                }
+            }
+            let snapshot = health.borrow_and_update().clone();
+            if let Some(next) = weights.update(&snapshot) {
+                tracing::debug!(version = next.version, "weights changed");
+                tx.send_replace(next);
+            }
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_remainder_sums_to_100_and_breaks_ties_by_order() {
+        assert_eq!(largest_remainder(&[1, 1, 1]), vec![34, 33, 33]);
+        assert_eq!(largest_remainder(&[0, 0]), vec![0, 0]);
+        assert_eq!(largest_remainder(&[5, 0]), vec![100, 0]);
+        assert_eq!(largest_remainder(&[800, 200]), vec![80, 20]);
+        assert_eq!(largest_remainder(&[2, 1]), vec![67, 33]);
+        for scores in [vec![7, 3, 9, 1], vec![1; 7], vec![999, 1, 1]] {
+            let w = largest_remainder(&scores);
+            assert_eq!(
+                w.iter().map(|&x| u32::from(x)).sum::<u32>(),
+                100,
+                "{scores:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn factors_in_tenths() {
+        assert_eq!(success_tenths(Some(0.96)), 10);
+        assert_eq!(success_tenths(Some(0.94)), 9);
+        assert_eq!(success_tenths(Some(0.0)), 0);
+        assert_eq!(success_tenths(None), 10);
+        assert_eq!(success_tenths(Some(f64::NAN)), 10);
+        assert_eq!(health_tenths(State::Degraded), 1);
+        assert_eq!(health_tenths(State::Switched), 0);
+    }
+}

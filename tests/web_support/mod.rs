@@ -1,0 +1,227 @@
+//! Shared by the web integration tests: a config of N routes, an `AppState` around a real
+//! store with hand-fed health and weights channels, the router served on 127.0.0.1:0, and
+//! builders for outcomes and route statuses.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use probeok::clock::ManualClock;
+use probeok::config::Config;
+use probeok::health::{HealthSnapshot, Reason, RouteStatus, State};
+use probeok::probe::{OutcomeKind, ProbeOutcome};
+use probeok::route::RouteId;
+use probeok::secret::Secret;
+use probeok::store::{Store, StoreOptions};
+use probeok::web::{self, AppState, Metrics, SnapshotIncidents};
+use probeok::weights;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// (provider, region, model, serves, tier, weight)
+pub type Spec<'a> = (&'a str, &'a str, &'a str, &'a str, &'a str, u8);
+
+pub fn config(routes: &[Spec<'_>], db: &Path) -> Config {
+    let mut src = format!("[storage]\npath = \"{}\"\n\n", db.display());
+    let mut providers: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (p, r, ..) in routes {
+        match providers.iter_mut().find(|(id, _)| id == p) {
+            Some((_, regions)) if !regions.contains(r) => regions.push(r),
+            Some(_) => {}
+            None => providers.push((p, vec![r])),
+        }
+    }
+    for (p, regions) in &providers {
+        src += &format!("[[provider]]\nid = \"{p}\"\nkind = \"openai\"\n");
+        for r in regions {
+            src += &format!(
+                "  [[provider.region]]\n  id = \"{r}\"\n  base_url = \"http://127.0.0.1:9/v1\"\n"
+            );
+        }
+    }
+    for (p, r, m, serves, tier, weight) in routes {
+        src += &format!(
+            "[[route]]\nprovider = \"{p}\"\nregion = \"{r}\"\nmodel = \"{m}\"\nserves = \"{serves}\"\ntier = \"{tier}\"\nweight = {weight}\n"
+        );
+    }
+    Config::parse(&src, "test.toml")
+        .expect("valid test config")
+        .config
+}
+
+pub fn at(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+}
+
+pub fn id(s: &str) -> RouteId {
+    RouteId::parse(s).unwrap()
+}
+
+/// A healthy route status.
+pub fn normal(route: &str, since: DateTime<Utc>) -> RouteStatus {
+    RouteStatus {
+        route: id(route),
+        state: State::Normal,
+        judged: State::Normal,
+        since,
+        reason: None,
+        failure_mode: None,
+        baseline: None,
+        success_ratio: Some(1.0),
+        behavior_changed: false,
+        incident: None,
+    }
+}
+
+pub fn with_state(mut s: RouteStatus, state: State, code: &str) -> RouteStatus {
+    s.state = state;
+    s.judged = state;
+    s.reason = Some(Reason::new(code, format!("{code} (test)")));
+    s
+}
+
+pub fn snapshot(at: DateTime<Utc>, routes: Vec<RouteStatus>) -> HealthSnapshot {
+    HealthSnapshot {
+        generated_at: at,
+        routes,
+        findings: Vec::new(),
+    }
+}
+
+pub fn outcome(
+    route: &str,
+    kind: OutcomeKind,
+    at: DateTime<Utc>,
+    ok: bool,
+    ms: f64,
+) -> ProbeOutcome {
+    ProbeOutcome {
+        route: id(route),
+        kind,
+        started_at: at,
+        success: ok,
+        verified: ok.then_some(true),
+        ttfb_ms: ok.then_some(ms / 4.0),
+        ttft_ms: ok.then_some(ms / 2.0),
+        total_ms: ms,
+        output_tokens: Some(40),
+        tokens_estimated: false,
+        tokens_per_second: None,
+        model_reported: None,
+        system_fingerprint: None,
+        http_status: Some(if ok { 200 } else { 503 }),
+        error: (!ok).then(|| probeok::probe::ProbeError::Http {
+            status: 503,
+            message: "busy".into(),
+        }),
+        answer: None,
+    }
+}
+
+/// An `AppState` on a real store, with the health channel in the test's hands.
+pub struct Harness {
+    pub state: AppState,
+    pub health_tx: watch::Sender<Arc<HealthSnapshot>>,
+    pub passive_rx: mpsc::Receiver<ProbeOutcome>,
+    pub store: Store,
+    pub clock: Arc<ManualClock>,
+    pub shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+pub struct HarnessOptions {
+    pub ingest_token: Option<&'static str>,
+    pub passive_capacity: usize,
+}
+
+impl Default for HarnessOptions {
+    fn default() -> Self {
+        Self {
+            ingest_token: Some("test-ingest-token"),
+            passive_capacity: 4096,
+        }
+    }
+}
+
+impl Harness {
+    pub async fn new(routes: &[Spec<'_>], now: DateTime<Utc>) -> Self {
+        Self::with(routes, now, HarnessOptions::default()).await
+    }
+
+    pub async fn with(routes: &[Spec<'_>], now: DateTime<Utc>, opts: HarnessOptions) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("web.db");
+        let config = config(routes, &db);
+        let routes = config.routes();
+        let store = Store::open(&db, StoreOptions::default()).unwrap();
+        let clock = Arc::new(ManualClock::new(now));
+        let ids: Vec<RouteId> = routes.iter().map(|r| r.id.clone()).collect();
+        let (health_tx, health_rx) = watch::channel(Arc::new(HealthSnapshot::initial(&ids, now)));
+        let shutdown = CancellationToken::new();
+        let routes = Arc::new(routes);
+        let weights = weights::spawn_publisher(routes.clone(), health_rx.clone(), shutdown.clone());
+        let (passive_tx, passive_rx) = mpsc::channel(opts.passive_capacity);
+        let state = AppState {
+            config: Arc::new(config),
+            metrics: Arc::new(Metrics::new(&routes)),
+            routes,
+            store: store.clone(),
+            clock: clock.clone(),
+            jobs: Arc::new(Vec::new()),
+            health: health_rx,
+            events: broadcast::channel(16).0,
+            passive: passive_tx,
+            weights,
+            ingest_token: opts.ingest_token.map(Secret::new),
+            incidents: Arc::new(SnapshotIncidents),
+            figures: Default::default(),
+            shutdown: shutdown.clone(),
+        };
+        Self {
+            state,
+            health_tx,
+            passive_rx,
+            store,
+            clock,
+            shutdown,
+            _dir: dir,
+        }
+    }
+
+    pub fn publish(&self, snapshot: HealthSnapshot) {
+        self.health_tx.send_replace(Arc::new(snapshot));
+    }
+
+    pub async fn record(&self, outcomes: Vec<ProbeOutcome>) {
+        self.store.writer().record_many(outcomes).await.unwrap();
+    }
+
+    /// Serves the router on 127.0.0.1:0 with graceful shutdown on the harness token.
+    pub async fn serve(&self) -> Served {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = web::router(self.state.clone());
+        let shutdown = self.shutdown.clone();
+        let handle = tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+                .unwrap();
+        });
+        Served { addr, handle }
+    }
+}
+
+pub struct Served {
+    pub addr: SocketAddr,
+    pub handle: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}

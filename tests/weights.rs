@@ -1,0 +1,206 @@
+//! Weights per tier rule and version stability, on the pure core and through the publisher.
+
+mod web_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use probeok::health::State;
+use probeok::route::Tier;
+use probeok::weights::{compute, spawn_publisher, Policy, Weights};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use web_support::*;
+
+const ROUTES: &[Spec<'static>] = &[
+    ("qwen", "bj", "qwen-max", "chat", "primary", 60),
+    ("qwen", "sh", "qwen-max", "chat", "primary", 40),
+    (
+        "deepseek",
+        "cn",
+        "deepseek-ai/DeepSeek-V3",
+        "chat",
+        "backup",
+        50,
+    ),
+    ("glm", "cn", "glm-4", "chat", "backup", 50),
+    ("local", "lab", "small", "chat", "fallback", 100),
+];
+
+fn routes() -> Vec<probeok::route::Route> {
+    config(ROUTES, std::path::Path::new("unused.db")).routes()
+}
+
+fn all_normal() -> Vec<probeok::health::RouteStatus> {
+    let t = at("2026-03-04T12:00:00Z");
+    ROUTES
+        .iter()
+        .map(|(p, r, m, ..)| normal(&format!("{p}/{r}/{m}"), t))
+        .collect()
+}
+
+fn weights_of(
+    statuses: Vec<probeok::health::RouteStatus>,
+) -> (Vec<u8>, Vec<String>, Option<Tier>, bool) {
+    let models = compute(
+        &routes(),
+        &snapshot(at("2026-03-04T12:00:00Z"), statuses),
+        &Policy::default(),
+    );
+    let chat = &models["chat"];
+    (
+        chat.entries.iter().map(|e| e.weight).collect(),
+        chat.entries.iter().map(|e| e.reason.clone()).collect(),
+        chat.serving.tier,
+        chat.serving.all_unhealthy,
+    )
+}
+
+#[test]
+fn healthy_primaries_share_by_configured_weight() {
+    let (w, reasons, tier, all_unhealthy) = weights_of(all_normal());
+    assert_eq!(w, vec![60, 40, 0, 0, 0]);
+    assert_eq!(
+        reasons,
+        vec!["healthy", "healthy", "standby", "standby", "standby"]
+    );
+    assert_eq!(tier, Some(Tier::Primary));
+    assert!(!all_unhealthy);
+}
+
+#[test]
+fn a_critical_primary_goes_to_zero_and_the_other_primary_takes_its_share() {
+    let mut s = all_normal();
+    s[0] = with_state(s[0].clone(), State::Critical, "error_rate_high");
+    let (w, reasons, tier, _) = weights_of(s);
+    assert_eq!(w, vec![0, 100, 0, 0, 0]);
+    assert_eq!(reasons[0], "error_rate_high");
+    assert_eq!(tier, Some(Tier::Primary));
+}
+
+#[test]
+fn health_factors_and_success_ratio_scale_the_share() {
+    let mut s = all_normal();
+    // WARNING halves: 60×0.5 = 30 vs 40 → 43 / 57 (largest remainder).
+    s[0] = with_state(s[0].clone(), State::Warning, "latency_above_baseline");
+    let (w, ..) = weights_of(s.clone());
+    assert_eq!(w[..2], [43, 57]);
+    // DEGRADED is a tenth: 6 vs 40 → 13 / 87.
+    s[0] = with_state(s[0].clone(), State::Degraded, "latency_above_baseline");
+    let (w, ..) = weights_of(s.clone());
+    assert_eq!(w[..2], [13, 87]);
+    // Success ratio 0.5 on a NORMAL route: 60×0.5 = 30 vs 40.
+    let mut s = all_normal();
+    s[0].success_ratio = Some(0.5);
+    let (w, reasons, ..) = weights_of(s);
+    assert_eq!(w[..2], [43, 57]);
+    assert_eq!(reasons[0], "success_ratio_low");
+    // UNKNOWN weighs as healthy but is flagged.
+    let mut s = all_normal();
+    s[1] = with_state(s[1].clone(), State::Unknown, "baseline_building");
+    let (w, reasons, ..) = weights_of(s);
+    assert_eq!(w[..2], [60, 40]);
+    assert_eq!(reasons[1], "unjudged");
+}
+
+#[test]
+fn no_usable_primary_moves_the_share_to_backups_then_fallbacks() {
+    let mut s = all_normal();
+    s[0] = with_state(s[0].clone(), State::Critical, "error_rate_high");
+    s[1] = with_state(s[1].clone(), State::Switched, "switched");
+    let (w, reasons, tier, _) = weights_of(s.clone());
+    assert_eq!(w, vec![0, 0, 50, 50, 0]);
+    assert_eq!(tier, Some(Tier::Backup));
+    assert_eq!(reasons[4], "standby");
+
+    s[2] = with_state(s[2].clone(), State::Critical, "probe_failed");
+    s[3].success_ratio = Some(0.02); // rounds to 0: not usable
+    let (w, _, tier, all_unhealthy) = weights_of(s);
+    assert_eq!(w, vec![0, 0, 0, 0, 100]);
+    assert_eq!(tier, Some(Tier::Fallback));
+    assert!(!all_unhealthy);
+}
+
+#[test]
+fn nothing_usable_means_all_zero_and_all_unhealthy() {
+    let s: Vec<_> = all_normal()
+        .into_iter()
+        .map(|s| with_state(s, State::Critical, "error_rate_high"))
+        .collect();
+    let (w, reasons, tier, all_unhealthy) = weights_of(s);
+    assert_eq!(w, vec![0; 5]);
+    assert!(reasons.iter().all(|r| r == "error_rate_high"));
+    assert_eq!(tier, None);
+    assert!(all_unhealthy);
+}
+
+#[test]
+fn the_json_carries_every_field_and_sums_to_100() {
+    let w = Weights::new(
+        Arc::new(routes()),
+        Policy::default(),
+        &snapshot(at("2026-03-04T12:00:00Z"), all_normal()),
+    );
+    let snap = w.current();
+    let v: serde_json::Value = serde_json::from_slice(&snap.json).unwrap();
+    assert_eq!(v["version"], snap.version);
+    let chat = v["models"]["chat"].as_array().unwrap();
+    assert_eq!(chat.len(), 5);
+    for e in chat {
+        for key in [
+            "route", "provider", "region", "model", "tier", "weight", "state", "reason",
+        ] {
+            assert!(e.get(key).is_some(), "{key} missing in {e}");
+        }
+    }
+    assert_eq!(
+        chat.iter()
+            .map(|e| e["weight"].as_u64().unwrap())
+            .sum::<u64>(),
+        100
+    );
+    assert_eq!(chat[2]["route"], "deepseek/cn/deepseek-ai/DeepSeek-V3");
+    assert_eq!(v["serving"]["chat"]["all_unhealthy"], false);
+    assert_eq!(v["serving"]["chat"]["tier"], "primary");
+}
+
+#[tokio::test]
+async fn version_is_unchanged_across_100_identical_health_publishes() {
+    let t0 = at("2026-03-04T12:00:00Z");
+    let (tx, rx) = watch::channel(Arc::new(snapshot(t0, all_normal())));
+    let shutdown = CancellationToken::new();
+    let mut weights = spawn_publisher(Arc::new(routes()), rx, shutdown.clone());
+    let first = weights.borrow_and_update().clone();
+    assert_eq!(
+        first.version as i64,
+        t0.timestamp_millis(),
+        "seeded from the start time"
+    );
+    for i in 0..100 {
+        // A new probe every second: new snapshot time, same judgement, same rounded ratio.
+        let t = t0 + chrono::Duration::seconds(i + 1);
+        tx.send_replace(Arc::new(snapshot(t, all_normal())));
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !weights.has_changed().unwrap(),
+        "no new version was published"
+    );
+    assert_eq!(weights.borrow().version, first.version);
+    assert!(
+        Arc::ptr_eq(&weights.borrow(), &first),
+        "the same serialised snapshot"
+    );
+
+    // A real change bumps it by one.
+    let mut s = all_normal();
+    s[0] = with_state(s[0].clone(), State::Critical, "error_rate_high");
+    tx.send_replace(Arc::new(snapshot(t0 + chrono::Duration::seconds(200), s)));
+    tokio::time::timeout(Duration::from_secs(2), weights.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(weights.borrow().version, first.version + 1);
+    shutdown.cancel();
+}
