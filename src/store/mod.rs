@@ -14,7 +14,7 @@
 //! Files: `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
-//! transitions and incidents), `drift.rs` (regression set runs), `histogram.rs`, `alerts.rs` (the alert
+//! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's metering and idempotency keys), `histogram.rs`, `alerts.rs` (the alert
 //! outbox, firing alerts, silences).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -26,6 +26,7 @@ pub mod histogram;
 mod jobs;
 pub mod migrate;
 mod outcomes;
+mod requests;
 mod rollups;
 mod writer;
 
@@ -41,6 +42,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
+pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use migrate::{latest_version, migrate, migrate_to, user_version};
 pub use rollups::{Granularity, Rollup};
 pub use writer::{Writer, RETENTION_BATCH};
