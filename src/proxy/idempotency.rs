@@ -68,7 +68,11 @@ pub struct Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let mut set = self.owner.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut set = self
+            .owner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         set.remove(&self.scope);
     }
 }
@@ -77,14 +81,18 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A malformed `Idempotency-Key` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadKey;
+
 /// The request's key, if it sent one; `Err` when it is malformed.
-pub fn key_of(headers: &HeaderMap) -> Result<Option<String>, ()> {
+pub fn key_of(headers: &HeaderMap) -> Result<Option<String>, BadKey> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(None);
     };
-    let s = v.to_str().map_err(|_| ())?.trim();
+    let s = v.to_str().map_err(|_| BadKey)?.trim();
     if s.is_empty() || s.len() > 255 || !s.chars().all(|c| c.is_ascii_graphic()) {
-        return Err(());
+        return Err(BadKey);
     }
     Ok(Some(s.to_owned()))
 }

@@ -63,8 +63,8 @@ use crate::store::{AttemptRecord, RequestRecord, Store};
 use attempt::{
     class_of, reason_code, Attempt, Class, Limits, Outgoing, PassiveSink, Rests, Upstream,
 };
-use breaker::{Breakers, Verdict};
 pub use breaker::{BreakerSnapshot, BreakerState};
+use breaker::{Breakers, Verdict};
 pub use meter::{requests_router, CountersSnapshot, Meter, ProxyCounters};
 use select::{Needs, Rejection};
 pub use weights::{FeedStatus, WeightsRx, WeightsView};
@@ -536,19 +536,20 @@ async fn finish(proxy: &Proxy, mut ctx: Ctx, answer: Answer) -> Response {
                 prompt_tokens: None,
                 done: false,
             };
-            let tailed = futures_util::stream::unfold((body, tail), |(mut body, mut tail)| async move {
-                match body.next().await {
-                    Some(Ok(chunk)) => {
-                        tail.observe(&chunk);
-                        Some((Ok(chunk), (body, tail)))
+            let tailed =
+                futures_util::stream::unfold((body, tail), |(mut body, mut tail)| async move {
+                    match body.next().await {
+                        Some(Ok(chunk)) => {
+                            tail.observe(&chunk);
+                            Some((Ok(chunk), (body, tail)))
+                        }
+                        Some(Err(e)) => Some((Err(e), (body, tail))),
+                        None => {
+                            tail.end(true);
+                            None
+                        }
                     }
-                    Some(Err(e)) => Some((Err(e), (body, tail))),
-                    None => {
-                        tail.end(true);
-                        None
-                    }
-                }
-            });
+                });
             *r.body_mut() = Body::from_stream(tailed);
             r
         }
@@ -604,7 +605,11 @@ impl Tail {
         let outcome = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
         let (verdict, result) = match (&outcome, complete) {
             (Some(o), _) if o.success => (Verdict::Success, "ok"),
-            (Some(o), _) if o.error.as_ref().is_some_and(|e| class_of(e) == Class::ClientFault) => {
+            (Some(o), _)
+                if o.error
+                    .as_ref()
+                    .is_some_and(|e| class_of(e) == Class::ClientFault) =>
+            {
                 (Verdict::Neutral, "client_error")
             }
             (Some(_), _) => (Verdict::Failure, "interrupted"),
@@ -662,42 +667,43 @@ fn bad(code: &str, message: &str) -> Response {
 }
 
 /// Field types OpenAI would reject, checked before any upstream call.
-fn validate(request: &Value) -> Result<(), Response> {
+fn validate(request: &Value) -> Result<(), (&'static str, String)> {
     match request.get("model") {
         Some(Value::String(m)) if !m.is_empty() => {}
         Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err(bad(
+            return Err((
                 "missing_model",
-                "`model` (a logical model name) is required",
+                "`model` (a logical model name) is required".to_owned(),
             ))
         }
-        Some(_) => return Err(bad("invalid_type", "`model` must be a string")),
+        Some(_) => return Err(("invalid_type", "`model` must be a string".to_owned())),
     }
     let Some(messages) = request
         .get("messages")
         .and_then(Value::as_array)
         .filter(|m| !m.is_empty())
     else {
-        return Err(bad(
+        return Err((
             "missing_messages",
-            "`messages` must be a non-empty array",
+            "`messages` must be a non-empty array".to_owned(),
         ));
     };
     for (i, m) in messages.iter().enumerate() {
         if !m.get("role").is_some_and(Value::is_string) {
-            return Err(bad(
+            return Err((
                 "invalid_type",
-                &format!("`messages[{i}]` must be an object with a string `role`"),
+                format!("`messages[{i}]` must be an object with a string `role`"),
             ));
         }
     }
-    let check = |key: &str, ok: fn(&Value) -> bool, what: &str| -> Result<(), Response> {
-        match request.get(key) {
-            None | Some(Value::Null) => Ok(()),
-            Some(v) if ok(v) => Ok(()),
-            Some(_) => Err(bad("invalid_type", &format!("`{key}` must be {what}"))),
-        }
-    };
+    let check =
+        |key: &str, ok: fn(&Value) -> bool, what: &str| -> Result<(), (&'static str, String)> {
+            match request.get(key) {
+                None | Some(Value::Null) => Ok(()),
+                Some(v) if ok(v) => Ok(()),
+                Some(_) => Err(("invalid_type", format!("`{key}` must be {what}"))),
+            }
+        };
     check("stream", Value::is_boolean, "a boolean")?;
     for k in ["max_tokens", "max_completion_tokens", "n"] {
         check(k, Value::is_u64, "a non-negative integer")?;
@@ -753,20 +759,19 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
         return too_large();
     }
     // Slow clients: the whole body within `body_read_timeout`.
-    let raw = match tokio::time::timeout(p.body_read_timeout, axum::body::to_bytes(body, limit))
-        .await
-    {
-        Err(_) => {
-            return plain(error_body(
-                StatusCode::REQUEST_TIMEOUT,
-                "invalid_request_error",
-                "request_timeout",
-                "the request body did not arrive in time",
-            ))
-        }
-        Ok(Err(_)) => return too_large(),
-        Ok(Ok(raw)) => raw,
-    };
+    let raw =
+        match tokio::time::timeout(p.body_read_timeout, axum::body::to_bytes(body, limit)).await {
+            Err(_) => {
+                return plain(error_body(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    "request_timeout",
+                    "the request body did not arrive in time",
+                ))
+            }
+            Ok(Err(_)) => return too_large(),
+            Ok(Ok(raw)) => raw,
+        };
     let request: Value = match serde_json::from_slice(&raw) {
         Ok(v @ Value::Object(_)) => v,
         Ok(_) => {
@@ -782,8 +787,8 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
             ))
         }
     };
-    if let Err(r) = validate(&request) {
-        return plain(r);
+    if let Err((code, message)) = validate(&request) {
+        return plain(bad(code, &message));
     }
     let model = request
         .get("model")
@@ -799,7 +804,7 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
     if let Some(idem) = &p.idempotency {
         let key = match idempotency::key_of(headers) {
             Ok(k) => k,
-            Err(()) => {
+            Err(idempotency::BadKey) => {
                 return plain(bad(
                     "invalid_idempotency_key",
                     "Idempotency-Key must be 1-255 visible ASCII characters",
@@ -994,7 +999,10 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
                     &mut rng,
                 )
             };
-            if waited + wait > p.config.max_retry_wait || t + wait >= total_deadline {
+            if p.config.max_retry_wait.is_zero()
+                || waited + wait > p.config.max_retry_wait
+                || t + wait >= total_deadline
+            {
                 break;
             }
             tokio::time::sleep(wait).await;
@@ -1083,7 +1091,8 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
                 body,
                 outcome,
             } => {
-                p.breakers.record(&route.id, Instant::now(), Verdict::Neutral);
+                p.breakers
+                    .record(&route.id, Instant::now(), Verdict::Neutral);
                 ctx.attempts
                     .push(attempt_record(n, &outcome, None, "client_error"));
                 p.passive.send(outcome);

@@ -42,8 +42,8 @@ use tokio::sync::{mpsc, oneshot};
 pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
-pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use migrate::{latest_version, migrate, migrate_to, user_version};
+pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use rollups::{Granularity, Rollup};
 pub use writer::{Writer, RETENTION_BATCH};
 

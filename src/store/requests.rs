@@ -282,8 +282,22 @@ impl Reader {
              FROM proxy_attempts WHERE request_pk = ?1 ORDER BY n",
         )?;
         let mut out = Vec::with_capacity(rows.len());
-        for (pk, request_id, serves, at, route, outcome, status, stream, fb, pt, ct, cost, cur, lat) in
-            rows
+        for (
+            pk,
+            request_id,
+            serves,
+            at,
+            route,
+            outcome,
+            status,
+            stream,
+            fb,
+            pt,
+            ct,
+            cost,
+            cur,
+            lat,
+        ) in rows
         {
             let list = attempts
                 .query_map([pk], |r| {
