@@ -442,10 +442,16 @@ mod tests {
         assert_eq!(b.state(Instant::now()), BreakerState::Open);
 
         let mut b = Breaker::new(cfg());
-        for _ in 0..9 {
-            b.record(Instant::now(), Verdict::Failure);
-            b.record(Instant::now(), Verdict::Success);
+        // 9 requests, 7 failures, never 5 in a row: below min_requests.
+        for f in [true, true, true, true, false, true, true, true, false] {
+            let v = if f {
+                Verdict::Failure
+            } else {
+                Verdict::Success
+            };
+            b.record(Instant::now(), v);
         }
+        assert_eq!(b.state(Instant::now()), BreakerState::Closed);
         tokio::time::advance(Duration::from_secs(61)).await;
         // The old outcomes left the window: one failure is not enough.
         b.record(Instant::now(), Verdict::Failure);

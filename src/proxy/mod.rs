@@ -8,6 +8,20 @@
 //! - [`attempt`]: one attempt — per-candidate budget, stream watchdog, failover classes,
 //!   429 rests, passive outcomes.
 //! - [`stream`]: forwarding a committed stream; `provider_interrupted` after the commit point.
+//! - [`breaker`]: per-route circuit breakers (pure) and the full-jitter retry backoff. Routes
+//!   with an open breaker go last in the candidate list (tried only when everything else
+//!   failed) and the answer says `x-probeok-fallback-reason: breaker_open`. After every
+//!   candidate was tried once, routes that failed transiently are retried with backoff, within
+//!   `max_attempts` and `max_retry_wait` of total waiting.
+//! - [`meter`]: one metered record per request (through the store's writer, never blocking),
+//!   `GET /api/v1/requests`, and the request/failover counters.
+//! - [`idempotency`]: `Idempotency-Key` answers kept in SQLite until `idempotency_ttl`.
+//! - [`remote`]: the standalone proxy's SSE weights subscription and batched ingest.
+//!
+//! Bad input (invalid JSON, missing/empty `messages`, wrong field types) is refused with 400
+//! before any upstream call; bodies over `max_body` get 413; a body that does not arrive
+//! within [`BODY_READ_TIMEOUT`] gets 408. Each route takes at most `route_concurrency`
+//! requests at once; a full route is skipped (`overloaded`), and 503 when all are full.
 //!
 //! Every answer carries `x-probeok-route`, `x-probeok-attempts`, `x-probeok-mode`
 //! (`normal` | `degraded` | `fallback`), `x-probeok-fallback-reason` when another candidate
@@ -73,8 +87,6 @@ pub use weights::{FeedStatus, WeightsRx, WeightsView};
 pub const ROUTE_CONCURRENCY: usize = 256;
 /// The whole request body must arrive within this (slow clients get 408).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// The request head must arrive within this on a connection (slow-loris).
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the proxy uses besides the config.
 #[derive(Clone)]
