@@ -174,7 +174,13 @@ pub async fn start(
     let proxy_task = if config.proxy.enabled {
         let proxy_listener = TcpListener::bind(config.proxy.listen).await?;
         let proxy_weights = follow_weights(weights_rx.clone(), &routes);
-        let proxy = crate::proxy::Proxy::new(&config, proxy_weights, passive_tx.clone())?;
+        let opts = crate::proxy::ProxyOptions {
+            store: Some(store.clone()),
+            clock: clock.clone(),
+            ..crate::proxy::ProxyOptions::default()
+        };
+        let proxy =
+            crate::proxy::Proxy::with_options(&config, proxy_weights, passive_tx.clone(), opts)?;
         tracing::info!(addr = %config.proxy.listen, "proxy serving");
         Some(tokio::spawn(crate::proxy::serve(
             proxy_listener,
@@ -236,8 +242,13 @@ pub async fn start(
     };
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
+    // `GET /api/v1/requests` (the proxy's metering) reads the store directly.
+    let web_store = store.clone();
     let web_task = tokio::spawn(async move {
-        axum::serve(listener, web::router(state).merge(drift_router))
+        let app = web::router(state)
+            .merge(drift_router)
+            .merge(crate::proxy::requests_router(web_store));
+        axum::serve(listener, app)
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await
     });

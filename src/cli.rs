@@ -1,4 +1,4 @@
-//! The commands behind the binary's subcommands (check-config, probe, regress, serve,
+//! The commands behind the binary's subcommands (check-config, probe, proxy, regress, serve,
 //! simulate): each loads what it needs, runs, and returns a
 //! [`CliError`] that the binary turns into stderr lines and an exit code (1 bad input, 2 runtime).
 
@@ -484,4 +484,75 @@ pub fn spawn_signal_handler(shutdown: CancellationToken) {
         tracing::info!("shutting down");
         shutdown.cancel();
     });
+}
+
+/// `probeok proxy --config F [--weights-from URL]`: the routing proxy alone. With a monitor URL
+/// it follows that monitor's weights feed and sends its passive outcomes there; without one it
+/// serves on the configured weights. Metering and idempotency keys use the configured store.
+pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliError> {
+    use crate::proxy::{remote, FeedStatus, Proxy, ProxyOptions, WeightsView};
+
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    let (config, warnings) = load(path)?;
+    warn_all(&warnings);
+    refuse_missing_secrets(&config)?;
+    let store_path = config.storage.path.clone();
+    let opts = StoreOptions {
+        latency_threshold: config.slo.latency_threshold,
+    };
+    let store = tokio::task::spawn_blocking(move || Store::open(&store_path, opts))
+        .await
+        .map_err(CliError::runtime)?
+        .map_err(CliError::runtime)?;
+    let (weights_tx, weights_rx) =
+        tokio::sync::watch::channel(Arc::new(WeightsView::from_config(&config.routes())));
+    let (passive_tx, passive_rx) = tokio::sync::mpsc::channel(app::PASSIVE_QUEUE);
+    let mut feed = None;
+    let mut tasks = Vec::new();
+    match weights_from {
+        Some(base) => {
+            let status = Arc::new(FeedStatus::new(remote::STALE_AFTER));
+            feed = Some(status.clone());
+            tasks.push(remote::follow(
+                base.to_owned(),
+                weights_tx,
+                status,
+                remote::STALE_AFTER,
+                shutdown.clone(),
+            ));
+            let token = crate::secret::Secret::from_env(&config.server.ingest_token_env);
+            tasks.push(remote::ingest(base.to_owned(), token, passive_rx).0);
+        }
+        None => {
+            // No monitor: passive outcomes have nowhere to go.
+            let mut rx = passive_rx;
+            tasks.push(tokio::spawn(
+                async move { while rx.recv().await.is_some() {} },
+            ));
+            drop(weights_tx);
+        }
+    }
+    let proxy = Proxy::with_options(
+        &config,
+        weights_rx,
+        passive_tx,
+        ProxyOptions {
+            store: Some(store.clone()),
+            feed,
+            ..ProxyOptions::default()
+        },
+    )
+    .map_err(CliError::runtime)?;
+    let listener = tokio::net::TcpListener::bind(config.proxy.listen)
+        .await
+        .map_err(|e| CliError::Runtime(format!("cannot listen on {}: {e}", config.proxy.listen)))?;
+    tracing::info!(addr = %config.proxy.listen, weights_from, "proxy serving");
+    let served = crate::proxy::serve(listener, proxy, shutdown.clone()).await;
+    shutdown.cancel();
+    for t in tasks {
+        let _ = tokio::time::timeout(app::DRAIN_TIMEOUT, t).await;
+    }
+    store.close().await.map_err(CliError::runtime)?;
+    served.map_err(CliError::runtime)
 }

@@ -39,6 +39,8 @@
 //!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
 //!   SPEC's failover classes (`proxy::attempt`), committed streams (`proxy::stream`), its own
 //!   view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
+//!   Circuit breakers and backoff (`proxy::breaker`), metering (`proxy::meter`), idempotency
+//!   keys (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`).
 //! - [`weights`]: health → integer traffic weights per logical model by tier, versioned only
 //!   on real change, serialised once per version, published on a `watch` channel.
 //! - [`web`]: the monitor's HTTP router — JSON API (status, probes, incidents, ingest), the

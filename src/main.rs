@@ -34,6 +34,14 @@ enum Command {
         #[arg(long, env = "PROBEOK_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Run the routing proxy alone, following a remote monitor's weights feed.
+    Proxy {
+        #[arg(long, env = "PROBEOK_CONFIG")]
+        config: PathBuf,
+        /// The monitor's base URL (e.g. http://monitor:9400); without it, configured weights.
+        #[arg(long)]
+        weights_from: Option<String>,
+    },
     /// Validate a config and print the routes it defines.
     CheckConfig {
         #[arg(long, env = "PROBEOK_CONFIG")]
@@ -121,6 +129,10 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve { config } => cli::serve(config.as_deref()).await,
             Command::CheckConfig { config } => cli::check_config(&config),
+            Command::Proxy {
+                config,
+                weights_from,
+            } => cli::proxy(&config, weights_from.as_deref()).await,
             Command::Probe {
                 config,
                 route,

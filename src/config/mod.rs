@@ -388,14 +388,13 @@ pub struct ProxyConfig {
     pub total_timeout: Duration,
     /// Upstream attempts per request, at most.
     pub max_attempts: u32,
-    /// The longest `Retry-After` the proxy would wait out itself (parsed; used with retries
-    /// of the same route, a later issue).
+    /// Total backoff waiting per request for retries of the same route (`proxy::breaker`).
     pub max_retry_wait: Duration,
     /// A committed stream with no byte for this long is interrupted (`provider_interrupted`).
     pub stream_idle_timeout: Duration,
     /// Request bodies above this many bytes are refused with 413, unread.
     pub max_body: u64,
-    /// How long an idempotency key is remembered (parsed; a later issue uses it).
+    /// How long an idempotency key's answer is kept (`proxy::idempotency`).
     pub idempotency_ttl: Duration,
     /// Comma-separated client keys; while the variable is unset, clients need no key.
     pub client_keys_env: String,
@@ -452,8 +451,7 @@ impl Default for DriftConfig {
     }
 }
 
-/// `[proxy.breaker]`: per-route circuit breaker (parsed and validated here; its behaviour is
-/// the next proxy issue).
+/// `[proxy.breaker]`: per-route circuit breaker (behaviour in `proxy::breaker`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerConfig {
     /// Opens when failures / requests over `window` exceed this, in (0, 1].

@@ -31,21 +31,27 @@ enum Phase {
     Ended,
 }
 
+/// Called once with the stream's outcome when it ends (not when the client hangs up).
+pub(crate) type OnEnd = Box<dyn FnOnce(&crate::probe::ProbeOutcome) + Send>;
+
 struct State {
     c: Committed,
     phase: Phase,
     sink: PassiveSink,
+    on_end: Option<OnEnd>,
 }
 
 /// The client's body for a committed stream.
 pub(crate) fn body(
     c: Committed,
     sink: PassiveSink,
+    on_end: OnEnd,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     let state = State {
         c,
         phase: Phase::First,
         sink,
+        on_end: Some(on_end),
     };
     futures_util::stream::unfold(state, |mut st| async move {
         let chunk = st.next().await?;
@@ -91,6 +97,9 @@ impl State {
             error,
             Some(c.decoder.collected()),
         );
+        if let Some(f) = self.on_end.take() {
+            f(&outcome);
+        }
         self.sink.send(outcome);
     }
 

@@ -180,6 +180,44 @@ impl WeightsView {
 /// The channel type the proxy follows.
 pub type WeightsRx = tokio::sync::watch::Receiver<Arc<WeightsView>>;
 
+/// How fresh a remote weights feed is: every event and every heartbeat comment counts as a
+/// sign of life. Silent for `stale_after` (or never heard from since start) → stale, and the
+/// proxy's answers say `x-probeok-mode: degraded` with the time it went stale.
+#[derive(Debug)]
+pub struct FeedStatus {
+    stale_after: std::time::Duration,
+    last: std::sync::Mutex<(tokio::time::Instant, Option<chrono::DateTime<chrono::Utc>>)>,
+}
+
+impl FeedStatus {
+    /// Counts from now: a feed never heard from turns stale after `stale_after`.
+    pub fn new(stale_after: std::time::Duration) -> Self {
+        Self {
+            stale_after,
+            last: std::sync::Mutex::new((tokio::time::Instant::now(), None)),
+        }
+    }
+
+    /// A sign of life (an event, a heartbeat, any bytes of the stream).
+    pub fn seen(&self) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        *last = (tokio::time::Instant::now(), None);
+    }
+
+    /// Since when the feed has been stale (wall time), `None` while fresh.
+    pub fn stale_since(
+        &self,
+        now: tokio::time::Instant,
+        wall: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if now.saturating_duration_since(last.0) < self.stale_after {
+            return None;
+        }
+        Some(*last.1.get_or_insert(wall))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,13 +51,16 @@ pub(crate) enum Target {
     Rollups(Granularity),
     /// Regression set runs (`store/drift.rs`), kept as long as raw outcomes.
     DriftRuns,
+    /// Metered proxy requests (`store/requests.rs`), kept as long as raw outcomes.
+    ProxyRequests,
 }
 
 impl Target {
-    pub const ALL: [Target; 6] = [
+    pub const ALL: [Target; 7] = [
         Target::Outcomes,
         Target::Skips,
         Target::DriftRuns,
+        Target::ProxyRequests,
         Target::Rollups(Granularity::FiveMinutes),
         Target::Rollups(Granularity::Hour),
         Target::Rollups(Granularity::Day),
@@ -96,6 +99,9 @@ pub(crate) fn delete_old(
             )?
             .execute(params![g.seconds(), cutoff_ms, limit])?,
         Target::DriftRuns => return super::drift::delete_old(conn, cutoff_ms, limit as usize),
+        Target::ProxyRequests => {
+            return super::requests::delete_old(conn, cutoff_ms, limit as usize)
+        }
     };
     Ok(n as u64)
 }
@@ -111,6 +117,8 @@ pub struct RetentionReport {
     pub rollups_five_minutes: u64,
     /// Regression set runs older than `retention_days`.
     pub drift_runs: u64,
+    /// Metered proxy requests older than `retention_days`.
+    pub proxy_requests: u64,
     /// Hourly rollups older than `rollup_retention_days`.
     pub rollups_hour: u64,
     /// Daily rollups older than `rollup_retention_days`.
@@ -128,6 +136,7 @@ impl RetentionReport {
             Target::Rollups(Granularity::Hour) => &mut self.rollups_hour,
             Target::Rollups(Granularity::Day) => &mut self.rollups_day,
             Target::DriftRuns => &mut self.drift_runs,
+            Target::ProxyRequests => &mut self.proxy_requests,
         };
         *slot += n;
         self.steps += 1;
@@ -140,6 +149,7 @@ impl RetentionReport {
             + self.rollups_hour
             + self.rollups_day
             + self.drift_runs
+            + self.proxy_requests
     }
 }
 

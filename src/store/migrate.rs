@@ -26,6 +26,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0005_drift",
         include_str!("../../migrations/0005_drift.sql"),
     ),
+    (
+        "0006_proxy",
+        include_str!("../../migrations/0006_proxy.sql"),
+    ),
 ];
 
 /// The schema version this build expects.

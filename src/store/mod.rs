@@ -14,7 +14,8 @@
 //! Files: `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
-//! transitions and incidents), `drift.rs` (regression set runs), `stats.rs` (bulk reads over every route for the
+//! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's metering and idempotency keys),
+//! `stats.rs` (bulk reads over every route for the
 //! published views), `histogram.rs`, `alerts.rs` (the alert
 //! outbox, firing alerts, silences).
 
@@ -27,6 +28,7 @@ pub mod histogram;
 mod jobs;
 pub mod migrate;
 mod outcomes;
+mod requests;
 mod rollups;
 mod stats;
 mod writer;
@@ -44,6 +46,7 @@ pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
 pub use migrate::{latest_version, migrate, migrate_to, user_version};
+pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use rollups::{Granularity, Rollup};
 pub use stats::{quantile, Counts, Samples, MAX_SAMPLE_ROWS};
 pub use writer::{Writer, RETENTION_BATCH};

@@ -69,6 +69,17 @@ pub(crate) enum Command {
         run: Box<crate::drift::SetRun>,
         ack: Ack<()>,
     },
+    /// One metered proxy request (`store/requests.rs`).
+    ProxyRequest {
+        record: Box<super::requests::RequestRecord>,
+        ack: Ack<()>,
+    },
+    /// An idempotency key's answer (`store/requests.rs`).
+    Idempotent {
+        answer: Box<super::requests::IdempotentAnswer>,
+        now: DateTime<Utc>,
+        ack: Ack<()>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -92,7 +103,9 @@ impl Command {
             | Command::Heartbeat { ack, .. }
             | Command::Health { ack, .. }
             | Command::CheckWritable { ack }
-            | Command::DriftRun { ack, .. } => {
+            | Command::DriftRun { ack, .. }
+            | Command::ProxyRequest { ack, .. }
+            | Command::Idempotent { ack, .. } => {
                 let _ = ack.send(result.map(|_| ()));
             }
             Command::Retention { ack, .. } | Command::Alert { ack, .. } => {
@@ -205,7 +218,9 @@ impl Writer {
         let mut report = RetentionReport::default();
         for target in Target::ALL {
             let cutoff_ms = match target {
-                Target::Outcomes | Target::Skips | Target::DriftRuns => raw_cutoff,
+                Target::Outcomes | Target::Skips | Target::DriftRuns | Target::ProxyRequests => {
+                    raw_cutoff
+                }
                 Target::Rollups(Granularity::FiveMinutes) => to_ms(now - FIVE_MINUTE_RETENTION),
                 Target::Rollups(_) => rollup_cutoff,
             };
@@ -367,6 +382,14 @@ impl State {
                 }
                 Command::DriftRun { run, .. } => {
                     super::drift::insert_run(&tx, run)?;
+                    0
+                }
+                Command::ProxyRequest { record, .. } => {
+                    super::requests::insert_request(&tx, record)?;
+                    0
+                }
+                Command::Idempotent { answer, now, .. } => {
+                    super::requests::upsert_idempotent(&tx, answer, *now)?;
                     0
                 }
                 Command::CheckWritable { .. } => {

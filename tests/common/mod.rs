@@ -31,6 +31,11 @@ pub struct Server {
 }
 
 impl Server {
+    /// A server the test spawned itself; aborted when dropped like the others.
+    pub fn from_parts(addr: SocketAddr, handle: JoinHandle<()>) -> Self {
+        Self { addr, handle }
+    }
+
     /// `http://127.0.0.1:PORT` (no trailing slash), for `base_url`s.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)

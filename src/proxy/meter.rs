@@ -1,0 +1,292 @@
+//! Metering: one [`RequestRecord`] per request with its attempts, written through the store's
+//! writer by a background task fed over a bounded queue ([`Meter`]) — the request path only
+//! does a `try_send`, never waits for SQLite. A full queue drops the record, counted and
+//! logged. Readable at `GET /api/v1/requests` ([`requests_router`], merged into the monitor's
+//! web router).
+//!
+//! [`ProxyCounters`] keeps `probeok_proxy_requests_total{serves,route,outcome}` and
+//! `probeok_proxy_failovers_total{reason}` in memory; [`ProxyCounters::snapshot`] is what the
+//! metrics exporter reads. Label sets are bounded: `serves` and `route` come from the config,
+//! `outcome` and `reason` from closed sets (`http_NNN` at most a few hundred); a hard cap
+//! ([`MAX_LABEL_SETS`]) folds anything beyond into `other`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::route::Price;
+use crate::store::{RequestFilter, RequestRecord, Store, Writer};
+
+/// Records waiting for the writer.
+pub const METER_QUEUE: usize = 4096;
+/// `GET /api/v1/requests`: default and largest `limit`.
+pub const DEFAULT_LIMIT: usize = 100;
+pub const MAX_LIMIT: usize = 1000;
+/// Distinct label sets per counter family, at most.
+pub const MAX_LABEL_SETS: usize = 4096;
+
+/// The cost of `prompt` + `completion` tokens at `price` (per million tokens).
+pub fn cost(price: Option<&Price>, prompt: Option<u64>, completion: Option<u64>) -> Option<f64> {
+    let p = price?;
+    if prompt.is_none() && completion.is_none() {
+        return None;
+    }
+    let tokens = |n: Option<u64>, per: f64| n.unwrap_or(0) as f64 * per / 1_000_000.0;
+    Some(tokens(prompt, p.input_per_mtok) + tokens(completion, p.output_per_mtok))
+}
+
+/// Where metered records go: a bounded queue drained into the store.
+#[derive(Debug, Clone)]
+pub struct Meter {
+    tx: mpsc::Sender<RequestRecord>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Meter {
+    /// Starts the task that writes records through `writer`; it ends once every `Meter` clone
+    /// is dropped and the queue is drained.
+    pub fn spawn(writer: Writer) -> (Self, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = mpsc::channel::<RequestRecord>(METER_QUEUE);
+        let task = tokio::spawn(async move {
+            while let Some(r) = rx.recv().await {
+                if let Err(e) = writer.record_request(r).await {
+                    tracing::error!(error = %e, "cannot store a metered proxy request");
+                }
+            }
+        });
+        (
+            Self {
+                tx,
+                dropped: Arc::new(AtomicU64::new(0)),
+            },
+            task,
+        )
+    }
+
+    /// Queues one record; never waits.
+    pub fn send(&self, record: RequestRecord) {
+        if self.tx.try_send(record).is_err() {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(dropped = n, "metering records dropped (store queue full)");
+            }
+        }
+    }
+
+    /// Records dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// One counter's labels and value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestCount {
+    pub serves: String,
+    pub route: String,
+    pub outcome: String,
+    pub value: u64,
+}
+
+/// What the metrics exporter reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CountersSnapshot {
+    /// `probeok_proxy_requests_total{serves,route,outcome}`, sorted.
+    pub requests: Vec<RequestCount>,
+    /// `probeok_proxy_failovers_total{reason}`, sorted by reason.
+    pub failovers: Vec<(String, u64)>,
+    /// Metering records dropped (queue full).
+    pub meter_dropped: u64,
+    /// Passive outcomes dropped (queue full, or the remote monitor unreachable).
+    pub passive_dropped: u64,
+}
+
+/// The proxy's counters.
+#[derive(Debug, Default)]
+pub struct ProxyCounters {
+    requests: Mutex<HashMap<(String, String, String), u64>>,
+    failovers: Mutex<HashMap<String, u64>>,
+}
+
+impl ProxyCounters {
+    pub fn request(&self, serves: &str, route: &str, outcome: &str) {
+        let mut map = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (serves.to_owned(), route.to_owned(), outcome.to_owned());
+        if map.len() >= MAX_LABEL_SETS && !map.contains_key(&key) {
+            let other = ("other".to_owned(), "other".to_owned(), outcome.to_owned());
+            *map.entry(other).or_insert(0) += 1;
+            return;
+        }
+        *map.entry(key).or_insert(0) += 1;
+    }
+
+    pub fn failover(&self, reason: &str) {
+        let mut map = self.failovers.lock().unwrap_or_else(|e| e.into_inner());
+        let key = if map.len() >= MAX_LABEL_SETS && !map.contains_key(reason) {
+            "other".to_owned()
+        } else {
+            reason.to_owned()
+        };
+        *map.entry(key).or_insert(0) += 1;
+    }
+
+    /// The counters as they are now (drop counts are filled in by the proxy).
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let mut requests: Vec<RequestCount> = self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|((serves, route, outcome), v)| RequestCount {
+                serves: serves.clone(),
+                route: route.clone(),
+                outcome: outcome.clone(),
+                value: *v,
+            })
+            .collect();
+        requests.sort_by(|a, b| {
+            (&a.serves, &a.route, &a.outcome).cmp(&(&b.serves, &b.route, &b.outcome))
+        });
+        let mut failovers: Vec<(String, u64)> = self
+            .failovers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        failovers.sort();
+        CountersSnapshot {
+            requests,
+            failovers,
+            meter_dropped: 0,
+            passive_dropped: 0,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct RequestsQuery {
+    limit: Option<usize>,
+    route: Option<String>,
+    reason: Option<String>,
+    /// RFC 3339, or a duration back from now (`1h`, `30m`).
+    since: Option<String>,
+}
+
+/// `GET /api/v1/requests?limit=N&route=&reason=&since=`: metered requests, newest first.
+pub fn requests_router(store: Store) -> Router {
+    Router::new()
+        .route("/api/v1/requests", get(list_requests))
+        .with_state(store)
+}
+
+fn api_error(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        Json(json!({"error": {"code": code, "message": message}})),
+    )
+        .into_response()
+}
+
+fn parse_since(s: &str, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Some(t.with_timezone(&Utc));
+    }
+    let d = humantime::parse_duration(s).ok()?;
+    Some(now - chrono::Duration::from_std(d).ok()?)
+}
+
+async fn list_requests(
+    State(store): State<Store>,
+    query: Result<Query<RequestsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(q)) = query else {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "limit must be a number; route, reason and since are strings",
+        );
+    };
+    let since = match q.since.as_deref() {
+        None => None,
+        Some(s) => match parse_since(s, Utc::now()) {
+            Some(t) => Some(t),
+            None => {
+                return api_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_since",
+                    "since is an RFC 3339 time or a duration like 1h",
+                )
+            }
+        },
+    };
+    let filter = RequestFilter {
+        limit: q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT),
+        route: q.route.filter(|s| !s.is_empty()),
+        reason: q.reason.filter(|s| !s.is_empty()),
+        since,
+    };
+    let read = tokio::task::spawn_blocking(move || {
+        let reader = store.reader()?;
+        reader.proxy_requests(&filter)
+    })
+    .await;
+    match read {
+        Ok(Ok(requests)) => Json(json!({ "requests": requests })).into_response(),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "cannot read metered requests");
+            api_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store_error",
+                "cannot read the requests",
+            )
+        }
+        Err(_) => api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the read task failed",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_follows_the_price() {
+        let price = Price {
+            input_per_mtok: 2.0,
+            output_per_mtok: 8.0,
+            currency: "CNY".into(),
+        };
+        let c = cost(Some(&price), Some(1_000_000), Some(500_000)).unwrap();
+        assert!((c - 6.0).abs() < 1e-9);
+        assert_eq!(cost(None, Some(1), Some(1)), None);
+        assert_eq!(cost(Some(&price), None, None), None);
+    }
+
+    #[test]
+    fn counters_are_bounded() {
+        let c = ProxyCounters::default();
+        for i in 0..(MAX_LABEL_SETS + 10) {
+            c.failover(&format!("r{i}"));
+        }
+        let s = c.snapshot();
+        assert_eq!(s.failovers.len(), MAX_LABEL_SETS + 1);
+        assert!(s.failovers.iter().any(|(k, v)| k == "other" && *v == 10));
+        c.request("chat", "a/b/c", "ok");
+        c.request("chat", "a/b/c", "ok");
+        assert_eq!(c.snapshot().requests[0].value, 2);
+    }
+}

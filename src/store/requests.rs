@@ -1,0 +1,377 @@
+//! The proxy's tables (`migrations/0006_proxy.sql`): metering — one `proxy_requests` row per
+//! request with its `proxy_attempts` — and idempotency keys with their stored answers.
+//!
+//! Writes go through the one writer thread like everything else ([`Writer::record_request`],
+//! [`Writer::store_idempotent`]); reads are synchronous [`Reader`] methods (call them from
+//! `spawn_blocking`). Metering rows are pruned with the raw outcomes (`retention_days`);
+//! idempotency rows expire with their TTL (expired rows are never answered, and each insert
+//! deletes a few expired ones).
+
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+
+use super::writer::{Ack, Command};
+use super::{from_ms, to_ms, Reader, StoreError, Writer};
+
+/// Expired idempotency rows deleted per insert: cleanup keeps up with inserts, never stalls one.
+const IDEMPOTENCY_PRUNE: i64 = 64;
+
+/// One proxied request, as metered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    pub request_id: String,
+    /// The logical model asked for.
+    pub serves: String,
+    pub started_at: DateTime<Utc>,
+    /// The route that answered, or the last one tried.
+    pub route: Option<String>,
+    /// `ok`, `client_error` (the request's fault, returned as is), `failed` (no candidate
+    /// answered), `interrupted` (a committed stream broke), `rejected` (refused before any
+    /// upstream call: unknown model, every route rate limited, overloaded).
+    pub outcome: String,
+    /// The HTTP status the client got.
+    pub status: u16,
+    pub stream: bool,
+    /// `x-probeok-fallback-reason`, when there was one.
+    pub fallback_reason: Option<String>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// From the answering route's `price` and the usage tokens.
+    pub cost: Option<f64>,
+    pub currency: Option<String>,
+    pub latency_ms: f64,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// One attempt of a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// 1-based.
+    pub n: u32,
+    pub route: String,
+    /// Why the request moved on from this attempt (`http_503`, `timeout_before_first_byte`,
+    /// `rate_limited`, `breaker_open`, `overloaded`…); `None` when it did not.
+    pub reason: Option<String>,
+    /// `2xx`, `4xx`, `5xx`, or `none` (no HTTP answer).
+    pub status_class: String,
+    pub status: Option<u16>,
+    pub ttfb_ms: Option<f64>,
+    pub latency_ms: f64,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cost: Option<f64>,
+    /// `ok`, `client_error`, `failed`, `interrupted`, `skipped` (never sent: the route's
+    /// concurrency limit was reached).
+    pub outcome: String,
+}
+
+/// What `GET /api/v1/requests` filters on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestFilter {
+    pub limit: usize,
+    /// Requests with an attempt at this route.
+    pub route: Option<String>,
+    /// Requests with an attempt that moved on for this reason.
+    pub reason: Option<String>,
+    pub since: Option<DateTime<Utc>>,
+}
+
+/// A stored answer to an idempotency key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdempotentAnswer {
+    pub scope_key: String,
+    pub body_hash: String,
+    pub expires_at: DateTime<Utc>,
+    pub status: u16,
+    /// The headers that matter (content type, `x-probeok-*`, `x-request-id`).
+    pub headers: Vec<(String, String)>,
+    pub stream: bool,
+    /// The answer body, or a stream's full event sequence.
+    pub body: Vec<u8>,
+}
+
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
+}
+
+pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(), StoreError> {
+    let latency = finite(r.latency_ms).unwrap_or(0.0);
+    conn.prepare_cached(
+        "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
+             stream, attempts, fallback_reason, prompt_tokens, completion_tokens, cost, currency,
+             latency_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+    )?
+    .execute(params![
+        r.request_id,
+        r.serves,
+        to_ms(r.started_at),
+        r.route,
+        r.outcome,
+        r.status,
+        r.stream,
+        r.attempts.len() as i64,
+        r.fallback_reason,
+        r.prompt_tokens.map(|v| v as i64),
+        r.completion_tokens.map(|v| v as i64),
+        r.cost.and_then(finite),
+        r.currency,
+        latency,
+    ])?;
+    let pk = conn.last_insert_rowid();
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO proxy_attempts (request_pk, n, route, reason, status_class, status, ttfb_ms,
+             latency_ms, prompt_tokens, completion_tokens, cost, outcome)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    )?;
+    for a in &r.attempts {
+        stmt.execute(params![
+            pk,
+            a.n,
+            a.route,
+            a.reason,
+            a.status_class,
+            a.status,
+            a.ttfb_ms.and_then(finite),
+            finite(a.latency_ms).unwrap_or(0.0),
+            a.prompt_tokens.map(|v| v as i64),
+            a.completion_tokens.map(|v| v as i64),
+            a.cost.and_then(finite),
+            a.outcome,
+        ])?;
+    }
+    Ok(())
+}
+
+/// Deletes up to `limit` metered requests (their attempts cascade) older than `cutoff_ms`.
+pub(crate) fn delete_old(
+    conn: &Connection,
+    cutoff_ms: i64,
+    limit: usize,
+) -> Result<u64, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let n = conn
+        .prepare_cached(
+            "DELETE FROM proxy_requests WHERE id IN
+                 (SELECT id FROM proxy_requests WHERE started_at_ms < ?1
+                  ORDER BY started_at_ms LIMIT ?2)",
+        )?
+        .execute(params![cutoff_ms, limit])?;
+    Ok(n as u64)
+}
+
+pub(crate) fn upsert_idempotent(
+    conn: &Connection,
+    a: &IdempotentAnswer,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "DELETE FROM idempotency WHERE scope_key IN
+             (SELECT scope_key FROM idempotency WHERE expires_at_ms <= ?1 LIMIT ?2)",
+    )?
+    .execute(params![to_ms(now), IDEMPOTENCY_PRUNE])?;
+    let headers = serde_json::to_string(&a.headers)
+        .map_err(|e| StoreError::Invalid(format!("idempotent headers: {e}")))?;
+    conn.prepare_cached(
+        "INSERT INTO idempotency (scope_key, body_hash, expires_at_ms, status, headers, stream, body)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (scope_key) DO UPDATE SET body_hash = excluded.body_hash,
+             expires_at_ms = excluded.expires_at_ms, status = excluded.status,
+             headers = excluded.headers, stream = excluded.stream, body = excluded.body",
+    )?
+    .execute(params![
+        a.scope_key,
+        a.body_hash,
+        to_ms(a.expires_at),
+        a.status,
+        headers,
+        a.stream,
+        a.body,
+    ])?;
+    Ok(())
+}
+
+impl Writer {
+    /// Stores one metered request with its attempts; resolves after COMMIT.
+    pub async fn record_request(&self, record: RequestRecord) -> Result<(), StoreError> {
+        self.request(|ack: Ack<()>| Command::ProxyRequest {
+            record: Box::new(record),
+            ack,
+        })
+        .await
+    }
+
+    /// Stores (or replaces) the answer to an idempotency key; resolves after COMMIT.
+    pub async fn store_idempotent(
+        &self,
+        answer: IdempotentAnswer,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.request(|ack: Ack<()>| Command::Idempotent {
+            answer: Box::new(answer),
+            now,
+            ack,
+        })
+        .await
+    }
+}
+
+type RequestRow = (
+    i64,
+    String,
+    String,
+    i64,
+    Option<String>,
+    String,
+    u16,
+    bool,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<f64>,
+    Option<String>,
+    f64,
+);
+
+impl Reader {
+    /// Metered requests, newest first, filtered (`limit` is the caller's bounded value).
+    pub fn proxy_requests(&self, f: &RequestFilter) -> Result<Vec<RequestRecord>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, request_id, serves, started_at_ms, route, outcome, status, stream,
+                    fallback_reason, prompt_tokens, completion_tokens, cost, currency, latency_ms
+             FROM proxy_requests r
+             WHERE (?1 IS NULL OR started_at_ms >= ?1)
+               AND (?2 IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
+                                          WHERE a.request_pk = r.id AND a.route = ?2))
+               AND (?3 IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
+                                          WHERE a.request_pk = r.id AND a.reason = ?3))
+             ORDER BY started_at_ms DESC, id DESC LIMIT ?4",
+        )?;
+        let rows: Vec<RequestRow> = stmt
+            .query_map(
+                params![
+                    f.since.map(to_ms),
+                    f.route,
+                    f.reason,
+                    i64::try_from(f.limit).unwrap_or(i64::MAX)
+                ],
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                        r.get(8)?,
+                        r.get(9)?,
+                        r.get(10)?,
+                        r.get(11)?,
+                        r.get(12)?,
+                        r.get(13)?,
+                    ))
+                },
+            )?
+            .collect::<Result<_, _>>()?;
+        let mut attempts = self.conn.prepare_cached(
+            "SELECT n, route, reason, status_class, status, ttfb_ms, latency_ms, prompt_tokens,
+                    completion_tokens, cost, outcome
+             FROM proxy_attempts WHERE request_pk = ?1 ORDER BY n",
+        )?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (
+            pk,
+            request_id,
+            serves,
+            at,
+            route,
+            outcome,
+            status,
+            stream,
+            fb,
+            pt,
+            ct,
+            cost,
+            cur,
+            lat,
+        ) in rows
+        {
+            let list = attempts
+                .query_map([pk], |r| {
+                    Ok(AttemptRecord {
+                        n: r.get(0)?,
+                        route: r.get(1)?,
+                        reason: r.get(2)?,
+                        status_class: r.get(3)?,
+                        status: r.get(4)?,
+                        ttfb_ms: r.get(5)?,
+                        latency_ms: r.get(6)?,
+                        prompt_tokens: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+                        completion_tokens: r.get::<_, Option<i64>>(8)?.map(|v| v as u64),
+                        cost: r.get(9)?,
+                        outcome: r.get(10)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            out.push(RequestRecord {
+                request_id,
+                serves,
+                started_at: from_ms(at)?,
+                route,
+                outcome,
+                status,
+                stream,
+                fallback_reason: fb,
+                prompt_tokens: pt.map(|v| v as u64),
+                completion_tokens: ct.map(|v| v as u64),
+                cost,
+                currency: cur,
+                latency_ms: lat,
+                attempts: list,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The stored answer to `scope_key`, unless it expired by `now`.
+    pub fn idempotent(
+        &self,
+        scope_key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<IdempotentAnswer>, StoreError> {
+        let row = self
+            .conn
+            .prepare_cached(
+                "SELECT body_hash, expires_at_ms, status, headers, stream, body FROM idempotency
+                 WHERE scope_key = ?1 AND expires_at_ms > ?2",
+            )?
+            .query_row(params![scope_key, to_ms(now)], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, u16>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, bool>(4)?,
+                    r.get::<_, Vec<u8>>(5)?,
+                ))
+            })
+            .optional()?;
+        let Some((body_hash, expires, status, headers, stream, body)) = row else {
+            return Ok(None);
+        };
+        let headers: Vec<(String, String)> = serde_json::from_str(&headers)
+            .map_err(|e| StoreError::Corrupt(format!("idempotent headers: {e}")))?;
+        Ok(Some(IdempotentAnswer {
+            scope_key: scope_key.to_owned(),
+            body_hash,
+            expires_at: from_ms(expires)?,
+            status,
+            headers,
+            stream,
+            body,
+        }))
+    }
+}
