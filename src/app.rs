@@ -212,7 +212,7 @@ pub async fn start(
         weights: weights_rx,
         metrics: metrics.clone(),
         ingest_token,
-        incidents: Arc::new(web::SnapshotIncidents),
+        incidents: Arc::new(web::StoreIncidents),
         figures: Default::default(),
         shutdown: shutdown.clone(),
     };

@@ -656,3 +656,82 @@ async fn openapi_parses_and_describes_every_endpoint() {
         );
     }
 }
+
+/// Drives the pure detector through an outage of `route` and its recovery, storing every
+/// transition with its incident and state the way the health service does.
+async fn record_outage(
+    store: &probeok::store::Store,
+    route: &str,
+    start: chrono::DateTime<chrono::Utc>,
+) {
+    use probeok::config::DetectionConfig;
+    use probeok::health::{Baseline, Detector};
+    let cfg = DetectionConfig::default();
+    let det = Detector::new(&cfg);
+    let r = id(route);
+    let mut h = det.route(r.clone(), start);
+    let mut b = Baseline::new(r.clone(), &cfg);
+    let w = store.writer();
+    let mut seen = 0;
+    for s in (0..=1200).step_by(30) {
+        let t = start + D::seconds(s);
+        let o = outcome(route, OutcomeKind::Probe, t, s > 60, 1100.0);
+        if let Some(tr) = det.ingest(&mut h, &mut b, &o, t) {
+            let incident = tr.incident_id.as_deref().and_then(|iid| {
+                h.incident()
+                    .filter(|i| i.id == iid)
+                    .or(h.last_closed().filter(|i| i.id == iid))
+            });
+            w.record_transition(&tr, incident, &h).await.unwrap();
+            seen += 1;
+        }
+    }
+    assert!(seen >= 3, "the outage made transitions");
+}
+
+#[tokio::test]
+async fn incidents_come_from_the_store_with_transitions_and_evidence() {
+    let mut h = Harness::new(ROUTES, now()).await;
+    h.state.incidents = std::sync::Arc::new(probeok::web::StoreIncidents);
+    record_outage(&h.store, QWEN, now() - D::hours(3)).await;
+    record_outage(&h.store, LOCAL, now() - D::hours(1)).await;
+    // The snapshot knows of no open incident: the list comes from the store.
+    h.publish(health(State::Normal, State::Normal));
+    let s = h.serve().await;
+
+    let (code, v) = get(&s.url("/api/v1/incidents")).await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    let list = v["incidents"].as_array().unwrap();
+    assert_eq!(list.len(), 2, "{v}");
+    // Newest first; closed, with every transition and its evidence.
+    assert_eq!(list[0]["route"], LOCAL);
+    assert_eq!(list[1]["route"], QWEN);
+    let i = &list[1];
+    assert_eq!(i["peak"], "DEGRADED");
+    assert!(i["closed_at"].is_string(), "{i}");
+    let ts = i["transitions"].as_array().unwrap();
+    assert!(ts.len() >= 2, "{i}");
+    assert_eq!(ts[0]["to"], "DEGRADED");
+    assert!(ts[0]["reason"]["code"].is_string());
+    assert!(ts[0]["evidence"]["error_rate"].is_object(), "{}", ts[0]);
+    assert!(ts.iter().all(|t| t["incident_id"] == i["id"]));
+
+    // Bounded and filtered.
+    let (_, v) = get(&s.url("/api/v1/incidents?limit=1")).await;
+    assert_eq!(v["incidents"].as_array().unwrap().len(), 1);
+    assert_eq!(v["incidents"][0]["route"], LOCAL);
+    let (_, v) = get(&s.url(&format!("/api/v1/incidents?route={QWEN}"))).await;
+    let list = v["incidents"].as_array().unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["route"], QWEN);
+    let since = probeok::web::rfc3339(now() - D::minutes(90));
+    let (_, v) = get(&s.url(&format!("/api/v1/incidents?since={since}"))).await;
+    let list = v["incidents"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{v}");
+    assert_eq!(list[0]["route"], LOCAL);
+    let (code, v) = get(&s.url("/api/v1/incidents?since=yesterday")).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["code"], "bad_query");
+    let (code, _) = get(&s.url("/api/v1/incidents?route=nope/x/y")).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+}

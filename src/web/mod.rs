@@ -40,7 +40,7 @@ use crate::secret::Secret;
 use crate::store::{Store, StoreError};
 use crate::weights::WeightsRx;
 
-pub use api::{FiguresCache, IncidentSource, SnapshotIncidents};
+pub use api::{FiguresCache, IncidentQuery, IncidentSource, SnapshotIncidents, StoreIncidents};
 pub use metrics::Metrics;
 
 /// A job whose heartbeat is older than this makes `/readyz` fail.

@@ -140,7 +140,10 @@ fn schemas() -> Value {
                 "failure_mode": {"type": "string", "nullable": true},
                 "transitions": {"type": "array", "items": {"type": "object", "properties": {
                     "from": state_enum(), "to": state_enum(), "at": {"type": "string", "format": "date-time"},
-                    "reason": {"$ref": "#/components/schemas/Reason"}}}}
+                    "reason": {"$ref": "#/components/schemas/Reason"},
+                    "failure_mode": {"type": "string", "nullable": true},
+                    "evidence": {"type": "object", "description": "What the detector decided on: observed outcome, signals, baselines, thresholds, error rate"},
+                    "incident_id": {"type": "string", "nullable": true}}}}
             }
         },
         "Incidents": {
@@ -217,8 +220,16 @@ fn paths() -> Value {
             "responses": {"200": json_response("Outcomes", "Probes"), "400": error_response("Bad limit"),
                           "404": error_response("Unknown route")}}},
         "/api/v1/incidents": {"get": {"summary": "Incidents with transitions, newest first", "operationId": "incidents",
-            "parameters": [limit_param()],
-            "responses": {"200": json_response("Incidents", "Incidents"), "400": error_response("Bad limit")}}},
+            "parameters": [
+                limit_param(),
+                {"name": "route", "in": "query", "required": false,
+                 "description": "Only this route's incidents (provider/region/model)", "schema": {"type": "string"}},
+                {"name": "since", "in": "query", "required": false,
+                 "description": "Only incidents open at or after this time (still open, or closed since)",
+                 "schema": {"type": "string", "format": "date-time"}}
+            ],
+            "responses": {"200": json_response("Incidents", "Incidents"), "400": error_response("Bad limit or since"),
+                          "404": error_response("Unknown route")}}},
         "/api/v1/weights": {"get": {
             "summary": "Traffic weights per logical model", "operationId": "weights",
             "parameters": [
