@@ -131,6 +131,13 @@ pub async fn start(
     .await
     .map_err(AppError::Drift)?;
     let drift_router = drift.router();
+    // Drift findings opened and closed go to the alert engine as health events.
+    let drift_events = crate::drift::events::spawn(
+        drift.rx.clone(),
+        health_events.clone(),
+        clock.clone(),
+        shutdown.clone(),
+    );
 
     let metrics = Arc::new(web::Metrics::new(&routes));
     let (sched_tx, sched_rx) = mpsc::channel(1024);
@@ -162,9 +169,13 @@ pub async fn start(
 
     // Publishing (issue 5): weights follow health; metrics see every outcome; the ingest
     // token is read once here.
-    let weights_rx = crate::weights::spawn_publisher(
+    // Weights follow drift too: open findings (with `on_drift = "deweight"`) and the quality
+    // gate for backup and fallback routes.
+    let weights_rx = crate::weights::spawn_publisher_with(
         Arc::new(routes.clone()),
         health_rx.clone(),
+        Some(drift.rx.clone()),
+        crate::weights::Policy::from_config(&config),
         shutdown.clone(),
     );
 
@@ -213,6 +224,7 @@ pub async fn start(
         metrics: metrics.clone(),
         ingest_token,
         incidents: Arc::new(web::StoreIncidents),
+        drift: Some(drift.rx.clone()),
         figures: Default::default(),
         shutdown: shutdown.clone(),
     };
@@ -252,6 +264,7 @@ pub async fn start(
             let _ = retention_task.await;
             let _ = alert_task.await;
             let _ = drift.task.await;
+            let _ = drift_events.await;
             let web = web_task.await;
             if let Some(proxy) = proxy_task {
                 if let Ok(Err(e)) = proxy.await {

@@ -735,3 +735,52 @@ async fn incidents_come_from_the_store_with_transitions_and_evidence() {
     let (code, _) = get(&s.url("/api/v1/incidents?route=nope/x/y")).await;
     assert_eq!(code, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn status_shows_behavior_changed_while_a_drift_finding_is_open() {
+    let mut h = Harness::new(ROUTES, now()).await;
+    let (drift_tx, drift_rx) =
+        tokio::sync::watch::channel(std::sync::Arc::new(drift_snapshot(Vec::new(), &[])));
+    h.state.drift = Some(drift_rx);
+    h.publish(health(State::Critical, State::Normal));
+    let s = h.serve().await;
+    let route = |v: &Value, r: &str| {
+        v["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == r)
+            .unwrap()
+            .clone()
+    };
+    let (_, v) = get(&s.url("/api/v1/status")).await;
+    assert_eq!(route(&v, QWEN)["failure_mode"], Value::Null);
+
+    drift_tx.send_replace(std::sync::Arc::new(drift_snapshot(
+        vec![
+            drift_finding(QWEN, probeok::drift::DriftKind::PassRateDrop),
+            drift_finding(DS, probeok::drift::DriftKind::PassRateDrop),
+            drift_finding(LOCAL, probeok::drift::DriftKind::ModelChanged),
+        ],
+        &[],
+    )));
+    let (code, v) = get(&s.url("/api/v1/status")).await;
+    assert_eq!(code, StatusCode::OK);
+    let q = route(&v, QWEN);
+    assert_eq!(q["failure_mode"], "behavior_changed", "{q}");
+    assert_eq!(q["behavior_changed"], true);
+    assert_eq!(
+        q["state"], "NORMAL",
+        "drift does not change the judged state"
+    );
+    // Detection's own failure mode stays (an outage says more than drift).
+    let d = route(&v, DS);
+    assert_eq!(d["failure_mode"], "unavailable", "{d}");
+    assert_eq!(d["behavior_changed"], true);
+    // A model change alone is informational.
+    assert_eq!(route(&v, LOCAL)["failure_mode"], Value::Null);
+
+    drift_tx.send_replace(std::sync::Arc::new(drift_snapshot(Vec::new(), &[])));
+    let (_, v) = get(&s.url("/api/v1/status")).await;
+    assert_eq!(route(&v, QWEN)["failure_mode"], Value::Null);
+}

@@ -334,9 +334,39 @@ impl FiguresCache {
     }
 }
 
+/// Detection's snapshot with drift's findings merged in: a route with an open drift finding
+/// (not just a model change) is `behavior_changed`, and its failure mode `behavior_changed`
+/// unless detection names a failure mode of its own (an outage or a slowdown says more about
+/// what to do first; the detector's judgement is never overwritten).
+pub fn with_drift(
+    health: Arc<HealthSnapshot>,
+    drift: &crate::drift::DriftSnapshot,
+) -> Arc<HealthSnapshot> {
+    if !health
+        .routes
+        .iter()
+        .any(|r| drift.behavior_changed(&r.route))
+    {
+        return health;
+    }
+    let mut merged = (*health).clone();
+    for r in &mut merged.routes {
+        if drift.behavior_changed(&r.route) {
+            r.behavior_changed = true;
+            r.failure_mode
+                .get_or_insert(crate::health::FailureMode::BehaviorChanged);
+        }
+    }
+    Arc::new(merged)
+}
+
 /// `GET /api/v1/status`.
 pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let health = state.health.borrow().clone();
+    let mut health = state.health.borrow().clone();
+    if let Some(drift) = &state.drift {
+        let drift = drift.borrow().clone();
+        health = with_drift(health, &drift);
+    }
     let now = state.clock.now();
     let figures = state.figures.get(&state.store, now).await?;
     let routes = state.routes.clone();

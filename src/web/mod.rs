@@ -71,6 +71,9 @@ pub struct AppState {
     pub ingest_token: Option<Secret>,
     /// Where `/api/v1/incidents` reads incidents from.
     pub incidents: Arc<dyn IncidentSource>,
+    /// Drift's findings, when a drift runner runs: `/api/v1/status` shows a route with an open
+    /// drift finding as `behavior_changed`.
+    pub drift: Option<crate::drift::DriftRx>,
     /// The store figures `/api/v1/status` reuses for a few seconds.
     pub figures: Arc<FiguresCache>,
     /// Cancelled at shutdown: long-polls and SSE streams end on it so graceful shutdown is
