@@ -240,6 +240,7 @@ pub async fn start(
             channels,
         )
         .with_jobs(&state.jobs);
+        metrics.follow_alerts(service.metrics().clone());
         tokio::spawn(crate::alert::run(
             Arc::new(service),
             alert_events,

@@ -784,3 +784,40 @@ async fn status_shows_behavior_changed_while_a_drift_finding_is_open() {
     let (_, v) = get(&s.url("/api/v1/status")).await;
     assert_eq!(route(&v, QWEN)["failure_mode"], Value::Null);
 }
+
+#[tokio::test]
+async fn metrics_export_the_alert_engines_counters() {
+    let h = Harness::new(ROUTES, now()).await;
+    let alerts = std::sync::Arc::new(probeok::alert::AlertMetrics::default());
+    h.state.metrics.follow_alerts(alerts.clone());
+    alerts.add("dingtalk-oncall", "delivered");
+    alerts.add("dingtalk-oncall", "delivered");
+    alerts.add("webhook-0", "failed");
+    let s = h.serve().await;
+    let scrape = || async {
+        reqwest::get(s.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let text = scrape().await;
+    assert!(text.contains("# TYPE probeok_alerts counter"), "{text}");
+    assert!(
+        text.contains(r#"probeok_alerts_total{channel="dingtalk-oncall",result="delivered"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"probeok_alerts_total{channel="webhook-0",result="failed"} 1"#),
+        "{text}"
+    );
+    // Counts move between scrapes and never go back.
+    alerts.add("dingtalk-oncall", "delivered");
+    let text = scrape().await;
+    assert!(
+        text.contains(r#"probeok_alerts_total{channel="dingtalk-oncall",result="delivered"} 3"#),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("# EOF"));
+}
