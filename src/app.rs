@@ -130,7 +130,6 @@ pub async fn start(
     )
     .await
     .map_err(AppError::Drift)?;
-    let drift_router = drift.router();
     // Drift findings opened and closed go to the alert engine as health events.
     let drift_events = crate::drift::events::spawn(
         drift.rx.clone(),
@@ -250,7 +249,7 @@ pub async fn start(
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
     let web_task = tokio::spawn(async move {
-        axum::serve(listener, web::router(state).merge(drift_router))
+        axum::serve(listener, web::router(state))
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await
     });
