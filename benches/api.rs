@@ -279,6 +279,7 @@ async fn run() {
         metrics: Arc::new(Metrics::new(&routes)),
         ingest_token: Some(Secret::new("bench")),
         incidents: Arc::new(SnapshotIncidents),
+        drift: None,
         figures: Default::default(),
         shutdown: shutdown.clone(),
     };

@@ -130,7 +130,13 @@ pub async fn start(
     )
     .await
     .map_err(AppError::Drift)?;
-    let drift_router = drift.router();
+    // Drift findings opened and closed go to the alert engine as health events.
+    let drift_events = crate::drift::events::spawn(
+        drift.rx.clone(),
+        health_events.clone(),
+        clock.clone(),
+        shutdown.clone(),
+    );
 
     let metrics = Arc::new(web::Metrics::new(&routes));
     let (sched_tx, sched_rx) = mpsc::channel(1024);
@@ -162,9 +168,13 @@ pub async fn start(
 
     // Publishing (issue 5): weights follow health; metrics see every outcome; the ingest
     // token is read once here.
-    let weights_rx = crate::weights::spawn_publisher(
+    // Weights follow drift too: open findings (with `on_drift = "deweight"`) and the quality
+    // gate for backup and fallback routes.
+    let weights_rx = crate::weights::spawn_publisher_with(
         Arc::new(routes.clone()),
         health_rx.clone(),
+        Some(drift.rx.clone()),
+        crate::weights::Policy::from_config(&config),
         shutdown.clone(),
     );
 
@@ -218,7 +228,8 @@ pub async fn start(
         weights: weights_rx,
         metrics: metrics.clone(),
         ingest_token,
-        incidents: Arc::new(web::SnapshotIncidents),
+        incidents: Arc::new(web::StoreIncidents),
+        drift: Some(drift.rx.clone()),
         figures: Default::default(),
         shutdown: shutdown.clone(),
     };
@@ -234,6 +245,7 @@ pub async fn start(
             channels,
         )
         .with_jobs(&state.jobs);
+        metrics.follow_alerts(service.metrics().clone());
         tokio::spawn(crate::alert::run(
             Arc::new(service),
             alert_events,
@@ -245,9 +257,7 @@ pub async fn start(
     // `GET /api/v1/requests` (the proxy's metering) reads the store directly.
     let web_store = store.clone();
     let web_task = tokio::spawn(async move {
-        let app = web::router(state)
-            .merge(drift_router)
-            .merge(crate::proxy::requests_router(web_store));
+        let app = web::router(state).merge(crate::proxy::requests_router(web_store));
         axum::serve(listener, app)
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await
@@ -263,6 +273,7 @@ pub async fn start(
             let _ = retention_task.await;
             let _ = alert_task.await;
             let _ = drift.task.await;
+            let _ = drift_events.await;
             let web = web_task.await;
             if let Some(proxy) = proxy_task {
                 if let Ok(Err(e)) = proxy.await {

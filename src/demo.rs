@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{
-    Config, DetectionConfig, EgressConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig,
-    RouteConfig, ServerConfig, SloConfig, StorageConfig,
+    Config, DetectionConfig, DriftConfig, EgressConfig, ProbeConfig, ProviderConfig, ProxyConfig,
+    RegionConfig, RouteConfig, ServerConfig, SloConfig, StorageConfig,
 };
 use crate::route::{Capability, Price, ProviderKind, Tier};
 use crate::sim::{self, Scenario, SimConfig, SimRoute};
@@ -162,6 +162,9 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
         providers,
         routes,
         slo: SloConfig::default(),
+        // No regression sets: the simulator answers the shipped sets' prompts (`probes/`)
+        // generically, so every backup would fail the quality gate and lose its weight.
+        drift: DriftConfig::no_sets(),
         // The proxy runs too, so a new user can `curl` it on 127.0.0.1:9401.
         proxy: ProxyConfig {
             enabled: true,

@@ -11,8 +11,14 @@
 //!   (flagged with the reason code `unjudged`);
 //! - success factor: the route's rolling success ratio (probes and passive, from detection)
 //!   rounded to 0.1; no outcome yet counts as 1;
-//! - drift factor: 1 for now — the hook for `[drift] on_drift = "deweight"`
-//!   ([`Policy::behavior_changed_tenths`]).
+//! - drift factor: with `[drift] on_drift = "deweight"` ([`Policy::from_config`]) a route
+//!   whose behaviour changed — an open drift finding (regression sets) or `PROBE_OK`
+//!   mismatches of the regular probe — keeps [`DEWEIGHT_TENTHS`] (0.1) of its score, reason
+//!   `behavior_changed`: first move traffic, then investigate. With `alert` (the default) the
+//!   factor is 1 ([`Policy::behavior_changed_tenths`]).
+//! - quality gate (seed 003): a `backup` or `fallback` route that fails
+//!   [`DriftSnapshot::eligible`] scores 0 with reason `regression_failed` — a backup that
+//!   answers in the wrong format is no backup.
 //!
 //! A route is *usable* when its score is above 0. The whole share goes to the usable
 //! `primary` routes; when none is usable, to the `backup` routes; then to the `fallback`
@@ -38,6 +44,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::{Config, OnDrift};
+use crate::drift::{DriftRx, DriftSnapshot};
 use crate::health::{HealthRx, HealthSnapshot, RouteStatus, State};
 use crate::route::{Route, RouteId, Tier};
 
@@ -57,6 +65,24 @@ impl Default for Policy {
     fn default() -> Self {
         Self {
             behavior_changed_tenths: 10,
+        }
+    }
+}
+
+/// The drift factor of `on_drift = "deweight"`: a route whose behaviour changed keeps 0.1 of
+/// its score — enough to leave it a trickle of traffic (so recovery shows) among healthy
+/// peers, while it still carries the whole share when it is the only usable route.
+pub const DEWEIGHT_TENTHS: u64 = 1;
+
+impl Policy {
+    /// `[drift] on_drift`: `alert` leaves weights alone, `deweight` applies
+    /// [`DEWEIGHT_TENTHS`].
+    pub fn from_config(config: &Config) -> Self {
+        match config.drift.on_drift {
+            OnDrift::Alert => Self::default(),
+            OnDrift::Deweight => Self {
+                behavior_changed_tenths: DEWEIGHT_TENTHS,
+            },
         }
     }
 }
@@ -178,18 +204,34 @@ fn success_tenths(ratio: Option<f64>) -> u64 {
 }
 
 /// A route's score and the reason code that explains it (before tier selection).
-fn score(route: &Route, status: Option<&RouteStatus>, policy: &Policy) -> (u64, State, String) {
+fn score(
+    route: &Route,
+    status: Option<&RouteStatus>,
+    drift: Option<&DriftSnapshot>,
+    policy: &Policy,
+) -> (u64, State, String) {
     let state = status.map_or(State::Unknown, |s| s.state);
     let health = health_tenths(state);
     let success = success_tenths(status.and_then(|s| s.success_ratio));
-    let drifted = status.is_some_and(|s| s.behavior_changed);
+    let gated = drift.is_some_and(|d| d.eligible(route).is_err());
+    let drifted = status.is_some_and(|s| s.behavior_changed)
+        || drift.is_some_and(|d| d.behavior_changed(&route.id));
     let drift = if drifted {
         policy.behavior_changed_tenths.min(10)
     } else {
         10
     };
-    let score = u64::from(route.weight) * health * success * drift;
+    let score = if gated {
+        0
+    } else {
+        u64::from(route.weight) * health * success * drift
+    };
     let reason = match state {
+        State::Critical | State::Switched if gated => status
+            .and_then(|s| s.reason.as_ref())
+            .map(|r| r.code.clone())
+            .unwrap_or_else(|| state.as_str().to_ascii_lowercase()),
+        _ if gated => "regression_failed".to_owned(),
         State::Warning | State::Degraded | State::Critical | State::Switched => status
             .and_then(|s| s.reason.as_ref())
             .map(|r| r.code.clone())
@@ -230,6 +272,16 @@ pub fn compute(
     health: &HealthSnapshot,
     policy: &Policy,
 ) -> BTreeMap<String, ModelWeights> {
+    compute_with_drift(routes, health, None, policy)
+}
+
+/// [`compute`] with drift's view: open findings (the drift factor) and the quality gate.
+pub fn compute_with_drift(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    drift: Option<&DriftSnapshot>,
+    policy: &Policy,
+) -> BTreeMap<String, ModelWeights> {
     let by_id: HashMap<&RouteId, &RouteStatus> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
     let mut groups: BTreeMap<&str, Vec<&Route>> = BTreeMap::new();
@@ -241,7 +293,7 @@ pub fn compute(
         .map(|(serves, members)| {
             let scored: Vec<(u64, State, String)> = members
                 .iter()
-                .map(|r| score(r, by_id.get(&r.id).copied(), policy))
+                .map(|r| score(r, by_id.get(&r.id).copied(), drift, policy))
                 .collect();
             let serving_tier = [Tier::Primary, Tier::Backup, Tier::Fallback]
                 .into_iter()
@@ -297,13 +349,24 @@ pub fn compute(
 pub struct Weights {
     routes: Arc<Vec<Route>>,
     policy: Policy,
+    drift: Option<Arc<DriftSnapshot>>,
     current: Arc<WeightsSnapshot>,
 }
 
 impl Weights {
     /// The first version is `health.generated_at` in unix milliseconds (at least 1).
     pub fn new(routes: Arc<Vec<Route>>, policy: Policy, health: &HealthSnapshot) -> Self {
-        let models = compute(&routes, health, &policy);
+        Self::with_drift(routes, policy, None, health)
+    }
+
+    /// [`Weights::new`] counting drift's view from the first version on.
+    pub fn with_drift(
+        routes: Arc<Vec<Route>>,
+        policy: Policy,
+        drift: Option<Arc<DriftSnapshot>>,
+        health: &HealthSnapshot,
+    ) -> Self {
+        let models = compute_with_drift(&routes, health, drift.as_deref(), &policy);
         let version = u64::try_from(health.generated_at.timestamp_millis())
             .unwrap_or(0)
             .max(1);
@@ -311,6 +374,7 @@ impl Weights {
         Self {
             routes,
             policy,
+            drift,
             current,
         }
     }
@@ -319,10 +383,15 @@ impl Weights {
         self.current.clone()
     }
 
+    /// Sets drift's latest view; the next [`Weights::update`] takes it into account.
+    pub fn set_drift(&mut self, drift: Option<Arc<DriftSnapshot>>) {
+        self.drift = drift;
+    }
+
     /// Recomputes; `Some(new version)` when a weight, state, reason code or serving tier
     /// changed, `None` (and no serialisation) otherwise.
     pub fn update(&mut self, health: &HealthSnapshot) -> Option<Arc<WeightsSnapshot>> {
-        let models = compute(&self.routes, health, &self.policy);
+        let models = compute_with_drift(&self.routes, health, self.drift.as_deref(), &self.policy);
         if models == self.current.models {
             return None;
         }
@@ -341,14 +410,33 @@ impl Weights {
 /// publisher goes away first, the last weights stay published until shutdown.
 pub fn spawn_publisher(
     routes: Arc<Vec<Route>>,
+    health: HealthRx,
+    shutdown: CancellationToken,
+) -> WeightsRx {
+    spawn_publisher_with(routes, health, None, Policy::default(), shutdown)
+}
+
+/// [`spawn_publisher`] that also follows drift (findings and the quality gate) under
+/// `policy` ([`Policy::from_config`]): recomputes on every health or drift change.
+pub fn spawn_publisher_with(
+    routes: Arc<Vec<Route>>,
     mut health: HealthRx,
+    mut drift: Option<DriftRx>,
+    policy: Policy,
     shutdown: CancellationToken,
 ) -> WeightsRx {
     let first = health.borrow_and_update().clone();
-    let mut weights = Weights::new(routes, Policy::default(), &first);
+    let first_drift = drift.as_mut().map(|d| d.borrow_and_update().clone());
+    let mut weights = Weights::with_drift(routes, policy, first_drift, &first);
     let (tx, rx) = watch::channel(weights.current());
     tokio::spawn(async move {
         loop {
+            let drift_changed = async {
+                match drift.as_mut() {
+                    Some(d) => d.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 changed = health.changed() => {
@@ -356,6 +444,16 @@ pub fn spawn_publisher(
                         // No more health updates: keep the last weights until shutdown.
                         shutdown.cancelled().await;
                         break;
+                    }
+                }
+                changed = drift_changed => {
+                    match changed {
+                        Ok(()) => {
+                            let d = drift.as_mut().map(|d| d.borrow_and_update().clone());
+                            weights.set_drift(d);
+                        }
+                        // The drift runner is gone: keep its last view, follow health only.
+                        Err(_) => drift = None,
                     }
                 }
             }

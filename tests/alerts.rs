@@ -972,6 +972,7 @@ async fn maintenance_and_silences_suppress() {
         weights,
         ingest_token: None,
         incidents: Arc::new(probeok::web::SnapshotIncidents),
+        drift: None,
         figures: Default::default(),
         shutdown,
     };

@@ -552,7 +552,7 @@ async fn egress_finding_then_a_provider_incident() {
                 opened += 1;
             }
             HealthEvent::FindingClosed { .. } => closed += 1,
-            HealthEvent::Transition { .. } => {}
+            HealthEvent::Transition { .. } | HealthEvent::DriftFinding { .. } => {}
         }
     }
     assert_eq!((opened, closed), (1, 1));

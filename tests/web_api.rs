@@ -615,7 +615,11 @@ fn refs_resolve(doc: &Value, v: &Value) {
 
 #[tokio::test]
 async fn openapi_parses_and_describes_every_endpoint() {
-    let h = Harness::new(ROUTES, now()).await;
+    let mut h = Harness::new(ROUTES, now()).await;
+    // With a drift runner the router also serves the drift fragment.
+    let (_drift_tx, drift_rx) =
+        tokio::sync::watch::channel(std::sync::Arc::new(drift_snapshot(Vec::new(), &[])));
+    h.state.drift = Some(drift_rx);
     let s = h.serve().await;
     let (code, doc) = get(&s.url("/api/openapi.json")).await;
     assert_eq!(code, StatusCode::OK);
@@ -623,7 +627,26 @@ async fn openapi_parses_and_describes_every_endpoint() {
     assert!(parsed.openapi.starts_with("3."));
     refs_resolve(&doc, &doc);
     let endpoints = probeok::web::endpoints();
-    assert!(endpoints.len() >= 10);
+    assert!(endpoints.len() >= 14);
+    // The merged fragments are listed too, and admin endpoints name the bearer scheme.
+    for path in [
+        "/api/v1/drift",
+        "/api/v1/admin/silences",
+        "/api/v1/admin/silences/{id}",
+    ] {
+        assert!(
+            endpoints.iter().any(|e| e.doc_path == path),
+            "{path} not listed"
+        );
+    }
+    assert_eq!(
+        doc["components"]["securitySchemes"]["adminToken"]["scheme"],
+        "bearer"
+    );
+    assert_eq!(
+        doc["paths"]["/api/v1/admin/silences"]["post"]["security"][0]["adminToken"],
+        json!([])
+    );
     for e in endpoints {
         let item = parsed
             .paths
@@ -634,11 +657,16 @@ async fn openapi_parses_and_describes_every_endpoint() {
         let op = match e.method.as_str() {
             "GET" => item.get.as_ref(),
             "POST" => item.post.as_ref(),
+            "DELETE" => item.delete.as_ref(),
             m => panic!("unexpected method {m}"),
         };
         assert!(op.is_some(), "{} {} has no operation", e.method, e.doc_path);
         // And the router really serves it (no fallback 404 for the path itself).
-        let path = e.doc_path.replace("{id}", QWEN);
+        let path = if e.doc_path.starts_with("/api/v1/routes/") {
+            e.doc_path.replace("{id}", QWEN)
+        } else {
+            e.doc_path.replace("{id}", "some-id")
+        };
         let r = reqwest::Client::new()
             .request(e.method.clone(), s.url(&path))
             .send()
@@ -655,4 +683,169 @@ async fn openapi_parses_and_describes_every_endpoint() {
             e.method
         );
     }
+}
+
+/// Drives the pure detector through an outage of `route` and its recovery, storing every
+/// transition with its incident and state the way the health service does.
+async fn record_outage(
+    store: &probeok::store::Store,
+    route: &str,
+    start: chrono::DateTime<chrono::Utc>,
+) {
+    use probeok::config::DetectionConfig;
+    use probeok::health::{Baseline, Detector};
+    let cfg = DetectionConfig::default();
+    let det = Detector::new(&cfg);
+    let r = id(route);
+    let mut h = det.route(r.clone(), start);
+    let mut b = Baseline::new(r.clone(), &cfg);
+    let w = store.writer();
+    let mut seen = 0;
+    for s in (0..=1200).step_by(30) {
+        let t = start + D::seconds(s);
+        let o = outcome(route, OutcomeKind::Probe, t, s > 60, 1100.0);
+        if let Some(tr) = det.ingest(&mut h, &mut b, &o, t) {
+            let incident = tr.incident_id.as_deref().and_then(|iid| {
+                h.incident()
+                    .filter(|i| i.id == iid)
+                    .or(h.last_closed().filter(|i| i.id == iid))
+            });
+            w.record_transition(&tr, incident, &h).await.unwrap();
+            seen += 1;
+        }
+    }
+    assert!(seen >= 3, "the outage made transitions");
+}
+
+#[tokio::test]
+async fn incidents_come_from_the_store_with_transitions_and_evidence() {
+    let mut h = Harness::new(ROUTES, now()).await;
+    h.state.incidents = std::sync::Arc::new(probeok::web::StoreIncidents);
+    record_outage(&h.store, QWEN, now() - D::hours(3)).await;
+    record_outage(&h.store, LOCAL, now() - D::hours(1)).await;
+    // The snapshot knows of no open incident: the list comes from the store.
+    h.publish(health(State::Normal, State::Normal));
+    let s = h.serve().await;
+
+    let (code, v) = get(&s.url("/api/v1/incidents")).await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    let list = v["incidents"].as_array().unwrap();
+    assert_eq!(list.len(), 2, "{v}");
+    // Newest first; closed, with every transition and its evidence.
+    assert_eq!(list[0]["route"], LOCAL);
+    assert_eq!(list[1]["route"], QWEN);
+    let i = &list[1];
+    assert_eq!(i["peak"], "DEGRADED");
+    assert!(i["closed_at"].is_string(), "{i}");
+    let ts = i["transitions"].as_array().unwrap();
+    assert!(ts.len() >= 2, "{i}");
+    assert_eq!(ts[0]["to"], "DEGRADED");
+    assert!(ts[0]["reason"]["code"].is_string());
+    assert!(ts[0]["evidence"]["error_rate"].is_object(), "{}", ts[0]);
+    assert!(ts.iter().all(|t| t["incident_id"] == i["id"]));
+
+    // Bounded and filtered.
+    let (_, v) = get(&s.url("/api/v1/incidents?limit=1")).await;
+    assert_eq!(v["incidents"].as_array().unwrap().len(), 1);
+    assert_eq!(v["incidents"][0]["route"], LOCAL);
+    let (_, v) = get(&s.url(&format!("/api/v1/incidents?route={QWEN}"))).await;
+    let list = v["incidents"].as_array().unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["route"], QWEN);
+    let since = probeok::web::rfc3339(now() - D::minutes(90));
+    let (_, v) = get(&s.url(&format!("/api/v1/incidents?since={since}"))).await;
+    let list = v["incidents"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{v}");
+    assert_eq!(list[0]["route"], LOCAL);
+    let (code, v) = get(&s.url("/api/v1/incidents?since=yesterday")).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["code"], "bad_query");
+    let (code, _) = get(&s.url("/api/v1/incidents?route=nope/x/y")).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn status_shows_behavior_changed_while_a_drift_finding_is_open() {
+    let mut h = Harness::new(ROUTES, now()).await;
+    let (drift_tx, drift_rx) =
+        tokio::sync::watch::channel(std::sync::Arc::new(drift_snapshot(Vec::new(), &[])));
+    h.state.drift = Some(drift_rx);
+    h.publish(health(State::Critical, State::Normal));
+    let s = h.serve().await;
+    let route = |v: &Value, r: &str| {
+        v["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == r)
+            .unwrap()
+            .clone()
+    };
+    let (_, v) = get(&s.url("/api/v1/status")).await;
+    assert_eq!(route(&v, QWEN)["failure_mode"], Value::Null);
+
+    drift_tx.send_replace(std::sync::Arc::new(drift_snapshot(
+        vec![
+            drift_finding(QWEN, probeok::drift::DriftKind::PassRateDrop),
+            drift_finding(DS, probeok::drift::DriftKind::PassRateDrop),
+            drift_finding(LOCAL, probeok::drift::DriftKind::ModelChanged),
+        ],
+        &[],
+    )));
+    let (code, v) = get(&s.url("/api/v1/status")).await;
+    assert_eq!(code, StatusCode::OK);
+    let q = route(&v, QWEN);
+    assert_eq!(q["failure_mode"], "behavior_changed", "{q}");
+    assert_eq!(q["behavior_changed"], true);
+    assert_eq!(
+        q["state"], "NORMAL",
+        "drift does not change the judged state"
+    );
+    // Detection's own failure mode stays (an outage says more than drift).
+    let d = route(&v, DS);
+    assert_eq!(d["failure_mode"], "unavailable", "{d}");
+    assert_eq!(d["behavior_changed"], true);
+    // A model change alone is informational.
+    assert_eq!(route(&v, LOCAL)["failure_mode"], Value::Null);
+
+    drift_tx.send_replace(std::sync::Arc::new(drift_snapshot(Vec::new(), &[])));
+    let (_, v) = get(&s.url("/api/v1/status")).await;
+    assert_eq!(route(&v, QWEN)["failure_mode"], Value::Null);
+}
+
+#[tokio::test]
+async fn metrics_export_the_alert_engines_counters() {
+    let h = Harness::new(ROUTES, now()).await;
+    let alerts = std::sync::Arc::new(probeok::alert::AlertMetrics::default());
+    h.state.metrics.follow_alerts(alerts.clone());
+    alerts.add("dingtalk-oncall", "delivered");
+    alerts.add("dingtalk-oncall", "delivered");
+    alerts.add("webhook-0", "failed");
+    let s = h.serve().await;
+    let scrape = || async {
+        reqwest::get(s.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let text = scrape().await;
+    assert!(text.contains("# TYPE probeok_alerts counter"), "{text}");
+    assert!(
+        text.contains(r#"probeok_alerts_total{channel="dingtalk-oncall",result="delivered"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"probeok_alerts_total{channel="webhook-0",result="failed"} 1"#),
+        "{text}"
+    );
+    // Counts move between scrapes and never go back.
+    alerts.add("dingtalk-oncall", "delivered");
+    let text = scrape().await;
+    assert!(
+        text.contains(r#"probeok_alerts_total{channel="dingtalk-oncall",result="delivered"} 3"#),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("# EOF"));
 }

@@ -204,3 +204,147 @@ async fn version_is_unchanged_across_100_identical_health_publishes() {
     assert_eq!(weights.borrow().version, first.version + 1);
     shutdown.cancel();
 }
+
+const BJ: &str = "qwen/bj/qwen-max";
+const DS: &str = "deepseek/cn/deepseek-ai/DeepSeek-V3";
+const GLM: &str = "glm/cn/glm-4";
+const LOCAL: &str = "local/lab/small";
+
+fn drift_weights(
+    statuses: Vec<probeok::health::RouteStatus>,
+    drift: &probeok::drift::DriftSnapshot,
+    policy: &Policy,
+) -> (Vec<u8>, Vec<String>, Option<Tier>) {
+    let models = probeok::weights::compute_with_drift(
+        &routes(),
+        &snapshot(at("2026-03-04T12:00:00Z"), statuses),
+        Some(drift),
+        policy,
+    );
+    let chat = &models["chat"];
+    (
+        chat.entries.iter().map(|e| e.weight).collect(),
+        chat.entries.iter().map(|e| e.reason.clone()).collect(),
+        chat.serving.tier,
+    )
+}
+
+fn policy(on_drift: &str) -> Policy {
+    let mut c = config(ROUTES, std::path::Path::new("unused.db"));
+    c.drift.on_drift = match on_drift {
+        "deweight" => probeok::config::OnDrift::Deweight,
+        _ => probeok::config::OnDrift::Alert,
+    };
+    Policy::from_config(&c)
+}
+
+#[test]
+fn a_drift_finding_deweights_only_with_on_drift_deweight() {
+    let finding = drift_finding(BJ, probeok::drift::DriftKind::PassRateDrop);
+    let drift = drift_snapshot(vec![finding], &[]);
+    // alert: weights unchanged.
+    let (w, reasons, _) = drift_weights(all_normal(), &drift, &policy("alert"));
+    assert_eq!(w, vec![60, 40, 0, 0, 0]);
+    assert_eq!(reasons[0], "healthy");
+    // deweight: 0.1 of its share (60 × 0.1 = 6 against 40 → 13 / 87).
+    let (w, reasons, tier) = drift_weights(all_normal(), &drift, &policy("deweight"));
+    assert_eq!(w, vec![13, 87, 0, 0, 0]);
+    assert_eq!(reasons[0], "behavior_changed");
+    assert_eq!(reasons[1], "healthy");
+    assert_eq!(tier, Some(Tier::Primary));
+    // A model change alone is informational: no deweighting.
+    let info = drift_snapshot(
+        vec![drift_finding(BJ, probeok::drift::DriftKind::ModelChanged)],
+        &[],
+    );
+    let (w, _, _) = drift_weights(all_normal(), &info, &policy("deweight"));
+    assert_eq!(w, vec![60, 40, 0, 0, 0]);
+    // The regular probe's PROBE_OK mismatches count the same way.
+    let mut statuses = all_normal();
+    statuses[1].behavior_changed = true;
+    let empty = drift_snapshot(Vec::new(), &[]);
+    let (w, reasons, _) = drift_weights(statuses.clone(), &empty, &policy("deweight"));
+    assert_eq!(w, vec![94, 6, 0, 0, 0]);
+    assert_eq!(reasons[1], "behavior_changed");
+    let (w, _, _) = drift_weights(statuses, &empty, &policy("alert"));
+    assert_eq!(w, vec![60, 40, 0, 0, 0]);
+}
+
+#[test]
+fn the_quality_gate_keeps_failing_backups_out_of_the_share() {
+    let mut statuses = all_normal();
+    statuses[0] = with_state(statuses[0].clone(), State::Critical, "error_rate_high");
+    statuses[1] = with_state(statuses[1].clone(), State::Critical, "error_rate_high");
+    // No gate: the backups share.
+    let (w, _, tier) = drift_weights(
+        statuses.clone(),
+        &drift_snapshot(Vec::new(), &[]),
+        &policy("alert"),
+    );
+    assert_eq!((w, tier), (vec![0, 0, 50, 50, 0], Some(Tier::Backup)));
+    // DeepSeek failed its latest regression runs: weight 0, reason regression_failed.
+    let (w, reasons, tier) = drift_weights(
+        statuses.clone(),
+        &drift_snapshot(Vec::new(), &[DS]),
+        &policy("alert"),
+    );
+    assert_eq!((w, tier), (vec![0, 0, 0, 100, 0], Some(Tier::Backup)));
+    assert_eq!(reasons[2], "regression_failed");
+    // Both backups fail: the fallback carries it; a failing fallback too → all_unhealthy.
+    let (w, _, tier) = drift_weights(
+        statuses.clone(),
+        &drift_snapshot(Vec::new(), &[DS, GLM]),
+        &policy("alert"),
+    );
+    assert_eq!((w, tier), (vec![0, 0, 0, 0, 100], Some(Tier::Fallback)));
+    let (w, reasons, tier) = drift_weights(
+        statuses,
+        &drift_snapshot(Vec::new(), &[DS, GLM, LOCAL]),
+        &policy("alert"),
+    );
+    assert_eq!((w, tier), (vec![0, 0, 0, 0, 0], None));
+    assert_eq!(reasons[4], "regression_failed");
+    // Primaries are never gated (their drift is a finding, not a gate).
+    let (w, _, _) = drift_weights(
+        all_normal(),
+        &drift_snapshot(Vec::new(), &[BJ]),
+        &policy("alert"),
+    );
+    assert_eq!(w, vec![60, 40, 0, 0, 0]);
+}
+
+#[tokio::test]
+async fn the_publisher_follows_drift_changes() {
+    let shutdown = CancellationToken::new();
+    let t = at("2026-03-04T12:00:00Z");
+    let (_health_tx, health_rx) = watch::channel(Arc::new(snapshot(t, all_normal())));
+    let (drift_tx, drift_rx) = watch::channel(Arc::new(drift_snapshot(Vec::new(), &[])));
+    let mut weights = probeok::weights::spawn_publisher_with(
+        Arc::new(routes()),
+        health_rx,
+        Some(drift_rx),
+        policy("deweight"),
+        shutdown.clone(),
+    );
+    let v0 = weights.borrow_and_update().version;
+    assert_eq!(weights.borrow().weight(&id(BJ)), Some(60));
+    drift_tx.send_replace(Arc::new(drift_snapshot(
+        vec![drift_finding(BJ, probeok::drift::DriftKind::PassRateDrop)],
+        &[],
+    )));
+    tokio::time::timeout(Duration::from_secs(5), weights.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    let w = weights.borrow_and_update().clone();
+    assert_eq!(w.version, v0 + 1);
+    assert_eq!(w.weight(&id(BJ)), Some(13));
+    // Closed again: back to the healthy split.
+    drift_tx.send_replace(Arc::new(drift_snapshot(Vec::new(), &[])));
+    tokio::time::timeout(Duration::from_secs(5), weights.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(weights.borrow().weight(&id(BJ)), Some(60));
+    shutdown.cancel();
+}

@@ -195,6 +195,11 @@ impl Grouper {
                         ));
                     }
                 },
+                HealthEvent::DriftFinding {
+                    finding,
+                    opened,
+                    at,
+                } => drafts.push(drift_draft(&finding, opened, at)),
                 HealthEvent::FindingClosed { finding, at } => {
                     if finding.kind == FindingKind::Egress {
                         self.egress = None;
@@ -399,4 +404,38 @@ fn group(items: Vec<(Severity, RouteItem, Option<String>)>, status: Status) -> V
         ));
     }
     out
+}
+
+/// A drift finding opened (firing) or closed (resolved): `warning`, `info` for
+/// `model_changed`; firing key `drift:<finding id>`, so a closing finding resolves only what
+/// was announced.
+fn drift_draft(f: &crate::drift::DriftFinding, opened: bool, at: DateTime<Utc>) -> Draft {
+    let severity = match f.severity {
+        crate::drift::Severity::Info => Severity::Info,
+        crate::drift::Severity::Warning => Severity::Warning,
+    };
+    let (status, tag) = if opened {
+        (Status::Firing, "open")
+    } else {
+        (Status::Resolved, "resolved")
+    };
+    Draft::new(
+        Message {
+            // Opened: the detection time, stable if the same finding is announced twice.
+            key: format!(
+                "drift:{}:{tag}@{}",
+                f.id,
+                if opened { f.detected_at } else { at }.timestamp_millis()
+            ),
+            severity,
+            status,
+            subject: Subject::Drift(super::DriftAlert::from_finding(f)),
+            at,
+            items: Vec::new(),
+            related: vec![f.route.clone()],
+            note: Some(f.summary.clone()),
+        },
+        Vec::new(),
+        Some(format!("drift:{}", f.id)),
+    )
 }

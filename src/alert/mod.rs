@@ -139,8 +139,75 @@ pub enum Subject {
     BurnRate(burn::BurnAlert),
     /// A scheduled job stopped beating.
     Heartbeat { job: String, silent_s: u64 },
+    /// A drift finding of the regression sets on one route (`related` names it).
+    Drift(DriftAlert),
     /// `probeok alert test`.
     Test,
+}
+
+/// A drift finding's evidence, bounded and language-neutral (see [`DriftAlert::from_finding`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriftAlert {
+    pub route: RouteId,
+    pub set: String,
+    /// `pass_rate_drop`, `length_shift` or `model_changed`.
+    pub kind: String,
+    /// `fisher_exact_one_sided`, `mann_whitney_u_two_sided` or `none`.
+    pub test: String,
+    pub p_value: Option<f64>,
+    /// Passed / judged cases of the route's own earlier runs, and of the runs judged.
+    pub before_passed: u64,
+    pub before_total: u64,
+    pub after_passed: u64,
+    pub after_total: u64,
+    pub before_model: Option<String>,
+    pub after_model: Option<String>,
+    /// At most [`DriftAlert::MAX_EXAMPLES`], each answer cut to [`DriftAlert::MAX_EXAMPLE_CHARS`].
+    pub examples: Vec<DriftExampleLine>,
+}
+
+/// One case's answer before and after.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriftExampleLine {
+    pub case: String,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+impl DriftAlert {
+    pub const MAX_EXAMPLES: usize = 2;
+    pub const MAX_EXAMPLE_CHARS: usize = 200;
+
+    pub fn from_finding(f: &crate::drift::DriftFinding) -> Self {
+        let cut = |s: &Option<String>| {
+            s.as_deref()
+                .map(|s| crate::probe::outcome::truncate_chars(s, Self::MAX_EXAMPLE_CHARS))
+        };
+        let e = &f.evidence;
+        Self {
+            route: f.route.clone(),
+            set: f.set.clone(),
+            kind: f.kind.as_str().to_owned(),
+            test: e.test.clone(),
+            p_value: e.p_value,
+            before_passed: e.before.passed,
+            before_total: e.before.total,
+            after_passed: e.after.passed,
+            after_total: e.after.total,
+            before_model: e.model.as_ref().and_then(|m| m.before_model.clone()),
+            after_model: e.model.as_ref().and_then(|m| m.after_model.clone()),
+            examples: e
+                .examples
+                .iter()
+                .take(Self::MAX_EXAMPLES)
+                .map(|x| DriftExampleLine {
+                    case: x.case.clone(),
+                    before: cut(&x.before),
+                    after: cut(&x.after),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// One route inside a message, with everything a reader needs to act.

@@ -351,6 +351,22 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
                 Lang::Zh => format!("任务 {job} 已 {d} 无心跳"),
             }
         }
+        Subject::Drift(d) => match (lang, d.kind.as_str()) {
+            (Lang::En, "model_changed") => {
+                format!(
+                    "{}: reported model changed (regression set {})",
+                    d.route, d.set
+                )
+            }
+            (Lang::Zh, "model_changed") => {
+                format!("{}：上报的模型版本变化(回归集 {})", d.route, d.set)
+            }
+            (Lang::En, kind) => format!(
+                "{}: behaviour changed on regression set {} ({kind})",
+                d.route, d.set
+            ),
+            (Lang::Zh, kind) => format!("{}：回归集 {} 上行为变化({kind})", d.route, d.set),
+        },
         Subject::Test => w
             .t(
                 "test message from probeok: this channel works",
@@ -474,6 +490,9 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
             }
         }
     }
+    if let Subject::Drift(d) = &m.subject {
+        drift_lines(&w, d, &mut lines);
+    }
     if let Subject::BurnRate(b) = &m.subject {
         lines.push(Line::Field(
             w.t("Burn rate", "消耗速率").into(),
@@ -501,6 +520,62 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
         markdown,
         text,
         html,
+    }
+}
+
+/// A drift finding's evidence: pass rates before/after with sample sizes, the test's p-value,
+/// the model change, and a couple of example answers (bounded by [`super::DriftAlert`]).
+fn drift_lines(w: &Words, d: &super::DriftAlert, lines: &mut Vec<Line>) {
+    let rate = |passed: u64, total: u64| {
+        if total == 0 {
+            "-".to_owned()
+        } else {
+            format!(
+                "{:.0}% ({passed}/{total})",
+                100.0 * passed as f64 / total as f64
+            )
+        }
+    };
+    if d.kind != "model_changed" {
+        lines.push(Line::Field(
+            w.t("Pass rate", "通过率").into(),
+            format!(
+                "{} {} → {} {}",
+                w.t("before", "之前"),
+                rate(d.before_passed, d.before_total),
+                w.t("after", "之后"),
+                rate(d.after_passed, d.after_total)
+            ),
+        ));
+        if let Some(p) = d.p_value {
+            lines.push(Line::Field(
+                w.t("p-value", "p 值").into(),
+                format!("{p:.2e} ({})", d.test),
+            ));
+        }
+    }
+    if d.before_model.is_some() || d.after_model.is_some() {
+        lines.push(Line::Field(
+            w.t("Reported model", "上报模型").into(),
+            format!(
+                "{} → {}",
+                d.before_model.as_deref().unwrap_or("-"),
+                d.after_model.as_deref().unwrap_or("-")
+            ),
+        ));
+    }
+    for x in &d.examples {
+        lines.push(Line::Bullet(
+            format!(
+                "{}: {} {:?} → {} {:?}",
+                x.case,
+                w.t("before", "之前"),
+                x.before.as_deref().unwrap_or("-"),
+                w.t("after", "之后"),
+                x.after.as_deref().unwrap_or("-")
+            ),
+            None,
+        ));
     }
 }
 

@@ -304,6 +304,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
                     .unwrap_or(DriftConfig::default().sets),
                 on_drift: d.on_drift.unwrap_or_default(),
                 explicit: true,
+                run_sets: true,
             },
         },
         proxy,

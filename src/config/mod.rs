@@ -439,6 +439,10 @@ pub struct DriftConfig {
     pub on_drift: OnDrift,
     /// `[drift]` was in the file: then a missing folder is an error, not "no sets".
     pub explicit: bool,
+    /// Whether regression sets run at all. Always true from a file; a config built in code
+    /// turns it off with [`DriftConfig::no_sets`] (the built-in demo: its simulator answers
+    /// the shipped sets' prompts generically, so every backup would fail the quality gate).
+    pub run_sets: bool,
 }
 
 impl Default for DriftConfig {
@@ -447,6 +451,18 @@ impl Default for DriftConfig {
             sets: PathBuf::from("probes"),
             on_drift: OnDrift::Alert,
             explicit: false,
+            run_sets: true,
+        }
+    }
+}
+
+impl DriftConfig {
+    /// No regression sets run: the runner publishes an empty snapshot (no findings, every
+    /// route eligible) and keeps no heartbeat job.
+    pub fn no_sets() -> Self {
+        Self {
+            run_sets: false,
+            ..Self::default()
         }
     }
 }

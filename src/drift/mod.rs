@@ -14,6 +14,7 @@
 //!   them, keeps [`History`] and publishes a [`DriftSnapshot`] on a `watch` channel.
 //! - [`compare`]: the statistics over a route's own history → [`DriftFinding`]s with evidence.
 //! - [`api`]: `GET /api/v1/drift`, a router fragment the web server merges.
+//! - [`events`]: findings opened/closed as `HealthEvent::DriftFinding` for the alert engine.
 //! - [`report`]: the text report of `probeok regress`.
 //!
 //! Consumers (alerts, weights, status page) read the [`DriftSnapshot`]: its findings (each
@@ -23,6 +24,7 @@
 
 pub mod api;
 pub mod compare;
+pub mod events;
 pub mod report;
 pub mod runner;
 pub mod sets;

@@ -159,7 +159,8 @@ impl Ctx {
 }
 
 /// Loads the sets of `[drift] sets` and starts the runner. No folder (and no `[drift]`
-/// section naming one) means no sets: the runner publishes an empty snapshot and idles.
+/// section naming one), or `run_sets` off ([`crate::config::DriftConfig::no_sets`]), means no
+/// sets: the runner publishes an empty snapshot and idles.
 /// Bad sets are an error (`check-config` reports them with positions).
 pub async fn spawn(
     config: &Config,
@@ -171,7 +172,7 @@ pub async fn spawn(
     shutdown: CancellationToken,
 ) -> Result<DriftHandle, String> {
     let dir = config.drift_sets_dir();
-    let sets = if !dir.exists() && !config.drift.explicit {
+    let sets = if !config.drift.run_sets || (!dir.exists() && !config.drift.explicit) {
         Vec::new()
     } else {
         super::load_dir(&dir).map_err(|e| e.to_string())?

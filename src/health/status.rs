@@ -108,6 +108,13 @@ pub enum HealthEvent {
     FindingOpened { finding: Finding, at: DateTime<Utc> },
     /// A finding is no longer true.
     FindingClosed { finding: Finding, at: DateTime<Utc> },
+    /// A drift finding (regression sets, see [`crate::drift`]) was opened or closed; published
+    /// by [`crate::drift::events`], not by detection.
+    DriftFinding {
+        finding: Box<crate::drift::DriftFinding>,
+        opened: bool,
+        at: DateTime<Utc>,
+    },
 }
 
 /// The receiving end consumers hold.

@@ -334,9 +334,39 @@ impl FiguresCache {
     }
 }
 
+/// Detection's snapshot with drift's findings merged in: a route with an open drift finding
+/// (not just a model change) is `behavior_changed`, and its failure mode `behavior_changed`
+/// unless detection names a failure mode of its own (an outage or a slowdown says more about
+/// what to do first; the detector's judgement is never overwritten).
+pub fn with_drift(
+    health: Arc<HealthSnapshot>,
+    drift: &crate::drift::DriftSnapshot,
+) -> Arc<HealthSnapshot> {
+    if !health
+        .routes
+        .iter()
+        .any(|r| drift.behavior_changed(&r.route))
+    {
+        return health;
+    }
+    let mut merged = (*health).clone();
+    for r in &mut merged.routes {
+        if drift.behavior_changed(&r.route) {
+            r.behavior_changed = true;
+            r.failure_mode
+                .get_or_insert(crate::health::FailureMode::BehaviorChanged);
+        }
+    }
+    Arc::new(merged)
+}
+
 /// `GET /api/v1/status`.
 pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let health = state.health.borrow().clone();
+    let mut health = state.health.borrow().clone();
+    if let Some(drift) = &state.drift {
+        let drift = drift.borrow().clone();
+        health = with_drift(health, &drift);
+    }
     let now = state.clock.now();
     let figures = state.figures.get(&state.store, now).await?;
     let routes = state.routes.clone();
@@ -412,19 +442,61 @@ pub fn outcome_json(o: &ProbeOutcome) -> Value {
     })
 }
 
+/// What `GET /api/v1/incidents` asks for: `?limit=N` (bounded), `?route=ID`, `?since=RFC3339`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IncidentQuery {
+    /// At most this many, newest first.
+    pub limit: usize,
+    /// Only this route's incidents.
+    pub route: Option<RouteId>,
+    /// Only incidents still open at or after this time (open now, or closed since).
+    pub since: Option<DateTime<Utc>>,
+}
+
+impl IncidentQuery {
+    pub fn latest(limit: usize) -> Self {
+        Self {
+            limit,
+            route: None,
+            since: None,
+        }
+    }
+}
+
 /// Where `/api/v1/incidents` reads from. Called on a blocking thread.
 ///
-/// Today the only source is [`SnapshotIncidents`] (the open incidents of the health
-/// snapshot, without transitions); when the incident and transition tables land in the store,
-/// a store-backed source implements this and replaces it in `AppState`.
+/// The service uses [`StoreIncidents`] (the incident history with every transition);
+/// [`SnapshotIncidents`] (the open incidents of the health snapshot, without transitions)
+/// serves harnesses that have no detection tables to read.
 pub trait IncidentSource: Send + Sync + 'static {
-    /// Newest first, at most `limit`.
+    /// Newest first, at most `query.limit`, filtered by `query.route` / `query.since`.
     fn incidents(
         &self,
         store: &Store,
         health: &HealthSnapshot,
-        limit: usize,
+        query: &IncidentQuery,
     ) -> Result<Vec<Incident>, StoreError>;
+}
+
+/// The incident history of the store (`incidents` and `transitions` tables, written by the
+/// health service): open and closed incidents, newest first, each with all its transitions
+/// and their evidence.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StoreIncidents;
+
+impl IncidentSource for StoreIncidents {
+    fn incidents(
+        &self,
+        store: &Store,
+        _health: &HealthSnapshot,
+        query: &IncidentQuery,
+    ) -> Result<Vec<Incident>, StoreError> {
+        store.reader()?.incidents(
+            query.route.as_ref(),
+            query.since.unwrap_or(DateTime::UNIX_EPOCH),
+            query.limit,
+        )
+    }
 }
 
 /// The open incidents of the health snapshot.
@@ -436,11 +508,12 @@ impl IncidentSource for SnapshotIncidents {
         &self,
         _store: &Store,
         health: &HealthSnapshot,
-        limit: usize,
+        query: &IncidentQuery,
     ) -> Result<Vec<Incident>, StoreError> {
         let mut open: Vec<Incident> = health
             .routes
             .iter()
+            .filter(|s| query.route.as_ref().is_none_or(|r| r == &s.route))
             .filter_map(|s| {
                 s.incident.as_ref().map(|i| Incident {
                     id: i.id.clone(),
@@ -454,23 +527,59 @@ impl IncidentSource for SnapshotIncidents {
             })
             .collect();
         open.sort_by_key(|i| std::cmp::Reverse(i.opened_at));
-        open.truncate(limit);
+        open.truncate(query.limit);
         Ok(open)
     }
 }
 
-/// `GET /api/v1/incidents?limit=N`: `{"incidents":[{id, route, opened_at, closed_at, peak,
-/// failure_mode, transitions}]}`, newest first.
+#[derive(Debug, Deserialize)]
+pub struct IncidentsParams {
+    limit: Option<String>,
+    route: Option<String>,
+    since: Option<String>,
+}
+
+/// `GET /api/v1/incidents?limit=N&route=ID&since=RFC3339`: `{"incidents":[{id, route,
+/// opened_at, closed_at, peak, failure_mode, transitions:[{route, from, to, at, reason,
+/// failure_mode, evidence, incident_id}]}]}`, newest first. An unknown route is 404, a bad
+/// `limit` or `since` 400.
 pub async fn incidents(
     State(state): State<AppState>,
-    q: Result<Query<LimitQuery>, QueryRejection>,
+    q: Result<Query<IncidentsParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = limit(q)?;
+    let Query(p) = q.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
+    let limit = limit(Ok(Query(LimitQuery { limit: p.limit })))?;
+    let route = match p.route {
+        None => None,
+        Some(id) => Some(
+            RouteId::parse(&id)
+                .filter(|id| state.routes.iter().any(|r| &r.id == id))
+                .ok_or_else(|| ApiError::NotFound(format!("unknown route {id:?}")))?,
+        ),
+    };
+    let since = match p.since {
+        None => None,
+        Some(s) => Some(
+            DateTime::parse_from_rfc3339(s.trim())
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| {
+                    ApiError::bad_request(
+                        "bad_query",
+                        format!("since must be an RFC 3339 time, got {s:?}: {e}"),
+                    )
+                })?,
+        ),
+    };
+    let query = IncidentQuery {
+        limit,
+        route,
+        since,
+    };
     let health = state.health.borrow().clone();
     let (source, store): (Arc<dyn IncidentSource>, Store) =
         (state.incidents.clone(), state.store.clone());
     let list =
-        tokio::task::spawn_blocking(move || source.incidents(&store, &health, limit)).await??;
+        tokio::task::spawn_blocking(move || source.incidents(&store, &health, &query)).await??;
     Ok(Json(json!({ "incidents": list })))
 }
 

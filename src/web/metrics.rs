@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
 use axum::http::header;
@@ -30,6 +31,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use super::{ApiError, AppState};
+use crate::alert::AlertMetrics;
 use crate::health::{HealthSnapshot, State as RouteState};
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::{Route, RouteId};
@@ -67,6 +69,12 @@ struct IngestLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AlertLabels {
+    channel: String,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
 }
@@ -95,6 +103,10 @@ pub struct Metrics {
     route_state: Family<RouteLabels, Gauge>,
     route_weight: Family<WeightLabels, Gauge>,
     ingest_items: Family<IngestLabels, Counter>,
+    /// `probeok_alerts_total{channel,result}`, brought up to the alert engine's counts at
+    /// scrape time (channels come from the config, results are a fixed set).
+    alerts: Family<AlertLabels, Counter>,
+    alert_source: OnceLock<Arc<AlertMetrics>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -116,6 +128,7 @@ impl Metrics {
         let route_state = Family::<RouteLabels, Gauge>::default();
         let route_weight = Family::<WeightLabels, Gauge>::default();
         let ingest_items = Family::<IngestLabels, Counter>::default();
+        let alerts = Family::<AlertLabels, Counter>::default();
         registry.register(
             "probe_success",
             "1 when the route's last probe succeeded, else 0",
@@ -153,6 +166,11 @@ impl Metrics {
             ingest_items.clone(),
         );
         registry.register(
+            "alerts",
+            "Alert deliveries by channel and result (delivered, failed, dropped, suppressed)",
+            alerts.clone(),
+        );
+        registry.register(
             "build",
             "Build information",
             Info::new(BuildLabels {
@@ -179,7 +197,15 @@ impl Metrics {
             route_state,
             route_weight,
             ingest_items,
+            alerts,
+            alert_source: OnceLock::new(),
         }
+    }
+
+    /// Exports the alert engine's counters as `probeok_alerts_total` (read at scrape time).
+    /// The first call wins; later ones are ignored.
+    pub fn follow_alerts(&self, source: Arc<AlertMetrics>) {
+        let _ = self.alert_source.set(source);
     }
 
     /// Counts one outcome in. Passive outcomes and unconfigured routes are ignored.
@@ -253,6 +279,13 @@ impl Metrics {
                     model: labels.model.clone(),
                 })
                 .set(i64::from(weight));
+        }
+        if let Some(source) = self.alert_source.get() {
+            for (channel, result, n) in source.snapshot() {
+                let c = self.alerts.get_or_create(&AlertLabels { channel, result });
+                // The source only grows; bring the exported counter up to it.
+                c.inc_by(n.saturating_sub(c.get()));
+            }
         }
         let mut out = String::with_capacity(4096 + self.order.len() * 1024);
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;

@@ -40,7 +40,7 @@ use crate::secret::Secret;
 use crate::store::{Store, StoreError};
 use crate::weights::WeightsRx;
 
-pub use api::{FiguresCache, IncidentSource, SnapshotIncidents};
+pub use api::{FiguresCache, IncidentQuery, IncidentSource, SnapshotIncidents, StoreIncidents};
 pub use metrics::Metrics;
 
 /// A job whose heartbeat is older than this makes `/readyz` fail.
@@ -71,6 +71,9 @@ pub struct AppState {
     pub ingest_token: Option<Secret>,
     /// Where `/api/v1/incidents` reads incidents from.
     pub incidents: Arc<dyn IncidentSource>,
+    /// Drift's findings, when a drift runner runs: `/api/v1/status` shows a route with an open
+    /// drift finding as `behavior_changed`.
+    pub drift: Option<crate::drift::DriftRx>,
     /// The store figures `/api/v1/status` reuses for a few seconds.
     pub figures: Arc<FiguresCache>,
     /// Cancelled at shutdown: long-polls and SSE streams end on it so graceful shutdown is
@@ -120,18 +123,39 @@ fn table() -> Vec<(Endpoint, MethodRouter<AppState>)> {
     ]
 }
 
-/// Every endpoint the router serves.
+/// The endpoints of the router fragments [`router`] merges: the admin silences
+/// ([`crate::alert::silences::router`]) and `GET /api/v1/drift` ([`crate::drift::api`], merged
+/// when `AppState::drift` is set). Listed here so the OpenAPI test sees them too.
+fn merged() -> Vec<Endpoint> {
+    vec![
+        ep(Method::GET, "/api/v1/drift"),
+        ep(Method::GET, "/api/v1/admin/silences"),
+        ep(Method::POST, "/api/v1/admin/silences"),
+        ep(Method::DELETE, "/api/v1/admin/silences/{id}"),
+    ]
+}
+
+/// Every endpoint the router serves (its own table and the merged fragments).
 pub fn endpoints() -> Vec<Endpoint> {
-    table().into_iter().map(|(e, _)| e).collect()
+    table()
+        .into_iter()
+        .map(|(e, _)| e)
+        .chain(merged())
+        .collect()
 }
 
 pub fn router(state: AppState) -> Router {
-    table()
+    let drift = state.drift.clone().map(crate::drift::api::router);
+    let router = table()
         .into_iter()
         .fold(Router::new(), |r, (e, handler)| r.route(e.path, handler))
         .merge(crate::alert::silences::router())
         .fallback(not_found)
-        .with_state(state)
+        .with_state(state);
+    match drift {
+        Some(d) => router.merge(d),
+        None => router,
+    }
 }
 
 /// The process is up and serving HTTP.

@@ -54,6 +54,84 @@ fn limit_param() -> Value {
 }
 
 fn schemas() -> Value {
+    let mut all = core_schemas();
+    if let (Value::Object(all), Value::Object(more)) = (&mut all, drift_and_admin_schemas()) {
+        all.extend(more);
+    }
+    all
+}
+
+/// `GET /api/v1/drift` and the admin silences.
+fn drift_and_admin_schemas() -> Value {
+    json!({
+        "DriftFinding": {
+            "type": "object", "required": ["id", "route", "set", "kind", "severity", "detected_at", "summary", "evidence"],
+            "properties": {
+                "id": {"type": "string", "description": "route|set|kind, stable while the finding lasts"},
+                "route": {"type": "string"}, "set": {"type": "string"},
+                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed"]},
+                "severity": {"type": "string", "enum": ["info", "warning"]},
+                "failure_mode": {"type": "string", "nullable": true},
+                "detected_at": {"type": "string", "format": "date-time"},
+                "summary": {"type": "string"},
+                "evidence": {"type": "object", "properties": {
+                    "test": {"type": "string"}, "p_value": {"type": "number", "nullable": true},
+                    "before": {"$ref": "#/components/schemas/RateSample"},
+                    "after": {"$ref": "#/components/schemas/RateSample"},
+                    "runs": {"type": "array", "items": {"type": "object"}},
+                    "length": {"type": "object", "nullable": true},
+                    "model": {"type": "object", "nullable": true},
+                    "examples": {"type": "array", "items": {"type": "object", "properties": {
+                        "case": {"type": "string"},
+                        "failures": {"type": "array", "items": {"type": "object"}},
+                        "before": {"type": "string", "nullable": true},
+                        "after": {"type": "string", "nullable": true}}}}}}
+            }
+        },
+        "RateSample": {"type": "object", "properties": {
+            "runs": {"type": "integer"}, "passed": {"type": "integer"}, "total": {"type": "integer"},
+            "rate": {"type": "number", "nullable": true}}},
+        "Drift": {
+            "type": "object", "required": ["generated_at", "findings", "sets"],
+            "properties": {
+                "generated_at": {"type": "string", "format": "date-time"},
+                "findings": {"type": "array", "items": {"$ref": "#/components/schemas/DriftFinding"}},
+                "sets": {"type": "array", "items": {"type": "object", "properties": {
+                    "route": {"type": "string"}, "set": {"type": "string"},
+                    "runs": {"type": "array", "items": {"type": "object", "properties": {
+                        "started_at": {"type": "string", "format": "date-time"},
+                        "passed": {"type": "integer"}, "answered": {"type": "integer"}, "errors": {"type": "integer"},
+                        "failed": {"type": "array", "items": {"type": "string"}},
+                        "model": {"type": "string", "nullable": true}}}}}}}
+            }
+        },
+        "Silence": {
+            "type": "object", "required": ["id", "routes", "starts_at", "ends_at"],
+            "properties": {
+                "id": {"type": "string"},
+                "routes": {"type": "array", "items": {"type": "string"}, "description": "Globs over route ids; * silences everything"},
+                "starts_at": {"type": "string", "format": "date-time"},
+                "ends_at": {"type": "string", "format": "date-time"},
+                "comment": {"type": "string"}, "created_by": {"type": "string"},
+                "created_at": {"type": "string", "format": "date-time"}
+            }
+        },
+        "NewSilence": {
+            "type": "object", "required": ["routes"],
+            "properties": {
+                "routes": {"type": "array", "items": {"type": "string"}},
+                "starts_at": {"type": "string", "format": "date-time"},
+                "ends_at": {"type": "string", "format": "date-time", "description": "Either ends_at or duration"},
+                "duration": {"type": "string", "example": "2h"},
+                "comment": {"type": "string"}, "created_by": {"type": "string"}
+            }
+        },
+        "Silences": {"type": "object", "required": ["silences"],
+            "properties": {"silences": {"type": "array", "items": {"$ref": "#/components/schemas/Silence"}}}}
+    })
+}
+
+fn core_schemas() -> Value {
     json!({
         "Error": {
             "type": "object", "required": ["error"],
@@ -140,7 +218,10 @@ fn schemas() -> Value {
                 "failure_mode": {"type": "string", "nullable": true},
                 "transitions": {"type": "array", "items": {"type": "object", "properties": {
                     "from": state_enum(), "to": state_enum(), "at": {"type": "string", "format": "date-time"},
-                    "reason": {"$ref": "#/components/schemas/Reason"}}}}
+                    "reason": {"$ref": "#/components/schemas/Reason"},
+                    "failure_mode": {"type": "string", "nullable": true},
+                    "evidence": {"type": "object", "description": "What the detector decided on: observed outcome, signals, baselines, thresholds, error rate"},
+                    "incident_id": {"type": "string", "nullable": true}}}}
             }
         },
         "Incidents": {
@@ -217,8 +298,16 @@ fn paths() -> Value {
             "responses": {"200": json_response("Outcomes", "Probes"), "400": error_response("Bad limit"),
                           "404": error_response("Unknown route")}}},
         "/api/v1/incidents": {"get": {"summary": "Incidents with transitions, newest first", "operationId": "incidents",
-            "parameters": [limit_param()],
-            "responses": {"200": json_response("Incidents", "Incidents"), "400": error_response("Bad limit")}}},
+            "parameters": [
+                limit_param(),
+                {"name": "route", "in": "query", "required": false,
+                 "description": "Only this route's incidents (provider/region/model)", "schema": {"type": "string"}},
+                {"name": "since", "in": "query", "required": false,
+                 "description": "Only incidents open at or after this time (still open, or closed since)",
+                 "schema": {"type": "string", "format": "date-time"}}
+            ],
+            "responses": {"200": json_response("Incidents", "Incidents"), "400": error_response("Bad limit or since"),
+                          "404": error_response("Unknown route")}}},
         "/api/v1/weights": {"get": {
             "summary": "Traffic weights per logical model", "operationId": "weights",
             "parameters": [
@@ -239,6 +328,30 @@ fn paths() -> Value {
             "parameters": [{"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "string"}}],
             "responses": {"200": {"description": "Event stream",
                 "content": {"text/event-stream": {"schema": {"type": "string"}}}}}}},
+        "/api/v1/drift": {"get": {"summary": "Drift findings with evidence, and every (route, set)'s latest regression runs",
+            "operationId": "drift",
+            "responses": {"200": json_response("Drift findings", "Drift")}}},
+        "/api/v1/admin/silences": {
+            "get": {"summary": "Silences not yet ended", "operationId": "listSilences",
+                "security": [{"adminToken": []}],
+                "responses": {"200": json_response("Silences", "Silences"),
+                    "401": error_response("Missing or wrong token"),
+                    "403": error_response("Admin endpoints off (token variable unset)")}},
+            "post": {"summary": "Silence alerts for routes matching globs, for a while", "operationId": "createSilence",
+                "security": [{"adminToken": []}],
+                "requestBody": {"required": true,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewSilence"}}}},
+                "responses": {"201": json_response("Created", "Silence"),
+                    "400": error_response("Invalid silence"),
+                    "401": error_response("Missing or wrong token"),
+                    "403": error_response("Admin endpoints off (token variable unset)")}}},
+        "/api/v1/admin/silences/{id}": {"delete": {"summary": "End a silence now", "operationId": "deleteSilence",
+            "security": [{"adminToken": []}],
+            "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "responses": {"204": {"description": "Deleted"},
+                "401": error_response("Missing or wrong token"),
+                "403": error_response("Admin endpoints off (token variable unset)"),
+                "404": error_response("No such silence")}}},
         "/api/v1/ingest": {"post": {
             "summary": "Passive outcomes from proxies and remote agents",
             "operationId": "ingest",
@@ -268,7 +381,11 @@ pub fn document() -> Value {
         "paths": paths(),
         "components": {
             "schemas": schemas(),
-            "securitySchemes": {"ingestToken": {"type": "http", "scheme": "bearer"}}
+            "securitySchemes": {
+                "ingestToken": {"type": "http", "scheme": "bearer"},
+                "adminToken": {"type": "http", "scheme": "bearer",
+                    "description": "The admin token (`server.admin_token_env`); admin endpoints answer 403 admin_disabled while it is unset"}
+            }
         }
     })
 }

@@ -177,6 +177,7 @@ impl Harness {
             weights,
             ingest_token: opts.ingest_token.map(Secret::new),
             incidents: Arc::new(SnapshotIncidents),
+            drift: None,
             figures: Default::default(),
             shutdown: shutdown.clone(),
         };
@@ -223,5 +224,79 @@ pub struct Served {
 impl Served {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+}
+
+/// A drift finding on `route` with evidence (pass rate 20/20 → 4/10, two example answers).
+pub fn drift_finding(route: &str, kind: probeok::drift::DriftKind) -> probeok::drift::DriftFinding {
+    use probeok::drift::*;
+    let t = at("2026-03-04T11:00:00Z");
+    let sample = |passed, total| RateSample {
+        runs: 2,
+        passed,
+        total,
+        rate: Some(passed as f64 / total as f64),
+    };
+    DriftFinding {
+        id: DriftFinding::key(&id(route), "format", kind),
+        route: id(route),
+        set: "format".into(),
+        kind,
+        severity: if kind == DriftKind::ModelChanged {
+            Severity::Info
+        } else {
+            Severity::Warning
+        },
+        failure_mode: (kind != DriftKind::ModelChanged)
+            .then_some(probeok::health::FailureMode::BehaviorChanged),
+        detected_at: t,
+        summary: format!("{route}: format pass rate fell from 100% to 40%"),
+        evidence: Evidence {
+            test: "fisher_exact_one_sided".into(),
+            p_value: Some(0.00012),
+            before: sample(20, 20),
+            after: sample(4, 10),
+            runs: Vec::new(),
+            length: None,
+            model: None,
+            examples: (0..5)
+                .map(|i| Example {
+                    case: format!("case{i}"),
+                    failures: Vec::new(),
+                    before: Some("PROBE_OK".into()),
+                    after: Some(format!("Sure! Here is the answer: {}", "x".repeat(500))),
+                })
+                .collect(),
+        },
+    }
+}
+
+/// A drift snapshot with these findings, and `failing` routes whose latest two runs of set
+/// `format` both had failing cases (the quality gate's input).
+pub fn drift_snapshot(
+    findings: Vec<probeok::drift::DriftFinding>,
+    failing: &[&str],
+) -> probeok::drift::DriftSnapshot {
+    use probeok::drift::*;
+    let t = at("2026-03-04T11:00:00Z");
+    let run = |i: i64| RunSummary {
+        started_at: t + chrono::Duration::hours(i),
+        passed: 3,
+        answered: 5,
+        errors: 0,
+        failed: vec!["json: json_schema".into(), "list: regex".into()],
+        model: None,
+    };
+    DriftSnapshot {
+        generated_at: t,
+        findings,
+        sets: failing
+            .iter()
+            .map(|r| SetStatus {
+                route: id(r),
+                set: "format".into(),
+                runs: vec![run(0), run(1)],
+            })
+            .collect(),
     }
 }

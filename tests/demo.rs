@@ -1,0 +1,74 @@
+//! The built-in demo runs no regression sets: the simulator answers the shipped sets'
+//! prompts generically, so every backup would fail the quality gate. Every demo route gets
+//! its share at start, and the backups take over with non-zero weights when the primaries go.
+
+use std::sync::Arc;
+
+use probeok::clock::{Clock, SystemClock};
+use probeok::health::{HealthSnapshot, State};
+use probeok::probe::ProbeClient;
+use probeok::route::{RouteId, Tier};
+use probeok::store::{Store, StoreOptions};
+use probeok::weights::{compute_with_drift, Policy};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn the_demo_runs_no_regression_sets_and_every_route_can_carry_traffic() {
+    let shutdown = CancellationToken::new();
+    let demo = probeok::demo::start(shutdown.clone()).await.unwrap();
+    assert!(!demo.config.drift.run_sets);
+    // The shipped sets are right here (tests run in the crate root): the demo must ignore them.
+    assert!(demo.config.drift_sets_dir().is_dir());
+    let routes = demo.config.routes();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("demo.db"), StoreOptions::default()).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let client = ProbeClient::new(&routes, clock.clone()).unwrap();
+    let drift = probeok::drift::spawn(
+        &demo.config,
+        &routes,
+        client,
+        store.clone(),
+        clock.clone(),
+        probeok::drift::RunnerOptions::default(),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    assert!(drift.jobs.is_empty(), "no drift job: {:?}", drift.jobs);
+    let snapshot = drift.rx.borrow().clone();
+    assert!(snapshot.sets.is_empty() && snapshot.findings.is_empty());
+    drift.task.await.unwrap();
+
+    let policy = Policy::from_config(&demo.config);
+    let ids: Vec<RouteId> = routes.iter().map(|r| r.id.clone()).collect();
+    let now = clock.now();
+    let start = HealthSnapshot::initial(&ids, now);
+    let models = compute_with_drift(&routes, &start, Some(&snapshot), &policy);
+    for (serves, m) in &models {
+        for e in &m.entries {
+            assert_ne!(e.reason, "regression_failed", "{serves}: {}", e.route);
+            if e.tier == Tier::Primary {
+                assert!(e.weight > 0, "{serves}: {} has weight 0 at start", e.route);
+            }
+        }
+    }
+    // Every primary down: the backups carry the traffic, each with a non-zero weight.
+    let mut down = start.clone();
+    for (s, r) in down.routes.iter_mut().zip(&routes) {
+        if r.tier == Tier::Primary {
+            s.state = State::Critical;
+        } else {
+            s.state = State::Normal;
+        }
+    }
+    let models = compute_with_drift(&routes, &down, Some(&snapshot), &policy);
+    for (serves, m) in &models {
+        assert_eq!(m.serving.tier, Some(Tier::Backup), "{serves}");
+        for e in m.entries.iter().filter(|e| e.tier == Tier::Backup) {
+            assert!(e.weight > 0, "{serves}: backup {} has weight 0", e.route);
+        }
+    }
+    shutdown.cancel();
+    store.close().await.unwrap();
+}
