@@ -255,9 +255,8 @@ pub async fn start(
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
     // `GET /api/v1/requests` (the proxy's metering) reads the store directly.
-    let web_store = store.clone();
     let web_task = tokio::spawn(async move {
-        let app = web::router(state).merge(crate::proxy::requests_router(web_store));
+        let app = web::router(state);
         axum::serve(listener, app)
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await

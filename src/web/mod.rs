@@ -129,6 +129,7 @@ fn table() -> Vec<(Endpoint, MethodRouter<AppState>)> {
 fn merged() -> Vec<Endpoint> {
     vec![
         ep(Method::GET, "/api/v1/drift"),
+        ep(Method::GET, "/api/v1/requests"),
         ep(Method::GET, "/api/v1/admin/silences"),
         ep(Method::POST, "/api/v1/admin/silences"),
         ep(Method::DELETE, "/api/v1/admin/silences/{id}"),
@@ -146,12 +147,14 @@ pub fn endpoints() -> Vec<Endpoint> {
 
 pub fn router(state: AppState) -> Router {
     let drift = state.drift.clone().map(crate::drift::api::router);
+    let requests = crate::proxy::requests_router(state.store.clone());
     let router = table()
         .into_iter()
         .fold(Router::new(), |r, (e, handler)| r.route(e.path, handler))
         .merge(crate::alert::silences::router())
         .fallback(not_found)
-        .with_state(state);
+        .with_state(state)
+        .merge(requests);
     match drift {
         Some(d) => router.merge(d),
         None => router,

@@ -331,6 +331,17 @@ fn paths() -> Value {
         "/api/v1/drift": {"get": {"summary": "Drift findings with evidence, and every (route, set)'s latest regression runs",
             "operationId": "drift",
             "responses": {"200": json_response("Drift findings", "Drift")}}},
+        "/api/v1/requests": {"get": {"summary": "Recent proxy requests with their attempts (metering), newest first",
+            "operationId": "requests",
+            "parameters": [
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                {"name": "route", "in": "query", "schema": {"type": "string"}},
+                {"name": "reason", "in": "query", "description": "Why an attempt moved on (e.g. timeout_before_first_byte)", "schema": {"type": "string"}},
+                {"name": "since", "in": "query", "description": "RFC 3339 time or a duration like 1h", "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "Metered requests",
+                "content": {"application/json": {"schema": {"type": "object", "required": ["requests"],
+                    "properties": {"requests": {"type": "array", "items": {"type": "object"}}}}}}},
+                "400": error_response("Bad query")}}},
         "/api/v1/admin/silences": {
             "get": {"summary": "Silences not yet ended", "operationId": "listSilences",
                 "security": [{"adminToken": []}],
