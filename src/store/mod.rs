@@ -45,7 +45,7 @@ pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
 pub use migrate::{latest_version, migrate, migrate_to, user_version};
 pub use rollups::{Granularity, Rollup};
-pub use stats::{quantile, Counts, Samples, MAX_SAMPLE_ROWS};
+pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
 pub use writer::{Writer, RETENTION_BATCH};
 
 use crate::probe::outcome::OutcomeKind;

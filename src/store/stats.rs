@@ -53,6 +53,9 @@ pub struct Samples {
     pub tokens_per_second: Vec<f64>,
 }
 
+/// Per route, `(UTC day start, counts)` oldest first: [`Reader::daily_counts_by_route`].
+pub type DailyCounts = HashMap<RouteId, Vec<(DateTime<Utc>, Counts)>>;
+
 /// Most raw rows [`Reader::recent_samples`] reads in one call (newest first): bounds a status
 /// request even when passive traffic floods the window.
 pub const MAX_SAMPLE_ROWS: usize = 500_000;
@@ -209,7 +212,7 @@ impl Reader {
         since: DateTime<Utc>,
         until: DateTime<Utc>,
         kinds: &[OutcomeKind],
-    ) -> Result<HashMap<RouteId, Vec<(DateTime<Utc>, Counts)>>, StoreError> {
+    ) -> Result<DailyCounts, StoreError> {
         let names = self.route_names()?;
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT route_id, bucket_start_ms, SUM(count), SUM(successes), SUM(good) FROM rollups
@@ -232,7 +235,7 @@ impl Reader {
                 ))
             },
         )?;
-        let mut out: HashMap<RouteId, Vec<(DateTime<Utc>, Counts)>> = HashMap::new();
+        let mut out: DailyCounts = HashMap::new();
         for row in rows {
             let (id, start, c) = row?;
             if let Some(route) = names.get(&id) {

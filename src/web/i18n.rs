@@ -6,6 +6,7 @@
 
 use crate::health::{fmt_ms, fmt_spread, Evidence, FailureMode, FindingKind, State};
 use crate::route::Tier;
+use State as St;
 
 /// The languages the pages speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,20 +303,15 @@ pub static ZH: Text = Text {
 };
 
 /// A state as the page names it: the SPEC code, with the Chinese word in front in Chinese.
-pub fn state(lang: Lang, s: State) -> String {
-    match lang {
-        Lang::En => s.as_str().to_owned(),
-        Lang::Zh => {
-            let zh = match s {
-                State::Unknown => "未知",
-                State::Normal => "正常",
-                State::Warning => "警告",
-                State::Degraded => "降级",
-                State::Critical => "严重",
-                State::Switched => "已切换",
-            };
-            format!("{zh} {}", s.as_str())
-        }
+pub fn state(lang: Lang, s: St) -> &'static str {
+    match (lang, s) {
+        (Lang::En, s) => s.as_str(),
+        (Lang::Zh, St::Unknown) => "未知 UNKNOWN",
+        (Lang::Zh, St::Normal) => "正常 NORMAL",
+        (Lang::Zh, St::Warning) => "警告 WARNING",
+        (Lang::Zh, St::Degraded) => "降级 DEGRADED",
+        (Lang::Zh, St::Critical) => "严重 CRITICAL",
+        (Lang::Zh, St::Switched) => "已切换 SWITCHED",
     }
 }
 
@@ -466,17 +462,12 @@ pub fn reason(lang: Lang, code: &str, f: &ReasonFigures, detail: &str) -> String
     }
 }
 
-/// The tooltip of one day bar: `2026-05-01: 99.82% up · DEGRADED`.
-pub fn day_title(lang: Lang, date: &str, ratio: Option<f64>, worst: Option<State>) -> String {
-    let up = match (ratio, lang) {
-        (Some(r), Lang::En) => format!("{} up", percent(r)),
-        (Some(r), Lang::Zh) => format!("可用 {}", percent(r)),
-        (None, Lang::En) => EN.no_data.to_owned(),
-        (None, Lang::Zh) => ZH.no_data.to_owned(),
-    };
-    match worst {
-        Some(s) => format!("{date}: {up} · {}", state(lang, s)),
-        None => format!("{date}: {up}"),
+/// The uptime part of a day bar's tooltip: `100%`, `99.82%`, or "no data".
+pub fn day_uptime(lang: Lang, ratio: Option<f64>) -> std::borrow::Cow<'static, str> {
+    match ratio {
+        Some(r) if r >= 1.0 => "100%".into(),
+        Some(r) => percent(r).into(),
+        None => lang.text().no_data.into(),
     }
 }
 
@@ -640,6 +631,20 @@ pub fn incident_what(lang: Lang, peak: State, mode: Option<FailureMode>, reason:
 /// Budget left: `87.5% · 37.8 min of 43.2 min`.
 pub fn budget_left(lang: Lang, fraction: f64, budget_min: f64) -> String {
     let left = fraction * budget_min;
+    if fraction < 0.0 {
+        return match lang {
+            Lang::En => format!(
+                "0% · overspent by {} (budget {})",
+                minutes(lang, -left),
+                minutes(lang, budget_min)
+            ),
+            Lang::Zh => format!(
+                "0% · 超支 {}（预算 {}）",
+                minutes(lang, -left),
+                minutes(lang, budget_min)
+            ),
+        };
+    }
     match lang {
         Lang::En => format!(
             "{:.1}% · {} of {}",

@@ -32,6 +32,7 @@
 //! traffic. Responses carry a CSP without inline script or style, `nosniff` and
 //! `Referrer-Policy: no-referrer`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -53,7 +54,7 @@ use crate::config::MaintenanceConfig;
 use crate::health::{fmt_ms, fmt_spread, HealthSnapshot, Incident, RouteStatus, State as St};
 use crate::probe::outcome::scrub;
 use crate::route::{Route, RouteId, Tier};
-use crate::store::{quantile, Counts, Granularity, Reader, Store, StoreError};
+use crate::store::{quantile, Counts, DailyCounts, Granularity, Reader, Store, StoreError};
 
 /// Days of bars.
 pub const DAYS: i64 = 90;
@@ -75,7 +76,7 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 #[derive(Debug, Default)]
 pub struct PageData {
     /// Daily synthetic counts of the last [`DAYS`] days per route, oldest first.
-    pub days: HashMap<RouteId, Vec<(DateTime<Utc>, Counts)>>,
+    pub days: DailyCounts,
     /// Incidents open at some time in the last [`DAYS`] days, newest first.
     pub incidents: Vec<Incident>,
 }
@@ -270,10 +271,20 @@ impl Chrome {
     }
 }
 
-/// One day bar.
+/// One day bar; its tooltip is `{date} {up} · {state}`.
 pub struct Bar {
     pub class: &'static str,
-    pub title: String,
+    pub date: Arc<str>,
+    pub up: Cow<'static, str>,
+    pub state: &'static str,
+}
+
+/// The [`DAYS`] UTC dates ending today, oldest first, formatted once per page.
+pub fn day_dates(now: DateTime<Utc>) -> Vec<Arc<str>> {
+    let first = Granularity::Day.bucket_start(now) - TimeDelta::days(DAYS - 1);
+    (0..DAYS)
+        .map(|i| Arc::from((first + TimeDelta::days(i)).format("%Y-%m-%d").to_string()))
+        .collect()
 }
 
 /// One route as the pages show it (`/` cards and the head of `/routes/{id}`).
@@ -283,7 +294,7 @@ pub struct RouteCard {
     pub href: String,
     pub tier: &'static str,
     pub state_class: &'static str,
-    pub state_text: String,
+    pub state_text: &'static str,
     pub since: String,
     pub reason: Option<String>,
     pub mode: Option<&'static str>,
@@ -304,7 +315,7 @@ pub struct RouteCard {
 pub struct Group {
     pub name: String,
     pub state_class: &'static str,
-    pub state_text: String,
+    pub state_text: &'static str,
     pub routes: Vec<RouteCard>,
 }
 
@@ -312,7 +323,7 @@ pub struct IncidentLine {
     pub route: String,
     pub href: String,
     pub state_class: &'static str,
-    pub state_text: String,
+    pub state_text: &'static str,
     pub mode: &'static str,
     pub opened: String,
     pub running: String,
@@ -397,6 +408,7 @@ pub fn day_state(c: &Counts, target: f64) -> Option<St> {
 pub fn day_bars(
     lang: Lang,
     now: DateTime<Utc>,
+    dates: &[Arc<str>],
     days: &[(DateTime<Utc>, Counts)],
     incidents: &[&Incident],
     target: f64,
@@ -435,16 +447,18 @@ pub fn day_bars(
     let mut tally: Vec<(Option<St>, usize)> = Vec::new();
     let bars = (0..n)
         .map(|i| {
-            let date = (first + TimeDelta::days(i as i64))
-                .format("%Y-%m-%d")
-                .to_string();
             match tally.iter_mut().find(|(s, _)| *s == worst[i]) {
                 Some((_, k)) => *k += 1,
                 None => tally.push((worst[i], 1)),
             }
             Bar {
                 class: day_class(worst[i]),
-                title: i18n::day_title(lang, &date, ratio[i], worst[i]),
+                date: dates.get(i).cloned().unwrap_or_else(|| Arc::from("")),
+                up: i18n::day_uptime(lang, ratio[i]),
+                // A normal day's tooltip says only its uptime: it is most days, and page weight counts.
+                state: worst[i]
+                    .filter(|s| *s != St::Normal)
+                    .map_or("", |s| i18n::state(lang, s)),
             }
         })
         .collect();
@@ -471,12 +485,15 @@ fn ratio(m: &HashMap<RouteId, Counts>, id: &RouteId, t: &Text) -> String {
 }
 
 /// One route's card from the snapshot and the cached figures.
+#[allow(clippy::too_many_arguments)] // the card's sources, each different
 pub fn route_card(
     lang: Lang,
     route: &Route,
     status: Option<&RouteStatus>,
     figures: &Figures,
     data: &PageData,
+    incidents: &[&Incident],
+    dates: &[Arc<str>],
     now: DateTime<Utc>,
 ) -> RouteCard {
     let t = lang.text();
@@ -500,12 +517,12 @@ pub fn route_card(
         };
         i18n::reason(lang, &r.code, &f, &scrub(&r.text))
     });
-    let incidents: Vec<&Incident> = data.incidents.iter().filter(|i| &i.route == id).collect();
     let (days, days_summary) = day_bars(
         lang,
         now,
+        dates,
         data.days.get(id).map_or(&[][..], Vec::as_slice),
-        &incidents,
+        incidents,
         route.slo,
     );
     let budget_min = (1.0 - route.slo) * 30.0 * 24.0 * 60.0;
@@ -630,16 +647,22 @@ pub fn status_page(
     let t = lang.text();
     let by_id: HashMap<&RouteId, &RouteStatus> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
+    let mut incidents_of: HashMap<&RouteId, Vec<&Incident>> = HashMap::new();
+    for i in &data.incidents {
+        incidents_of.entry(&i.route).or_default().push(i);
+    }
+    let dates = day_dates(now);
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of: HashMap<&str, usize> = HashMap::new();
     for r in routes {
         let status = by_id.get(&r.id).copied();
-        let card = route_card(lang, r, status, figures, data, now);
+        let incidents = incidents_of.get(&r.id).map_or(&[][..], Vec::as_slice);
+        let card = route_card(lang, r, status, figures, data, incidents, &dates, now);
         let gi = *group_of.entry(r.serves.as_str()).or_insert_with(|| {
             groups.push(Group {
                 name: r.serves.clone(),
                 state_class: "",
-                state_text: String::new(),
+                state_text: "",
                 routes: Vec::new(),
             });
             groups.len() - 1
@@ -803,15 +826,18 @@ pub struct Chart {
     pub label: String,
 }
 
+/// One 5-minute bucket: its start, p50 and p95 (ms).
+pub type ChartPoint = (DateTime<Utc>, Option<f64>, Option<f64>);
+
 /// p50/p95 per 5-minute bucket over the last 24 h, the baseline (mean ± σ, and the anomaly
 /// threshold) drawn behind as a band and a dashed line.
 pub fn chart(
     lang: Lang,
-    points: &[(DateTime<Utc>, Option<f64>, Option<f64>)],
+    points: &[ChartPoint],
     baseline: Option<(f64, f64, f64)>,
     now: DateTime<Utc>,
 ) -> Chart {
-    let (width, height, left, right, top, bottom) = (720u32, 220u32, 56u32, 710u32, 10u32, 190u32);
+    let (width, height, left, right, top, bottom) = (720u32, 220u32, 56u32, 692u32, 10u32, 190u32);
     let plot_w = f64::from(right - left);
     let plot_h = f64::from(bottom - top);
     let start = now - TimeDelta::hours(24);
@@ -829,7 +855,7 @@ pub fn chart(
         f64::from(left) + (s / 86_400.0).clamp(0.0, 1.0) * plot_w
     };
     let y = |v: f64| f64::from(bottom) - (v / top_v).clamp(0.0, 1.0) * plot_h;
-    let line = |pick: fn(&(DateTime<Utc>, Option<f64>, Option<f64>)) -> Option<f64>| {
+    let line = |pick: fn(&ChartPoint) -> Option<f64>| {
         points
             .iter()
             .filter_map(|p| pick(p).map(|v| format!("{:.1},{:.1}", x(p.0), y(v))))
@@ -903,9 +929,9 @@ fn nice_step(raw: f64) -> f64 {
 
 pub struct TimelineRow {
     pub at: String,
-    pub from: String,
+    pub from: &'static str,
     pub from_class: &'static str,
-    pub to: String,
+    pub to: &'static str,
     pub to_class: &'static str,
     pub reason: String,
     pub evidence: Vec<String>,
@@ -994,7 +1020,20 @@ pub async fn route(
             ),
             now,
         ),
-        r: route_card(lang, &route, status, &figures, &data, now),
+        r: route_card(
+            lang,
+            &route,
+            status,
+            &figures,
+            &data,
+            &data
+                .incidents
+                .iter()
+                .filter(|i| i.route == route.id)
+                .collect::<Vec<_>>(),
+            &day_dates(now),
+            now,
+        ),
         provider: route.provider.clone(),
         region: route.region.clone(),
         model: route.model.clone(),
@@ -1256,13 +1295,15 @@ mod tests {
             failure_mode: None,
             transitions: Vec::new(),
         };
-        let (bars, summary) = day_bars(Lang::En, now, &days, &[&inc], 0.999);
+        let (bars, summary) = day_bars(Lang::En, now, &day_dates(now), &days, &[&inc], 0.999);
         assert_eq!(bars.len(), 90);
         assert_eq!(bars[89].class, "d-none"); // today: no data
         assert_eq!(bars[88].class, "d-critical");
         assert_eq!(bars[87].class, "d-critical");
         assert_eq!(bars[86].class, "d-none");
-        assert!(bars[88].title.starts_with("2026-05-19: 100.00% up"));
+        assert_eq!(&*bars[88].date, "2026-05-19");
+        assert_eq!(bars[88].up, "100%");
+        assert_eq!(bars[88].state, "CRITICAL");
         assert!(summary.contains("CRITICAL 2"), "{summary}");
     }
 
