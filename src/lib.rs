@@ -45,7 +45,9 @@
 //!   on real change, serialised once per version, published on a `watch` channel.
 //! - [`web`]: the monitor's HTTP router — JSON API (status, probes, incidents, ingest), the
 //!   weights feed (ETag, long-poll, SSE), `/metrics` (OpenMetrics), `/api/openapi.json`,
-//!   `/healthz`, `/readyz`.
+//!   `/healthz`, `/readyz`, and the public HTML pages (`web::pages`: `/`, `/routes/{id}`,
+//!   `/incidents`, askama templates in `templates/`, zh/en words in `web::i18n`, the
+//!   stylesheet `static/style.css` served at `/static/style.css`).
 //! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate,
 //!   alert test).
 //! - [`app`]: wires the tasks together under one `CancellationToken`: scheduler → recorder →

@@ -48,7 +48,7 @@ pub use jobs::RetentionReport;
 pub use migrate::{latest_version, migrate, migrate_to, user_version};
 pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use rollups::{Granularity, Rollup};
-pub use stats::{quantile, Counts, Samples, MAX_SAMPLE_ROWS};
+pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
 pub use writer::{Writer, RETENTION_BATCH};
 
 use crate::probe::outcome::OutcomeKind;

@@ -53,6 +53,9 @@ pub struct Samples {
     pub tokens_per_second: Vec<f64>,
 }
 
+/// Per route, `(UTC day start, counts)` oldest first: [`Reader::daily_counts_by_route`].
+pub type DailyCounts = HashMap<RouteId, Vec<(DateTime<Utc>, Counts)>>;
+
 /// Most raw rows [`Reader::recent_samples`] reads in one call (newest first): bounds a status
 /// request even when passive traffic floods the window.
 pub const MAX_SAMPLE_ROWS: usize = 500_000;
@@ -197,6 +200,49 @@ impl Reader {
             out.entry(route.clone())
                 .or_insert_with(|| Rollup::empty(route.clone(), kind, g, start))
                 .merge(&one);
+        }
+        Ok(out)
+    }
+
+    /// Every route's daily buckets starting in `[since, until)` (UTC days), summed over
+    /// `kinds`, oldest first: the status page's day bars. One range scan of the rollups'
+    /// primary key, no histogram decoded.
+    pub fn daily_counts_by_route(
+        &self,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        kinds: &[OutcomeKind],
+    ) -> Result<DailyCounts, StoreError> {
+        let names = self.route_names()?;
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT route_id, bucket_start_ms, SUM(count), SUM(successes), SUM(good) FROM rollups
+             WHERE granularity_s = ?1 AND bucket_start_ms >= ?2 AND bucket_start_ms < ?3 AND {}
+             GROUP BY route_id, bucket_start_ms ORDER BY bucket_start_ms",
+            kind_filter_sql("kind", kinds)
+        ))?;
+        let from = to_ms(Granularity::Day.bucket_start(since));
+        let rows = stmt.query_map(
+            params![Granularity::Day.seconds(), from, to_ms(until)],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    Counts {
+                        count: u(r.get(2)?),
+                        successes: u(r.get(3)?),
+                        good: u(r.get(4)?),
+                    },
+                ))
+            },
+        )?;
+        let mut out: DailyCounts = HashMap::new();
+        for row in rows {
+            let (id, start, c) = row?;
+            if let Some(route) = names.get(&id) {
+                out.entry(route.clone())
+                    .or_default()
+                    .push((from_ms(start)?, c));
+            }
         }
         Ok(out)
     }

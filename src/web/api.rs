@@ -312,6 +312,9 @@ pub const FIGURES_TTL: Duration = Duration::from_secs(5);
 #[derive(Debug, Default)]
 pub struct FiguresCache {
     last: tokio::sync::Mutex<Option<(Instant, Arc<Figures>)>>,
+    /// The HTML pages' extra figures (day bars, incidents), reused the same way
+    /// (see [`super::pages::PageData`]).
+    pub(super) pages: tokio::sync::Mutex<Option<(Instant, Arc<super::pages::PageData>)>>,
 }
 
 impl FiguresCache {

@@ -6,6 +6,8 @@
 //! - [`feed`]: the weights feed — `/api/v1/weights` (ETag, long-poll) and its SSE stream.
 //! - [`metrics`]: `/metrics` (OpenMetrics via `prometheus-client`).
 //! - [`openapi`]: `/api/openapi.json`, checked against [`endpoints`] by a test.
+//! - [`pages`]: the public HTML pages `/`, `/routes/{id}`, `/incidents` (askama templates in
+//!   `templates/`, words in [`i18n`]) and `/static/style.css`.
 //!
 //! Every endpoint is listed once in [`endpoints`] (method, axum path, documented path), so the
 //! router and the OpenAPI document cannot drift apart unnoticed.
@@ -14,9 +16,11 @@
 
 pub mod api;
 pub mod feed;
+pub mod i18n;
 pub mod ingest;
 pub mod metrics;
 pub mod openapi;
+pub mod pages;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,6 +124,18 @@ fn table() -> Vec<(Endpoint, MethodRouter<AppState>)> {
         (ep(Method::GET, "/api/v1/weights"), get(feed::weights)),
         (ep(Method::GET, "/api/v1/weights/stream"), get(feed::stream)),
         (ep(Method::POST, "/api/v1/ingest"), post(ingest::handler)),
+        // The HTML pages (text/html; described in the OpenAPI document under the tag `pages`).
+        (ep(Method::GET, "/"), get(pages::status)),
+        (
+            Endpoint {
+                method: Method::GET,
+                path: "/routes/{*rest}",
+                doc_path: "/routes/{id}",
+            },
+            get(pages::route),
+        ),
+        (ep(Method::GET, "/incidents"), get(pages::incidents)),
+        (ep(Method::GET, "/static/style.css"), get(pages::stylesheet)),
     ]
 }
 

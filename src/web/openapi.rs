@@ -380,6 +380,47 @@ fn paths() -> Value {
     })
 }
 
+fn html_page(summary: &str, id: &str, not_found: bool) -> Value {
+    let mut responses = json!({
+        "200": {"description": "HTML page (no JavaScript; `?lang=zh|en`, else Accept-Language)",
+                "content": {"text/html": {"schema": {"type": "string"}}}},
+        "500": {"description": "Error page", "content": {"text/html": {"schema": {"type": "string"}}}}
+    });
+    if not_found {
+        responses["404"] = json!({"description": "Error page: unknown route", "content": {"text/html": {"schema": {"type": "string"}}}});
+    }
+    json!({"get": {"summary": summary, "operationId": id, "tags": ["pages"],
+        "parameters": [{"name": "lang", "in": "query", "required": false,
+            "schema": {"type": "string", "enum": ["zh", "en"]}}],
+        "responses": responses}})
+}
+
+/// The HTML pages and their stylesheet (see `super::pages`): not JSON, described so every
+/// endpoint of the router is in the document.
+fn with_pages(mut paths: Value) -> Value {
+    paths["/"] = html_page("Public status page", "statusPage", false);
+    let mut route = html_page(
+        "One route: 24 h latency chart, state timeline, incidents",
+        "routePage",
+        true,
+    );
+    if let Some(p) = route["get"]["parameters"].as_array_mut() {
+        p.push(json!({"name": "id", "in": "path", "required": true,
+            "description": "Route id provider/region/model; slashes raw or percent-encoded",
+            "schema": {"type": "string"}}));
+    }
+    paths["/routes/{id}"] = route;
+    paths["/incidents"] = html_page(
+        "Incident history and where this month's error budget went",
+        "incidentsPage",
+        false,
+    );
+    paths["/static/style.css"] = json!({"get": {"summary": "The pages' stylesheet",
+        "operationId": "stylesheet", "tags": ["pages"],
+        "responses": {"200": {"description": "CSS", "content": {"text/css": {"schema": {"type": "string"}}}}}}});
+    paths
+}
+
 /// The whole document.
 pub fn document() -> Value {
     json!({
@@ -389,7 +430,7 @@ pub fn document() -> Value {
             "version": env!("CARGO_PKG_VERSION"),
             "description": "Status, incidents, the weights feed, passive ingest and metrics of a probeok monitor. Times are RFC 3339 UTC; errors are {\"error\":{\"code\",\"message\"}}."
         },
-        "paths": paths(),
+        "paths": with_pages(paths()),
         "components": {
             "schemas": schemas(),
             "securitySchemes": {
