@@ -61,6 +61,20 @@ impl Default for Policy {
     }
 }
 
+/// The switch controller's say over one logical model (`crate::switch`): the share goes to
+/// `backup`, except `primary_share` percent that stays on (returns to) the primaries during a
+/// canary. Applies only while the backup is usable; otherwise the model's weights follow
+/// health alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SwitchOverride {
+    pub backup: RouteId,
+    /// 0 while switched; the canary ratio as a percentage (5, 25, 100) during a return.
+    pub primary_share: u8,
+}
+
+/// Overrides by logical model (`serves`).
+pub type Overrides = BTreeMap<String, SwitchOverride>;
+
 /// One route's weight within its logical model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WeightEntry {
@@ -75,7 +89,9 @@ pub struct WeightEntry {
     /// Stable code: `healthy`, `unjudged` (UNKNOWN, weighted as healthy), `standby` (usable,
     /// but a higher tier carries the traffic), `success_ratio_low`, `weight_zero`,
     /// `behavior_changed`, or detection's reason code for WARNING and worse (e.g.
-    /// `latency_above_baseline`, `error_rate_high`; the state name when it gave none).
+    /// `latency_above_baseline`, `error_rate_high`; the state name when it gave none);
+    /// under a switch override: `switched` (the backup carrying the share, and the primaries
+    /// it was moved from), `canary` (backup and primaries during a return).
     pub reason: String,
 }
 
@@ -179,7 +195,17 @@ fn success_tenths(ratio: Option<f64>) -> u64 {
 
 /// A route's score and the reason code that explains it (before tier selection).
 fn score(route: &Route, status: Option<&RouteStatus>, policy: &Policy) -> (u64, State, String) {
-    let state = status.map_or(State::Unknown, |s| s.state);
+    score_as(route, status, policy, status.map_or(State::Unknown, |s| s.state))
+}
+
+/// [`score`] as if the route were in `state` (a canary judges primaries by their judged
+/// state under the `SWITCHED` overlay).
+fn score_as(
+    route: &Route,
+    status: Option<&RouteStatus>,
+    policy: &Policy,
+    state: State,
+) -> (u64, State, String) {
     let health = health_tenths(state);
     let success = success_tenths(status.and_then(|s| s.success_ratio));
     let drifted = status.is_some_and(|s| s.behavior_changed);
@@ -230,6 +256,19 @@ pub fn compute(
     health: &HealthSnapshot,
     policy: &Policy,
 ) -> BTreeMap<String, ModelWeights> {
+    compute_with(routes, health, policy, &Overrides::new())
+}
+
+/// [`compute`] with the switch controller's overrides: for an overridden model whose backup
+/// is usable, the backup gets `100 − primary_share` and the primaries `primary_share`
+/// (split by their scores under their judged state, by configured weight when none
+/// scores); every other route of the model gets 0.
+pub fn compute_with(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    policy: &Policy,
+    overrides: &Overrides,
+) -> BTreeMap<String, ModelWeights> {
     let by_id: HashMap<&RouteId, &RouteStatus> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
     let mut groups: BTreeMap<&str, Vec<&Route>> = BTreeMap::new();
@@ -243,6 +282,11 @@ pub fn compute(
                 .iter()
                 .map(|r| score(r, by_id.get(&r.id).copied(), policy))
                 .collect();
+            if let Some(o) = overrides.get(serves) {
+                if let Some(m) = overridden(&members, &scored, &by_id, policy, o) {
+                    return (serves.to_owned(), m);
+                }
+            }
             let serving_tier = [Tier::Primary, Tier::Backup, Tier::Fallback]
                 .into_iter()
                 .find(|t| {
@@ -291,12 +335,91 @@ pub fn compute(
         .collect()
 }
 
+/// A model's weights under a switch override; `None` when its backup is not usable.
+fn overridden(
+    members: &[&Route],
+    scored: &[(u64, State, String)],
+    by_id: &HashMap<&RouteId, &RouteStatus>,
+    policy: &Policy,
+    o: &SwitchOverride,
+) -> Option<ModelWeights> {
+    let b = members.iter().position(|r| r.id == o.backup)?;
+    if scored[b].0 == 0 {
+        return None;
+    }
+    let primary_share = u64::from(o.primary_share.min(100));
+    let prim: Vec<usize> = (0..members.len())
+        .filter(|&i| members[i].tier == Tier::Primary)
+        .collect();
+    // Primaries by their judged state (their display state is SWITCHED).
+    let mut prim_scores: Vec<u64> = prim
+        .iter()
+        .map(|&i| {
+            let st = by_id.get(&members[i].id).copied();
+            score_as(members[i], st, policy, st.map_or(State::Unknown, |s| s.judged)).0
+        })
+        .collect();
+    if prim_scores.iter().all(|s| *s == 0) {
+        prim_scores = prim.iter().map(|&i| u64::from(members[i].weight)).collect();
+    }
+    let mut shares = vec![0u64; members.len()];
+    let split = largest_remainder(&prim_scores);
+    if primary_share > 0 && prim_scores.iter().any(|s| *s > 0) {
+        for (k, &i) in prim.iter().enumerate() {
+            shares[i] = u64::from(split[k]) * primary_share;
+        }
+        shares[b] = (100 - primary_share) * 100;
+    } else {
+        shares[b] = 1;
+    }
+    let weights = largest_remainder(&shares);
+    let reason = if primary_share > 0 { "canary" } else { "switched" };
+    let entries = members
+        .iter()
+        .zip(scored)
+        .zip(weights)
+        .map(|((r, (_, state, why)), weight)| WeightEntry {
+            route: r.id.clone(),
+            provider: r.provider.clone(),
+            region: r.region.clone(),
+            model: r.model.clone(),
+            tier: r.tier,
+            weight,
+            state: *state,
+            reason: if r.id == o.backup || r.tier == Tier::Primary {
+                reason.to_owned()
+            } else if weight == 0 && scored_usable(state) {
+                "standby".to_owned()
+            } else {
+                why.clone()
+            },
+        })
+        .collect();
+    let tier = if primary_share >= 100 {
+        Tier::Primary
+    } else {
+        Tier::Backup
+    };
+    Some(ModelWeights {
+        entries,
+        serving: Serving {
+            tier: Some(tier),
+            all_unhealthy: false,
+        },
+    })
+}
+
+fn scored_usable(state: &State) -> bool {
+    !matches!(state, State::Critical | State::Switched)
+}
+
 /// The versioned state of the weights: recompute on each health snapshot, bump the version
 /// only on a real change.
 #[derive(Debug)]
 pub struct Weights {
     routes: Arc<Vec<Route>>,
     policy: Policy,
+    overrides: Overrides,
     current: Arc<WeightsSnapshot>,
 }
 
@@ -311,8 +434,14 @@ impl Weights {
         Self {
             routes,
             policy,
+            overrides: Overrides::new(),
             current,
         }
+    }
+
+    /// Replaces the switch overrides; the next [`Weights::update`] applies them.
+    pub fn set_overrides(&mut self, overrides: Overrides) {
+        self.overrides = overrides;
     }
 
     pub fn current(&self) -> Arc<WeightsSnapshot> {
@@ -322,7 +451,7 @@ impl Weights {
     /// Recomputes; `Some(new version)` when a weight, state, reason code or serving tier
     /// changed, `None` (and no serialisation) otherwise.
     pub fn update(&mut self, health: &HealthSnapshot) -> Option<Arc<WeightsSnapshot>> {
-        let models = compute(&self.routes, health, &self.policy);
+        let models = compute_with(&self.routes, health, &self.policy, &self.overrides);
         if models == self.current.models {
             return None;
         }
@@ -341,21 +470,48 @@ impl Weights {
 /// publisher goes away first, the last weights stay published until shutdown.
 pub fn spawn_publisher(
     routes: Arc<Vec<Route>>,
+    health: HealthRx,
+    shutdown: CancellationToken,
+) -> WeightsRx {
+    spawn_publisher_with(routes, health, None, shutdown)
+}
+
+/// [`spawn_publisher`] that also follows the switch controller's overrides.
+pub fn spawn_publisher_with(
+    routes: Arc<Vec<Route>>,
     mut health: HealthRx,
+    mut overrides: Option<watch::Receiver<Arc<Overrides>>>,
     shutdown: CancellationToken,
 ) -> WeightsRx {
     let first = health.borrow_and_update().clone();
     let mut weights = Weights::new(routes, Policy::default(), &first);
+    if let Some(o) = &mut overrides {
+        weights.set_overrides((**o.borrow_and_update()).clone());
+        // Applies them to the first version (a new version only if they change anything).
+        let _ = weights.update(&first);
+    }
     let (tx, rx) = watch::channel(weights.current());
     tokio::spawn(async move {
+        let mut health_open = true;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                changed = health.changed() => {
+                changed = health.changed(), if health_open => {
                     if changed.is_err() {
-                        // No more health updates: keep the last weights until shutdown.
-                        shutdown.cancelled().await;
-                        break;
+                        // No more health updates: keep the last weights (overrides may
+                        // still change them) until shutdown.
+                        health_open = false;
+                        if overrides.is_none() {
+                            shutdown.cancelled().await;
+                            break;
+                        }
+                        continue;
+                    }
+                }
+                changed = next_overrides(&mut overrides) => {
+                    match changed {
+                        Some(o) => weights.set_overrides(o),
+                        None => overrides = None,
                     }
                 }
             }
@@ -367,6 +523,17 @@ pub fn spawn_publisher(
         }
     });
     rx
+}
+
+/// The next overrides (`None`: their sender is gone); pending forever without a receiver.
+async fn next_overrides(rx: &mut Option<watch::Receiver<Arc<Overrides>>>) -> Option<Overrides> {
+    match rx {
+        Some(r) => match r.changed().await {
+            Ok(()) => Some((**r.borrow_and_update()).clone()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]

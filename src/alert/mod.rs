@@ -139,6 +139,11 @@ pub enum Subject {
     BurnRate(burn::BurnAlert),
     /// A scheduled job stopped beating.
     Heartbeat { job: String, silent_s: u64 },
+    /// The switch controller moved a logical model's traffic, or could not
+    /// (`crate::switch`; `note` has the record's sentence).
+    Switch { serves: String, action: String },
+    /// The hourly extra-cost budget passed `degrade_at` (`crate::budget`).
+    Budget { used: f64, limit: f64 },
     /// `probeok alert test`.
     Test,
 }

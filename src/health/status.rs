@@ -108,6 +108,20 @@ pub enum HealthEvent {
     FindingOpened { finding: Finding, at: DateTime<Utc> },
     /// A finding is no longer true.
     FindingClosed { finding: Finding, at: DateTime<Utc> },
+    /// The switch controller moved a logical model's traffic, or could not (`crate::switch`).
+    Switch {
+        record: Box<crate::switch::SwitchRecord>,
+    },
+    /// The hourly extra-cost budget passed `degrade_at` (`crate::budget`): no new switch this
+    /// hour.
+    BudgetCrossed {
+        /// Spent + reserved.
+        used: f64,
+        limit: f64,
+        degrade_at: f64,
+        hour_start: DateTime<Utc>,
+        at: DateTime<Utc>,
+    },
 }
 
 /// The receiving end consumers hold.

@@ -26,6 +26,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0005_drift",
         include_str!("../../migrations/0005_drift.sql"),
     ),
+    (
+        "0007_switch",
+        include_str!("../../migrations/0007_switch.sql"),
+    ),
 ];
 
 /// The schema version this build expects.

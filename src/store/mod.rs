@@ -29,6 +29,7 @@ pub mod migrate;
 mod outcomes;
 mod rollups;
 mod stats;
+mod switch;
 mod writer;
 
 use std::path::{Path, PathBuf};

@@ -69,6 +69,11 @@ pub(crate) enum Command {
         run: Box<crate::drift::SetRun>,
         ack: Ack<()>,
     },
+    /// One switch controller record (`store/switch.rs`).
+    Switch {
+        record: Box<crate::switch::SwitchRecord>,
+        ack: Ack<()>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -92,7 +97,8 @@ impl Command {
             | Command::Heartbeat { ack, .. }
             | Command::Health { ack, .. }
             | Command::CheckWritable { ack }
-            | Command::DriftRun { ack, .. } => {
+            | Command::DriftRun { ack, .. }
+            | Command::Switch { ack, .. } => {
                 let _ = ack.send(result.map(|_| ()));
             }
             Command::Retention { ack, .. } | Command::Alert { ack, .. } => {
@@ -367,6 +373,10 @@ impl State {
                 }
                 Command::DriftRun { run, .. } => {
                     super::drift::insert_run(&tx, run)?;
+                    0
+                }
+                Command::Switch { record, .. } => {
+                    super::switch::insert(&tx, record)?;
                     0
                 }
                 Command::CheckWritable { .. } => {
