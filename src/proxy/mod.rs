@@ -42,6 +42,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::{Budget, Reservation};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ProxyConfig};
 use crate::probe::{ProbeError, ProbeOutcome};
@@ -81,6 +82,9 @@ struct Inner {
     /// Logical model → since when it has been served degraded (all weights 0).
     degraded_since: Mutex<HashMap<String, DateTime<Utc>>>,
     clock: Arc<dyn Clock>,
+    /// The hourly extra-cost budget (layer 5), once the app sets it: requests to non-primary
+    /// routes reserve their estimated maximum extra cost first.
+    budget: std::sync::OnceLock<Arc<Budget>>,
 }
 
 impl Proxy {
@@ -132,8 +136,15 @@ impl Proxy {
                 first_byte_overrides,
                 degraded_since: Mutex::new(HashMap::new()),
                 clock,
+                budget: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Accounts non-primary serving against `budget` from now on (once; a second call is
+    /// ignored).
+    pub fn set_budget(&self, budget: Arc<Budget>) {
+        let _ = self.inner.budget.set(budget);
     }
 
     /// Passive outcomes dropped because the queue was full.
@@ -422,6 +433,14 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
     let max = usize::try_from(p.config.max_attempts).unwrap_or(usize::MAX);
     let candidates: Vec<Arc<Route>> = plan.candidates.into_iter().take(max).collect();
     let mut failures: Vec<ProbeError> = Vec::new();
+    // Layer 5: what a non-primary attempt may cost extra, estimated at its maximum.
+    let prompt_tokens = select::estimate_prompt_tokens(&request);
+    let max_tokens = request
+        .get("max_tokens")
+        .or_else(|| request.get("max_completion_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(DEFAULT_MAX_TOKENS);
+    let mut budget_refused = false;
     for (i, route) in candidates.iter().enumerate() {
         let remaining = total_deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
@@ -437,6 +456,21 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
                 .unwrap_or(p.config.first_byte_timeout),
             stream_idle_timeout: p.config.stream_idle_timeout,
         };
+        let reservation: Option<Reservation> = match p.budget.get() {
+            Some(b) if route.tier != Tier::Primary => {
+                match b.reserve(&route.id, prompt_tokens, max_tokens) {
+                    Ok(r) => r,
+                    Err(refused) => {
+                        tracing::warn!(route = %route.id, %refused, "not sent to a non-primary route: the extra-cost budget cannot cover it");
+                        budget_refused = true;
+                        d.fallback_reason
+                            .get_or_insert_with(|| "extra_cost_budget".to_owned());
+                        continue;
+                    }
+                }
+            }
+            _ => None,
+        };
         d.attempts += 1;
         d.route = Some(route.id.clone());
         if d.fallback_reason.is_none() && route.tier != Tier::Primary && !plan.degraded {
@@ -449,6 +483,13 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
             .await
         {
             Attempt::Answer { body, outcome } => {
+                if let Some(r) = reservation {
+                    let (input, output) = usage(&body).unwrap_or((
+                        prompt_tokens,
+                        u64::from(outcome.output_tokens.unwrap_or(0)),
+                    ));
+                    r.settle(input, output);
+                }
                 p.passive.send(outcome);
                 let mut r = Response::new(Body::from(body));
                 r.headers_mut().insert(
@@ -463,6 +504,9 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
                 body,
                 outcome,
             } => {
+                if let Some(r) = reservation {
+                    r.release();
+                }
                 p.passive.send(outcome);
                 let mut r = Response::new(Body::from(body));
                 *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
@@ -470,7 +514,11 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
                 return r;
             }
             Attempt::Committed(c) => {
-                let mut r = Response::new(Body::from_stream(stream::body(*c, p.passive.clone())));
+                let mut r = Response::new(Body::from_stream(stream::body(
+                    *c,
+                    p.passive.clone(),
+                    reservation.map(|r| (r, prompt_tokens)),
+                )));
                 let h = r.headers_mut();
                 h.insert(
                     header::CONTENT_TYPE,
@@ -481,6 +529,9 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
                 return r;
             }
             Attempt::Failed { error, outcome } => {
+                if let Some(r) = reservation {
+                    r.release();
+                }
                 p.passive.send(outcome);
                 let class = class_of(&error);
                 if let ProbeError::RateLimited { retry_after_ms, .. } = &error {
@@ -498,7 +549,28 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
             }
         }
     }
+    if failures.is_empty() && budget_refused {
+        return error_body(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "upstream_error",
+            "extra_cost_budget_exhausted",
+            &format!("no primary route of `{model}` is usable and this hour's extra-cost budget for backups is spent; retry later"),
+        );
+    }
     exhausted(&model, &failures)
+}
+
+/// `max_tokens` assumed for the budget estimate when a request sets none.
+pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+/// `usage.{prompt_tokens, completion_tokens}` of a non-streamed answer.
+fn usage(body: &[u8]) -> Option<(u64, u64)> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let u = v.get("usage")?;
+    Some((
+        u.get("prompt_tokens")?.as_u64()?,
+        u.get("completion_tokens")?.as_u64()?,
+    ))
 }
 
 /// Every candidate failed (or the time ran out).

@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::attempt::{class_of, Class, Committed, PassiveSink};
+use crate::budget::Reservation;
 use crate::probe::sse::{BodyFault, ReadFault};
 use crate::probe::wire::{Step, StreamDecoder};
 use crate::probe::ProbeError;
@@ -35,17 +36,22 @@ struct State {
     c: Committed,
     phase: Phase,
     sink: PassiveSink,
+    /// The extra-cost reservation of a non-primary route and the prompt's estimated tokens:
+    /// settled with the metered output when the stream ends.
+    charge: Option<(Reservation, u64)>,
 }
 
 /// The client's body for a committed stream.
 pub(crate) fn body(
     c: Committed,
     sink: PassiveSink,
+    charge: Option<(Reservation, u64)>,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     let state = State {
         c,
         phase: Phase::First,
         sink,
+        charge,
     };
     futures_util::stream::unfold(state, |mut st| async move {
         let chunk = st.next().await?;
@@ -91,6 +97,9 @@ impl State {
             error,
             Some(c.decoder.collected()),
         );
+        if let Some((r, prompt)) = self.charge.take() {
+            r.settle(prompt, u64::from(outcome.output_tokens.unwrap_or(0)));
+        }
         self.sink.send(outcome);
     }
 
