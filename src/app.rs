@@ -265,11 +265,12 @@ pub async fn start(
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
     let web_task = tokio::spawn(async move {
-        axum::serve(listener, web::router(state)
-            .merge(drift_router)
-            .merge(switch_router))
-            .with_graceful_shutdown(web_shutdown.cancelled_owned())
-            .await
+        axum::serve(
+            listener,
+            web::router(state).merge(drift_router).merge(switch_router),
+        )
+        .with_graceful_shutdown(web_shutdown.cancelled_owned())
+        .await
     });
     tracing::info!(%addr, routes = routes.len(), store = %config.storage.path.display(), "probeok serving");
 

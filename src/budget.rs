@@ -413,7 +413,10 @@ pub(crate) mod tests {
         assert_eq!(b.snapshot().spent, 17.0);
         b.reserve(&id, 1, 1).unwrap().unwrap().release();
         assert_eq!(b.snapshot().spent, 17.0);
-        assert!(b.reserve(&RouteId::new("a", "x", "m"), 10, 10).unwrap().is_none());
+        assert!(b
+            .reserve(&RouteId::new("a", "x", "m"), 10, 10)
+            .unwrap()
+            .is_none());
         assert_eq!(b.total_for("chat"), 17.0);
     }
 }

@@ -180,7 +180,10 @@ pub enum Effect {
     /// Probe this backup now and report with [`Machine::pre_probed`].
     PreProbe(RouteId),
     /// Set or clear the `SWITCHED` overlay on these routes.
-    SetSwitched { routes: Vec<RouteId>, on: bool },
+    SetSwitched {
+        routes: Vec<RouteId>,
+        on: bool,
+    },
     /// The model's weights override (`None`: computed from health alone).
     Override(Option<SwitchOverride>),
     Record(SwitchRecord),
@@ -318,14 +321,7 @@ impl Machine {
             return Vec::new();
         }
         tracing::warn!(serves = %self.serves, cause = code, "switch refused: {text}");
-        let r = self.record(
-            Action::Blocked,
-            now,
-            code,
-            self.primaries.clone(),
-            to,
-            text,
-        );
+        let r = self.record(Action::Blocked, now, code, self.primaries.clone(), to, text);
         vec![Effect::Record(r)]
     }
 
@@ -515,8 +511,7 @@ impl Machine {
             None
         };
         let waited = now - wait_from >= span(self.cfg.return_after);
-        let healthy =
-            healthy_since.is_some_and(|h| now - h >= span(self.cfg.return_healthy_for));
+        let healthy = healthy_since.is_some_and(|h| now - h >= span(self.cfg.return_healthy_for));
         let dwelt = self.dwell_until.is_none_or(|u| now >= u);
         if !(waited && healthy && dwelt) {
             self.phase = Phase::Switched {
@@ -860,13 +855,14 @@ pub fn spawn(d: Driver, shutdown: CancellationToken) -> Spawned {
                                 m.pre_probed(&id, ok, detail);
                             }
                             Effect::SetSwitched { routes, on } => {
-                                if d
-                                    .commands
+                                if d.commands
                                     .send(HealthCommand::SetSwitched { routes, on })
                                     .await
                                     .is_err()
                                 {
-                                    tracing::error!("the health service has stopped; SWITCHED not set");
+                                    tracing::error!(
+                                        "the health service has stopped; SWITCHED not set"
+                                    );
                                 }
                             }
                             Effect::Override(o) => {
@@ -999,7 +995,10 @@ mod tests {
         let mut m = machine();
         assert!(m.step(&input(0, State::Degraded, State::Normal)).is_empty());
         let e = switch_at(&mut m, 90);
-        assert_eq!(records(&e), vec![(Action::Switch, "error_rate_high".into())]);
+        assert_eq!(
+            records(&e),
+            vec![(Action::Switch, "error_rate_high".into())]
+        );
         assert!(e.contains(&Effect::SetSwitched {
             routes: vec![id("qwen/cn/max")],
             on: true
@@ -1023,7 +1022,9 @@ mod tests {
         );
         assert_eq!(m.phase(), &Phase::Primary);
         // Nothing again until the retry, and the same cause is not recorded twice.
-        assert!(m.step(&input(30, State::Critical, State::Normal)).is_empty());
+        assert!(m
+            .step(&input(30, State::Critical, State::Normal))
+            .is_empty());
         assert!(m
             .step(&input(61, State::Critical, State::Normal))
             .is_empty());
@@ -1039,13 +1040,19 @@ mod tests {
     fn an_unhealthy_backup_or_no_budget_blocks() {
         let mut m = machine();
         let e = m.step(&input(0, State::Critical, State::Degraded));
-        assert_eq!(records(&e), vec![(Action::Blocked, "no_healthy_backup".into())]);
+        assert_eq!(
+            records(&e),
+            vec![(Action::Blocked, "no_healthy_backup".into())]
+        );
         let mut m = machine();
         m.step(&input(0, State::Critical, State::Normal));
         m.pre_probed(&id("deepseek/cn/v3"), true, "ok");
         let mut i = input(0, State::Critical, State::Normal);
         i.budget_allows = false;
-        assert_eq!(records(&m.step(&i)), vec![(Action::Blocked, "budget".into())]);
+        assert_eq!(
+            records(&m.step(&i)),
+            vec![(Action::Blocked, "budget".into())]
+        );
         assert_eq!(m.phase(), &Phase::Primary);
     }
 
@@ -1057,7 +1064,9 @@ mod tests {
         let mut now = 1;
         // Critical for 20 minutes, then normal.
         while now < 1200 {
-            assert!(m.step(&input(now, State::Critical, State::Normal)).is_empty());
+            assert!(m
+                .step(&input(now, State::Critical, State::Normal))
+                .is_empty());
             now += 30;
         }
         let mut stages = Vec::new();
@@ -1092,7 +1101,9 @@ mod tests {
         for now in (1700..1850).step_by(10) {
             assert!(m.step(&input(now, State::Normal, State::Normal)).is_empty());
         }
-        assert!(m.step(&input(1850, State::Warning, State::Normal)).is_empty());
+        assert!(m
+            .step(&input(1850, State::Warning, State::Normal))
+            .is_empty());
         let mut first = None;
         for now in (1860..2400).step_by(10) {
             if !m.step(&input(now, State::Normal, State::Normal)).is_empty() {

@@ -195,7 +195,12 @@ fn success_tenths(ratio: Option<f64>) -> u64 {
 
 /// A route's score and the reason code that explains it (before tier selection).
 fn score(route: &Route, status: Option<&RouteStatus>, policy: &Policy) -> (u64, State, String) {
-    score_as(route, status, policy, status.map_or(State::Unknown, |s| s.state))
+    score_as(
+        route,
+        status,
+        policy,
+        status.map_or(State::Unknown, |s| s.state),
+    )
 }
 
 /// [`score`] as if the route were in `state` (a canary judges primaries by their judged
@@ -356,7 +361,13 @@ fn overridden(
         .iter()
         .map(|&i| {
             let st = by_id.get(&members[i].id).copied();
-            score_as(members[i], st, policy, st.map_or(State::Unknown, |s| s.judged)).0
+            score_as(
+                members[i],
+                st,
+                policy,
+                st.map_or(State::Unknown, |s| s.judged),
+            )
+            .0
         })
         .collect();
     if prim_scores.iter().all(|s| *s == 0) {
@@ -373,7 +384,11 @@ fn overridden(
         shares[b] = 1;
     }
     let weights = largest_remainder(&shares);
-    let reason = if primary_share > 0 { "canary" } else { "switched" };
+    let reason = if primary_share > 0 {
+        "canary"
+    } else {
+        "switched"
+    };
     let entries = members
         .iter()
         .zip(scored)

@@ -364,9 +364,9 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
             (Lang::Zh, _) => format!("{serves}：灰度回切中"),
         },
         Subject::Budget { used, limit } => match lang {
-            Lang::En => format!(
-                "extra-cost budget at {used:.2} of {limit:.2} this hour: no new switch"
-            ),
+            Lang::En => {
+                format!("extra-cost budget at {used:.2} of {limit:.2} this hour: no new switch")
+            }
             Lang::Zh => format!("本小时额外成本预算已用 {used:.2} / {limit:.2}：不再切换"),
         },
         Subject::Test => w

@@ -15,9 +15,9 @@ use super::raw::{
 };
 use super::validate::Checker;
 use super::{
-    AlertChannelsConfig, AlertingConfig, BreakerConfig, BudgetConfig, Buckets, ChannelOptions, Config,
-    ConfigErrors, DetectionConfig, Diagnostic, DriftConfig, EgressConfig, EmailConfig, Loaded,
-    MaintenanceConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig,
+    AlertChannelsConfig, AlertingConfig, BreakerConfig, Buckets, BudgetConfig, ChannelOptions,
+    Config, ConfigErrors, DetectionConfig, Diagnostic, DriftConfig, EgressConfig, EmailConfig,
+    Loaded, MaintenanceConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig,
     RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
 };
 use crate::alert::{Lang, Severity};

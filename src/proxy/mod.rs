@@ -484,10 +484,8 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, d: &mut Disclosu
         {
             Attempt::Answer { body, outcome } => {
                 if let Some(r) = reservation {
-                    let (input, output) = usage(&body).unwrap_or((
-                        prompt_tokens,
-                        u64::from(outcome.output_tokens.unwrap_or(0)),
-                    ));
+                    let (input, output) = usage(&body)
+                        .unwrap_or((prompt_tokens, u64::from(outcome.output_tokens.unwrap_or(0))));
                     r.settle(input, output);
                 }
                 p.passive.send(outcome);
