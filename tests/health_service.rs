@@ -552,7 +552,9 @@ async fn egress_finding_then_a_provider_incident() {
                 opened += 1;
             }
             HealthEvent::FindingClosed { .. } => closed += 1,
-            HealthEvent::Transition { .. } => {}
+            HealthEvent::Transition { .. }
+            | HealthEvent::Switch { .. }
+            | HealthEvent::BudgetCrossed { .. } => {}
         }
     }
     assert_eq!((opened, closed), (1, 1));
