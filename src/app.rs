@@ -104,7 +104,7 @@ pub async fn start(
     let (health_events, _) = broadcast::channel(1024);
     // Alerts subscribe before detection can publish anything, so no event is missed.
     let alert_events = health_events.subscribe();
-    let health = HealthService::restore(
+    let mut health = HealthService::restore(
         &config,
         HealthOptions::default(),
         &store,
@@ -113,6 +113,7 @@ pub async fn start(
     )
     .await?;
     let health_rx = health.subscribe();
+    let health_commands = health.commands();
     // Detection ends once the recorder and the passive drain have dropped their senders.
     let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
     let health_task = tokio::spawn(health.run(detect_rx, shutdown.clone()));
@@ -142,7 +143,7 @@ pub async fn start(
     let (sched_tx, sched_rx) = mpsc::channel(1024);
     let scheduler_task = tokio::spawn(scheduler::run(
         routes.iter().cloned().map(Arc::new).collect(),
-        Arc::new(client),
+        Arc::new(client.clone()),
         clock.clone(),
         sched_tx,
         SchedulerOptions::default(),
@@ -168,13 +169,39 @@ pub async fn start(
 
     // Publishing (issue 5): weights follow health; metrics see every outcome; the ingest
     // token is read once here.
-    // Weights follow drift too: open findings (with `on_drift = "deweight"`) and the quality
-    // gate for backup and fallback routes.
-    let weights_rx = crate::weights::spawn_publisher_with(
+    // Layers 4–5 (issue 11): the hourly extra-cost budget (the proxy reserves against it), the
+    // switch controller (SWITCHED through detection's command channel, its overrides into
+    // the weights, `GET /api/v1/switches` merged into the web router below).
+    let budget = crate::budget::Budget::new(
+        config.budget.clone(),
+        &routes,
+        clock.clone(),
+        Some(health_events.clone()),
+    );
+    let switch = crate::switch::spawn(
+        crate::switch::Driver {
+            routes: Arc::new(routes.clone()),
+            cfg: config.switch.clone(),
+            health: health_rx.clone(),
+            commands: health_commands,
+            budget: budget.clone(),
+            prober: Arc::new(client.clone()),
+            store: store.clone(),
+            events: health_events.clone(),
+            clock: clock.clone(),
+            tick: Duration::from_secs(1),
+        },
+        shutdown.clone(),
+    );
+    let switch_router = crate::switch::router(switch.status.clone(), store.clone());
+    // Weights follow drift too (open findings with `on_drift = "deweight"`, the quality gate for
+    // backup and fallback routes) and the switch controller's overrides.
+    let weights_rx = crate::weights::spawn_publisher_full(
         Arc::new(routes.clone()),
         health_rx.clone(),
         Some(drift.rx.clone()),
         crate::weights::Policy::from_config(&config),
+        Some(switch.overrides.clone()),
         shutdown.clone(),
     );
 
@@ -191,6 +218,7 @@ pub async fn start(
         };
         let proxy =
             crate::proxy::Proxy::with_options(&config, proxy_weights, passive_tx.clone(), opts)?;
+        proxy.set_budget(budget.clone());
         tracing::info!(addr = %config.proxy.listen, "proxy serving");
         Some(tokio::spawn(crate::proxy::serve(
             proxy_listener,
@@ -256,7 +284,7 @@ pub async fn start(
     let web_shutdown = shutdown.clone();
     // `GET /api/v1/requests` (the proxy's metering) reads the store directly.
     let web_task = tokio::spawn(async move {
-        let app = web::router(state);
+        let app = web::router(state).merge(switch_router);
         axum::serve(listener, app)
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await
@@ -273,6 +301,7 @@ pub async fn start(
             let _ = alert_task.await;
             let _ = drift.task.await;
             let _ = drift_events.await;
+            let _ = switch.task.await;
             let web = web_task.await;
             if let Some(proxy) = proxy_task {
                 if let Ok(Err(e)) = proxy.await {

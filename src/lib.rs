@@ -43,6 +43,12 @@
 //!   keys (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`).
 //! - [`weights`]: health → integer traffic weights per logical model by tier, versioned only
 //!   on real change, serialised once per version, published on a `watch` channel.
+//! - [`switch`]: layer 4, the switch controller — a pure per-model machine (CRITICAL →
+//!   pre-probe the backup → budget → switch; min dwell, hourly cap, hysteresis; canary return
+//!   through the weights) and its thin driver; records in SQLite, `GET /api/v1/switches`.
+//! - [`budget`]: layer 5, the extra cost of non-primary serving per clock hour — reserve the
+//!   estimated maximum before a request, settle with the metered usage; `degrade_at` stops
+//!   new switches.
 //! - [`web`]: the monitor's HTTP router — JSON API (status, probes, incidents, ingest), the
 //!   weights feed (ETag, long-poll, SSE), `/metrics` (OpenMetrics), `/api/openapi.json`,
 //!   `/healthz`, `/readyz`, and the public HTML pages (`web::pages`: `/`, `/routes/{id}`,
@@ -55,6 +61,7 @@
 
 pub mod alert;
 pub mod app;
+pub mod budget;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -68,5 +75,6 @@ pub mod scheduler;
 pub mod secret;
 pub mod sim;
 pub mod store;
+pub mod switch;
 pub mod web;
 pub mod weights;

@@ -87,6 +87,20 @@ impl Policy {
     }
 }
 
+/// The switch controller's say over one logical model (`crate::switch`): the share goes to
+/// `backup`, except `primary_share` percent that stays on (returns to) the primaries during a
+/// canary. Applies only while the backup is usable; otherwise the model's weights follow
+/// health alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SwitchOverride {
+    pub backup: RouteId,
+    /// 0 while switched; the canary ratio as a percentage (5, 25, 100) during a return.
+    pub primary_share: u8,
+}
+
+/// Overrides by logical model (`serves`).
+pub type Overrides = BTreeMap<String, SwitchOverride>;
+
 /// One route's weight within its logical model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WeightEntry {
@@ -101,7 +115,9 @@ pub struct WeightEntry {
     /// Stable code: `healthy`, `unjudged` (UNKNOWN, weighted as healthy), `standby` (usable,
     /// but a higher tier carries the traffic), `success_ratio_low`, `weight_zero`,
     /// `behavior_changed`, or detection's reason code for WARNING and worse (e.g.
-    /// `latency_above_baseline`, `error_rate_high`; the state name when it gave none).
+    /// `latency_above_baseline`, `error_rate_high`; the state name when it gave none);
+    /// under a switch override: `switched` (the backup carrying the share, and the primaries
+    /// it was moved from), `canary` (backup and primaries during a return).
     pub reason: String,
 }
 
@@ -210,7 +226,24 @@ fn score(
     drift: Option<&DriftSnapshot>,
     policy: &Policy,
 ) -> (u64, State, String) {
-    let state = status.map_or(State::Unknown, |s| s.state);
+    score_as(
+        route,
+        status,
+        drift,
+        policy,
+        status.map_or(State::Unknown, |s| s.state),
+    )
+}
+
+/// [`score`] as if the route were in `state` (a canary judges primaries by their judged
+/// state under the `SWITCHED` overlay).
+fn score_as(
+    route: &Route,
+    status: Option<&RouteStatus>,
+    drift: Option<&DriftSnapshot>,
+    policy: &Policy,
+    state: State,
+) -> (u64, State, String) {
     let health = health_tenths(state);
     let success = success_tenths(status.and_then(|s| s.success_ratio));
     let gated = drift.is_some_and(|d| d.eligible(route).is_err());
@@ -272,7 +305,7 @@ pub fn compute(
     health: &HealthSnapshot,
     policy: &Policy,
 ) -> BTreeMap<String, ModelWeights> {
-    compute_with_drift(routes, health, None, policy)
+    compute_with(routes, health, None, policy, &Overrides::new())
 }
 
 /// [`compute`] with drift's view: open findings (the drift factor) and the quality gate.
@@ -281,6 +314,20 @@ pub fn compute_with_drift(
     health: &HealthSnapshot,
     drift: Option<&DriftSnapshot>,
     policy: &Policy,
+) -> BTreeMap<String, ModelWeights> {
+    compute_with(routes, health, drift, policy, &Overrides::new())
+}
+
+/// [`compute_with_drift`] with the switch controller's overrides: for an overridden model
+/// whose backup is usable, the backup gets `100 − primary_share` and the primaries
+/// `primary_share` (split by their scores under their judged state, by configured weight when
+/// none scores); every other route of the model gets 0.
+pub fn compute_with(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    drift: Option<&DriftSnapshot>,
+    policy: &Policy,
+    overrides: &Overrides,
 ) -> BTreeMap<String, ModelWeights> {
     let by_id: HashMap<&RouteId, &RouteStatus> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
@@ -295,6 +342,11 @@ pub fn compute_with_drift(
                 .iter()
                 .map(|r| score(r, by_id.get(&r.id).copied(), drift, policy))
                 .collect();
+            if let Some(o) = overrides.get(serves) {
+                if let Some(m) = overridden(&members, &scored, &by_id, drift, policy, o) {
+                    return (serves.to_owned(), m);
+                }
+            }
             let serving_tier = [Tier::Primary, Tier::Backup, Tier::Fallback]
                 .into_iter()
                 .find(|t| {
@@ -343,6 +395,96 @@ pub fn compute_with_drift(
         .collect()
 }
 
+/// A model's weights under a switch override; `None` when its backup is not usable.
+fn overridden(
+    members: &[&Route],
+    scored: &[(u64, State, String)],
+    by_id: &HashMap<&RouteId, &RouteStatus>,
+    drift: Option<&DriftSnapshot>,
+    policy: &Policy,
+    o: &SwitchOverride,
+) -> Option<ModelWeights> {
+    let b = members.iter().position(|r| r.id == o.backup)?;
+    if scored[b].0 == 0 {
+        return None;
+    }
+    let primary_share = u64::from(o.primary_share.min(100));
+    let prim: Vec<usize> = (0..members.len())
+        .filter(|&i| members[i].tier == Tier::Primary)
+        .collect();
+    // Primaries by their judged state (their display state is SWITCHED).
+    let mut prim_scores: Vec<u64> = prim
+        .iter()
+        .map(|&i| {
+            let st = by_id.get(&members[i].id).copied();
+            score_as(
+                members[i],
+                st,
+                drift,
+                policy,
+                st.map_or(State::Unknown, |s| s.judged),
+            )
+            .0
+        })
+        .collect();
+    if prim_scores.iter().all(|s| *s == 0) {
+        prim_scores = prim.iter().map(|&i| u64::from(members[i].weight)).collect();
+    }
+    let mut shares = vec![0u64; members.len()];
+    let split = largest_remainder(&prim_scores);
+    if primary_share > 0 && prim_scores.iter().any(|s| *s > 0) {
+        for (k, &i) in prim.iter().enumerate() {
+            shares[i] = u64::from(split[k]) * primary_share;
+        }
+        shares[b] = (100 - primary_share) * 100;
+    } else {
+        shares[b] = 1;
+    }
+    let weights = largest_remainder(&shares);
+    let reason = if primary_share > 0 {
+        "canary"
+    } else {
+        "switched"
+    };
+    let entries = members
+        .iter()
+        .zip(scored)
+        .zip(weights)
+        .map(|((r, (_, state, why)), weight)| WeightEntry {
+            route: r.id.clone(),
+            provider: r.provider.clone(),
+            region: r.region.clone(),
+            model: r.model.clone(),
+            tier: r.tier,
+            weight,
+            state: *state,
+            reason: if r.id == o.backup || r.tier == Tier::Primary {
+                reason.to_owned()
+            } else if weight == 0 && scored_usable(state) {
+                "standby".to_owned()
+            } else {
+                why.clone()
+            },
+        })
+        .collect();
+    let tier = if primary_share >= 100 {
+        Tier::Primary
+    } else {
+        Tier::Backup
+    };
+    Some(ModelWeights {
+        entries,
+        serving: Serving {
+            tier: Some(tier),
+            all_unhealthy: false,
+        },
+    })
+}
+
+fn scored_usable(state: &State) -> bool {
+    !matches!(state, State::Critical | State::Switched)
+}
+
 /// The versioned state of the weights: recompute on each health snapshot, bump the version
 /// only on a real change.
 #[derive(Debug)]
@@ -350,6 +492,7 @@ pub struct Weights {
     routes: Arc<Vec<Route>>,
     policy: Policy,
     drift: Option<Arc<DriftSnapshot>>,
+    overrides: Overrides,
     current: Arc<WeightsSnapshot>,
 }
 
@@ -375,8 +518,14 @@ impl Weights {
             routes,
             policy,
             drift,
+            overrides: Overrides::new(),
             current,
         }
+    }
+
+    /// Replaces the switch overrides; the next [`Weights::update`] applies them.
+    pub fn set_overrides(&mut self, overrides: Overrides) {
+        self.overrides = overrides;
     }
 
     pub fn current(&self) -> Arc<WeightsSnapshot> {
@@ -391,7 +540,13 @@ impl Weights {
     /// Recomputes; `Some(new version)` when a weight, state, reason code or serving tier
     /// changed, `None` (and no serialisation) otherwise.
     pub fn update(&mut self, health: &HealthSnapshot) -> Option<Arc<WeightsSnapshot>> {
-        let models = compute_with_drift(&self.routes, health, self.drift.as_deref(), &self.policy);
+        let models = compute_with(
+            &self.routes,
+            health,
+            self.drift.as_deref(),
+            &self.policy,
+            &self.overrides,
+        );
         if models == self.current.models {
             return None;
         }
@@ -413,23 +568,41 @@ pub fn spawn_publisher(
     health: HealthRx,
     shutdown: CancellationToken,
 ) -> WeightsRx {
-    spawn_publisher_with(routes, health, None, Policy::default(), shutdown)
+    spawn_publisher_full(routes, health, None, Policy::default(), None, shutdown)
 }
 
 /// [`spawn_publisher`] that also follows drift (findings and the quality gate) under
 /// `policy` ([`Policy::from_config`]): recomputes on every health or drift change.
 pub fn spawn_publisher_with(
     routes: Arc<Vec<Route>>,
+    health: HealthRx,
+    drift: Option<DriftRx>,
+    policy: Policy,
+    shutdown: CancellationToken,
+) -> WeightsRx {
+    spawn_publisher_full(routes, health, drift, policy, None, shutdown)
+}
+
+/// [`spawn_publisher_with`] that also follows the switch controller's overrides.
+pub fn spawn_publisher_full(
+    routes: Arc<Vec<Route>>,
     mut health: HealthRx,
     mut drift: Option<DriftRx>,
     policy: Policy,
+    mut overrides: Option<watch::Receiver<Arc<Overrides>>>,
     shutdown: CancellationToken,
 ) -> WeightsRx {
     let first = health.borrow_and_update().clone();
     let first_drift = drift.as_mut().map(|d| d.borrow_and_update().clone());
     let mut weights = Weights::with_drift(routes, policy, first_drift, &first);
+    if let Some(o) = &mut overrides {
+        weights.set_overrides((**o.borrow_and_update()).clone());
+        // Applies them to the first version (a new version only if they change anything).
+        let _ = weights.update(&first);
+    }
     let (tx, rx) = watch::channel(weights.current());
     tokio::spawn(async move {
+        let mut health_open = true;
         loop {
             let drift_changed = async {
                 match drift.as_mut() {
@@ -439,11 +612,22 @@ pub fn spawn_publisher_with(
             };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                changed = health.changed() => {
+                changed = health.changed(), if health_open => {
                     if changed.is_err() {
-                        // No more health updates: keep the last weights until shutdown.
-                        shutdown.cancelled().await;
-                        break;
+                        // No more health updates: keep the last weights (overrides may
+                        // still change them) until shutdown.
+                        health_open = false;
+                        if overrides.is_none() {
+                            shutdown.cancelled().await;
+                            break;
+                        }
+                        continue;
+                    }
+                }
+                changed = next_overrides(&mut overrides) => {
+                    match changed {
+                        Some(o) => weights.set_overrides(o),
+                        None => overrides = None,
                     }
                 }
                 changed = drift_changed => {
@@ -465,6 +649,17 @@ pub fn spawn_publisher_with(
         }
     });
     rx
+}
+
+/// The next overrides (`None`: their sender is gone); pending forever without a receiver.
+async fn next_overrides(rx: &mut Option<watch::Receiver<Arc<Overrides>>>) -> Option<Overrides> {
+    match rx {
+        Some(r) => match r.changed().await {
+            Ok(()) => Some((**r.borrow_and_update()).clone()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]

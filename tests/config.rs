@@ -110,8 +110,17 @@ fn bad_configs_give_exact_located_diagnostics() {
         ),
         (
             "section not supported yet",
-            format!("[budget]\ndegrade_at = 0.8\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: budget: unknown key `budget`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`"],
+            format!("[heartbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
+            vec!["p.toml:1:2: heartbeat: unknown key `heartbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`"],
+        ),
+        (
+            "switch and budget values",
+            format!("[switch]\ncanary = [0.25, 0.05, 1.0]\nmin_dwell = \"0s\"\n[budget]\ndegrade_at = 1.5\n{PROVIDERS}{ROUTE}"),
+            vec![
+                "p.toml:2:10: switch.canary: ratios must increase, e.g. [0.05, 0.25, 1.0]",
+                "p.toml:3:13: switch.min_dwell: must be greater than 0",
+                "p.toml:5:14: budget.degrade_at: must be in (0, 1], got 1.5",
+            ],
         ),
         (
             "unknown tier",

@@ -552,7 +552,10 @@ async fn egress_finding_then_a_provider_incident() {
                 opened += 1;
             }
             HealthEvent::FindingClosed { .. } => closed += 1,
-            HealthEvent::Transition { .. } | HealthEvent::DriftFinding { .. } => {}
+            HealthEvent::Transition { .. }
+            | HealthEvent::DriftFinding { .. }
+            | HealthEvent::Switch { .. }
+            | HealthEvent::BudgetCrossed { .. } => {}
         }
     }
     assert_eq!((opened, closed), (1, 1));

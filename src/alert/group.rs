@@ -200,6 +200,62 @@ impl Grouper {
                     opened,
                     at,
                 } => drafts.push(drift_draft(&finding, opened, at)),
+                HealthEvent::Switch { record } => {
+                    let severity = match record.severity() {
+                        "critical" => Severity::Critical,
+                        "warning" => Severity::Warning,
+                        _ => Severity::Info,
+                    };
+                    let mut related = record.from.clone();
+                    related.extend(record.to.iter().cloned());
+                    drafts.push(Draft::new(
+                        Message {
+                            key: format!(
+                                "switch:{}:{}@{}",
+                                record.serves,
+                                record.action.as_str(),
+                                record.at.timestamp_millis()
+                            ),
+                            severity,
+                            status: Status::Firing,
+                            subject: Subject::Switch {
+                                serves: record.serves.clone(),
+                                action: record.action.as_str().to_owned(),
+                            },
+                            at: record.at,
+                            items: Vec::new(),
+                            related,
+                            note: Some(record.text.clone()),
+                        },
+                        Vec::new(),
+                        None,
+                    ));
+                }
+                HealthEvent::BudgetCrossed {
+                    used,
+                    limit,
+                    degrade_at,
+                    hour_start,
+                    at,
+                } => {
+                    drafts.push(Draft::new(
+                        Message {
+                            key: format!("budget@{}", hour_start.timestamp()),
+                            severity: Severity::Warning,
+                            status: Status::Firing,
+                            subject: Subject::Budget { used, limit },
+                            at,
+                            items: Vec::new(),
+                            related: Vec::new(),
+                            note: Some(format!(
+                                "extra cost of non-primary serving {used:.2} ≥ {:.0}% of {limit:.2} per hour: switching stops until the hour turns",
+                                degrade_at * 100.0
+                            )),
+                        },
+                        Vec::new(),
+                        None,
+                    ));
+                }
                 HealthEvent::FindingClosed { finding, at } => {
                     if finding.kind == FindingKind::Egress {
                         self.egress = None;

@@ -141,6 +141,11 @@ pub enum Subject {
     Heartbeat { job: String, silent_s: u64 },
     /// A drift finding of the regression sets on one route (`related` names it).
     Drift(DriftAlert),
+    /// The switch controller moved a logical model's traffic, or could not
+    /// (`crate::switch`; `note` has the record's sentence).
+    Switch { serves: String, action: String },
+    /// The hourly extra-cost budget passed `degrade_at` (`crate::budget`).
+    Budget { used: f64, limit: f64 },
     /// `probeok alert test`.
     Test,
 }

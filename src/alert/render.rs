@@ -367,6 +367,24 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
             ),
             (Lang::Zh, kind) => format!("{}：回归集 {} 上行为变化({kind})", d.route, d.set),
         },
+        Subject::Switch { serves, action } => match (lang, action.as_str()) {
+            (Lang::En, "switch") => format!("{serves}: traffic switched to the backup"),
+            (Lang::Zh, "switch") => format!("{serves}：流量已切换到备用线路"),
+            (Lang::En, "blocked") => format!("{serves}: switch to a backup refused"),
+            (Lang::Zh, "blocked") => format!("{serves}：切换到备用线路被拒绝"),
+            (Lang::En, "abort") => format!("{serves}: canary return aborted, back on the backup"),
+            (Lang::Zh, "abort") => format!("{serves}：灰度回切失败，流量回到备用线路"),
+            (Lang::En, "returned") => format!("{serves}: back on the primaries"),
+            (Lang::Zh, "returned") => format!("{serves}：已回切到主线路"),
+            (Lang::En, _) => format!("{serves}: canary return in progress"),
+            (Lang::Zh, _) => format!("{serves}：灰度回切中"),
+        },
+        Subject::Budget { used, limit } => match lang {
+            Lang::En => {
+                format!("extra-cost budget at {used:.2} of {limit:.2} this hour: no new switch")
+            }
+            Lang::Zh => format!("本小时额外成本预算已用 {used:.2} / {limit:.2}：不再切换"),
+        },
         Subject::Test => w
             .t(
                 "test message from probeok: this channel works",

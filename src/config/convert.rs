@@ -11,13 +11,14 @@ use toml_edit::ImDocument;
 
 use super::raw::{
     RawAlert, RawAlerting, RawBuckets, RawConfig, RawMaintenance, RawOptions, RawProxy, RawRoute,
+    RawSwitch,
 };
 use super::validate::Checker;
 use super::{
-    AlertChannelsConfig, AlertingConfig, BreakerConfig, Buckets, ChannelOptions, Config,
-    ConfigErrors, DetectionConfig, Diagnostic, DriftConfig, EgressConfig, EmailConfig, Loaded,
-    MaintenanceConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig,
-    RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, WebhookConfig,
+    AlertChannelsConfig, AlertingConfig, BreakerConfig, Buckets, BudgetConfig, ChannelOptions,
+    Config, ConfigErrors, DetectionConfig, Diagnostic, DriftConfig, EgressConfig, EmailConfig,
+    Loaded, MaintenanceConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig,
+    RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
 };
 use crate::alert::{Lang, Severity};
 use crate::route::{Capability, ProviderKind};
@@ -274,6 +275,17 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
     };
 
     let proxy = proxy(ck, raw.proxy);
+    let switch = switch(ck, raw.switch);
+    let budget = {
+        let d = BudgetConfig::default();
+        BudgetConfig {
+            max_extra_cost_per_hour: raw
+                .budget
+                .max_extra_cost_per_hour
+                .unwrap_or(d.max_extra_cost_per_hour),
+            degrade_at: raw.budget.degrade_at.unwrap_or(d.degrade_at),
+        }
+    };
 
     Config {
         source: PathBuf::from(label),
@@ -308,6 +320,8 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             },
         },
         proxy,
+        switch,
+        budget,
         source_map: map.clone(),
     }
 }
@@ -489,6 +503,29 @@ fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
             ),
             open_for: duration(ck, "proxy.breaker.open_for", b.open_for, db.open_for),
         },
+    }
+}
+
+fn switch(ck: &mut Checker<'_>, r: RawSwitch) -> SwitchConfig {
+    let d = SwitchConfig::default();
+    SwitchConfig {
+        min_dwell: duration(ck, "switch.min_dwell", r.min_dwell, d.min_dwell),
+        max_switches_per_hour: uint(
+            ck,
+            "switch.max_switches_per_hour",
+            r.max_switches_per_hour,
+            d.max_switches_per_hour,
+            1,
+        ),
+        return_after: duration(ck, "switch.return_after", r.return_after, d.return_after),
+        return_healthy_for: duration(
+            ck,
+            "switch.return_healthy_for",
+            r.return_healthy_for,
+            d.return_healthy_for,
+        ),
+        canary: r.canary.unwrap_or(d.canary),
+        canary_stage: duration(ck, "switch.canary_stage", r.canary_stage, d.canary_stage),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The TOML config (SPEC.md, "Config file"): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
-//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]] [drift] [proxy] [proxy.breaker]`. Other sections are rejected as unknown
+//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -58,6 +58,10 @@ pub struct Config {
     pub drift: DriftConfig,
     /// `[proxy]`: the bundled routing proxy (off unless `enabled`).
     pub proxy: ProxyConfig,
+    /// `[switch]`: the switch controller (layer 4).
+    pub switch: SwitchConfig,
+    /// `[budget]`: the hourly extra-cost budget of non-primary serving (layer 5).
+    pub budget: BudgetConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -80,6 +84,8 @@ impl Default for Config {
             maintenance: Vec::new(),
             drift: DriftConfig::default(),
             proxy: ProxyConfig::default(),
+            switch: SwitchConfig::default(),
+            budget: BudgetConfig::default(),
             source_map: SourceMap::default(),
         }
     }
@@ -415,6 +421,55 @@ impl Default for ProxyConfig {
             idempotency_ttl: Duration::from_secs(24 * 3600),
             client_keys_env: "PROBEOK_CLIENT_KEYS".into(),
             breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+/// `[switch]`: when the switch controller moves a logical model's traffic from its primaries
+/// to a backup, and how it comes back (SPEC.md, layer 4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwitchConfig {
+    /// No other move for this long after a switch or a completed return.
+    pub min_dwell: Duration,
+    /// Switches per rolling hour, at most; then the controller holds and alerts.
+    pub max_switches_per_hour: u32,
+    /// The earliest return, counted from the switch (or from an aborted canary).
+    pub return_after: Duration,
+    /// The primary must have been NORMAL without a break this long before a return.
+    pub return_healthy_for: Duration,
+    /// The primary's share during the return, stage by stage, increasing, ending at 1.0.
+    pub canary: Vec<f64>,
+    /// How long each canary stage lasts.
+    pub canary_stage: Duration,
+}
+
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        Self {
+            min_dwell: Duration::from_secs(300),
+            max_switches_per_hour: 3,
+            return_after: Duration::from_secs(1800),
+            return_healthy_for: Duration::from_secs(300),
+            canary: vec![0.05, 0.25, 1.0],
+            canary_stage: Duration::from_secs(120),
+        }
+    }
+}
+
+/// `[budget]`: the extra cost of serving from non-primary routes, per clock hour.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetConfig {
+    /// In the routes' price currency.
+    pub max_extra_cost_per_hour: f64,
+    /// Past this share of the budget no new switch happens (and it is alerted).
+    pub degrade_at: f64,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        Self {
+            max_extra_cost_per_hour: 300.0,
+            degrade_at: 0.8,
         }
     }
 }

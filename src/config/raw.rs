@@ -41,6 +41,28 @@ pub(super) struct RawConfig {
     pub drift: Option<RawDrift>,
     #[serde(default)]
     pub proxy: RawProxy,
+    #[serde(default)]
+    pub switch: RawSwitch,
+    #[serde(default)]
+    pub budget: RawBudget,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSwitch {
+    pub min_dwell: Option<String>,
+    pub max_switches_per_hour: Option<i64>,
+    pub return_after: Option<String>,
+    pub return_healthy_for: Option<String>,
+    pub canary: Option<Vec<f64>>,
+    pub canary_stage: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBudget {
+    pub max_extra_cost_per_hour: Option<f64>,
+    pub degrade_at: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -95,6 +95,50 @@ impl<'a> Checker<'a> {
         self.alerting(c);
         self.maintenance(c);
         self.proxy(c);
+        self.switch_and_budget(c);
+    }
+
+    fn switch_and_budget(&mut self, c: &Config) {
+        let s = &c.switch;
+        for (key, d) in [
+            ("switch.min_dwell", s.min_dwell),
+            ("switch.return_after", s.return_after),
+            ("switch.return_healthy_for", s.return_healthy_for),
+            ("switch.canary_stage", s.canary_stage),
+        ] {
+            self.positive(key, d);
+        }
+        self.at_least("switch.max_switches_per_hour", s.max_switches_per_hour, 1);
+        if s.canary.is_empty() {
+            self.error(
+                "switch.canary",
+                "must list at least one ratio, ending at 1.0",
+            );
+        } else if s
+            .canary
+            .iter()
+            .any(|r| !(r.is_finite() && *r > 0.0 && *r <= 1.0))
+        {
+            self.error("switch.canary", "every ratio must be in (0, 1]");
+        } else if s.canary.windows(2).any(|w| w[1] <= w[0]) {
+            self.error(
+                "switch.canary",
+                "ratios must increase, e.g. [0.05, 0.25, 1.0]",
+            );
+        } else if s.canary.last().is_some_and(|r| *r != 1.0) {
+            self.error(
+                "switch.canary",
+                "the last ratio must be 1.0 (all traffic back)",
+            );
+        }
+        let b = &c.budget;
+        if !(b.max_extra_cost_per_hour.is_finite() && b.max_extra_cost_per_hour >= 0.0) {
+            self.error(
+                "budget.max_extra_cost_per_hour",
+                format!("must be a number ≥ 0, got {}", b.max_extra_cost_per_hour),
+            );
+        }
+        self.rate("budget.degrade_at", b.degrade_at);
     }
 
     fn alerting(&mut self, c: &Config) {

@@ -97,6 +97,18 @@ impl Default for HealthOptions {
     }
 }
 
+/// What other parts of the service may ask of detection's shell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthCommand {
+    /// The switch controller moved traffic off (`on`) or back to (`!on`) these routes: set
+    /// or clear their `SWITCHED` overlay ([`RouteHealth::set_switched`]). Saved with the
+    /// route's state; published in the next snapshot.
+    SetSwitched { routes: Vec<RouteId>, on: bool },
+}
+
+/// Commands waiting for the service.
+const COMMAND_QUEUE: usize = 64;
+
 /// One route as the service keeps it.
 struct Tracked {
     health: RouteHealth,
@@ -139,6 +151,8 @@ pub struct HealthService {
     /// Something shown changed since the last published snapshot.
     dirty: bool,
     last_tick: Option<DateTime<Utc>>,
+    /// The command channel's receiving end, once [`HealthService::commands`] made one.
+    commands: Option<mpsc::Receiver<HealthCommand>>,
 }
 
 impl HealthService {
@@ -230,6 +244,7 @@ impl HealthService {
             events,
             dirty: false,
             last_tick: None,
+            commands: None,
         })
     }
 
@@ -237,6 +252,14 @@ impl HealthService {
     /// snapshot after the service has stopped.
     pub fn subscribe(&self) -> HealthRx {
         self.snapshot.subscribe()
+    }
+
+    /// A sender of [`HealthCommand`]s to this service (call before [`HealthService::run`];
+    /// a second call replaces the first channel).
+    pub fn commands(&mut self) -> mpsc::Sender<HealthCommand> {
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        self.commands = Some(rx);
+        tx
     }
 
     /// Judges every outcome from `inputs` and ticks every route until `shutdown`; then drains
@@ -297,6 +320,7 @@ impl HealthService {
         let mut findings_timer = every(o.findings_every, o.findings_every);
         let mut save = every(o.save_every, o.save_every);
         let mut baselines = every(o.baselines_every, o.baselines_every);
+        let mut commands = self.commands.take();
 
         loop {
             tokio::select! {
@@ -313,12 +337,33 @@ impl HealthService {
                 }
                 _ = save.tick() => self.save_changed(persist).await,
                 _ = baselines.tick() => self.refresh_baselines(),
+                cmd = next_command(&mut commands) => self.command(cmd),
                 outcome = inputs.recv() => match outcome {
                     Some(outcome) => self.ingest(outcome, persist).await,
                     None => break,
                 },
             }
             self.publish();
+        }
+    }
+
+    fn command(&mut self, cmd: HealthCommand) {
+        match cmd {
+            HealthCommand::SetSwitched { routes, on } => {
+                let now = self.clock.now();
+                for id in &routes {
+                    let Some(&i) = self.index.get(id) else {
+                        tracing::warn!(route = %id, "SWITCHED asked for a route not in the config");
+                        continue;
+                    };
+                    if self.routes[i].health.switched() != on {
+                        self.routes[i].health.set_switched(on);
+                        self.routes[i].unsaved = true;
+                        tracing::info!(route = %id, switched = on, "switch overlay changed");
+                    }
+                    self.refresh(i, now);
+                }
+            }
         }
     }
 
@@ -588,6 +633,19 @@ fn same_view(a: &RouteStatus, b: &RouteStatus) -> bool {
 /// The same finding over time: one egress finding, one request-side finding per route.
 fn same_finding(a: &Finding, b: &Finding) -> bool {
     a.kind == b.kind && (a.kind == FindingKind::Egress || a.routes == b.routes)
+}
+
+async fn next_command(rx: &mut Option<mpsc::Receiver<HealthCommand>>) -> HealthCommand {
+    match rx {
+        Some(r) => match r.recv().await {
+            Some(c) => c,
+            None => {
+                *rx = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
+    }
 }
 
 async fn next_control(rx: &mut Option<mpsc::Receiver<bool>>) -> bool {

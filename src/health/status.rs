@@ -115,6 +115,20 @@ pub enum HealthEvent {
         opened: bool,
         at: DateTime<Utc>,
     },
+    /// The switch controller moved a logical model's traffic, or could not (`crate::switch`).
+    Switch {
+        record: Box<crate::switch::SwitchRecord>,
+    },
+    /// The hourly extra-cost budget passed `degrade_at` (`crate::budget`): no new switch this
+    /// hour.
+    BudgetCrossed {
+        /// Spent + reserved.
+        used: f64,
+        limit: f64,
+        degrade_at: f64,
+        hour_start: DateTime<Utc>,
+        at: DateTime<Utc>,
+    },
 }
 
 /// The receiving end consumers hold.

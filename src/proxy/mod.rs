@@ -67,6 +67,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::{Budget, Reservation};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ProxyConfig};
 use crate::probe::{ProbeError, ProbeOutcome};
@@ -148,6 +149,9 @@ struct Inner {
     limits: HashMap<RouteId, Arc<Semaphore>>,
     body_read_timeout: Duration,
     feed: Option<Arc<FeedStatus>>,
+    /// The hourly extra-cost budget (layer 5), once the app sets it: requests to non-primary
+    /// routes reserve their estimated maximum extra cost first.
+    budget: std::sync::OnceLock<Arc<Budget>>,
 }
 
 impl Proxy {
@@ -233,8 +237,15 @@ impl Proxy {
                 limits,
                 body_read_timeout: opts.body_read_timeout,
                 feed: opts.feed,
+                budget: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Accounts non-primary serving against `budget` from now on (once; a second call is
+    /// ignored).
+    pub fn set_budget(&self, budget: Arc<Budget>) {
+        let _ = self.inner.budget.set(budget);
     }
 
     /// Passive outcomes dropped because the queue was full.
@@ -991,6 +1002,14 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
     let mut retries = 0u32;
     let mut overloaded = false;
     let mut failures: Vec<ProbeError> = Vec::new();
+    // Layer 5: what a non-primary attempt may cost extra, estimated at its maximum.
+    let prompt_tokens = select::estimate_prompt_tokens(&request);
+    let max_tokens = request
+        .get("max_tokens")
+        .or_else(|| request.get("max_completion_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(DEFAULT_MAX_TOKENS);
+    let mut budget_refused = false;
     while ctx.d.attempts < max {
         let route = if let Some(r) = queue.pop_front() {
             r
@@ -1053,6 +1072,22 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
                 .unwrap_or(p.config.first_byte_timeout),
             stream_idle_timeout: p.config.stream_idle_timeout,
         };
+        let reservation: Option<Reservation> = match p.budget.get() {
+            Some(b) if route.tier != Tier::Primary => {
+                match b.reserve(&route.id, prompt_tokens, max_tokens) {
+                    Ok(r) => r,
+                    Err(refused) => {
+                        tracing::warn!(route = %route.id, %refused, "not sent to a non-primary route: the extra-cost budget cannot cover it");
+                        budget_refused = true;
+                        ctx.d
+                            .fallback_reason
+                            .get_or_insert_with(|| "extra_cost_budget".to_owned());
+                        continue;
+                    }
+                }
+            }
+            _ => None,
+        };
         // An open route here is a last resort; a half-open one takes a trial slot.
         let _ = p.breakers.admit(&route.id, Instant::now());
         ctx.d.attempts += 1;
@@ -1069,6 +1104,11 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
             .await
         {
             Attempt::Answer { body, outcome } => {
+                if let Some(r) = reservation {
+                    let (input, output) = usage(&body)
+                        .unwrap_or((prompt_tokens, u64::from(outcome.output_tokens.unwrap_or(0))));
+                    r.settle(input, output);
+                }
                 let verdict = if outcome.success {
                     Verdict::Success
                 } else {
@@ -1103,6 +1143,9 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
                 body,
                 outcome,
             } => {
+                if let Some(r) = reservation {
+                    r.release();
+                }
                 p.breakers
                     .record(&route.id, Instant::now(), Verdict::Neutral);
                 ctx.attempts
@@ -1136,7 +1179,12 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(o.clone());
                     })
                 };
-                let inner = stream::body(*c, p.passive.clone(), on_end);
+                let inner = stream::body(
+                    *c,
+                    p.passive.clone(),
+                    on_end,
+                    reservation.map(|r| (r, prompt_tokens)),
+                );
                 // The route's concurrency slot is held until the stream ends.
                 let body = inner
                     .map(move |chunk| {
@@ -1147,6 +1195,9 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
                 return Answer::Stream { body, slot, route };
             }
             Attempt::Failed { error, outcome } => {
+                if let Some(r) = reservation {
+                    r.release();
+                }
                 let class = class_of(&error);
                 let rate_limited = matches!(error, ProbeError::RateLimited { .. });
                 // 429s rest the route until Retry-After; they do not also count as failures.
@@ -1191,7 +1242,28 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
             &format!("every route of `{model}` is at its concurrency limit; retry later"),
         ));
     }
+    if failures.is_empty() && budget_refused {
+        return plain(error_body(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "upstream_error",
+            "extra_cost_budget_exhausted",
+            &format!("no primary route of `{model}` is usable and this hour's extra-cost budget for backups is spent; retry later"),
+        ));
+    }
     plain(exhausted(&model, &failures))
+}
+
+/// `max_tokens` assumed for the budget estimate when a request sets none.
+pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+/// `usage.{prompt_tokens, completion_tokens}` of a non-streamed answer.
+fn usage(body: &[u8]) -> Option<(u64, u64)> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let u = v.get("usage")?;
+    Some((
+        u.get("prompt_tokens")?.as_u64()?,
+        u.get("completion_tokens")?.as_u64()?,
+    ))
 }
 
 /// Every candidate failed (or the time ran out).

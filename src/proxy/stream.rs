@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::attempt::{class_of, Class, Committed, PassiveSink};
+use crate::budget::Reservation;
 use crate::probe::sse::{BodyFault, ReadFault};
 use crate::probe::wire::{Step, StreamDecoder};
 use crate::probe::ProbeError;
@@ -39,6 +40,9 @@ struct State {
     phase: Phase,
     sink: PassiveSink,
     on_end: Option<OnEnd>,
+    /// The extra-cost reservation of a non-primary route and the prompt's estimated tokens:
+    /// settled with the metered output when the stream ends.
+    charge: Option<(Reservation, u64)>,
 }
 
 /// The client's body for a committed stream.
@@ -46,12 +50,14 @@ pub(crate) fn body(
     c: Committed,
     sink: PassiveSink,
     on_end: OnEnd,
+    charge: Option<(Reservation, u64)>,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     let state = State {
         c,
         phase: Phase::First,
         sink,
         on_end: Some(on_end),
+        charge,
     };
     futures_util::stream::unfold(state, |mut st| async move {
         let chunk = st.next().await?;
@@ -99,6 +105,9 @@ impl State {
         );
         if let Some(f) = self.on_end.take() {
             f(&outcome);
+        }
+        if let Some((r, prompt)) = self.charge.take() {
+            r.settle(prompt, u64::from(outcome.output_tokens.unwrap_or(0)));
         }
         self.sink.send(outcome);
     }

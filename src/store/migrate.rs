@@ -30,6 +30,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0006_proxy",
         include_str!("../../migrations/0006_proxy.sql"),
     ),
+    (
+        "0007_switch",
+        include_str!("../../migrations/0007_switch.sql"),
+    ),
 ];
 
 /// The schema version this build expects.

@@ -31,6 +31,7 @@ mod outcomes;
 mod requests;
 mod rollups;
 mod stats;
+mod switch;
 mod writer;
 
 use std::path::{Path, PathBuf};

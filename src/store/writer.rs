@@ -80,6 +80,11 @@ pub(crate) enum Command {
         now: DateTime<Utc>,
         ack: Ack<()>,
     },
+    /// One switch controller record (`store/switch.rs`).
+    Switch {
+        record: Box<crate::switch::SwitchRecord>,
+        ack: Ack<()>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -105,7 +110,8 @@ impl Command {
             | Command::CheckWritable { ack }
             | Command::DriftRun { ack, .. }
             | Command::ProxyRequest { ack, .. }
-            | Command::Idempotent { ack, .. } => {
+            | Command::Idempotent { ack, .. }
+            | Command::Switch { ack, .. } => {
                 let _ = ack.send(result.map(|_| ()));
             }
             Command::Retention { ack, .. } | Command::Alert { ack, .. } => {
@@ -390,6 +396,10 @@ impl State {
                 }
                 Command::Idempotent { answer, now, .. } => {
                     super::requests::upsert_idempotent(&tx, answer, *now)?;
+                    0
+                }
+                Command::Switch { record, .. } => {
+                    super::switch::insert(&tx, record)?;
                     0
                 }
                 Command::CheckWritable { .. } => {
