@@ -87,6 +87,11 @@ pub use weights::{FeedStatus, WeightsRx, WeightsView};
 pub const ROUTE_CONCURRENCY: usize = 256;
 /// The whole request body must arrive within this (slow clients get 408).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A request's head (request line and headers) must arrive within this, or the connection is
+/// closed: a slow-loris client cannot hold a connection open by trickling its headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// After an accept error other than a peer's reset (e.g. out of file descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What the proxy uses besides the config.
 #[derive(Clone)]
@@ -96,6 +101,8 @@ pub struct ProxyOptions {
     /// Requests in flight per route.
     pub route_concurrency: usize,
     pub body_read_timeout: Duration,
+    /// HTTP/1 request heads must arrive within this (see [`HEADER_READ_TIMEOUT`]).
+    pub header_read_timeout: Duration,
     /// A remote weights feed's health: answers say `degraded` while it is stale.
     pub feed: Option<Arc<FeedStatus>>,
     pub clock: Arc<dyn Clock>,
@@ -107,6 +114,7 @@ impl Default for ProxyOptions {
             store: None,
             route_concurrency: ROUTE_CONCURRENCY,
             body_read_timeout: BODY_READ_TIMEOUT,
+            header_read_timeout: HEADER_READ_TIMEOUT,
             feed: None,
             clock: Arc::new(SystemClock),
         }
@@ -147,6 +155,7 @@ struct Inner {
     /// Route → its in-flight slots.
     limits: HashMap<RouteId, Arc<Semaphore>>,
     body_read_timeout: Duration,
+    header_read_timeout: Duration,
     feed: Option<Arc<FeedStatus>>,
 }
 
@@ -232,6 +241,7 @@ impl Proxy {
                 }),
                 limits,
                 body_read_timeout: opts.body_read_timeout,
+                header_read_timeout: opts.header_read_timeout,
                 feed: opts.feed,
             }),
         })
@@ -265,15 +275,60 @@ pub fn router(proxy: Proxy) -> Router {
         .with_state(proxy)
 }
 
-/// Serves the proxy on `listener` until `shutdown`.
+/// Serves the proxy on `listener` until `shutdown`: HTTP/1.1 (keep-alive) and HTTP/2, with a
+/// header read timeout on HTTP/1 connections (axum's own `serve` sets none). At shutdown it
+/// stops accepting, closes idle connections and waits for in-flight requests.
 pub async fn serve(
     listener: TcpListener,
     proxy: Proxy,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(proxy))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto;
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
+    let header_read_timeout = proxy.inner.header_read_timeout;
+    let service = TowerToHyperService::new(router(proxy));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                ) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "proxy cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "proxy connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// OpenAI's error envelope.

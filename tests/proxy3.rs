@@ -1,0 +1,170 @@
+//! Proxy III: the proxy's listener against slow-loris clients, breaker state and proxy counters
+//! on the monitor's `/metrics` and `/api/v1/status`, and the standalone proxy's batched ingest
+//! into a real monitor.
+
+mod common;
+mod web_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use common::{fake, json, openai, Captured, Reply, Requests, Server};
+use probeok::config::{Config, ProviderConfig, ProxyConfig, RegionConfig, RouteConfig};
+use probeok::proxy::{self, Proxy, ProxyOptions, WeightsView};
+use probeok::route::Tier;
+use serde_json::{json as j, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+struct Up {
+    server: Server,
+    reqs: Requests,
+}
+
+async fn up<F>(respond: F) -> Up
+where
+    F: Fn(&Captured) -> Reply + Send + Sync + 'static,
+{
+    let (server, reqs) = fake("/chat/completions", respond).await;
+    Up { server, reqs }
+}
+
+fn ok_body(text: &str) -> Reply {
+    Reply::now(json(StatusCode::OK, openai::body(text, "stop", Some(3))))
+}
+
+fn failing() -> Reply {
+    Reply::now(json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        openai::error("boom", "server_error", None),
+    ))
+}
+
+/// Routes `p{i}/r/up-{i}` serving `chat`, the first primary.
+fn config(ups: &[&Up], tweak: impl FnOnce(&mut ProxyConfig)) -> Config {
+    let mut config = Config::default();
+    for (i, u) in ups.iter().enumerate() {
+        config.providers.push(ProviderConfig {
+            id: format!("p{i}"),
+            api_key_env: Some(format!("PROBEOK_TEST_PROXY3_KEY_{i}")),
+            regions: vec![RegionConfig {
+                id: "r".into(),
+                base_url: u.server.base_url(),
+            }],
+            ..ProviderConfig::default()
+        });
+        config.routes.push(RouteConfig {
+            provider: format!("p{i}"),
+            region: "r".into(),
+            model: format!("up-{i}"),
+            serves: "chat".into(),
+            tier: if i == 0 { Tier::Primary } else { Tier::Backup },
+            weight: if i == 0 { 100 } else { 0 },
+            ..RouteConfig::default()
+        });
+        std::env::set_var(
+            format!("PROBEOK_TEST_PROXY3_KEY_{i}"),
+            format!("sk-upstream3-key-{i}-0123456789"),
+        );
+    }
+    config.proxy.enabled = true;
+    config.proxy.total_timeout = Duration::from_secs(10);
+    tweak(&mut config.proxy);
+    config
+}
+
+struct Px {
+    base: String,
+    addr: std::net::SocketAddr,
+    shutdown: CancellationToken,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+    proxy: Proxy,
+    _weights: watch::Sender<Arc<WeightsView>>,
+}
+
+async fn start(
+    config: &Config,
+    passive: mpsc::Sender<probeok::probe::ProbeOutcome>,
+    opts: ProxyOptions,
+) -> Px {
+    let (wtx, wrx) = watch::channel(Arc::new(WeightsView::from_config(&config.routes())));
+    let p = Proxy::with_options(config, wrx, passive, opts).expect("proxy");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = CancellationToken::new();
+    let served = tokio::spawn(proxy::serve(listener, p.clone(), shutdown.clone()));
+    Px {
+        base: format!("http://{addr}"),
+        addr,
+        shutdown,
+        served,
+        proxy: p,
+        _weights: wtx,
+    }
+}
+
+fn chat() -> Value {
+    j!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
+}
+
+async fn post(px: &Px, http: &reqwest::Client) -> reqwest::Response {
+    http.post(format!("{}/v1/chat/completions", px.base))
+        .json(&chat())
+        .send()
+        .await
+        .expect("proxy answers")
+}
+
+#[tokio::test]
+async fn a_slow_loris_client_is_disconnected_after_the_header_timeout() {
+    let a = up(|_| ok_body("from a")).await;
+    let (ptx, _prx) = mpsc::channel(64);
+    let px = start(
+        &config(&[&a], |_| {}),
+        ptx,
+        ProxyOptions {
+            header_read_timeout: Duration::from_millis(300),
+            ..ProxyOptions::default()
+        },
+    )
+    .await;
+
+    // Half a request line, then nothing: the proxy hangs up after the timeout.
+    let mut loris = tokio::net::TcpStream::connect(px.addr).await.unwrap();
+    loris.write_all(b"POST /v1/chat/compl").await.unwrap();
+    let t = Instant::now();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), loris.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the slow client was never disconnected");
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+        "disconnected after {waited:?}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&buf).contains("200 OK"),
+        "no answer for half a request"
+    );
+
+    // A normal request (and a second on the same kept-alive connection) still works.
+    let http = reqwest::Client::new();
+    for _ in 0..2 {
+        let r = post(&px, &http).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-probeok-route"], "p0/r/up-0");
+    }
+    assert_eq!(a.reqs.all().len(), 2);
+
+    // Shutdown ends the server, with the client's idle keep-alive connection still open.
+    px.shutdown.cancel();
+    let ended = tokio::time::timeout(Duration::from_secs(5), px.served).await;
+    assert!(
+        matches!(ended, Ok(Ok(Ok(())))),
+        "the server did not stop: {ended:?}"
+    );
+}
