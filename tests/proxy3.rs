@@ -168,3 +168,97 @@ async fn a_slow_loris_client_is_disconnected_after_the_header_timeout() {
         "the server did not stop: {ended:?}"
     );
 }
+
+const MONITOR_ROUTES: &[web_support::Spec<'static>] = &[
+    ("p0", "r", "up-0", "chat", "primary", 100),
+    ("p1", "r", "up-1", "chat", "backup", 0),
+];
+
+#[tokio::test]
+async fn breaker_state_and_proxy_counters_show_on_metrics_and_status() {
+    let a = up(|_| failing()).await;
+    let b = up(|_| ok_body("from b")).await;
+    let monitor =
+        web_support::Harness::new(MONITOR_ROUTES, web_support::at("2026-01-01T00:00:00Z")).await;
+    let served = monitor.serve().await;
+    let http = reqwest::Client::new();
+
+    // No proxy attached: no proxy families, no breaker field.
+    let text = http.get(served.url("/metrics")).send().await.unwrap();
+    let text = text.text().await.unwrap();
+    assert!(!text.contains("probeok_proxy_"), "{text}");
+    let status: Value = http
+        .get(served.url("/api/v1/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(status["routes"][0].get("breaker").is_none(), "{status}");
+
+    let (ptx, _prx) = mpsc::channel(64);
+    let px = start(
+        &config(&[&a, &b], |p| {
+            p.max_retry_wait = Duration::ZERO;
+            p.breaker.open_for = Duration::from_secs(60);
+        }),
+        ptx,
+        ProxyOptions::default(),
+    )
+    .await;
+    monitor.state.metrics.attach_proxy(px.proxy.stats());
+    for _ in 0..5 {
+        let r = post(&px, &http).await;
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(a.reqs.all().len(), 5, "a's breaker opened after 5 failures");
+    let r = post(&px, &http).await;
+    assert_eq!(r.headers()["x-probeok-fallback-reason"], "breaker_open");
+
+    let text = http
+        .get(served.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "probeok_proxy_breaker_state{route=\"p0/r/up-0\"} 2",
+        "probeok_proxy_breaker_state{route=\"p1/r/up-1\"} 0",
+        "probeok_proxy_requests_total{serves=\"chat\",route=\"p1/r/up-1\",outcome=\"ok\"} 6",
+        "probeok_proxy_failovers_total{reason=\"http_503\"} 5",
+        "probeok_proxy_failovers_total{reason=\"breaker_open\"} 1",
+        "probeok_proxy_dropped_total{what=\"passive\"} 0",
+        "# TYPE probeok_proxy_breaker_state gauge",
+        "# TYPE probeok_proxy_requests counter",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing `{line}` in:\n{text}"
+        );
+    }
+    assert!(text.ends_with("# EOF\n"));
+
+    let status: Value = http
+        .get(served.url("/api/v1/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let breaker_of = |id: &str| {
+        status["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .map(|r| r["breaker"].clone())
+            .unwrap()
+    };
+    assert_eq!(breaker_of("p0/r/up-0"), "open");
+    assert_eq!(breaker_of("p1/r/up-1"), "closed");
+    monitor.shutdown.cancel();
+}

@@ -36,6 +36,7 @@
 
 pub mod attempt;
 pub mod breaker;
+pub mod export;
 pub mod idempotency;
 pub mod meter;
 pub mod remote;
@@ -45,7 +46,7 @@ pub mod weights;
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -263,6 +264,47 @@ impl Proxy {
         s.meter_dropped = self.inner.meter.as_ref().map_or(0, Meter::dropped);
         s.passive_dropped = self.inner.passive.dropped();
         s
+    }
+}
+
+/// A read-only view of a running proxy, for the monitor's `/metrics` and `/api/v1/status`. It
+/// holds the proxy weakly: it never keeps the proxy (nor its metering queue) alive, and reads
+/// as empty once the proxy is gone.
+#[derive(Clone)]
+pub struct ProxyStats {
+    inner: Weak<Inner>,
+}
+
+impl std::fmt::Debug for ProxyStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyStats")
+            .field("alive", &(self.inner.strong_count() > 0))
+            .finish()
+    }
+}
+
+impl ProxyStats {
+    fn proxy(&self) -> Option<Proxy> {
+        self.inner.upgrade().map(|inner| Proxy { inner })
+    }
+
+    /// Every route's breaker (empty once the proxy is gone).
+    pub fn breakers(&self) -> Vec<BreakerSnapshot> {
+        self.proxy().map(|p| p.breakers()).unwrap_or_default()
+    }
+
+    /// The proxy's counters (empty once the proxy is gone).
+    pub fn counters(&self) -> CountersSnapshot {
+        self.proxy().map(|p| p.counters()).unwrap_or_default()
+    }
+}
+
+impl Proxy {
+    /// A weak, read-only handle on this proxy's breakers and counters.
+    pub fn stats(&self) -> ProxyStats {
+        ProxyStats {
+            inner: Arc::downgrade(&self.inner),
+        }
     }
 }
 

@@ -9,7 +9,9 @@
 //!   the error kind, a closed set);
 //! - set at scrape time from the health and weights snapshots: `probeok_route_state{…}`
 //!   (0 UNKNOWN … 5 SWITCHED), `probeok_route_weight{serves,provider,region,model}`;
-//! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`.
+//! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`;
+//! - the in-process proxy's breakers and counters, once [`Metrics::attach_proxy`] was called
+//!   (see `proxy::export`).
 //!
 //! Label values come only from the config (outcomes of unconfigured routes are ignored), never
 //! from request input, so the series count is bounded by the config. Later families (proxy,
@@ -95,6 +97,7 @@ pub struct Metrics {
     route_state: Family<RouteLabels, Gauge>,
     route_weight: Family<WeightLabels, Gauge>,
     ingest_items: Family<IngestLabels, Counter>,
+    proxy: crate::proxy::export::ProxySlot,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -159,6 +162,8 @@ impl Metrics {
                 version: env!("CARGO_PKG_VERSION"),
             }),
         );
+        let proxy = crate::proxy::export::ProxySlot::default();
+        registry.register_collector(Box::new(proxy.clone()));
         let labels = |r: &Route| RouteLabels {
             provider: r.provider.clone(),
             region: r.region.clone(),
@@ -179,7 +184,19 @@ impl Metrics {
             route_state,
             route_weight,
             ingest_items,
+            proxy,
         }
+    }
+
+    /// The in-process proxy: its breakers and counters appear on `/metrics` and its breakers
+    /// on `/api/v1/status`.
+    pub fn attach_proxy(&self, stats: crate::proxy::ProxyStats) {
+        self.proxy.attach(stats);
+    }
+
+    /// The attached proxy, if any.
+    pub fn proxy(&self) -> Option<&crate::proxy::ProxyStats> {
+        self.proxy.get()
     }
 
     /// Counts one outcome in. Passive outcomes and unconfigured routes are ignored.
