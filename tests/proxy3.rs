@@ -262,3 +262,135 @@ async fn breaker_state_and_proxy_counters_show_on_metrics_and_status() {
     assert_eq!(breaker_of("p1/r/up-1"), "closed");
     monitor.shutdown.cancel();
 }
+
+/// The standalone proxy's passive outcomes reach a real monitor's `POST /api/v1/ingest` (which
+/// refuses anything without the bearer token), in batches.
+#[tokio::test]
+async fn standalone_ingest_reaches_a_real_monitor_with_its_token() {
+    let a = up(|_| ok_body("from a")).await;
+    let b = up(|_| ok_body("from b")).await;
+    let mut monitor = web_support::Harness::new(MONITOR_ROUTES, chrono::Utc::now()).await;
+    let served = monitor.serve().await;
+
+    let (ptx, prx) = mpsc::channel(64);
+    let (ingest, dropped) = proxy::remote::ingest_with(
+        served.url(""),
+        Some(probeok::secret::Secret::new("test-ingest-token")),
+        prx,
+        proxy::remote::IngestOptions {
+            batch: 4,
+            buffer: 100,
+            every: Duration::from_millis(100),
+        },
+    );
+    let px = start(&config(&[&a, &b], |_| {}), ptx, ProxyOptions::default()).await;
+    let http = reqwest::Client::new();
+    for _ in 0..6 {
+        assert_eq!(post(&px, &http).await.status(), 200);
+    }
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        let o = tokio::time::timeout(Duration::from_secs(5), monitor.passive_rx.recv())
+            .await
+            .expect("outcomes reach the monitor")
+            .expect("passive channel open");
+        got.push(o);
+    }
+    assert!(got.iter().all(|o| o.route.as_str() == "p0/r/up-0"
+        && o.kind == probeok::probe::OutcomeKind::Passive
+        && o.success));
+    assert_eq!(dropped.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let text = http
+        .get(served.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("probeok_ingest_items_total{result=\"accepted\"} 6"),
+        "{text}"
+    );
+
+    // The proxy stops: its senders close and the ingest task ends.
+    px.shutdown.cancel();
+    drop(px);
+    tokio::time::timeout(Duration::from_secs(5), ingest)
+        .await
+        .expect("ingest ends with the proxy")
+        .unwrap();
+    monitor.shutdown.cancel();
+}
+
+/// With the monitor down the buffer stays bounded (the oldest are dropped and counted); when
+/// the monitor comes back the newest outcomes arrive.
+#[tokio::test]
+async fn standalone_ingest_buffer_is_bounded_while_the_monitor_is_down() {
+    let mut monitor = web_support::Harness::new(MONITOR_ROUTES, chrono::Utc::now()).await;
+    // An address with nobody listening, for now.
+    let addr = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let (tx, rx) = mpsc::channel(256);
+    let (ingest, dropped) = proxy::remote::ingest_with(
+        format!("http://{addr}"),
+        Some(probeok::secret::Secret::new("test-ingest-token")),
+        rx,
+        proxy::remote::IngestOptions {
+            batch: 10,
+            buffer: 50,
+            every: Duration::from_millis(100),
+        },
+    );
+    let now = chrono::Utc::now();
+    for i in 0..80 {
+        let o = web_support::outcome(
+            "p0/r/up-0",
+            probeok::probe::OutcomeKind::Passive,
+            now,
+            true,
+            f64::from(i),
+        );
+        tx.send(o).await.unwrap();
+    }
+    let t = Instant::now();
+    while dropped.load(std::sync::atomic::Ordering::Relaxed) < 30 {
+        assert!(t.elapsed() < Duration::from_secs(5), "nothing dropped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        dropped.load(std::sync::atomic::Ordering::Relaxed),
+        30,
+        "exactly the overflow beyond the buffer is dropped"
+    );
+
+    // The monitor comes up on that address: the 50 newest arrive, in order.
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let router = probeok::web::router(monitor.state.clone());
+    let stop = monitor.shutdown.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+    });
+    let mut got = Vec::new();
+    while got.len() < 50 {
+        let o = tokio::time::timeout(Duration::from_secs(5), monitor.passive_rx.recv())
+            .await
+            .expect("buffered outcomes reach the monitor")
+            .expect("passive channel open");
+        got.push(o.total_ms);
+    }
+    let expected: Vec<f64> = (30..80).map(f64::from).collect();
+    assert_eq!(got, expected);
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(5), ingest)
+        .await
+        .expect("ingest ends")
+        .unwrap();
+    assert_eq!(dropped.load(std::sync::atomic::Ordering::Relaxed), 30);
+    monitor.shutdown.cancel();
+}
