@@ -219,6 +219,8 @@ pub async fn start(
         let proxy =
             crate::proxy::Proxy::with_options(&config, proxy_weights, passive_tx.clone(), opts)?;
         proxy.set_budget(budget.clone());
+        // Breakers and counters on `/metrics` and `/api/v1/status`.
+        metrics.attach_proxy(proxy.stats());
         tracing::info!(addr = %config.proxy.listen, "proxy serving");
         Some(tokio::spawn(crate::proxy::serve(
             proxy_listener,

@@ -36,6 +36,7 @@
 
 pub mod attempt;
 pub mod breaker;
+pub mod export;
 pub mod idempotency;
 pub mod meter;
 pub mod remote;
@@ -45,7 +46,7 @@ pub mod weights;
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -88,6 +89,11 @@ pub use weights::{FeedStatus, WeightsRx, WeightsView};
 pub const ROUTE_CONCURRENCY: usize = 256;
 /// The whole request body must arrive within this (slow clients get 408).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A request's head (request line and headers) must arrive within this, or the connection is
+/// closed: a slow-loris client cannot hold a connection open by trickling its headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// After an accept error other than a peer's reset (e.g. out of file descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What the proxy uses besides the config.
 #[derive(Clone)]
@@ -97,6 +103,8 @@ pub struct ProxyOptions {
     /// Requests in flight per route.
     pub route_concurrency: usize,
     pub body_read_timeout: Duration,
+    /// HTTP/1 request heads must arrive within this (see [`HEADER_READ_TIMEOUT`]).
+    pub header_read_timeout: Duration,
     /// A remote weights feed's health: answers say `degraded` while it is stale.
     pub feed: Option<Arc<FeedStatus>>,
     pub clock: Arc<dyn Clock>,
@@ -108,6 +116,7 @@ impl Default for ProxyOptions {
             store: None,
             route_concurrency: ROUTE_CONCURRENCY,
             body_read_timeout: BODY_READ_TIMEOUT,
+            header_read_timeout: HEADER_READ_TIMEOUT,
             feed: None,
             clock: Arc::new(SystemClock),
         }
@@ -148,6 +157,7 @@ struct Inner {
     /// Route → its in-flight slots.
     limits: HashMap<RouteId, Arc<Semaphore>>,
     body_read_timeout: Duration,
+    header_read_timeout: Duration,
     feed: Option<Arc<FeedStatus>>,
     /// The hourly extra-cost budget (layer 5), once the app sets it: requests to non-primary
     /// routes reserve their estimated maximum extra cost first.
@@ -236,6 +246,7 @@ impl Proxy {
                 }),
                 limits,
                 body_read_timeout: opts.body_read_timeout,
+                header_read_timeout: opts.header_read_timeout,
                 feed: opts.feed,
                 budget: std::sync::OnceLock::new(),
             }),
@@ -267,6 +278,47 @@ impl Proxy {
     }
 }
 
+/// A read-only view of a running proxy, for the monitor's `/metrics` and `/api/v1/status`. It
+/// holds the proxy weakly: it never keeps the proxy (nor its metering queue) alive, and reads
+/// as empty once the proxy is gone.
+#[derive(Clone)]
+pub struct ProxyStats {
+    inner: Weak<Inner>,
+}
+
+impl std::fmt::Debug for ProxyStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyStats")
+            .field("alive", &(self.inner.strong_count() > 0))
+            .finish()
+    }
+}
+
+impl ProxyStats {
+    fn proxy(&self) -> Option<Proxy> {
+        self.inner.upgrade().map(|inner| Proxy { inner })
+    }
+
+    /// Every route's breaker (empty once the proxy is gone).
+    pub fn breakers(&self) -> Vec<BreakerSnapshot> {
+        self.proxy().map(|p| p.breakers()).unwrap_or_default()
+    }
+
+    /// The proxy's counters (empty once the proxy is gone).
+    pub fn counters(&self) -> CountersSnapshot {
+        self.proxy().map(|p| p.counters()).unwrap_or_default()
+    }
+}
+
+impl Proxy {
+    /// A weak, read-only handle on this proxy's breakers and counters.
+    pub fn stats(&self) -> ProxyStats {
+        ProxyStats {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+}
+
 /// The proxy's HTTP surface.
 pub fn router(proxy: Proxy) -> Router {
     Router::new()
@@ -276,15 +328,60 @@ pub fn router(proxy: Proxy) -> Router {
         .with_state(proxy)
 }
 
-/// Serves the proxy on `listener` until `shutdown`.
+/// Serves the proxy on `listener` until `shutdown`: HTTP/1.1 (keep-alive) and HTTP/2, with a
+/// header read timeout on HTTP/1 connections (axum's own `serve` sets none). At shutdown it
+/// stops accepting, closes idle connections and waits for in-flight requests.
 pub async fn serve(
     listener: TcpListener,
     proxy: Proxy,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(proxy))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto;
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
+    let header_read_timeout = proxy.inner.header_read_timeout;
+    let service = TowerToHyperService::new(router(proxy));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                ) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "proxy cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "proxy connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// OpenAI's error envelope.

@@ -136,27 +136,64 @@ pub fn follow(
     })
 }
 
+/// How [`ingest_with`] batches and buffers.
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    /// Outcomes per request, at most.
+    pub batch: usize,
+    /// Outcomes held while the monitor is unreachable, at most (the oldest go first).
+    pub buffer: usize,
+    /// A partial batch is sent this often; after a failed send, the next try waits for it.
+    pub every: Duration,
+}
+
+impl Default for IngestOptions {
+    fn default() -> Self {
+        Self {
+            batch: INGEST_BATCH,
+            buffer: INGEST_BUFFER,
+            every: INGEST_EVERY,
+        }
+    }
+}
+
 /// Sends passive outcomes to the monitor in batches until `outcomes` closes (then one last
 /// flush). Returns the task and the dropped count.
 pub fn ingest(
     base: String,
     token: Option<Secret>,
+    outcomes: mpsc::Receiver<ProbeOutcome>,
+) -> (JoinHandle<()>, Arc<AtomicU64>) {
+    ingest_with(base, token, outcomes, IngestOptions::default())
+}
+
+/// [`ingest`] with explicit batching. A full batch is sent at once while the monitor takes
+/// them; once a send failed, nothing is tried before the next tick (never eagerly: a monitor
+/// that is down gets one attempt per `every`, not one per outcome).
+pub fn ingest_with(
+    base: String,
+    token: Option<Secret>,
     mut outcomes: mpsc::Receiver<ProbeOutcome>,
+    opts: IngestOptions,
 ) -> (JoinHandle<()>, Arc<AtomicU64>) {
     let dropped = Arc::new(AtomicU64::new(0));
     let counted = dropped.clone();
+    let batch_max = opts.batch.max(1);
+    let capacity = opts.buffer.max(1);
     let task = tokio::spawn(async move {
         let http = client();
         let url = format!("{}/api/v1/ingest", base.trim_end_matches('/'));
         let mut buffer: VecDeque<ProbeOutcome> = VecDeque::new();
-        let mut tick = tokio::time::interval(INGEST_EVERY);
+        let mut tick = tokio::time::interval(opts.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut open = true;
+        // The last send failed: wait for the next tick.
+        let mut failing = false;
         while open || !buffer.is_empty() {
-            tokio::select! {
+            let flush = tokio::select! {
                 o = outcomes.recv(), if open => match o {
                     Some(o) => {
-                        if buffer.len() >= INGEST_BUFFER {
+                        if buffer.len() >= capacity {
                             buffer.pop_front();
                             let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
                             if n.is_power_of_two() {
@@ -164,16 +201,23 @@ pub fn ingest(
                             }
                         }
                         buffer.push_back(o);
-                        if buffer.len() < INGEST_BATCH {
-                            continue;
-                        }
+                        buffer.len() >= batch_max && !failing
                     }
-                    None => open = false,
+                    None => {
+                        open = false;
+                        true
+                    }
                 },
-                _ = tick.tick() => {}
+                _ = tick.tick() => {
+                    failing = false;
+                    true
+                }
+            };
+            if !flush {
+                continue;
             }
             while !buffer.is_empty() {
-                let n = buffer.len().min(INGEST_BATCH);
+                let n = buffer.len().min(batch_max);
                 let batch: Vec<&ProbeOutcome> = buffer.iter().take(n).collect();
                 let mut req = http
                     .post(&url)
@@ -188,10 +232,12 @@ pub fn ingest(
                     }
                     Ok(r) => {
                         tracing::warn!(status = %r.status(), "the monitor refused passive outcomes");
+                        failing = true;
                         break;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot send passive outcomes to the monitor");
+                        failing = true;
                         break;
                     }
                 }

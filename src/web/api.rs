@@ -15,6 +15,8 @@
 //! - `slo.error_budget_remaining`: over 30 days of the same synthetic outcomes,
 //!   `1 − (1 − good_ratio) / (1 − target)` — 1 untouched, 0 spent, negative overspent; `null`
 //!   without outcomes. "Good" is a success within `[slo] latency_threshold`.
+//! - `breaker` (`closed` | `half_open` | `open`): the in-process proxy's circuit breaker of the
+//!   route; absent when no proxy runs here.
 //! - `overall`: `outage` when some logical model has no usable route (weights'
 //!   `all_unhealthy`), `degraded` when any route is DEGRADED or worse or any model is served
 //!   off its primaries, else `operational`.
@@ -175,6 +177,8 @@ struct RouteView<'a> {
     slo: Slo,
     behavior_changed: bool,
     incident: Option<IncidentRef<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    breaker: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -222,7 +226,8 @@ pub fn status_json(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Value {
-    serde_json::to_value(status_view(routes, health, figures, now)).unwrap_or(Value::Null)
+    serde_json::to_value(status_view(routes, health, figures, now, &HashMap::new()))
+        .unwrap_or(Value::Null)
 }
 
 /// The same document, serialised straight to bytes (what the handler sends).
@@ -232,7 +237,18 @@ pub fn status_bytes(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&status_view(routes, health, figures, now))
+    status_bytes_with(routes, health, figures, now, &HashMap::new())
+}
+
+/// [`status_bytes`] with the in-process proxy's breaker states (route → `closed` …).
+pub fn status_bytes_with(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    figures: &Figures,
+    now: DateTime<Utc>,
+    breakers: &HashMap<RouteId, &'static str>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&status_view(routes, health, figures, now, breakers))
 }
 
 fn status_view<'a>(
@@ -240,6 +256,7 @@ fn status_view<'a>(
     health: &'a HealthSnapshot,
     figures: &Figures,
     now: DateTime<Utc>,
+    breakers: &HashMap<RouteId, &'static str>,
 ) -> StatusView<'a> {
     let views = routes
         .iter()
@@ -293,6 +310,7 @@ fn status_view<'a>(
                     opened_at: rfc3339(i.opened_at),
                     peak: i.peak,
                 }),
+                breaker: breakers.get(&r.id).copied(),
             }
         })
         .collect();
@@ -373,8 +391,16 @@ pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError>
     let now = state.clock.now();
     let figures = state.figures.get(&state.store, now).await?;
     let routes = state.routes.clone();
+    let breakers: HashMap<RouteId, &'static str> = state
+        .metrics
+        .proxy()
+        .map(|p| p.breakers())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|b| (b.route, b.state.as_str()))
+        .collect();
     let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        status_bytes(&routes, &health, &figures, now)
+        status_bytes_with(&routes, &health, &figures, now, &breakers)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))
     })
     .await??;

@@ -9,7 +9,9 @@
 //!   the error kind, a closed set);
 //! - set at scrape time from the health and weights snapshots: `probeok_route_state{…}`
 //!   (0 UNKNOWN … 5 SWITCHED), `probeok_route_weight{serves,provider,region,model}`;
-//! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`.
+//! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`;
+//! - the in-process proxy's breakers and counters, once [`Metrics::attach_proxy`] was called
+//!   (see `proxy::export`).
 //!
 //! Label values come only from the config (outcomes of unconfigured routes are ignored), never
 //! from request input, so the series count is bounded by the config. Later families (proxy,
@@ -107,6 +109,7 @@ pub struct Metrics {
     /// scrape time (channels come from the config, results are a fixed set).
     alerts: Family<AlertLabels, Counter>,
     alert_source: OnceLock<Arc<AlertMetrics>>,
+    proxy: crate::proxy::export::ProxySlot,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -177,6 +180,8 @@ impl Metrics {
                 version: env!("CARGO_PKG_VERSION"),
             }),
         );
+        let proxy = crate::proxy::export::ProxySlot::default();
+        registry.register_collector(Box::new(proxy.clone()));
         let labels = |r: &Route| RouteLabels {
             provider: r.provider.clone(),
             region: r.region.clone(),
@@ -199,6 +204,7 @@ impl Metrics {
             ingest_items,
             alerts,
             alert_source: OnceLock::new(),
+            proxy,
         }
     }
 
@@ -206,6 +212,17 @@ impl Metrics {
     /// The first call wins; later ones are ignored.
     pub fn follow_alerts(&self, source: Arc<AlertMetrics>) {
         let _ = self.alert_source.set(source);
+    }
+
+    /// The in-process proxy: its breakers and counters appear on `/metrics` and its breakers
+    /// on `/api/v1/status`.
+    pub fn attach_proxy(&self, stats: crate::proxy::ProxyStats) {
+        self.proxy.attach(stats);
+    }
+
+    /// The attached proxy, if any.
+    pub fn proxy(&self) -> Option<&crate::proxy::ProxyStats> {
+        self.proxy.get()
     }
 
     /// Counts one outcome in. Passive outcomes and unconfigured routes are ignored.

@@ -169,7 +169,9 @@ fn core_schemas() -> Value {
                         "description": "1 untouched, 0 spent, negative overspent (30 days)"}}},
                 "behavior_changed": {"type": "boolean"},
                 "incident": {"type": "object", "nullable": true, "properties": {
-                    "id": {"type": "string"}, "opened_at": {"type": "string", "format": "date-time"}, "peak": state_enum()}}
+                    "id": {"type": "string"}, "opened_at": {"type": "string", "format": "date-time"}, "peak": state_enum()}},
+                "breaker": {"type": "string", "enum": ["closed", "half_open", "open"],
+                    "description": "The in-process proxy's circuit breaker of the route; absent without a proxy"}
             }
         },
         "Status": {

@@ -1,0 +1,132 @@
+//! The proxy's families on the monitor's `/metrics`, read at scrape time from a
+//! [`ProxyStats`] handle (a `prometheus-client` collector: nothing is copied between scrapes):
+//!
+//! - `probeok_proxy_breaker_state{route}`: 0 closed, 1 half-open, 2 open;
+//! - `probeok_proxy_requests_total{serves,route,outcome}`;
+//! - `probeok_proxy_failovers_total{reason}`;
+//! - `probeok_proxy_dropped_total{what}`: metering records (`meter`) and passive outcomes
+//!   (`passive`) dropped.
+//!
+//! Label sets are bounded by the config (routes) and by [`super::meter::MAX_LABEL_SETS`].
+//! Before a proxy is attached (or without one) no proxy family is written.
+
+use std::sync::{Arc, OnceLock};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+use super::{BreakerState, ProxyStats};
+
+/// SPEC-style numbering of a breaker's state.
+pub fn breaker_value(state: BreakerState) -> i64 {
+    match state {
+        BreakerState::Closed => 0,
+        BreakerState::HalfOpen => 1,
+        BreakerState::Open => 2,
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BreakerLabels {
+    route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    serves: String,
+    route: String,
+    outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DroppedLabels {
+    what: &'static str,
+}
+
+/// Where the monitor's registry finds the proxy, once one runs in-process.
+#[derive(Debug, Clone, Default)]
+pub struct ProxySlot(Arc<OnceLock<ProxyStats>>);
+
+impl ProxySlot {
+    /// Attaches the proxy; a second call is ignored (there is one proxy per process).
+    pub fn attach(&self, stats: ProxyStats) {
+        let _ = self.0.set(stats);
+    }
+
+    pub fn get(&self) -> Option<&ProxyStats> {
+        self.0.get()
+    }
+}
+
+impl Collector for ProxySlot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(stats) = self.get() else {
+            return Ok(());
+        };
+        let breakers = stats.breakers();
+        let counters = stats.counters();
+
+        let mut family = encoder.encode_descriptor(
+            "proxy_breaker_state",
+            "Circuit breaker of the route in the proxy: 0 closed, 1 half-open, 2 open",
+            None,
+            MetricType::Gauge,
+        )?;
+        for b in &breakers {
+            let labels = BreakerLabels {
+                route: b.route.as_str().to_owned(),
+            };
+            ConstGauge::new(breaker_value(b.state)).encode(family.encode_family(&labels)?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "proxy_requests",
+            "Requests the proxy answered, by logical model, answering route and outcome",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in &counters.requests {
+            let labels = RequestLabels {
+                serves: r.serves.clone(),
+                route: r.route.clone(),
+                outcome: r.outcome.clone(),
+            };
+            ConstCounter::new(r.value).encode(family.encode_family(&labels)?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "proxy_failovers",
+            "Times the proxy moved a request off a route, by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in &counters.failovers {
+            let labels = ReasonLabels {
+                reason: reason.clone(),
+            };
+            ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "proxy_dropped",
+            "Metering records (meter) and passive outcomes (passive) the proxy dropped",
+            None,
+            MetricType::Counter,
+        )?;
+        for (what, n) in [
+            ("meter", counters.meter_dropped),
+            ("passive", counters.passive_dropped),
+        ] {
+            ConstCounter::new(n).encode(family.encode_family(&DroppedLabels { what })?)?;
+        }
+        Ok(())
+    }
+}
