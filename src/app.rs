@@ -178,6 +178,7 @@ pub async fn start(
         clock.clone(),
         Some(health_events.clone()),
     );
+    metrics.attach_budget(budget.clone());
     let switch = crate::switch::spawn(
         crate::switch::Driver {
             routes: Arc::new(routes.clone()),

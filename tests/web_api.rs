@@ -849,3 +849,55 @@ async fn metrics_export_the_alert_engines_counters() {
     );
     assert!(text.trim_end().ends_with("# EOF"));
 }
+
+#[tokio::test]
+async fn the_extra_cost_budget_shows_in_status_and_metrics() {
+    let h = Harness::new(ROUTES, now()).await;
+    let budget = probeok::budget::Budget::new(
+        probeok::config::BudgetConfig {
+            max_extra_cost_per_hour: 300.0,
+            degrade_at: 0.8,
+        },
+        &h.state.routes,
+        h.state.clock.clone(),
+        None,
+    );
+    h.state.metrics.attach_budget(budget);
+    let s = h.serve().await;
+    let status: serde_json::Value = reqwest::get(s.url("/api/v1/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        status["budget"]["max_extra_cost_per_hour"], 300.0,
+        "{status}"
+    );
+    assert_eq!(status["budget"]["used_ratio"], 0.0, "{status}");
+    assert_eq!(status["budget"]["switching_allowed"], true, "{status}");
+    let text = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"probeok_budget_extra_cost{kind="limit"} 300.0"#),
+        "{text}"
+    );
+    assert!(text.contains("probeok_budget_used_ratio 0.0"), "{text}");
+}
+
+#[tokio::test]
+async fn without_a_budget_status_has_no_budget_field() {
+    let h = Harness::new(ROUTES, now()).await;
+    let s = h.serve().await;
+    let status: serde_json::Value = reqwest::get(s.url("/api/v1/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(status.get("budget").is_none(), "{status}");
+}

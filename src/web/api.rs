@@ -186,6 +186,9 @@ struct StatusView<'a> {
     generated_at: String,
     overall: &'static str,
     routes: Vec<RouteView<'a>>,
+    /// The hourly extra-cost budget (layer 5), when the switch controller runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    budget: Option<crate::budget::BudgetSnapshot>,
 }
 
 /// `1 − (1 − good_ratio) / (1 − target)`, rounded to 1e-4; `None` without outcomes.
@@ -237,7 +240,7 @@ pub fn status_bytes(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    status_bytes_with(routes, health, figures, now, &HashMap::new())
+    status_bytes_with(routes, health, figures, now, &HashMap::new(), None)
 }
 
 /// [`status_bytes`] with the in-process proxy's breaker states (route → `closed` …).
@@ -247,8 +250,11 @@ pub fn status_bytes_with(
     figures: &Figures,
     now: DateTime<Utc>,
     breakers: &HashMap<RouteId, &'static str>,
+    budget: Option<crate::budget::BudgetSnapshot>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&status_view(routes, health, figures, now, breakers))
+    let mut view = status_view(routes, health, figures, now, breakers);
+    view.budget = budget;
+    serde_json::to_vec(&view)
 }
 
 fn status_view<'a>(
@@ -318,6 +324,7 @@ fn status_view<'a>(
         generated_at: rfc3339(now),
         overall: overall(routes, health),
         routes: views,
+        budget: None,
     }
 }
 
@@ -399,8 +406,9 @@ pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError>
         .into_iter()
         .map(|b| (b.route, b.state.as_str()))
         .collect();
+    let budget = state.metrics.budget().map(|b| b.snapshot());
     let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        status_bytes_with(&routes, &health, &figures, now, &breakers)
+        status_bytes_with(&routes, &health, &figures, now, &breakers, budget)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))
     })
     .await??;

@@ -110,6 +110,17 @@ pub struct Metrics {
     alerts: Family<AlertLabels, Counter>,
     alert_source: OnceLock<Arc<AlertMetrics>>,
     proxy: crate::proxy::export::ProxySlot,
+    /// `probeok_budget_extra_cost{kind}` and `probeok_budget_used_ratio`, read from the
+    /// hourly extra-cost budget at scrape time.
+    budget_cost: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
+    budget_used: Gauge<f64, AtomicU64>,
+    budget: OnceLock<Arc<crate::budget::Budget>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BudgetLabels {
+    /// `spent` (settled this hour), `reserved` (running requests) or `limit`.
+    kind: &'static str,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -132,6 +143,18 @@ impl Metrics {
         let route_weight = Family::<WeightLabels, Gauge>::default();
         let ingest_items = Family::<IngestLabels, Counter>::default();
         let alerts = Family::<AlertLabels, Counter>::default();
+        let budget_cost = Family::<BudgetLabels, Gauge<f64, AtomicU64>>::default();
+        let budget_used = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "budget_extra_cost",
+            "Extra cost of non-primary serving this clock hour, in the routes' price currency",
+            budget_cost.clone(),
+        );
+        registry.register(
+            "budget_used_ratio",
+            "(spent + reserved) / max_extra_cost_per_hour this clock hour",
+            budget_used.clone(),
+        );
         registry.register(
             "probe_success",
             "1 when the route's last probe succeeded, else 0",
@@ -205,7 +228,21 @@ impl Metrics {
             alerts,
             alert_source: OnceLock::new(),
             proxy,
+            budget_cost,
+            budget_used,
+            budget: OnceLock::new(),
         }
+    }
+
+    /// The hourly extra-cost budget: exported on `/metrics` and in `/api/v1/status`.
+    /// The first call wins.
+    pub fn attach_budget(&self, budget: Arc<crate::budget::Budget>) {
+        let _ = self.budget.set(budget);
+    }
+
+    /// The attached budget, if any.
+    pub fn budget(&self) -> Option<&Arc<crate::budget::Budget>> {
+        self.budget.get()
     }
 
     /// Exports the alert engine's counters as `probeok_alerts_total` (read at scrape time).
@@ -303,6 +340,19 @@ impl Metrics {
                 // The source only grows; bring the exported counter up to it.
                 c.inc_by(n.saturating_sub(c.get()));
             }
+        }
+        if let Some(b) = self.budget.get() {
+            let snap = b.snapshot();
+            for (kind, v) in [
+                ("spent", snap.spent),
+                ("reserved", snap.reserved),
+                ("limit", snap.max_extra_cost_per_hour),
+            ] {
+                self.budget_cost
+                    .get_or_create(&BudgetLabels { kind })
+                    .set(v);
+            }
+            self.budget_used.set(snap.used_ratio);
         }
         let mut out = String::with_capacity(4096 + self.order.len() * 1024);
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
