@@ -282,3 +282,31 @@ async fn provider_text_never_reaches_a_page_unescaped() {
     assert!(seen_escaped >= 2, "{seen_escaped}");
     f.h.shutdown.cancel();
 }
+
+#[tokio::test]
+async fn the_extra_cost_budget_is_on_the_status_page_in_both_languages() {
+    let f = page_fixture::serve().await;
+    let page = |lang: &'static str| {
+        let url = f.s.url(&format!("/?lang={lang}"));
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    // No budget attached: no line.
+    assert!(!page("en").await.contains(r#"id="budget""#));
+    let budget = probeok::budget::Budget::new(
+        probeok::config::BudgetConfig {
+            max_extra_cost_per_hour: 300.0,
+            degrade_at: 0.8,
+        },
+        &f.h.state.routes,
+        f.h.state.clock.clone(),
+        None,
+    );
+    f.h.state.metrics.attach_budget(budget);
+    let en = page("en").await;
+    assert!(
+        en.contains("Extra cost of serving off the primaries this hour: 0.00 of 300.00 (0.0%)"),
+        "{en}"
+    );
+    let zh = page("zh").await;
+    assert!(zh.contains("本小时非主线路额外成本：0.00 / 300.00"), "{zh}");
+}

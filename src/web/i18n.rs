@@ -600,6 +600,28 @@ pub fn finding(lang: Lang, kind: FindingKind, providers: &[String], routes: usiz
     }
 }
 
+/// The extra-cost budget line: `Extra cost of serving off the primaries this hour: 12.00 of
+/// 300.00 (4.0%); switching allowed`.
+pub fn budget(lang: Lang, b: &crate::budget::BudgetSnapshot) -> String {
+    let used = b.spent + b.reserved;
+    let pct = b.used_ratio * 100.0;
+    let max = b.max_extra_cost_per_hour;
+    match (lang, b.switching_allowed) {
+        (Lang::En, true) => format!(
+            "Extra cost of serving off the primaries this hour: {used:.2} of {max:.2} ({pct:.1}%); switching to backups allowed"
+        ),
+        (Lang::En, false) => format!(
+            "Extra cost of serving off the primaries this hour: {used:.2} of {max:.2} ({pct:.1}%); no new switch until the hour turns"
+        ),
+        (Lang::Zh, true) => format!(
+            "本小时非主线路额外成本：{used:.2} / {max:.2}（{pct:.1}%）；允许切换到备用线路"
+        ),
+        (Lang::Zh, false) => format!(
+            "本小时非主线路额外成本：{used:.2} / {max:.2}（{pct:.1}%）；本小时内不再切换"
+        ),
+    }
+}
+
 /// A maintenance window line: `in progress: qwen/* until 2026-05-01 04:00 UTC`.
 pub fn maintenance(lang: Lang, active: bool, routes: &str, start: &str, end: &str) -> String {
     let t = lang.text();

@@ -339,6 +339,8 @@ pub struct StatusPage {
     pub maintenance: Vec<String>,
     pub findings: Vec<String>,
     pub groups: Vec<Group>,
+    /// The hourly extra-cost budget of serving off the primaries, when it is in force.
+    pub budget: Option<String>,
 }
 
 #[derive(Template)]
@@ -751,6 +753,7 @@ pub fn status_page(
         maintenance,
         findings,
         groups,
+        budget: None,
     }
 }
 
@@ -775,7 +778,7 @@ pub async fn status(
         .await
         .map_err(|e| fail(e.into()))?;
     let data = state.figures.pages(&state.store, now).await.map_err(fail)?;
-    let page = status_page(
+    let mut page = status_page(
         lang,
         &state.config.server.title,
         &state.routes,
@@ -785,6 +788,10 @@ pub async fn status(
         &data,
         now,
     );
+    page.budget = state
+        .metrics
+        .budget()
+        .map(|b| i18n::budget(lang, &b.snapshot()));
     let body = page
         .render()
         .map_err(|e| fail(PageError::Internal(format!("rendering /: {e}"))))?;
