@@ -54,10 +54,12 @@
 //!   `/healthz`, `/readyz`, and the public HTML pages (`web::pages`: `/`, `/routes/{id}`,
 //!   `/incidents`, askama templates in `templates/`, zh/en words in `web::i18n`, the
 //!   stylesheet `static/style.css` served at `/static/style.css`).
-//! - [`cli`]: the subcommands behind the binary (check-config, probe, serve, simulate,
-//!   alert test).
+//! - [`cli`]: the subcommands behind the binary (serve, check-config, probe, regress, alert
+//!   test, proxy, simulate).
 //! - [`app`]: wires the tasks together under one `CancellationToken`: scheduler → recorder →
-//!   store → health service; passive queue → store → health service.
+//!   store → health service; passive queue (proxy, ingest) → store → health service; health →
+//!   weights (with drift and switch overrides) → feed and in-process proxy; health events →
+//!   alerts.
 
 pub mod alert;
 pub mod app;
