@@ -650,19 +650,20 @@ pub fn incident_what(lang: Lang, peak: State, mode: Option<FailureMode>, reason:
     s
 }
 
-/// Budget left: `87.5% · 37.8 min of 43.2 min`.
+/// Budget left: `87.5% · 37.8 min of 43.2 min`. Overspent, the multiple of the budget spent
+/// (`0% · 2.5× the budget spent`): converting an overspent fraction into minutes of a 30-day
+/// window would claim thousands of minutes for a route with an hour of bad data.
 pub fn budget_left(lang: Lang, fraction: f64, budget_min: f64) -> String {
     let left = fraction * budget_min;
     if fraction < 0.0 {
+        let spent = 1.0 - fraction;
         return match lang {
             Lang::En => format!(
-                "0% · overspent by {} (budget {})",
-                minutes(lang, -left),
+                "0% · {spent:.1}× the budget spent (budget {})",
                 minutes(lang, budget_min)
             ),
             Lang::Zh => format!(
-                "0% · 超支 {}（预算 {}）",
-                minutes(lang, -left),
+                "0% · 已用预算的 {spent:.1} 倍（预算 {}）",
                 minutes(lang, budget_min)
             ),
         };
@@ -736,5 +737,16 @@ mod tests {
         assert_eq!(reason(Lang::En, "mystery", &f, "detail"), "detail");
         assert_eq!(percent(0.99999), "99.999%");
         assert_eq!(percent(1.0), "100.00%");
+    }
+
+    #[test]
+    fn an_overspent_budget_is_a_multiple_not_a_pile_of_minutes() {
+        // 25% bad against a 99.9% target: 250× the budget, not "10,756 minutes overspent".
+        let fraction = 1.0 - 0.25 / 0.001;
+        let en = budget_left(Lang::En, fraction, 43.2);
+        assert!(en.starts_with("0% · 250.0× the budget spent"), "{en}");
+        let zh = budget_left(Lang::Zh, fraction, 43.2);
+        assert!(zh.contains("250.0 倍"), "{zh}");
+        assert!(budget_left(Lang::En, 0.5, 43.2).starts_with("50.0% · "));
     }
 }
