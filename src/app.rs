@@ -195,6 +195,7 @@ pub async fn start(
         shutdown.clone(),
     );
     let switch_router = crate::switch::router(switch.status.clone(), store.clone());
+    metrics.attach_switch(switch.status.clone());
     // Weights follow drift too (open findings with `on_drift = "deweight"`, the quality gate for
     // backup and fallback routes) and the switch controller's overrides.
     let weights_rx = crate::weights::spawn_publisher_full(

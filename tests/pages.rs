@@ -310,3 +310,48 @@ async fn the_extra_cost_budget_is_on_the_status_page_in_both_languages() {
     let zh = page("zh").await;
     assert!(zh.contains("本小时非主线路额外成本：0.00 / 300.00"), "{zh}");
 }
+
+#[tokio::test]
+async fn a_switched_model_is_on_the_status_page_in_both_languages() {
+    let f = page_fixture::serve().await;
+    let page = |lang: &'static str| {
+        let url = f.s.url(&format!("/?lang={lang}"));
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    assert!(!page("en").await.contains(r#"id="switches""#));
+    let budget = probeok::budget::Budget::new(
+        probeok::config::BudgetConfig::default(),
+        &f.h.state.routes,
+        f.h.state.clock.clone(),
+        None,
+    );
+    let since = page_fixture::now() - chrono::TimeDelta::minutes(3);
+    let backup = probeok::route::RouteId::parse(DEEPSEEK).unwrap();
+    let status = probeok::switch::SwitchStatus {
+        generated_at: page_fixture::now(),
+        models: vec![probeok::switch::ModelSwitch {
+            serves: "chat-main".into(),
+            primaries: vec![probeok::route::RouteId::parse(QWEN).unwrap()],
+            phase: probeok::switch::Phase::Switched {
+                backup: backup.clone(),
+                since,
+                wait_from: since,
+                healthy_since: None,
+            },
+            dwell_until: None,
+            switches_last_hour: 1,
+        }],
+        budget: budget.snapshot(),
+    };
+    let (_tx, rx) = tokio::sync::watch::channel(std::sync::Arc::new(status));
+    f.h.state.metrics.attach_switch(rx);
+    let en = page("en").await;
+    assert!(
+        en.contains(&format!(
+            "chat-main: traffic switched to backup {backup} since"
+        )),
+        "{en}"
+    );
+    let zh = page("zh").await;
+    assert!(zh.contains("流量已切换到备用线路"), "{zh}");
+}

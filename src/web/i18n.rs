@@ -86,6 +86,7 @@ pub struct Text {
     pub overall_outage: &'static str,
     pub active_incidents: &'static str,
     pub maintenance: &'static str,
+    pub switches: &'static str,
     pub maintenance_now: &'static str,
     pub maintenance_next: &'static str,
     pub findings: &'static str,
@@ -162,6 +163,7 @@ pub static EN: Text = Text {
     overall_outage: "Outage: a model has no usable route",
     active_incidents: "Active incidents",
     maintenance: "Maintenance",
+    switches: "Traffic moved by the switch controller",
     maintenance_now: "in progress",
     maintenance_next: "scheduled",
     findings: "Network findings",
@@ -238,6 +240,7 @@ pub static ZH: Text = Text {
     overall_outage: "服务中断：有模型没有可用线路",
     active_incidents: "进行中的事故",
     maintenance: "维护",
+    switches: "自动切换中的流量",
     maintenance_now: "进行中",
     maintenance_next: "已计划",
     findings: "网络诊断",
@@ -598,6 +601,43 @@ pub fn finding(lang: Lang, kind: FindingKind, providers: &[String], routes: usiz
             providers.join("、")
         ),
     }
+}
+
+/// A logical model the switch controller moved, in a sentence; `None` while it is on its
+/// primaries.
+pub fn switch_line(
+    lang: Lang,
+    m: &crate::switch::ModelSwitch,
+    when: &dyn Fn(chrono::DateTime<chrono::Utc>) -> String,
+) -> Option<String> {
+    use crate::switch::Phase;
+    let s = &m.serves;
+    Some(match (&m.phase, lang) {
+        (Phase::Primary, _) => return None,
+        (Phase::Probing { backup, since }, Lang::En) => format!(
+            "{s}: primaries CRITICAL, checking backup {backup} before switching (since {})",
+            when(*since)
+        ),
+        (Phase::Probing { backup, since }, Lang::Zh) => format!(
+            "{s}：主线路严重故障，切换前正在检测备用线路 {backup}（自 {}）",
+            when(*since)
+        ),
+        (Phase::Switched { backup, since, .. }, Lang::En) => format!(
+            "{s}: traffic switched to backup {backup} since {}",
+            when(*since)
+        ),
+        (Phase::Switched { backup, since, .. }, Lang::Zh) => {
+            format!("{s}：流量已切换到备用线路 {backup}（自 {}）", when(*since))
+        }
+        (Phase::Canary { backup, ratio, .. }, Lang::En) => format!(
+            "{s}: returning to the primaries, canary at {:.0}% (the rest on backup {backup})",
+            ratio * 100.0
+        ),
+        (Phase::Canary { backup, ratio, .. }, Lang::Zh) => format!(
+            "{s}：正在灰度回切主线路，当前 {:.0}%（其余在备用线路 {backup}）",
+            ratio * 100.0
+        ),
+    })
 }
 
 /// The extra-cost budget line: `Extra cost of serving off the primaries this hour: 12.00 of

@@ -115,6 +115,8 @@ pub struct Metrics {
     budget_cost: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
     budget_used: Gauge<f64, AtomicU64>,
     budget: OnceLock<Arc<crate::budget::Budget>>,
+    /// The switch controller's current phases, for the status page.
+    switch: OnceLock<crate::switch::SwitchRx>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -231,7 +233,18 @@ impl Metrics {
             budget_cost,
             budget_used,
             budget: OnceLock::new(),
+            switch: OnceLock::new(),
         }
+    }
+
+    /// The switch controller's phases, shown on the status page. The first call wins.
+    pub fn attach_switch(&self, status: crate::switch::SwitchRx) {
+        let _ = self.switch.set(status);
+    }
+
+    /// The latest switch phases, if the controller runs.
+    pub fn switch(&self) -> Option<Arc<crate::switch::SwitchStatus>> {
+        self.switch.get().map(|rx| rx.borrow().clone())
     }
 
     /// The hourly extra-cost budget: exported on `/metrics` and in `/api/v1/status`.

@@ -341,6 +341,8 @@ pub struct StatusPage {
     pub groups: Vec<Group>,
     /// The hourly extra-cost budget of serving off the primaries, when it is in force.
     pub budget: Option<String>,
+    /// Logical models whose traffic the switch controller moved (switched, canary, probing).
+    pub switches: Vec<String>,
 }
 
 #[derive(Template)]
@@ -754,6 +756,7 @@ pub fn status_page(
         findings,
         groups,
         budget: None,
+        switches: Vec::new(),
     }
 }
 
@@ -792,6 +795,13 @@ pub async fn status(
         .metrics
         .budget()
         .map(|b| i18n::budget(lang, &b.snapshot()));
+    if let Some(sw) = state.metrics.switch() {
+        page.switches = sw
+            .models
+            .iter()
+            .filter_map(|m| i18n::switch_line(lang, m, &when))
+            .collect();
+    }
     let body = page
         .render()
         .map_err(|e| fail(PageError::Internal(format!("rendering /: {e}"))))?;
