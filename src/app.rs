@@ -198,12 +198,18 @@ pub async fn start(
     metrics.attach_switch(switch.status.clone());
     // Weights follow drift too (open findings with `on_drift = "deweight"`, the quality gate for
     // backup and fallback routes) and the switch controller's overrides.
+    // The in-process proxy's open breakers, disclosed in the weights' reasons (the proxy starts
+    // below; without it the sender is dropped and the feed ends).
+    let (breakers_tx, breakers_rx) = watch::channel(Arc::new(crate::weights::OpenBreakers::new()));
     let weights_rx = crate::weights::spawn_publisher_full(
         Arc::new(routes.clone()),
         health_rx.clone(),
         Some(drift.rx.clone()),
         crate::weights::Policy::from_config(&config),
-        Some(switch.overrides.clone()),
+        crate::weights::Feeds {
+            overrides: Some(switch.overrides.clone()),
+            breakers: Some(breakers_rx),
+        },
         shutdown.clone(),
     );
 
@@ -221,8 +227,13 @@ pub async fn start(
         let proxy =
             crate::proxy::Proxy::with_options(&config, proxy_weights, passive_tx.clone(), opts)?;
         proxy.set_budget(budget.clone());
-        // Breakers and counters on `/metrics` and `/api/v1/status`.
+        // Breakers and counters on `/metrics` and `/api/v1/status`, open breakers in the weights.
         metrics.attach_proxy(proxy.stats());
+        tokio::spawn(follow_breakers(
+            proxy.stats(),
+            breakers_tx,
+            shutdown.clone(),
+        ));
         tracing::info!(addr = %config.proxy.listen, "proxy serving");
         Some(tokio::spawn(crate::proxy::serve(
             proxy_listener,
@@ -388,6 +399,37 @@ fn follow_weights(
         }
     });
     rx
+}
+
+/// Sends the proxy's open (or half-open) breakers whenever that set changes; polled once a
+/// second, the breakers' own granularity being seconds.
+async fn follow_breakers(
+    stats: crate::proxy::ProxyStats,
+    tx: watch::Sender<Arc<crate::weights::OpenBreakers>>,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let open: crate::weights::OpenBreakers = stats
+            .breakers()
+            .into_iter()
+            .filter(|b| b.state != crate::proxy::breaker::BreakerState::Closed)
+            .map(|b| b.route)
+            .collect();
+        tx.send_if_modified(|cur| {
+            if **cur == open {
+                false
+            } else {
+                *cur = Arc::new(open);
+                true
+            }
+        });
+    }
 }
 
 /// Stores passive outcomes as they arrive, then hands them to detection.

@@ -329,6 +329,30 @@ pub fn compute_with(
     policy: &Policy,
     overrides: &Overrides,
 ) -> BTreeMap<String, ModelWeights> {
+    compute_full(
+        routes,
+        health,
+        drift,
+        policy,
+        overrides,
+        &OpenBreakers::new(),
+    )
+}
+
+/// Routes whose circuit breaker in the in-process proxy is open or half-open.
+pub type OpenBreakers = std::collections::BTreeSet<RouteId>;
+
+/// [`compute_with`] that also discloses the proxy's open breakers: such a route keeps its
+/// weight (the proxy already tries it last, and half-open trials need traffic to close it)
+/// but its reason says `breaker_open` while detection has nothing worse to say.
+pub fn compute_full(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    drift: Option<&DriftSnapshot>,
+    policy: &Policy,
+    overrides: &Overrides,
+    breakers: &OpenBreakers,
+) -> BTreeMap<String, ModelWeights> {
     let by_id: HashMap<&RouteId, &RouteStatus> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
     let mut groups: BTreeMap<&str, Vec<&Route>> = BTreeMap::new();
@@ -340,7 +364,16 @@ pub fn compute_with(
         .map(|(serves, members)| {
             let scored: Vec<(u64, State, String)> = members
                 .iter()
-                .map(|r| score(r, by_id.get(&r.id).copied(), drift, policy))
+                .map(|r| {
+                    let (score, state, reason) = score(r, by_id.get(&r.id).copied(), drift, policy);
+                    let quiet = matches!(state, State::Normal | State::Unknown | State::Warning);
+                    let reason = if quiet && breakers.contains(&r.id) && score > 0 {
+                        "breaker_open".to_owned()
+                    } else {
+                        reason
+                    };
+                    (score, state, reason)
+                })
                 .collect();
             if let Some(o) = overrides.get(serves) {
                 if let Some(m) = overridden(&members, &scored, &by_id, drift, policy, o) {
@@ -493,6 +526,7 @@ pub struct Weights {
     policy: Policy,
     drift: Option<Arc<DriftSnapshot>>,
     overrides: Overrides,
+    breakers: OpenBreakers,
     current: Arc<WeightsSnapshot>,
 }
 
@@ -519,8 +553,14 @@ impl Weights {
             policy,
             drift,
             overrides: Overrides::new(),
+            breakers: OpenBreakers::new(),
             current,
         }
+    }
+
+    /// Replaces the proxy's open breakers; the next [`Weights::update`] discloses them.
+    pub fn set_breakers(&mut self, breakers: OpenBreakers) {
+        self.breakers = breakers;
     }
 
     /// Replaces the switch overrides; the next [`Weights::update`] applies them.
@@ -540,12 +580,13 @@ impl Weights {
     /// Recomputes; `Some(new version)` when a weight, state, reason code or serving tier
     /// changed, `None` (and no serialisation) otherwise.
     pub fn update(&mut self, health: &HealthSnapshot) -> Option<Arc<WeightsSnapshot>> {
-        let models = compute_with(
+        let models = compute_full(
             &self.routes,
             health,
             self.drift.as_deref(),
             &self.policy,
             &self.overrides,
+            &self.breakers,
         );
         if models == self.current.models {
             return None;
@@ -568,7 +609,14 @@ pub fn spawn_publisher(
     health: HealthRx,
     shutdown: CancellationToken,
 ) -> WeightsRx {
-    spawn_publisher_full(routes, health, None, Policy::default(), None, shutdown)
+    spawn_publisher_full(
+        routes,
+        health,
+        None,
+        Policy::default(),
+        Feeds::default(),
+        shutdown,
+    )
 }
 
 /// [`spawn_publisher`] that also follows drift (findings and the quality gate) under
@@ -580,26 +628,43 @@ pub fn spawn_publisher_with(
     policy: Policy,
     shutdown: CancellationToken,
 ) -> WeightsRx {
-    spawn_publisher_full(routes, health, drift, policy, None, shutdown)
+    spawn_publisher_full(routes, health, drift, policy, Feeds::default(), shutdown)
 }
 
-/// [`spawn_publisher_with`] that also follows the switch controller's overrides.
+/// What else the weights follow besides health and drift.
+#[derive(Debug, Default)]
+pub struct Feeds {
+    /// The switch controller's overrides.
+    pub overrides: Option<watch::Receiver<Arc<Overrides>>>,
+    /// The in-process proxy's open breakers.
+    pub breakers: Option<watch::Receiver<Arc<OpenBreakers>>>,
+}
+
+/// [`spawn_publisher_with`] that also follows the switch controller's overrides and the
+/// proxy's breakers.
 pub fn spawn_publisher_full(
     routes: Arc<Vec<Route>>,
     mut health: HealthRx,
     mut drift: Option<DriftRx>,
     policy: Policy,
-    mut overrides: Option<watch::Receiver<Arc<Overrides>>>,
+    feeds: Feeds,
     shutdown: CancellationToken,
 ) -> WeightsRx {
+    let Feeds {
+        mut overrides,
+        mut breakers,
+    } = feeds;
     let first = health.borrow_and_update().clone();
     let first_drift = drift.as_mut().map(|d| d.borrow_and_update().clone());
     let mut weights = Weights::with_drift(routes, policy, first_drift, &first);
     if let Some(o) = &mut overrides {
         weights.set_overrides((**o.borrow_and_update()).clone());
-        // Applies them to the first version (a new version only if they change anything).
-        let _ = weights.update(&first);
     }
+    if let Some(b) = &mut breakers {
+        weights.set_breakers((**b.borrow_and_update()).clone());
+    }
+    // Applies them to the first version (a new version only if they change anything).
+    let _ = weights.update(&first);
     let (tx, rx) = watch::channel(weights.current());
     tokio::spawn(async move {
         let mut health_open = true;
@@ -630,6 +695,12 @@ pub fn spawn_publisher_full(
                         None => overrides = None,
                     }
                 }
+                changed = next_overrides(&mut breakers) => {
+                    match changed {
+                        Some(b) => weights.set_breakers(b),
+                        None => breakers = None,
+                    }
+                }
                 changed = drift_changed => {
                     match changed {
                         Ok(()) => {
@@ -651,8 +722,9 @@ pub fn spawn_publisher_full(
     rx
 }
 
-/// The next overrides (`None`: their sender is gone); pending forever without a receiver.
-async fn next_overrides(rx: &mut Option<watch::Receiver<Arc<Overrides>>>) -> Option<Overrides> {
+/// The next value of an optional feed (`None`: its sender is gone); pending forever without a
+/// receiver.
+async fn next_overrides<T: Clone>(rx: &mut Option<watch::Receiver<Arc<T>>>) -> Option<T> {
     match rx {
         Some(r) => match r.changed().await {
             Ok(()) => Some((**r.borrow_and_update()).clone()),

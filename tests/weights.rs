@@ -348,3 +348,62 @@ async fn the_publisher_follows_drift_changes() {
     assert_eq!(weights.borrow().weight(&id(BJ)), Some(60));
     shutdown.cancel();
 }
+
+#[test]
+fn an_open_proxy_breaker_shows_in_the_reason_and_keeps_the_weight() {
+    let routes = routes();
+    let mut s = all_normal();
+    s[1] = with_state(s[1].clone(), State::Critical, "error_rate_high");
+    let health = snapshot(at("2026-03-04T12:00:00Z"), s);
+    let open: probeok::weights::OpenBreakers = [routes[0].id.clone(), routes[1].id.clone()].into();
+    let models = probeok::weights::compute_full(
+        &routes,
+        &health,
+        None,
+        &Policy::default(),
+        &probeok::weights::Overrides::new(),
+        &open,
+    );
+    let chat = &models["chat"];
+    // The NORMAL primary keeps its whole share (the proxy tries it last; half-open trials need
+    // traffic) but says why a router may see failures; the CRITICAL one keeps detection's word.
+    assert_eq!(chat.entries[0].weight, 100);
+    assert_eq!(chat.entries[0].reason, "breaker_open");
+    assert_eq!(chat.entries[1].reason, "error_rate_high");
+}
+
+#[tokio::test]
+async fn the_publisher_follows_the_proxys_breakers() {
+    let shutdown = CancellationToken::new();
+    let t = at("2026-03-04T12:00:00Z");
+    let (_health_tx, health_rx) = watch::channel(Arc::new(snapshot(t, all_normal())));
+    let (breakers_tx, breakers_rx) =
+        watch::channel(Arc::new(probeok::weights::OpenBreakers::new()));
+    let routes = routes();
+    let first = routes[0].id.clone();
+    let mut weights = probeok::weights::spawn_publisher_full(
+        Arc::new(routes),
+        health_rx,
+        None,
+        Policy::default(),
+        probeok::weights::Feeds {
+            overrides: None,
+            breakers: Some(breakers_rx),
+        },
+        shutdown.clone(),
+    );
+    let v0 = weights.borrow_and_update().version;
+    breakers_tx.send_replace(Arc::new([first.clone()].into()));
+    tokio::time::timeout(Duration::from_secs(5), weights.changed())
+        .await
+        .expect("a new version")
+        .unwrap();
+    let now = weights.borrow_and_update().clone();
+    assert_eq!(now.version, v0 + 1);
+    let entry = &now.models["chat"].entries[0];
+    assert_eq!(
+        (entry.route.clone(), entry.reason.as_str()),
+        (first, "breaker_open")
+    );
+    shutdown.cancel();
+}
