@@ -416,6 +416,15 @@ pub(crate) fn env_secret(channel: &str, var: &str) -> Result<crate::secret::Secr
     })
 }
 
+/// The optional signing secret of a channel: none when no variable is named, an error when
+/// one is named but unset.
+pub(crate) fn env_secret_opt(
+    channel: &str,
+    var: Option<&String>,
+) -> Result<Option<crate::secret::Secret>, AlertError> {
+    var.map(|v| env_secret(channel, v)).transpose()
+}
+
 /// Posts JSON and returns the status and body; transport errors lose their URL.
 pub(crate) async fn post_json(
     http: &reqwest::Client,

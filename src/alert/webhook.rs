@@ -8,8 +8,8 @@ use futures_util::FutureExt;
 use serde_json::json;
 
 use super::{
-    cut, env_secret, hmac_sha256, post_json, render, AlertError, Message, Notifier, Receipt,
-    RenderCtx,
+    cut, env_secret, env_secret_opt, hmac_sha256, post_json, render, AlertError, Message, Notifier,
+    Receipt, RenderCtx,
 };
 use crate::config::{ChannelOptions, WebhookConfig};
 use crate::secret::Secret;
@@ -40,10 +40,7 @@ impl Webhook {
         http: reqwest::Client,
     ) -> Result<Self, AlertError> {
         let url = env_secret(&name, &c.url_env)?;
-        let secret = match &c.secret_env {
-            Some(v) => Some(env_secret(&name, v)?),
-            None => None,
-        };
+        let secret = env_secret_opt(&name, c.secret_env.as_ref())?;
         Ok(Self::new(name, url, secret, c.options.clone(), http))
     }
 
