@@ -109,9 +109,30 @@ fn bad_configs_give_exact_located_diagnostics() {
             vec!["p.toml:17:1: route[0].intervall: unknown key `intervall`, expected one of `provider`, `region`, `model`, `serves`, `tier`, `weight`, `price`, `capabilities`, `context_window`, `residency`, `interval`, `timeout`, `first_byte_timeout`, `max_tokens`, `slo`"],
         ),
         (
-            "section not supported yet",
-            format!("[heartbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: heartbeat: unknown key `heartbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`"],
+            "unknown section, named with the valid ones",
+            format!("[hearbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
+            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`"],
+        ),
+        (
+            "contracts: unknown fallback model, two behaviours, duplicate feature, bad duration",
+            format!("{PROVIDERS}{ROUTE}[[contract]]\nfeature = \"chat\"\ndegraded = {{ fallback_model = \"chat-lite\" }}\ncritical = {{ reject = \"off\", async_queue = \"1h\" }}\n[[contract]]\nfeature = \"chat\"\ndegraded = {{ cached_response = \"5x\" }}\n[[contract]]\nfeature = \"bad feature\"\n"),
+            vec![
+                "p.toml:19:31: contract[0].degraded.fallback_model: \"chat-lite\" is not a logical model: no route serves it",
+                "p.toml:20:12: contract[0].critical: set exactly one of fallback_model, async_queue, cached_response, reject (got 2)",
+                "p.toml:22:11: contract[1].feature: feature \"chat\" already has a contract",
+                "p.toml:23:32: contract[1].degraded.cached_response: invalid duration \"5x\": unknown time unit \"x\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
+                "p.toml:24:1: contract[2]: set degraded, critical or both",
+                "p.toml:25:11: contract[2].feature: must be 1-64 characters of a-z, A-Z, 0-9, \"_\", \"-\", \".\" (it travels in the x-probeok-feature header)",
+            ],
+        ),
+        (
+            "heartbeat and drill values",
+            format!("[heartbeat]\nstale_after = \"0s\"\nping_url_env = \"https://hc-ping.com/x\"\n[drill]\noff_peak = [[\"02:00\", \"24:00\"]]\n{PROVIDERS}{ROUTE}"),
+            vec![
+                "p.toml:2:15: heartbeat.stale_after: must be greater than 0",
+                "p.toml:3:16: heartbeat.ping_url_env: must name an environment variable (letters, digits and \"_\"), not hold the secret itself",
+                "p.toml:5:13: drill.off_peak[0]: a window is [\"HH:MM\", \"HH:MM\"] (00:00 to 23:59; it may cross midnight)",
+            ],
         ),
         (
             "switch and budget values",

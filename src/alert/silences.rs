@@ -10,17 +10,15 @@
 //! 403 `admin_disabled`. Silences suppress alerts only: probing and storage go on.
 
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
-use subtle::ConstantTimeEq;
 
 use super::maintenance::Silence;
-use crate::secret::Secret;
 use crate::store::alerts::AlertOp;
 use crate::web::{api_error, AppState};
 
@@ -34,38 +32,9 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/admin/silences/{id}", delete(remove))
 }
 
-/// Checks the bearer token. Both sides are hashed first, so the comparison takes the same time
-/// whatever the lengths.
+/// Checks the admin bearer token (see [`crate::web::authorize_admin`]).
 pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Box<Response>> {
-    let Some(token) = Secret::from_env(&state.config.server.admin_token_env) else {
-        return Err(Box::new(api_error(
-            StatusCode::FORBIDDEN,
-            "admin_disabled",
-            "admin endpoints are off: the admin token variable is not set",
-        )));
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    use sha2::Digest;
-    let a = sha2::Sha256::digest(given.as_bytes());
-    let b = sha2::Sha256::digest(token.expose().as_bytes());
-    if bool::from(a.as_slice().ct_eq(b.as_slice())) && !given.is_empty() {
-        Ok(())
-    } else {
-        let mut r = api_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong bearer token",
-        );
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        Err(Box::new(r))
-    }
+    crate::web::authorize_admin(&state.config.server.admin_token_env, headers)
 }
 
 #[derive(Debug, Deserialize)]

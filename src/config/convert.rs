@@ -10,15 +10,16 @@ use chrono::NaiveTime;
 use toml_edit::ImDocument;
 
 use super::raw::{
-    RawAlert, RawAlerting, RawBuckets, RawConfig, RawMaintenance, RawOptions, RawProxy, RawRoute,
-    RawSwitch,
+    RawAlert, RawAlerting, RawBehaviour, RawBuckets, RawConfig, RawContract, RawDrill,
+    RawHeartbeat, RawMaintenance, RawOptions, RawProxy, RawRoute, RawSwitch,
 };
 use super::validate::Checker;
 use super::{
-    AlertChannelsConfig, AlertingConfig, BreakerConfig, Buckets, BudgetConfig, ChannelOptions,
-    Config, ConfigErrors, DetectionConfig, Diagnostic, DriftConfig, EgressConfig, EmailConfig,
-    Loaded, MaintenanceConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig,
-    RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
+    AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
+    ChannelOptions, Config, ConfigErrors, ContractConfig, DetectionConfig, Diagnostic, DriftConfig,
+    DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded, MaintenanceConfig,
+    ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig, RouteConfig, ServerConfig,
+    SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
 };
 use crate::alert::{Lang, Severity};
 use crate::route::{Capability, ProviderKind};
@@ -322,7 +323,102 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         proxy,
         switch,
         budget,
+        contracts: raw
+            .contracts
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| contract(ck, i, c))
+            .collect(),
+        heartbeat: heartbeat(ck, raw.heartbeat),
+        drill: drill(ck, raw.drill),
         source_map: map.clone(),
+    }
+}
+
+fn contract(ck: &mut Checker<'_>, i: usize, r: RawContract) -> ContractConfig {
+    let at = format!("contract[{i}]");
+    let d = Duration::from_secs(60);
+    let retry_after = duration(ck, &format!("{at}.retry_after"), r.retry_after, d);
+    let state = |ck: &mut Checker<'_>, name: &str, b: Option<RawBehaviour>| {
+        let b = b?;
+        let path = format!("{at}.{name}");
+        let mut set: Vec<Behaviour> = Vec::new();
+        if let Some(m) = b.fallback_model {
+            set.push(Behaviour::FallbackModel(m));
+        }
+        if let Some(t) = b.async_queue {
+            let Ok(ttl) = parse_duration(ck, &format!("{path}.async_queue"), &t) else {
+                ck.mark_failed(&path);
+                return None;
+            };
+            set.push(Behaviour::AsyncQueue { ttl });
+        }
+        if let Some(t) = b.cached_response {
+            let Ok(max_age) = parse_duration(ck, &format!("{path}.cached_response"), &t) else {
+                ck.mark_failed(&path);
+                return None;
+            };
+            set.push(Behaviour::CachedResponse { max_age });
+        }
+        if let Some(message) = b.reject {
+            set.push(Behaviour::Reject { message });
+        }
+        if set.len() != 1 {
+            ck.fail(
+                &path,
+                format!(
+                    "set exactly one of fallback_model, async_queue, cached_response, reject (got {})",
+                    set.len()
+                ),
+            );
+            return None;
+        }
+        set.pop()
+    };
+    ContractConfig {
+        degraded: state(ck, "degraded", r.degraded),
+        critical: state(ck, "critical", r.critical),
+        feature: r.feature,
+        user_message: r.user_message,
+        retry_after,
+    }
+}
+
+fn heartbeat(ck: &mut Checker<'_>, r: RawHeartbeat) -> HeartbeatConfig {
+    let d = HeartbeatConfig::default();
+    HeartbeatConfig {
+        stale_after: duration(ck, "heartbeat.stale_after", r.stale_after, d.stale_after),
+        ping_url_env: r.ping_url_env,
+    }
+}
+
+fn drill(ck: &mut Checker<'_>, r: RawDrill) -> DrillConfig {
+    let d = DrillConfig::default();
+    let mut off_peak = Vec::new();
+    for (i, w) in r.off_peak.unwrap_or_default().iter().enumerate() {
+        let path = format!("drill.off_peak[{i}]");
+        let (Some(start), Some(end)) = (
+            w.first().and_then(|s| parse_hhmm(s)),
+            w.get(1).and_then(|s| parse_hhmm(s)),
+        ) else {
+            ck.fail(
+                &path,
+                "a window is [\"HH:MM\", \"HH:MM\"] (00:00 to 23:59; it may cross midnight)",
+            );
+            continue;
+        };
+        if w.len() != 2 || start == end {
+            ck.fail(
+                &path,
+                "a window is two different times [\"HH:MM\", \"HH:MM\"]",
+            );
+            continue;
+        }
+        off_peak.push((start, end));
+    }
+    DrillConfig {
+        off_peak,
+        max_duration: duration(ck, "drill.max_duration", r.max_duration, d.max_duration),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The TOML config (SPEC.md, "Config file"): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
-//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]`. Other sections are rejected as unknown
+//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
+//! [[contract]] [heartbeat] [drill]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -62,6 +63,12 @@ pub struct Config {
     pub switch: SwitchConfig,
     /// `[budget]`: the hourly extra-cost budget of non-primary serving (layer 5).
     pub budget: BudgetConfig,
+    /// `[[contract]]`: what a feature's requests get while their model is DEGRADED or CRITICAL.
+    pub contracts: Vec<ContractConfig>,
+    /// `[heartbeat]`: when a silent scheduled job counts as stalled; the dead-man's switch.
+    pub heartbeat: HeartbeatConfig,
+    /// `[drill]`: when planned traffic moves may start, and for how long at most.
+    pub drill: DrillConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -86,6 +93,9 @@ impl Default for Config {
             proxy: ProxyConfig::default(),
             switch: SwitchConfig::default(),
             budget: BudgetConfig::default(),
+            contracts: Vec::new(),
+            heartbeat: HeartbeatConfig::default(),
+            drill: DrillConfig::default(),
             source_map: SourceMap::default(),
         }
     }
@@ -474,6 +484,98 @@ impl Default for BudgetConfig {
     }
 }
 
+/// `[[contract]]`: a feature's degradation contract (seed 000, layer 3). Requests name their
+/// feature with `x-probeok-feature`; a contract with `feature = "default"` covers the rest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContractConfig {
+    pub feature: String,
+    /// While the request's logical model is DEGRADED.
+    pub degraded: Option<Behaviour>,
+    /// While it is CRITICAL (or SWITCHED); when absent, `degraded` applies here too.
+    pub critical: Option<Behaviour>,
+    /// Shown to the product's users; travels in the answer (body, and percent-encoded header).
+    pub user_message: Option<String>,
+    /// `Retry-After` of a `reject` (and the hint of a queued job). Default 60 s.
+    pub retry_after: Duration,
+}
+
+/// The name of the contract that covers requests without a contract of their own.
+pub const DEFAULT_FEATURE: &str = "default";
+
+impl ContractConfig {
+    /// The behaviour for a model that is `critical` (CRITICAL/SWITCHED) or else DEGRADED.
+    pub fn behaviour(&self, critical: bool) -> Option<&Behaviour> {
+        if critical {
+            self.critical.as_ref().or(self.degraded.as_ref())
+        } else {
+            self.degraded.as_ref()
+        }
+    }
+}
+
+/// What a contract does with a request to a degraded model.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Behaviour {
+    /// Serve it from another logical model, said openly, if that one is usable and capable.
+    FallbackModel(String),
+    /// Answer 202 with a job id; the job runs once the model is healthy, or expires.
+    AsyncQueue { ttl: Duration },
+    /// The last good answer to the same normalized request, if younger than `max_age`.
+    CachedResponse { max_age: Duration },
+    /// 503 with this message and `Retry-After`.
+    Reject { message: String },
+}
+
+impl Behaviour {
+    /// The config key: `fallback_model`, `async_queue`, `cached_response`, `reject`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Behaviour::FallbackModel(_) => "fallback_model",
+            Behaviour::AsyncQueue { .. } => "async_queue",
+            Behaviour::CachedResponse { .. } => "cached_response",
+            Behaviour::Reject { .. } => "reject",
+        }
+    }
+}
+
+/// `[heartbeat]`: every scheduled job beats; one silent this long fails `/readyz`, shows on
+/// the status page and raises a `critical` alert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeartbeatConfig {
+    pub stale_after: Duration,
+    /// An external dead-man's switch (healthchecks-style) pinged after each healthy cycle.
+    pub ping_url_env: Option<String>,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        Self {
+            stale_after: Duration::from_secs(180),
+            ping_url_env: None,
+        }
+    }
+}
+
+/// `[drill]`: planned, time-limited traffic moves (seed 004).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrillConfig {
+    /// Local `[start, end)` windows in `detection.timezone` when drills may start without
+    /// `force`; a window may cross midnight. Empty: outside `detection.buckets` peak windows
+    /// when those are set, else any time.
+    pub off_peak: Vec<(NaiveTime, NaiveTime)>,
+    /// The longest drill allowed.
+    pub max_duration: Duration,
+}
+
+impl Default for DrillConfig {
+    fn default() -> Self {
+        Self {
+            off_peak: Vec::new(),
+            max_duration: Duration::from_secs(4 * 3600),
+        }
+    }
+}
+
 /// What a drift finding does besides alerting (SPEC `[drift] on_drift`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -664,6 +766,14 @@ impl Config {
             validate::Checker::new(&self.source.display().to_string(), &self.source_map);
         checker.check(self);
         checker.finish()
+    }
+
+    /// The contract for a request's `x-probeok-feature` (absent or unknown: the `default`
+    /// contract, if any).
+    pub fn contract_for(&self, feature: Option<&str>) -> Option<&ContractConfig> {
+        feature
+            .and_then(|f| self.contracts.iter().find(|c| c.feature == f))
+            .or_else(|| self.contracts.iter().find(|c| c.feature == DEFAULT_FEATURE))
     }
 
     /// The resolved routes, in file order: id `provider/region/model`, the provider's kind and

@@ -45,6 +45,46 @@ pub(super) struct RawConfig {
     pub switch: RawSwitch,
     #[serde(default)]
     pub budget: RawBudget,
+    #[serde(default, rename = "contract")]
+    pub contracts: Vec<RawContract>,
+    #[serde(default)]
+    pub heartbeat: RawHeartbeat,
+    #[serde(default)]
+    pub drill: RawDrill,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawContract {
+    pub feature: String,
+    pub degraded: Option<RawBehaviour>,
+    pub critical: Option<RawBehaviour>,
+    pub user_message: Option<String>,
+    pub retry_after: Option<String>,
+}
+
+/// Exactly one key is expected; stage two says so when there are none or several.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBehaviour {
+    pub fallback_model: Option<String>,
+    pub async_queue: Option<String>,
+    pub cached_response: Option<String>,
+    pub reject: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHeartbeat {
+    pub stale_after: Option<String>,
+    pub ping_url_env: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDrill {
+    pub off_peak: Option<Vec<Vec<String>>>,
+    pub max_duration: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

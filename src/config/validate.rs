@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::NaiveTime;
 
-use super::{Buckets, Config, ConfigErrors, Diagnostic, SourceMap};
+use super::{Behaviour, Buckets, Config, ConfigErrors, Diagnostic, SourceMap};
 
 pub(crate) struct Checker<'a> {
     file: String,
@@ -96,6 +96,80 @@ impl<'a> Checker<'a> {
         self.maintenance(c);
         self.proxy(c);
         self.switch_and_budget(c);
+        self.contracts(c);
+        self.positive("heartbeat.stale_after", c.heartbeat.stale_after);
+        if c.heartbeat.stale_after < Duration::from_secs(60) && !c.heartbeat.stale_after.is_zero() {
+            self.warn(
+                "heartbeat.stale_after",
+                "below 1m: jobs beat every 10-30 s, so a busy moment would look like a stall",
+            );
+        }
+        if let Some(name) = &c.heartbeat.ping_url_env {
+            self.env_name("heartbeat.ping_url_env", name);
+        }
+        self.positive("drill.max_duration", c.drill.max_duration);
+    }
+
+    fn contracts(&mut self, c: &Config) {
+        let models: std::collections::BTreeSet<&str> =
+            c.routes.iter().map(|r| r.serves.as_str()).collect();
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, k) in c.contracts.iter().enumerate() {
+            let at = format!("contract[{i}]");
+            let feature_ok = !k.feature.is_empty()
+                && k.feature.len() <= 64
+                && k.feature
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '_' | '-' | '.'));
+            if !feature_ok {
+                self.error(
+                    format!("{at}.feature"),
+                    "must be 1-64 characters of a-z, A-Z, 0-9, \"_\", \"-\", \".\" (it travels in the x-probeok-feature header)",
+                );
+            } else if !seen.insert(k.feature.as_str()) {
+                self.error(
+                    format!("{at}.feature"),
+                    format!("feature {:?} already has a contract", k.feature),
+                );
+            }
+            if k.degraded.is_none()
+                && k.critical.is_none()
+                && self.converted(&[&format!("{at}.degraded"), &format!("{at}.critical")])
+            {
+                self.error(at.clone(), "set degraded, critical or both");
+            }
+            for (state, b) in [("degraded", &k.degraded), ("critical", &k.critical)] {
+                let path = format!("{at}.{state}.{}", b.as_ref().map_or("", |b| b.name()));
+                match b {
+                    Some(Behaviour::FallbackModel(m)) if !models.contains(m.as_str()) => {
+                        self.error(
+                            path,
+                            format!("{m:?} is not a logical model: no route serves it"),
+                        );
+                    }
+                    Some(Behaviour::AsyncQueue { ttl })
+                        if ttl.is_zero() || *ttl > Duration::from_secs(7 * 86400) =>
+                    {
+                        self.error(path, "must be greater than 0 and at most 7d");
+                    }
+                    Some(Behaviour::CachedResponse { max_age })
+                        if max_age.is_zero() || *max_age > Duration::from_secs(86400) =>
+                    {
+                        self.error(path, "must be greater than 0 and at most 24h");
+                    }
+                    Some(Behaviour::Reject { message })
+                        if message.trim().is_empty() || message.len() > 1000 =>
+                    {
+                        self.error(path, "must be a message of 1 to 1000 bytes");
+                    }
+                    _ => {}
+                }
+            }
+            if k.user_message.as_ref().is_some_and(|m| m.len() > 1000) {
+                self.error(format!("{at}.user_message"), "must be at most 1000 bytes");
+            }
+            self.positive(&format!("{at}.retry_after"), k.retry_after);
+        }
     }
 
     fn switch_and_budget(&mut self, c: &Config) {

@@ -108,6 +108,9 @@ pub struct ProxyOptions {
     /// A remote weights feed's health: answers say `degraded` while it is stale.
     pub feed: Option<Arc<FeedStatus>>,
     pub clock: Arc<dyn Clock>,
+    /// The live config (hot reload): contracts are read from here per request. `None`: the
+    /// config the proxy was built with, for good.
+    pub live: Option<tokio::sync::watch::Receiver<Arc<Config>>>,
 }
 
 impl Default for ProxyOptions {
@@ -119,6 +122,7 @@ impl Default for ProxyOptions {
             header_read_timeout: HEADER_READ_TIMEOUT,
             feed: None,
             clock: Arc::new(SystemClock),
+            live: None,
         }
     }
 }
@@ -162,6 +166,8 @@ struct Inner {
     /// The hourly extra-cost budget (layer 5), once the app sets it: requests to non-primary
     /// routes reserve their estimated maximum extra cost first.
     budget: std::sync::OnceLock<Arc<Budget>>,
+    /// The current config, for what reloads without a restart (contracts).
+    live: tokio::sync::watch::Receiver<Arc<Config>>,
 }
 
 impl Proxy {
@@ -249,6 +255,9 @@ impl Proxy {
                 header_read_timeout: opts.header_read_timeout,
                 feed: opts.feed,
                 budget: std::sync::OnceLock::new(),
+                live: opts
+                    .live
+                    .unwrap_or_else(|| tokio::sync::watch::channel(Arc::new(full.clone())).1),
             }),
         })
     }

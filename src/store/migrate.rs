@@ -34,6 +34,14 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0007_switch",
         include_str!("../../migrations/0007_switch.sql"),
     ),
+    (
+        "0008_contracts",
+        include_str!("../../migrations/0008_contracts.sql"),
+    ),
+    (
+        "0009_drills",
+        include_str!("../../migrations/0009_drills.sql"),
+    ),
 ];
 
 /// The schema version this build expects.

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
@@ -83,6 +83,41 @@ pub struct AppState {
     /// Cancelled at shutdown: long-polls and SSE streams end on it so graceful shutdown is
     /// never held open by a subscriber.
     pub shutdown: CancellationToken,
+}
+
+/// Checks `Authorization: Bearer <token>` against the variable `admin_token_env` names (read
+/// now, so a rotated token takes effect at once). Both sides are hashed first, so the
+/// comparison takes the same time whatever the lengths. Unset variable: 403 `admin_disabled`;
+/// a missing or wrong token: 401 with `WWW-Authenticate: Bearer`.
+pub fn authorize_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    use sha2::Digest;
+    use subtle::ConstantTimeEq;
+    let Some(token) = Secret::from_env(admin_token_env) else {
+        return Err(Box::new(api_error(
+            StatusCode::FORBIDDEN,
+            "admin_disabled",
+            "admin endpoints are off: the admin token variable is not set",
+        )));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let a = sha2::Sha256::digest(given.as_bytes());
+    let b = sha2::Sha256::digest(token.expose().as_bytes());
+    if bool::from(a.as_slice().ct_eq(b.as_slice())) && !given.is_empty() {
+        Ok(())
+    } else {
+        let mut r = api_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        );
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        Err(Box::new(r))
+    }
 }
 
 /// One endpoint of the router.

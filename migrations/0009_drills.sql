@@ -1,0 +1,1 @@
+-- probeok schema: drills (seed 004), planned time-limited traffic moves with their reports.
