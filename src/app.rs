@@ -227,6 +227,9 @@ pub async fn start(
         let proxy =
             crate::proxy::Proxy::with_options(&config, proxy_weights, passive_tx.clone(), opts)?;
         proxy.set_budget(budget.clone());
+        // Degradation contracts' async jobs: run on recovery, expire, purged (heartbeat
+        // `async_jobs`); the worker ends with the shutdown.
+        let _jobs = proxy.spawn_jobs(Default::default(), shutdown.clone());
         // Breakers and counters on `/metrics` and `/api/v1/status`, open breakers in the weights.
         metrics.attach_proxy(proxy.stats());
         tokio::spawn(follow_breakers(

@@ -548,6 +548,7 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
         .await
         .map_err(|e| CliError::Runtime(format!("cannot listen on {}: {e}", config.proxy.listen)))?;
     tracing::info!(addr = %config.proxy.listen, weights_from, "proxy serving");
+    let _jobs = proxy.spawn_jobs(Default::default(), shutdown.clone());
     let served = crate::proxy::serve(listener, proxy, shutdown.clone()).await;
     shutdown.cancel();
     for t in tasks {

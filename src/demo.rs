@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{
-    Config, DetectionConfig, DriftConfig, EgressConfig, ProbeConfig, ProviderConfig, ProxyConfig,
-    RegionConfig, RouteConfig, ServerConfig, SloConfig, StorageConfig,
+    Behaviour, Config, ContractConfig, DetectionConfig, DriftConfig, EgressConfig, ProbeConfig,
+    ProviderConfig, ProxyConfig, RegionConfig, RouteConfig, ServerConfig, SloConfig, StorageConfig,
 };
 use crate::route::{Capability, Price, ProviderKind, Tier};
 use crate::sim::{self, Scenario, SimConfig, SimRoute};
@@ -64,6 +64,21 @@ fn scenario_for(provider: &str, region: &str, model: &str) -> Scenario {
         ("deepseek", "cn-south", _) => Scenario::VersionDrift,
         ("openai", "us-east", _) => Scenario::RegionFailover,
         _ => Scenario::Healthy,
+    }
+}
+
+/// The demo's `default` contract (layer 3).
+pub fn demo_contract() -> ContractConfig {
+    ContractConfig {
+        feature: crate::config::DEFAULT_FEATURE.to_owned(),
+        degraded: Some(Behaviour::CachedResponse {
+            max_age: Duration::from_secs(300),
+        }),
+        critical: Some(Behaviour::Reject {
+            message: "AI features are temporarily unavailable, please retry later".to_owned(),
+        }),
+        user_message: Some("Responses may be slower; switched to a backup mode".to_owned()),
+        retry_after: Duration::from_secs(60),
     }
 }
 
@@ -170,6 +185,9 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
             enabled: true,
             ..ProxyConfig::default()
         },
+        // A degradation contract for every request (no x-probeok-feature needed): the last
+        // good answer while a model is DEGRADED, an explicit 503 while it is CRITICAL.
+        contracts: vec![demo_contract()],
         ..Config::default()
     };
     tracing::info!(

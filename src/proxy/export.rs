@@ -4,6 +4,7 @@
 //! - `probeok_proxy_breaker_state{route}`: 0 closed, 1 half-open, 2 open;
 //! - `probeok_proxy_requests_total{serves,route,outcome}`;
 //! - `probeok_proxy_failovers_total{reason}`;
+//! - `probeok_contract_uses_total{feature,contract}`: degradation contract answers;
 //! - `probeok_proxy_dropped_total{what}`: metering records (`meter`) and passive outcomes
 //!   (`passive`) dropped.
 //!
@@ -44,6 +45,12 @@ struct RequestLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ContractLabels {
+    feature: String,
+    contract: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -111,6 +118,20 @@ impl Collector for ProxySlot {
         for (reason, n) in &counters.failovers {
             let labels = ReasonLabels {
                 reason: reason.clone(),
+            };
+            ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "contract_uses",
+            "Requests a degradation contract answered, by the contract's feature and behaviour",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((feature, contract), n) in &counters.contract_uses {
+            let labels = ContractLabels {
+                feature: feature.clone(),
+                contract: contract.clone(),
             };
             ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
         }

@@ -5,7 +5,8 @@
 //! web router).
 //!
 //! [`ProxyCounters`] keeps `probeok_proxy_requests_total{serves,route,outcome}` and
-//! `probeok_proxy_failovers_total{reason}` in memory; [`ProxyCounters::snapshot`] is what the
+//! `probeok_proxy_failovers_total{reason}` and `probeok_contract_uses_total{feature,contract}`
+//! (`feature` is the contract's own, from the config) in memory; [`ProxyCounters::snapshot`] is what the
 //! metrics exporter reads. Label sets are bounded: `serves` and `route` come from the config,
 //! `outcome` and `reason` from closed sets (`http_NNN` at most a few hundred); a hard cap
 //! ([`MAX_LABEL_SETS`]) folds anything beyond into `other`.
@@ -105,6 +106,8 @@ pub struct CountersSnapshot {
     pub requests: Vec<RequestCount>,
     /// `probeok_proxy_failovers_total{reason}`, sorted by reason.
     pub failovers: Vec<(String, u64)>,
+    /// `probeok_contract_uses_total{feature,contract}`, sorted.
+    pub contract_uses: Vec<((String, String), u64)>,
     /// Metering records dropped (queue full).
     pub meter_dropped: u64,
     /// Passive outcomes dropped (queue full, or the remote monitor unreachable).
@@ -116,6 +119,7 @@ pub struct CountersSnapshot {
 pub struct ProxyCounters {
     requests: Mutex<HashMap<(String, String, String), u64>>,
     failovers: Mutex<HashMap<String, u64>>,
+    contract_uses: Mutex<HashMap<(String, String), u64>>,
 }
 
 impl ProxyCounters {
@@ -137,6 +141,17 @@ impl ProxyCounters {
         } else {
             reason.to_owned()
         };
+        *map.entry(key).or_insert(0) += 1;
+    }
+
+    /// A degradation contract answered: `feature` is the contract's (bounded by the config),
+    /// `contract` its behaviour.
+    pub fn contract_use(&self, feature: &str, contract: &str) {
+        let mut map = self.contract_uses.lock().unwrap_or_else(|e| e.into_inner());
+        let mut key = (feature.to_owned(), contract.to_owned());
+        if map.len() >= MAX_LABEL_SETS && !map.contains_key(&key) {
+            key.0 = "other".to_owned();
+        }
         *map.entry(key).or_insert(0) += 1;
     }
 
@@ -165,9 +180,18 @@ impl ProxyCounters {
             .map(|(k, v)| (k.clone(), *v))
             .collect();
         failovers.sort();
+        let mut contract_uses: Vec<((String, String), u64)> = self
+            .contract_uses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        contract_uses.sort();
         CountersSnapshot {
             requests,
             failovers,
+            contract_uses,
             meter_dropped: 0,
             passive_dropped: 0,
         }

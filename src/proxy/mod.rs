@@ -17,6 +17,10 @@
 //!   `GET /api/v1/requests`, and the request/failover counters.
 //! - [`idempotency`]: `Idempotency-Key` answers kept in SQLite until `idempotency_ttl`.
 //! - [`remote`]: the standalone proxy's SSE weights subscription and batched ingest.
+//! - [`contract`]: degradation contracts (pure): which behaviour applies to a request, cache
+//!   keys, the `user_message` block; `degrade` applies it (fallback model, reject, cached
+//!   answer, async job); [`cache`] keeps `cached_response` answers and [`jobs`] the
+//!   `async_queue` jobs with their worker and `GET /v1/jobs/{id}`.
 //!
 //! Bad input (invalid JSON, missing/empty `messages`, wrong field types) is refused with 400
 //! before any upstream call; bodies over `max_body` get 413; a body that does not arrive
@@ -36,8 +40,12 @@
 
 pub mod attempt;
 pub mod breaker;
+pub mod cache;
+pub mod contract;
+mod degrade;
 pub mod export;
 pub mod idempotency;
+pub mod jobs;
 pub mod meter;
 pub mod remote;
 pub mod select;
@@ -168,6 +176,10 @@ struct Inner {
     budget: std::sync::OnceLock<Arc<Budget>>,
     /// The current config, for what reloads without a restart (contracts).
     live: tokio::sync::watch::Receiver<Arc<Config>>,
+    /// `async_queue` jobs (needs the store).
+    jobs: Option<Arc<jobs::Jobs>>,
+    /// `cached_response` answers (needs the store).
+    cache: Option<cache::Cache>,
 }
 
 impl Proxy {
@@ -246,6 +258,14 @@ impl Proxy {
                 breakers,
                 counters: ProxyCounters::default(),
                 meter: opts.store.as_ref().map(|s| Meter::spawn(s.writer()).0),
+                jobs: opts.store.as_ref().map(|s| {
+                    let max = usize::try_from(config.max_body).unwrap_or(usize::MAX);
+                    Arc::new(jobs::Jobs::new(s.clone(), max))
+                }),
+                cache: opts.store.as_ref().map(|s| {
+                    let max = usize::try_from(config.max_body).unwrap_or(usize::MAX);
+                    cache::Cache::new(s.clone(), max)
+                }),
                 idempotency: opts.store.map(|s| {
                     let max = usize::try_from(config.max_body).unwrap_or(usize::MAX);
                     idempotency::Idempotency::new(s, config.idempotency_ttl, max)
@@ -333,6 +353,7 @@ pub fn router(proxy: Proxy) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/jobs/{id}", get(jobs::get_job))
         .fallback(not_found)
         .with_state(proxy)
 }
@@ -426,9 +447,25 @@ struct Disclosure {
     attempts: usize,
     degraded_since: Option<DateTime<Utc>>,
     fallback_reason: Option<String>,
+    /// Set by a contract answer: its `x-probeok-mode`, whatever the rest says.
+    mode: Option<&'static str>,
+    /// More headers a contract answer carries (`x-probeok-user-message`, …).
+    extra: Vec<(&'static str, String)>,
 }
 
 impl Disclosure {
+    fn new(request_id: String) -> Self {
+        Self {
+            request_id,
+            route: None,
+            attempts: 0,
+            degraded_since: None,
+            fallback_reason: None,
+            mode: None,
+            extra: Vec::new(),
+        }
+    }
+
     fn apply(&self, mut response: Response) -> Response {
         let h = response.headers_mut();
         let mut set = |name: &'static str, value: &str| {
@@ -441,7 +478,9 @@ impl Disclosure {
             self.route.as_ref().map_or("none", RouteId::as_str),
         );
         set("x-probeok-attempts", &self.attempts.to_string());
-        let mode = if self.degraded_since.is_some() {
+        let mode = if let Some(m) = self.mode {
+            m
+        } else if self.degraded_since.is_some() {
             "degraded"
         } else if self.fallback_reason.is_some() {
             "fallback"
@@ -459,6 +498,9 @@ impl Disclosure {
             );
         }
         set("x-request-id", &self.request_id);
+        for (name, value) in &self.extra {
+            set(name, value);
+        }
         response
     }
 }
@@ -509,6 +551,33 @@ struct Ctx {
     guard: Option<idempotency::Guard>,
     /// Answered from an idempotency key: returned exactly as stored.
     replay: bool,
+    /// The contract behaviour that answered (metered in `proxy_requests.contract`).
+    contract: Option<&'static str>,
+    /// The `"probeok"` object added to the upstream's JSON answer (a contract's fallback).
+    probeok: Option<Value>,
+    /// Where a successful answer is remembered for `cached_response`.
+    cache: Option<cache::Slot>,
+}
+
+impl Ctx {
+    fn new(request_id: String, started_at: DateTime<Utc>) -> Self {
+        Self {
+            d: Disclosure::new(request_id),
+            serves: String::new(),
+            stream: false,
+            started_at,
+            start: Instant::now(),
+            attempts: Vec::new(),
+            outcome: "rejected",
+            answer: None,
+            price: None,
+            guard: None,
+            replay: false,
+            contract: None,
+            probeok: None,
+            cache: None,
+        }
+    }
 }
 
 /// What [`handle`] produced.
@@ -527,25 +596,7 @@ fn plain(r: Response) -> Answer {
 }
 
 async fn chat_completions(State(proxy): State<Proxy>, headers: HeaderMap, body: Body) -> Response {
-    let mut ctx = Ctx {
-        d: Disclosure {
-            request_id: request_id(&headers),
-            route: None,
-            attempts: 0,
-            degraded_since: None,
-            fallback_reason: None,
-        },
-        serves: String::new(),
-        stream: false,
-        started_at: proxy.inner.clock.now(),
-        start: Instant::now(),
-        attempts: Vec::new(),
-        outcome: "rejected",
-        answer: None,
-        price: None,
-        guard: None,
-        replay: false,
-    };
+    let mut ctx = Ctx::new(request_id(&headers), proxy.inner.clock.now());
     let answer = handle(&proxy, &headers, body, &mut ctx).await;
     finish(&proxy, ctx, answer).await
 }
@@ -620,6 +671,7 @@ fn record_of(ctx: &Ctx, status: u16, outcome: &str) -> RequestRecord {
         currency: cost.and(ctx.price.as_ref().map(|p| p.currency.clone())),
         latency_ms: ctx.start.elapsed().as_secs_f64() * 1000.0,
         attempts: ctx.attempts.clone(),
+        contract: ctx.contract.map(str::to_owned),
     }
 }
 
@@ -629,7 +681,7 @@ async fn finish(proxy: &Proxy, mut ctx: Ctx, answer: Answer) -> Response {
     match answer {
         Answer::Plain(r) if ctx.replay => r,
         Answer::Plain(r) => {
-            let r = ctx.d.apply(r);
+            let mut r = ctx.d.apply(r);
             let status = r.status().as_u16();
             let route = ctx.d.route.as_ref().map_or("none", RouteId::as_str);
             p.counters.request(&ctx.serves, route, ctx.outcome);
@@ -638,10 +690,20 @@ async fn finish(proxy: &Proxy, mut ctx: Ctx, answer: Answer) -> Response {
                     meter.send(record_of(&ctx, status, ctx.outcome));
                 }
             }
+            // `cached_response`: the model's own successful answers are remembered.
+            if let (Some(slot), Some(cache), Some(body)) = (ctx.cache.take(), &p.cache, &ctx.answer)
+            {
+                if ctx.outcome == "ok" && ctx.contract.is_none() && status == 200 {
+                    cache.remember(slot, status, body.to_vec(), p.clock.now());
+                }
+            }
             if let (Some(guard), Some(body)) = (ctx.guard.take(), ctx.answer.take()) {
                 guard
                     .store(status, r.headers(), false, body.to_vec(), p.clock.now())
                     .await;
+            }
+            if let Some(block) = &ctx.probeok {
+                r = degrade::add_block(r, block).await;
             }
             r
         }
@@ -703,7 +765,7 @@ struct Tail {
 impl Tail {
     fn observe(&mut self, chunk: &Bytes) {
         let limit = usize::try_from(self.proxy.inner.config.max_body).unwrap_or(usize::MAX);
-        if self.guard.is_some() {
+        if self.guard.is_some() || self.ctx.cache.is_some() {
             if let Some(tee) = &mut self.tee {
                 if tee.len() + chunk.len() > limit {
                     self.tee = None;
@@ -765,7 +827,13 @@ impl Tail {
             meter.send(record_of(&self.ctx, 200, result));
         }
         let keep = complete && (result == "ok" || result == "client_error");
-        if let (true, Some(guard), Some(tee)) = (keep, self.guard.take(), self.tee.take()) {
+        let tee = if keep { self.tee.take() } else { None };
+        if let (Some(tee), true) = (&tee, result == "ok" && self.ctx.contract.is_none()) {
+            if let (Some(slot), Some(cache)) = (self.ctx.cache.take(), &p.cache) {
+                cache.remember(slot, 200, tee.clone(), p.clock.now());
+            }
+        }
+        if let (Some(guard), Some(tee)) = (self.guard.take(), tee) {
             let headers = self.headers.clone();
             let now = p.clock.now();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -919,6 +987,12 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
     if let Err((code, message)) = validate(&request) {
         return plain(bad(code, &message));
     }
+    let Ok(feature) = contract::feature_of(headers) else {
+        return plain(bad(
+            "invalid_feature",
+            "x-probeok-feature must be 1-64 characters of A-Z a-z 0-9 _ . -",
+        ));
+    };
     let model = request
         .get("model")
         .and_then(Value::as_str)
@@ -989,17 +1063,55 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
     }
 
     let view = p.weights.borrow().clone();
+    // Degradation contracts (layer 3): the live config's contract for this feature, if the
+    // model is DEGRADED or CRITICAL now.
+    let req = degrade::Req {
+        request: &request,
+        model: &model,
+        needs: &needs,
+        view: &view,
+        feature: feature.as_deref(),
+        owner: contract::owner_of(&client_key),
+        residency: residency.map(str::to_owned),
+        raw: &raw,
+    };
+    if let Some(answer) = degrade::apply(proxy, ctx, &req).await {
+        return answer;
+    }
+    route(proxy, ctx, &request, &model, &needs, &view).await
+}
+
+/// The proxy's normal path for `model`: plan the candidates, then attempt them in order with
+/// failover, retries, breakers and the budget. Contracts are decided before this; the job
+/// worker calls it directly (no contract applies to a job's run).
+async fn route(
+    proxy: &Proxy,
+    ctx: &mut Ctx,
+    request: &Value,
+    model: &str,
+    needs: &Needs,
+    view: &WeightsView,
+) -> Answer {
+    let p = &proxy.inner;
+    let model = model.to_owned();
     let now = Instant::now();
     let planned = {
         let mut rng = rand::thread_rng();
         select::plan(
             &model,
-            &needs,
+            needs,
             &p.routes,
-            &view,
+            view,
             |id| p.rests.is_resting(id, now),
             &mut rng,
         )
+    };
+    // Metered under the model asked for (a contract's fallback keeps the original's name);
+    // unknown models and incapable requests are not metered.
+    let serves = |ctx: &mut Ctx| {
+        if ctx.serves.is_empty() {
+            ctx.serves = model.clone();
+        }
     };
     let plan = match planned {
         Ok(plan) => plan,
@@ -1028,7 +1140,7 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
             ));
         }
         Err(Rejection::AllResting) => {
-            ctx.serves = model.clone();
+            serves(ctx);
             let ids: Vec<RouteId> = p
                 .routes
                 .iter()
@@ -1052,7 +1164,7 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
             return plain(r);
         }
     };
-    ctx.serves = model.clone();
+    serves(ctx);
     let feed_stale = p
         .feed
         .as_ref()
@@ -1094,7 +1206,7 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
     candidates.extend(open);
 
     let outgoing = Outgoing {
-        body: &request,
+        body: request,
         stream: needs.stream,
         request_id: &ctx.d.request_id,
     };
@@ -1109,7 +1221,7 @@ async fn handle(proxy: &Proxy, headers: &HeaderMap, body: Body, ctx: &mut Ctx) -
     let mut overloaded = false;
     let mut failures: Vec<ProbeError> = Vec::new();
     // Layer 5: what a non-primary attempt may cost extra, estimated at its maximum.
-    let prompt_tokens = select::estimate_prompt_tokens(&request);
+    let prompt_tokens = select::estimate_prompt_tokens(request);
     let max_tokens = request
         .get("max_tokens")
         .or_else(|| request.get("max_completion_tokens"))

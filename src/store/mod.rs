@@ -15,6 +15,7 @@
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
 //! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's metering and idempotency keys),
+//! `contracts.rs` (degradation contracts: async-queue jobs, cached answers),
 //! `stats.rs` (bulk reads over every route for the
 //! published views), `histogram.rs`, `alerts.rs` (the alert
 //! outbox, firing alerts, silences).
@@ -22,6 +23,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod alerts;
+mod contracts;
 mod drift;
 mod health;
 pub mod histogram;
@@ -43,6 +45,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
+pub use contracts::{CachedAnswer, ContractOp, JobRecord, JobStatus};
 pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;

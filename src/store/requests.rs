@@ -42,6 +42,10 @@ pub struct RequestRecord {
     pub currency: Option<String>,
     pub latency_ms: f64,
     pub attempts: Vec<AttemptRecord>,
+    /// The degradation contract behaviour that answered (`fallback_model`, `async_queue`,
+    /// `cached_response`, `reject`), if one did.
+    #[serde(default)]
+    pub contract: Option<String>,
 }
 
 /// One attempt of a request.
@@ -100,8 +104,8 @@ pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(),
     conn.prepare_cached(
         "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
              stream, attempts, fallback_reason, prompt_tokens, completion_tokens, cost, currency,
-             latency_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+             latency_ms, contract)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
     )?
     .execute(params![
         r.request_id,
@@ -118,6 +122,7 @@ pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(),
         r.cost.and_then(finite),
         r.currency,
         latency,
+        r.contract,
     ])?;
     let pk = conn.last_insert_rowid();
     let mut stmt = conn.prepare_cached(
@@ -232,6 +237,7 @@ type RequestRow = (
     Option<f64>,
     Option<String>,
     f64,
+    Option<String>,
 );
 
 impl Reader {
@@ -239,7 +245,8 @@ impl Reader {
     pub fn proxy_requests(&self, f: &RequestFilter) -> Result<Vec<RequestRecord>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, request_id, serves, started_at_ms, route, outcome, status, stream,
-                    fallback_reason, prompt_tokens, completion_tokens, cost, currency, latency_ms
+                    fallback_reason, prompt_tokens, completion_tokens, cost, currency, latency_ms,
+                    contract
              FROM proxy_requests r
              WHERE (?1 IS NULL OR started_at_ms >= ?1)
                AND (?2 IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
@@ -272,6 +279,7 @@ impl Reader {
                         r.get(11)?,
                         r.get(12)?,
                         r.get(13)?,
+                        r.get(14)?,
                     ))
                 },
             )?
@@ -297,6 +305,7 @@ impl Reader {
             cost,
             cur,
             lat,
+            contract,
         ) in rows
         {
             let list = attempts
@@ -331,6 +340,7 @@ impl Reader {
                 currency: cur,
                 latency_ms: lat,
                 attempts: list,
+                contract,
             });
         }
         Ok(out)

@@ -1,0 +1,474 @@
+//! The degradation contracts' tables (`migrations/0008_contracts.sql`): `contract_jobs` (the
+//! `async_queue` behaviour's persisted jobs) and `contract_cache` (the `cached_response`
+//! behaviour's answers).
+//!
+//! Writes go through the one writer thread as [`ContractOp`]s ([`Writer::contract`]); reads are
+//! synchronous [`Reader`] methods (call them from `spawn_blocking`). Only the proxy reads
+//! these tables: cached answers are never exposed by any other endpoint.
+
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::writer::{Ack, Command};
+use super::{from_ms, to_ms, Reader, StoreError, Writer};
+
+/// Old cached answers deleted per insert.
+const CACHE_PRUNE: i64 = 64;
+
+/// A job's lifecycle: `queued` → `running` → `succeeded` | `failed`; `queued` → `expired`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobStatus {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Expired,
+}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed => "failed",
+            JobStatus::Expired => "expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => JobStatus::Queued,
+            "running" => JobStatus::Running,
+            "succeeded" => JobStatus::Succeeded,
+            "failed" => JobStatus::Failed,
+            "expired" => JobStatus::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// One `async_queue` job, as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    pub id: String,
+    /// `sha256(client key)` in hex (of the empty string without client auth).
+    pub owner: String,
+    pub feature: String,
+    pub model: String,
+    pub residency: Option<String>,
+    pub stream_requested: bool,
+    /// The request body as received.
+    pub request: Vec<u8>,
+    pub status: JobStatus,
+    pub runs: u32,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub result_status: Option<u16>,
+    pub result_body: Option<Vec<u8>>,
+    pub error: Option<String>,
+}
+
+/// One cached answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedAnswer {
+    pub key: String,
+    pub feature: String,
+    /// `body` is a stream's SSE event sequence.
+    pub stream: bool,
+    pub stored_at: DateTime<Utc>,
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// A write to the contract tables. The writer answers a count (see each op).
+#[derive(Debug, Clone)]
+pub enum ContractOp {
+    /// Inserts a job unless `max_queued` jobs are already queued: 1 inserted, 0 queue full.
+    InsertJob {
+        job: Box<JobRecord>,
+        max_queued: u64,
+    },
+    /// `queued` → `running` (one more run): 1 when it was queued, else 0 (someone else took
+    /// it, or it expired).
+    StartJob { id: String, at: DateTime<Utc> },
+    /// `running` → `succeeded` | `failed` with the run's result.
+    FinishJob {
+        id: String,
+        status: JobStatus,
+        result_status: Option<u16>,
+        result_body: Option<Vec<u8>>,
+        error: Option<String>,
+        at: DateTime<Utc>,
+    },
+    /// `running` → `queued` (a transient failure, retried while the TTL lasts).
+    RequeueJob { id: String },
+    /// Every `running` job back to `queued` (at start: their runs were cut off). The count.
+    RequeueRunning,
+    /// Queued jobs past their TTL → `expired`. The count.
+    ExpireJobs { now: DateTime<Utc> },
+    /// Finished or expired jobs that ended before `before`, at most `limit`. The count.
+    PurgeJobs { before: DateTime<Utc>, limit: u64 },
+    /// Stores (or replaces) a cached answer, first deleting a few answers stored before
+    /// `purge_before` (cleanup keeps up with inserts without stalling one).
+    CacheUpsert {
+        answer: Box<CachedAnswer>,
+        purge_before: DateTime<Utc>,
+    },
+    /// Cached answers stored before `before`, at most `limit`. The count.
+    CachePurge { before: DateTime<Utc>, limit: u64 },
+}
+
+fn opt_ms(t: Option<DateTime<Utc>>) -> Option<i64> {
+    t.map(to_ms)
+}
+
+pub(crate) fn apply(conn: &Connection, op: &ContractOp) -> Result<u64, StoreError> {
+    let n = match op {
+        ContractOp::InsertJob { job, max_queued } => {
+            let queued: i64 = conn
+                .prepare_cached("SELECT COUNT(*) FROM contract_jobs WHERE status = 'queued'")?
+                .query_row([], |r| r.get(0))?;
+            if u64::try_from(queued).unwrap_or(0) >= *max_queued {
+                return Ok(0);
+            }
+            conn.prepare_cached(
+                "INSERT INTO contract_jobs (id, owner, feature, model, residency,
+                     stream_requested, request, status, runs, created_at_ms, expires_at_ms,
+                     started_at_ms, finished_at_ms, result_status, result_body, error)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            )?
+            .execute(params![
+                job.id,
+                job.owner,
+                job.feature,
+                job.model,
+                job.residency,
+                job.stream_requested,
+                job.request,
+                job.status.as_str(),
+                job.runs,
+                to_ms(job.created_at),
+                to_ms(job.expires_at),
+                opt_ms(job.started_at),
+                opt_ms(job.finished_at),
+                job.result_status,
+                job.result_body,
+                job.error,
+            ])?
+        }
+        ContractOp::StartJob { id, at } => conn
+            .prepare_cached(
+                "UPDATE contract_jobs SET status = 'running', runs = runs + 1, started_at_ms = ?2
+                 WHERE id = ?1 AND status = 'queued' AND expires_at_ms > ?2",
+            )?
+            .execute(params![id, to_ms(*at)])?,
+        ContractOp::FinishJob {
+            id,
+            status,
+            result_status,
+            result_body,
+            error,
+            at,
+        } => conn
+            .prepare_cached(
+                "UPDATE contract_jobs SET status = ?2, result_status = ?3, result_body = ?4,
+                     error = ?5, finished_at_ms = ?6
+                 WHERE id = ?1 AND status = 'running'",
+            )?
+            .execute(params![
+                id,
+                status.as_str(),
+                result_status,
+                result_body,
+                error,
+                to_ms(*at)
+            ])?,
+        ContractOp::RequeueJob { id } => conn
+            .prepare_cached(
+                "UPDATE contract_jobs SET status = 'queued' WHERE id = ?1 AND status = 'running'",
+            )?
+            .execute(params![id])?,
+        ContractOp::RequeueRunning => conn
+            .prepare_cached("UPDATE contract_jobs SET status = 'queued' WHERE status = 'running'")?
+            .execute([])?,
+        ContractOp::ExpireJobs { now } => conn
+            .prepare_cached(
+                "UPDATE contract_jobs SET status = 'expired', finished_at_ms = ?1,
+                     error = 'the model did not recover before the job''s TTL'
+                 WHERE status = 'queued' AND expires_at_ms <= ?1",
+            )?
+            .execute(params![to_ms(*now)])?,
+        ContractOp::PurgeJobs { before, limit } => conn
+            .prepare_cached(
+                "DELETE FROM contract_jobs WHERE id IN
+                     (SELECT id FROM contract_jobs
+                      WHERE status IN ('succeeded', 'failed', 'expired') AND finished_at_ms < ?1
+                      LIMIT ?2)",
+            )?
+            .execute(params![
+                to_ms(*before),
+                i64::try_from(*limit).unwrap_or(i64::MAX)
+            ])?,
+        ContractOp::CacheUpsert {
+            answer,
+            purge_before,
+        } => {
+            conn.prepare_cached(
+                "DELETE FROM contract_cache WHERE key IN
+                     (SELECT key FROM contract_cache WHERE stored_at_ms < ?1 LIMIT ?2)",
+            )?
+            .execute(params![to_ms(*purge_before), CACHE_PRUNE])?;
+            conn.prepare_cached(
+                "INSERT INTO contract_cache (key, feature, stream, stored_at_ms, status, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (key) DO UPDATE SET feature = excluded.feature,
+                     stream = excluded.stream, stored_at_ms = excluded.stored_at_ms,
+                     status = excluded.status, body = excluded.body",
+            )?
+            .execute(params![
+                answer.key,
+                answer.feature,
+                answer.stream,
+                to_ms(answer.stored_at),
+                answer.status,
+                answer.body,
+            ])?
+        }
+        ContractOp::CachePurge { before, limit } => conn
+            .prepare_cached(
+                "DELETE FROM contract_cache WHERE key IN
+                     (SELECT key FROM contract_cache WHERE stored_at_ms < ?1 LIMIT ?2)",
+            )?
+            .execute(params![
+                to_ms(*before),
+                i64::try_from(*limit).unwrap_or(i64::MAX)
+            ])?,
+    };
+    Ok(n as u64)
+}
+
+impl Writer {
+    /// One write to the contract tables; resolves after COMMIT with the op's count.
+    pub async fn contract(&self, op: ContractOp) -> Result<u64, StoreError> {
+        self.request(|ack: Ack<u64>| Command::Contract { op, ack })
+            .await
+    }
+}
+
+const JOB_COLUMNS: &str = "id, owner, feature, model, residency, stream_requested, request,
+    status, runs, created_at_ms, expires_at_ms, started_at_ms, finished_at_ms, result_status,
+    result_body, error";
+
+type JobRow = (
+    (
+        String,
+        String,
+        String,
+        String,
+        Option<String>,
+        bool,
+        Vec<u8>,
+    ),
+    (String, u32, i64, i64, Option<i64>, Option<i64>),
+    (Option<u16>, Option<Vec<u8>>, Option<String>),
+);
+
+fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRow> {
+    Ok((
+        (
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+            r.get(6)?,
+        ),
+        (
+            r.get(7)?,
+            r.get(8)?,
+            r.get(9)?,
+            r.get(10)?,
+            r.get(11)?,
+            r.get(12)?,
+        ),
+        (r.get(13)?, r.get(14)?, r.get(15)?),
+    ))
+}
+
+fn job_of(row: JobRow) -> Result<JobRecord, StoreError> {
+    let (
+        (id, owner, feature, model, residency, stream_requested, request),
+        (status, runs, created, expires, started, finished),
+        (result_status, result_body, error),
+    ) = row;
+    Ok(JobRecord {
+        status: JobStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("job status {status:?}")))?,
+        id,
+        owner,
+        feature,
+        model,
+        residency,
+        stream_requested,
+        request,
+        runs,
+        created_at: from_ms(created)?,
+        expires_at: from_ms(expires)?,
+        started_at: started.map(from_ms).transpose()?,
+        finished_at: finished.map(from_ms).transpose()?,
+        result_status,
+        result_body,
+        error,
+    })
+}
+
+impl Reader {
+    /// One job by id.
+    pub fn contract_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let row = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {JOB_COLUMNS} FROM contract_jobs WHERE id = ?1"
+            ))?
+            .query_row([id], job_row)
+            .optional()?;
+        row.map(job_of).transpose()
+    }
+
+    /// Queued jobs not yet expired at `now`, oldest first, at most `limit`, leaving out those
+    /// for the models in `skip` (still degraded: their jobs wait, others' go ahead).
+    pub fn queued_contract_jobs(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+        skip: &[String],
+    ) -> Result<Vec<JobRecord>, StoreError> {
+        let skip = serde_json::to_string(skip)
+            .map_err(|e| StoreError::Invalid(format!("model list: {e}")))?;
+        let rows: Vec<JobRow> = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {JOB_COLUMNS} FROM contract_jobs
+                 WHERE status = 'queued' AND expires_at_ms > ?1
+                   AND model NOT IN (SELECT value FROM json_each(?3))
+                 ORDER BY created_at_ms, id LIMIT ?2"
+            ))?
+            .query_map(
+                params![to_ms(now), i64::try_from(limit).unwrap_or(i64::MAX), skip],
+                job_row,
+            )?
+            .collect::<Result<_, _>>()?;
+        rows.into_iter().map(job_of).collect()
+    }
+
+    /// The cached answer under `key`, if stored at or after `since`.
+    pub fn cached_answer(
+        &self,
+        key: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<CachedAnswer>, StoreError> {
+        let row = self
+            .conn
+            .prepare_cached(
+                "SELECT feature, stream, stored_at_ms, status, body FROM contract_cache
+                 WHERE key = ?1 AND stored_at_ms >= ?2",
+            )?
+            .query_row(params![key, to_ms(since)], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, bool>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, u16>(3)?,
+                    r.get::<_, Vec<u8>>(4)?,
+                ))
+            })
+            .optional()?;
+        let Some((feature, stream, at, status, body)) = row else {
+            return Ok(None);
+        };
+        Ok(Some(CachedAnswer {
+            key: key.to_owned(),
+            feature,
+            stream,
+            stored_at: from_ms(at)?,
+            status,
+            body,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Store, StoreOptions};
+
+    fn job(id: &str, at: DateTime<Utc>) -> JobRecord {
+        JobRecord {
+            id: id.to_owned(),
+            owner: "o".into(),
+            feature: "default".into(),
+            model: "chat".into(),
+            residency: None,
+            stream_requested: false,
+            request: b"{}".to_vec(),
+            status: JobStatus::Queued,
+            runs: 0,
+            created_at: at,
+            expires_at: at + chrono::Duration::minutes(10),
+            started_at: None,
+            finished_at: None,
+            result_status: None,
+            result_body: None,
+            error: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn jobs_are_bounded_started_once_and_expire() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db"), StoreOptions::default()).unwrap();
+        let w = store.writer();
+        let t0 = DateTime::from_timestamp(1_767_225_600, 0).unwrap();
+        let insert = |id: &str| ContractOp::InsertJob {
+            job: Box::new(job(id, t0)),
+            max_queued: 2,
+        };
+        assert_eq!(w.contract(insert("job_a")).await.unwrap(), 1);
+        assert_eq!(w.contract(insert("job_b")).await.unwrap(), 1);
+        assert_eq!(w.contract(insert("job_c")).await.unwrap(), 0, "queue full");
+        let start = |id: &str| ContractOp::StartJob {
+            id: id.into(),
+            at: t0,
+        };
+        assert_eq!(w.contract(start("job_a")).await.unwrap(), 1);
+        assert_eq!(w.contract(start("job_a")).await.unwrap(), 0, "only once");
+        assert_eq!(w.contract(ContractOp::RequeueRunning).await.unwrap(), 1);
+        let later = t0 + chrono::Duration::minutes(11);
+        assert_eq!(
+            w.contract(ContractOp::ExpireJobs { now: later })
+                .await
+                .unwrap(),
+            2
+        );
+        let r = store.reader().unwrap();
+        let a = r.contract_job("job_a").unwrap().unwrap();
+        assert_eq!(a.status, JobStatus::Expired);
+        assert_eq!(a.runs, 1);
+        assert!(r.queued_contract_jobs(t0, 10, &[]).unwrap().is_empty());
+        let purged = w
+            .contract(ContractOp::PurgeJobs {
+                before: later + chrono::Duration::seconds(1),
+                limit: 100,
+            })
+            .await
+            .unwrap();
+        assert_eq!(purged, 2);
+        assert!(r.contract_job("job_a").unwrap().is_none());
+        drop(r);
+        store.close().await.unwrap();
+    }
+}
