@@ -41,6 +41,10 @@
 //!   view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
 //!   Circuit breakers and backoff (`proxy::breaker`), metering (`proxy::meter`), idempotency
 //!   keys (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`).
+//!   Layer 3, degradation contracts: the pure decision (`proxy::contract`: feature header,
+//!   model state, cache keys, `user_message`), applying it (`proxy::degrade`), cached answers
+//!   (`proxy::cache`), async-queue jobs with their worker and `GET /v1/jobs/{id}`
+//!   (`proxy::jobs`); their tables in `store::contracts`.
 //! - [`weights`]: health → integer traffic weights per logical model by tier, versioned only
 //!   on real change, serialised once per version, published on a `watch` channel.
 //! - [`switch`]: layer 4, the switch controller — a pure per-model machine (CRITICAL →
