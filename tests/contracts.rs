@@ -306,6 +306,17 @@ async fn reject_answers_503_with_the_message_and_retry_after_without_an_upstream
     assert_eq!(listed["requests"][1]["contract"], Value::Null);
     let uses = px.proxy.counters().contract_uses;
     assert_eq!(uses, vec![(("default".into(), "reject".into()), 1)]);
+    // …and exported as an OpenMetrics counter.
+    let slot = proxy::export::ProxySlot::default();
+    slot.attach(px.proxy.stats());
+    let mut registry = prometheus_client::registry::Registry::with_prefix("probeok");
+    registry.register_collector(Box::new(slot));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains(r#"probeok_contract_uses_total{feature="default",contract="reject"} 1"#),
+        "{text}"
+    );
     px.stop().await;
 }
 
@@ -696,5 +707,77 @@ async fn the_features_contract_applies_else_the_default_and_never_to_a_switched_
             (("search".into(), "reject".into()), 1)
         ]
     );
+    px.stop().await;
+}
+
+#[tokio::test]
+async fn cached_streams_are_replayed_as_their_events_and_kept_apart_from_plain_answers() {
+    let main = counting("main").await;
+    let lite = counting("lite").await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("p.db");
+    let store = open(&db).await;
+    let cached = Behaviour::CachedResponse {
+        max_age: Duration::from_secs(300),
+    };
+    let cfg = config(&main, &lite, vec![contract(None, Some(cached))], false);
+    let px = start(
+        &cfg,
+        Some(store.clone()),
+        Arc::new(probeok::clock::SystemClock),
+    )
+    .await;
+    let mut streamed = chat();
+    streamed["stream"] = j!(true);
+    let live = px.post(streamed.clone(), &[]).await.text().await.unwrap();
+    assert!(live.contains("main") && live.contains("[DONE]"), "{live}");
+    eventually("the stream remembered", || async {
+        (count(&db, "SELECT COUNT(*) FROM contract_cache WHERE stream = 1") == 1).then_some(())
+    })
+    .await;
+
+    px.states(&[("chat", "CRITICAL")]);
+    let r = px.post(streamed, &[]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-probeok-cache"), "hit");
+    assert_eq!(header(&r, "content-type"), "text/event-stream");
+    assert_eq!(decode(header(&r, "x-probeok-user-message")), MESSAGE);
+    assert_eq!(
+        r.text().await.unwrap(),
+        live,
+        "the same events, byte for byte"
+    );
+    assert_eq!(main.reqs.all().len(), 1);
+
+    // The same request without streaming is another entry: a miss.
+    let r = px.post(chat(), &[]).await;
+    assert_eq!(header(&r, "x-probeok-cache"), "miss");
+    assert_eq!(main.reqs.all().len(), 2);
+    px.stop().await;
+}
+
+#[tokio::test]
+async fn an_idempotency_key_retried_while_degraded_gets_the_same_job() {
+    let main = counting("main").await;
+    let lite = counting("lite").await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("p.db")).await;
+    let queue = Behaviour::AsyncQueue {
+        ttl: Duration::from_secs(600),
+    };
+    let cfg = config(&main, &lite, vec![contract(Some(queue), None)], false);
+    let px = start(&cfg, Some(store), Arc::new(probeok::clock::SystemClock)).await;
+    px.states(&[("chat", "DEGRADED")]);
+    let key = [("idempotency-key", "order-42")];
+    let first = px.post(chat(), &key).await;
+    assert_eq!(first.status(), 202);
+    let location = header(&first, "location").to_owned();
+    let first: Value = first.json().await.unwrap();
+    let again = px.post(chat(), &key).await;
+    assert_eq!(again.status(), 202);
+    assert_eq!(header(&again, "x-probeok-idempotent-replay"), "true");
+    assert_eq!(header(&again, "location"), location);
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["id"], first["id"], "one job, not two");
     px.stop().await;
 }

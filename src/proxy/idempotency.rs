@@ -34,6 +34,11 @@ pub const KEPT_HEADERS: &[&str] = &[
     "x-probeok-fallback-reason",
     "x-probeok-degraded-since",
     "x-request-id",
+    // A contract's answers (an async job's 202 above all: a retry gets the same job).
+    "location",
+    "retry-after",
+    "x-probeok-model",
+    "x-probeok-user-message",
 ];
 
 /// The idempotency keys of one proxy.

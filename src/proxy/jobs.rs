@@ -10,7 +10,7 @@
 //!   request runs with `stream: false`; the job says `stream_requested`). The result — status
 //!   and body, bounded by `max_body` — is stored; a 5xx or 429 made of every route failing is
 //!   retried up to [`MAX_RUNS`] runs while the TTL lasts. A job not run before its TTL is
-//!   `expired`.
+//!   `expired`. A run is metered like any request, under the job's id as its request id.
 //! - **At least once**: a job found `running` at start (its run was cut off by a stop or a
 //!   crash) is queued again, so an upstream may see the same request twice.
 //! - Finished and expired jobs are deleted after [`WorkerOptions::retention`] (24 h). The
