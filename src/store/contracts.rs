@@ -459,6 +459,25 @@ mod tests {
         assert_eq!(a.status, JobStatus::Expired);
         assert_eq!(a.runs, 1);
         assert!(r.queued_contract_jobs(t0, 10, &[]).unwrap().is_empty());
+        // Jobs of models still degraded wait; the others are taken, oldest first.
+        let mut other = job("job_d", t0 + chrono::Duration::seconds(1));
+        other.model = "lite".into();
+        for j in [job("job_c", t0), other] {
+            let op = ContractOp::InsertJob {
+                job: Box::new(j),
+                max_queued: 10,
+            };
+            assert_eq!(w.contract(op).await.unwrap(), 1);
+        }
+        let ids = |skip: &[String]| -> Vec<String> {
+            r.queued_contract_jobs(t0, 10, skip)
+                .unwrap()
+                .into_iter()
+                .map(|j| j.id)
+                .collect()
+        };
+        assert_eq!(ids(&[]), ["job_c", "job_d"]);
+        assert_eq!(ids(&["chat".to_owned()]), ["job_d"]);
         let purged = w
             .contract(ContractOp::PurgeJobs {
                 before: later + chrono::Duration::seconds(1),
@@ -466,8 +485,9 @@ mod tests {
             })
             .await
             .unwrap();
-        assert_eq!(purged, 2);
+        assert_eq!(purged, 2, "ended jobs only");
         assert!(r.contract_job("job_a").unwrap().is_none());
+        assert!(r.contract_job("job_c").unwrap().is_some());
         drop(r);
         store.close().await.unwrap();
     }
