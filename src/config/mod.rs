@@ -491,7 +491,8 @@ pub struct ContractConfig {
     pub feature: String,
     /// While the request's logical model is DEGRADED.
     pub degraded: Option<Behaviour>,
-    /// While it is CRITICAL (or SWITCHED); when absent, `degraded` applies here too.
+    /// While it is CRITICAL; when absent, `degraded` applies here too. A SWITCHED model gets no
+    /// contract: the switch controller already serves it from a backup, disclosed.
     pub critical: Option<Behaviour>,
     /// Shown to the product's users; travels in the answer (body, and percent-encoded header).
     pub user_message: Option<String>,
