@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use probeok::alert::webhook::Webhook;
 use probeok::alert::{AlertService, Lang, Notifier, Severity};
 use probeok::app::{self, StartOptions};
-use probeok::clock::{Clock, ManualClock, SystemClock};
+use probeok::clock::{ManualClock, SystemClock};
 use probeok::config::{ChannelOptions, Config};
 use probeok::heartbeat::{self, Jobs};
 use probeok::secret::Secret;
