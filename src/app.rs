@@ -72,9 +72,8 @@ pub struct Running {
     pub store: Store,
     /// Detection's latest judgement of every route.
     pub health: HealthRx,
-    /// Re-reads the config file (SIGHUP, `POST /api/v1/admin/reload`).
-    pub reloader: Arc<crate::reload::Reloader>,
-    /// The config in effect, following reloads.
+    /// The config in effect, following reloads; [`crate::reload::LiveConfig::reload`]
+    /// re-reads the file (SIGHUP, `POST /api/v1/admin/reload`).
     pub config: crate::reload::LiveConfig,
     pub done: JoinHandle<Result<(), AppError>>,
 }
@@ -310,7 +309,7 @@ pub async fn start_with(
         clock.clone(),
     ));
     let state = AppState {
-        config: live.clone(),
+        config: reloader.live(),
         routes: Arc::new(routes.clone()),
         store: store.clone(),
         clock: clock.clone(),
@@ -345,12 +344,9 @@ pub async fn start_with(
     };
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
-    let reload_router = reloader.clone();
     // `GET /api/v1/requests` (the proxy's metering) reads the store directly.
     let web_task = tokio::spawn(async move {
-        let app = web::router(state)
-            .merge(switch_router)
-            .merge(crate::reload::router(reload_router));
+        let app = web::router(state).merge(switch_router);
         axum::serve(listener, app)
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await
@@ -395,8 +391,7 @@ pub async fn start_with(
         addr,
         store,
         health: health_rx,
-        reloader,
-        config: live,
+        config: reloader.live(),
         done,
     })
 }

@@ -370,7 +370,7 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     let running = app::start_with(config, listener, Arc::new(SystemClock), shutdown, options)
         .await
         .map_err(CliError::runtime)?;
-    spawn_reload_on_sighup(running.reloader.clone());
+    spawn_reload_on_sighup(running.config.clone());
     running
         .done
         .await
@@ -379,7 +379,7 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
 }
 
 /// SIGHUP re-reads the config file (`reload` logs what it applied or why it refused).
-fn spawn_reload_on_sighup(reloader: Arc<crate::reload::Reloader>) {
+fn spawn_reload_on_sighup(live: crate::reload::LiveConfig) {
     #[cfg(unix)]
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -392,11 +392,11 @@ fn spawn_reload_on_sighup(reloader: Arc<crate::reload::Reloader>) {
         };
         while hup.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading the config");
-            let _ = reloader.reload().await;
+            let _ = live.reload().await;
         }
     });
     #[cfg(not(unix))]
-    let _ = reloader;
+    let _ = live;
 }
 
 /// `probeok alert test`: a test message to each channel (or channel `only`, 0-based in the

@@ -59,7 +59,8 @@ pub const STORE: &str = "store";
 /// The proxy's async-job worker (only when the proxy runs).
 pub const ASYNC_JOBS: &str = "async_jobs";
 
-/// How often a pulse-driven loop beats (well under the 60 s minimum of `stale_after`).
+/// How often a pulse-driven loop beats (well under a minute: a shorter `stale_after` is
+/// warned about at load).
 pub const PULSE_EVERY: Duration = Duration::from_secs(10);
 
 /// What a job does, in English and Chinese, for people reading a banner or an alert at 4 a.m.

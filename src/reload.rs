@@ -26,45 +26,59 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::{Json, Router};
+use axum::Json;
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::config::{Config, Diagnostic};
+use crate::web::AppState;
 
-/// The config in effect, following reloads. Cheap to clone; [`LiveConfig::current`] is a
-/// snapshot to read within one request or cycle.
+/// The config in effect, following reloads, and (for the admin endpoint) the way to reload
+/// it. Cheap to clone; [`LiveConfig::current`] is a snapshot to read within one request or
+/// cycle.
 #[derive(Clone)]
-pub struct LiveConfig(watch::Receiver<Arc<Config>>);
+pub struct LiveConfig {
+    rx: watch::Receiver<Arc<Config>>,
+    reloader: Option<Arc<Reloader>>,
+}
 
 impl std::fmt::Debug for LiveConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("LiveConfig")
-            .field(&self.0.borrow().source)
+        f.debug_struct("LiveConfig")
+            .field("source", &self.rx.borrow().source)
+            .field("reloadable", &self.reloader.is_some())
             .finish()
     }
 }
 
 impl LiveConfig {
+    /// Follows `rx`; cannot reload by itself.
     pub fn new(rx: watch::Receiver<Arc<Config>>) -> Self {
-        Self(rx)
+        Self { rx, reloader: None }
     }
 
     /// A config that never changes (tests, one-shot commands).
     pub fn fixed(config: Arc<Config>) -> Self {
-        Self(watch::channel(config).1)
+        Self::new(watch::channel(config).1)
     }
 
     pub fn current(&self) -> Arc<Config> {
-        self.0.borrow().clone()
+        self.rx.borrow().clone()
     }
 
     /// The channel itself, to wait for changes (`ProxyOptions.live`, the alert engine).
     pub fn receiver(&self) -> watch::Receiver<Arc<Config>> {
-        self.0.clone()
+        self.rx.clone()
+    }
+
+    /// Re-reads the config file; [`ReloadError::NoConfigFile`] when there is none.
+    pub async fn reload(&self) -> Result<Report, ReloadError> {
+        match &self.reloader {
+            Some(r) => r.reload().await,
+            None => Err(ReloadError::NoConfigFile),
+        }
     }
 }
 
@@ -213,8 +227,12 @@ impl Reloader {
         }
     }
 
-    pub fn live(&self) -> LiveConfig {
-        LiveConfig::new(self.tx.subscribe())
+    /// The live config that can also reload (`AppState.config`).
+    pub fn live(self: &Arc<Self>) -> LiveConfig {
+        LiveConfig {
+            rx: self.tx.subscribe(),
+            reloader: Some(self.clone()),
+        }
     }
 
     /// Re-reads the file; logs the outcome (every diagnostic of a refused config).
@@ -292,13 +310,6 @@ impl Reloader {
     }
 }
 
-/// `POST /api/v1/admin/reload` (admin bearer token), merged into the monitor's router.
-pub fn router(reloader: Arc<Reloader>) -> Router {
-    Router::new()
-        .route("/api/v1/admin/reload", post(handler))
-        .with_state(reloader)
-}
-
 fn diagnostic_json(d: &Diagnostic) -> serde_json::Value {
     json!({
         "file": d.file,
@@ -310,12 +321,13 @@ fn diagnostic_json(d: &Diagnostic) -> serde_json::Value {
     })
 }
 
-async fn handler(State(reloader): State<Arc<Reloader>>, headers: HeaderMap) -> Response {
-    let token_env = reloader.tx.borrow().server.admin_token_env.clone();
+/// `POST /api/v1/admin/reload` (admin bearer token).
+pub async fn handler(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let token_env = state.config.current().server.admin_token_env.clone();
     if let Err(r) = crate::web::authorize_admin(&token_env, &headers) {
         return *r;
     }
-    match reloader.reload().await {
+    match state.config.reload().await {
         Ok(report) => Json(report).into_response(),
         Err(ReloadError::NoConfigFile) => crate::web::api_error(
             StatusCode::CONFLICT,
