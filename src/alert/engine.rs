@@ -532,7 +532,7 @@ pub async fn run(
                         Ok(()) => {
                             grouper.set_group_wait(group_wait);
                             immediate = group_wait.is_zero();
-                            tracing::info!("alerting follows the reloaded config");
+                            tracing::debug!("alerting follows the reloaded config");
                         }
                         Err(e) => tracing::error!(error = %e, "alert channels from the reloaded config are unusable; keeping the previous ones"),
                     }
