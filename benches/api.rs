@@ -267,11 +267,11 @@ async fn run() {
     let weights_rx = weights::spawn_publisher(routes.clone(), health_rx.clone(), shutdown.clone());
     let (passive_tx, _passive_rx) = mpsc::channel(16);
     let state = AppState {
-        config: Arc::new(config.clone()),
+        config: Arc::new(config.clone()).into(),
         routes: routes.clone(),
         store: store.clone(),
         clock: Arc::new(ManualClock::new(now)),
-        jobs: Arc::new(Vec::new()),
+        jobs: Default::default(),
         health: health_rx,
         events: broadcast::channel(16).0,
         passive: passive_tx,

@@ -72,7 +72,20 @@ pub struct Running {
     pub store: Store,
     /// Detection's latest judgement of every route.
     pub health: HealthRx,
+    /// The config in effect, following reloads; [`crate::reload::LiveConfig::reload`]
+    /// re-reads the file (SIGHUP, `POST /api/v1/admin/reload`).
+    pub config: crate::reload::LiveConfig,
     pub done: JoinHandle<Result<(), AppError>>,
+}
+
+/// How [`start_with`] runs the service beyond its config.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// The file the config was loaded from, re-read on reload; `None` (the built-in demo, a
+    /// config built in code): reload answers 409 `no_config_file`.
+    pub config_file: Option<std::path::PathBuf>,
+    /// The heartbeat monitor's periods.
+    pub heartbeat: crate::heartbeat::Options,
 }
 
 /// Runs until `shutdown` is cancelled and everything has drained.
@@ -92,6 +105,23 @@ pub async fn start(
     clock: Arc<dyn Clock>,
     shutdown: CancellationToken,
 ) -> Result<Running, AppError> {
+    start_with(config, listener, clock, shutdown, StartOptions::default()).await
+}
+
+/// [`start`] with a config file to reload and the heartbeat monitor's periods.
+pub async fn start_with(
+    config: Config,
+    listener: TcpListener,
+    clock: Arc<dyn Clock>,
+    shutdown: CancellationToken,
+    options: StartOptions,
+) -> Result<Running, AppError> {
+    let started_at = clock.now();
+    // Hot reload (issue 12): the config in effect; consumers of live sections follow it.
+    let (live_tx, live_rx) = watch::channel(Arc::new(config.clone()));
+    let live = crate::reload::LiveConfig::new(live_rx);
+    // Loops that must not wait on the store beat in memory; the monitor persists them.
+    let pulses = crate::heartbeat::Pulses::new(clock.clone());
     let routes: Vec<Route> = config.routes();
     let store_path = config.storage.path.clone();
     let opts = StoreOptions {
@@ -191,10 +221,15 @@ pub async fn start(
             events: health_events.clone(),
             clock: clock.clone(),
             tick: Duration::from_secs(1),
+            pulse: Some(pulses.pulse(crate::heartbeat::SWITCH)),
         },
         shutdown.clone(),
     );
     let switch_router = crate::switch::router(switch.status.clone(), store.clone());
+    let budget_task = tokio::spawn(budget.clone().keep_hours(
+        Some(pulses.pulse(crate::heartbeat::BUDGET)),
+        shutdown.clone(),
+    ));
     metrics.attach_switch(switch.status.clone());
     // Weights follow drift too (open findings with `on_drift = "deweight"`, the quality gate for
     // backup and fallback routes) and the switch controller's overrides.
@@ -209,6 +244,7 @@ pub async fn start(
         crate::weights::Feeds {
             overrides: Some(switch.overrides.clone()),
             breakers: Some(breakers_rx),
+            pulse: Some(pulses.pulse(crate::heartbeat::WEIGHTS)),
         },
         shutdown.clone(),
     );
@@ -222,6 +258,7 @@ pub async fn start(
         let opts = crate::proxy::ProxyOptions {
             store: Some(store.clone()),
             clock: clock.clone(),
+            live: Some(live.receiver()),
             ..crate::proxy::ProxyOptions::default()
         };
         let proxy =
@@ -252,22 +289,34 @@ pub async fn start(
         tracing::info!(var = %config.server.ingest_token_env, "ingest disabled: token variable unset");
     }
 
+    // Every scheduled job's heartbeat (`async_jobs` when the proxy runs: its worker beats it).
+    let jobs = Arc::new(crate::heartbeat::Jobs::new(
+        crate::heartbeat::expected(&config, &drift.jobs),
+        started_at,
+    ));
+    let heartbeat_task = crate::heartbeat::spawn(
+        crate::heartbeat::Monitor {
+            pulses: pulses.clone(),
+            store: store.clone(),
+            clock: clock.clone(),
+            jobs: jobs.clone(),
+            config: live.clone(),
+            options: options.heartbeat.clone(),
+        },
+        shutdown.clone(),
+    );
+    let reloader = Arc::new(crate::reload::Reloader::new(
+        options.config_file.clone(),
+        live_tx,
+        Some(metrics.clone()),
+        clock.clone(),
+    ));
     let state = AppState {
-        config: Arc::new(config.clone()),
+        config: reloader.live(),
         routes: Arc::new(routes.clone()),
         store: store.clone(),
         clock: clock.clone(),
-        jobs: Arc::new(
-            [
-                vec![
-                    "scheduler",
-                    "retention",
-                    crate::health::service::HEARTBEAT_JOB,
-                ],
-                drift.jobs.clone(),
-            ]
-            .concat(),
-        ),
+        jobs: jobs.clone(),
         health: health_rx.clone(),
         events: health_events,
         passive: passive_tx,
@@ -284,13 +333,11 @@ pub async fn start(
             tracing::error!(error = %e, "alert channels unusable; alerts are queued for none");
             Vec::new()
         });
-        let service = crate::alert::AlertService::new(
-            state.config.clone(),
-            store.clone(),
-            clock.clone(),
-            channels,
-        )
-        .with_jobs(&state.jobs);
+        let service =
+            crate::alert::AlertService::new(live.current(), store.clone(), clock.clone(), channels)
+                .with_jobs(&jobs)
+                .with_pulses(&pulses)
+                .with_live(live.clone());
         metrics.follow_alerts(service.metrics().clone());
         tokio::spawn(crate::alert::run(
             Arc::new(service),
@@ -320,6 +367,7 @@ pub async fn start(
             let _ = drift.task.await;
             let _ = drift_events.await;
             let _ = switch.task.await;
+            let _ = budget_task.await;
             let web = web_task.await;
             if let Some(proxy) = proxy_task {
                 if let Ok(Err(e)) = proxy.await {
@@ -330,6 +378,8 @@ pub async fn start(
             let _ = passive_task.await;
             // Both of detection's senders are gone: it judges what is left, then saves.
             let _ = health_task.await;
+            // Its last flush saves the pulses' final beats.
+            let _ = heartbeat_task.await;
             web
         };
         match tokio::time::timeout(DRAIN_TIMEOUT, drain).await {
@@ -344,6 +394,7 @@ pub async fn start(
         addr,
         store,
         health: health_rx,
+        config: reloader.live(),
         done,
     })
 }

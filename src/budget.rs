@@ -179,6 +179,9 @@ impl Budget {
         let mut l = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
         let hour = hour_of(now);
         if hour > l.hour {
+            if l.spent > 0.0 || l.refused > 0 {
+                tracing::info!(hour = %l.hour, spent = l.spent, refused = l.refused, "extra-cost budget hour closed");
+            }
             l.hour = hour;
             l.spent = 0.0;
             l.refused = 0;
@@ -279,6 +282,27 @@ impl Budget {
     pub fn total_for(&self, serves: &str) -> f64 {
         let l = self.ledger(self.clock.now());
         l.total_by_model.get(serves).copied().unwrap_or(0.0)
+    }
+
+    /// Turns the clock hour on time even when no request comes (the ledger also rolls on
+    /// every use) and beats `pulse` (`budget`) every [`crate::heartbeat::PULSE_EVERY`].
+    pub async fn keep_hours(
+        self: Arc<Self>,
+        pulse: Option<crate::heartbeat::Pulse>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(crate::heartbeat::PULSE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            drop(self.ledger(self.clock.now()));
+            if let Some(p) = &pulse {
+                p.beat();
+            }
+        }
     }
 
     pub fn snapshot(&self) -> BudgetSnapshot {

@@ -344,12 +344,11 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     spawn_signal_handler(shutdown.clone());
     let (config, _demo) = match path {
         Some(path) => {
-            let (config, warnings) = load(path)?;
-            load_sets(&config)?;
+            // The same checks a reload runs (`reload::load_checked`).
+            let (config, warnings) = crate::reload::load_checked(path).map_err(|errors| {
+                CliError::Invalid(errors.iter().map(ToString::to_string).collect())
+            })?;
             warn_all(&warnings);
-            refuse_missing_secrets(&config)?;
-            // A bad SMTP URL and the like: refuse now rather than alert into the void.
-            crate::alert::channels(&config).map_err(|e| CliError::Invalid(vec![e.to_string()]))?;
             (config, None)
         }
         None => {
@@ -364,9 +363,40 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
         .map_err(|e| {
             CliError::Runtime(format!("cannot listen on {}: {e}", config.server.listen))
         })?;
-    app::run(config, listener, shutdown)
+    let options = app::StartOptions {
+        config_file: path.map(Path::to_path_buf),
+        ..app::StartOptions::default()
+    };
+    let running = app::start_with(config, listener, Arc::new(SystemClock), shutdown, options)
         .await
+        .map_err(CliError::runtime)?;
+    spawn_reload_on_sighup(running.config.clone());
+    running
+        .done
+        .await
+        .map_err(CliError::runtime)?
         .map_err(CliError::runtime)
+}
+
+/// SIGHUP re-reads the config file (`reload` logs what it applied or why it refused).
+fn spawn_reload_on_sighup(live: crate::reload::LiveConfig) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGHUP; reload through the admin API only");
+                return;
+            }
+        };
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the config");
+            let _ = live.reload().await;
+        }
+    });
+    #[cfg(not(unix))]
+    let _ = live;
 }
 
 /// `probeok alert test`: a test message to each channel (or channel `only`, 0-based in the

@@ -58,6 +58,13 @@
 //!   `/healthz`, `/readyz`, and the public HTML pages (`web::pages`: `/`, `/routes/{id}`,
 //!   `/incidents`, askama templates in `templates/`, zh/en words in `web::i18n`, the
 //!   stylesheet `static/style.css` served at `/static/style.css`).
+//! - [`heartbeat`]: which scheduled jobs the service expects and which are stale (pure), the
+//!   in-memory [`heartbeat::Pulse`] of loops that must not wait on the store, the monitor that
+//!   persists them with the store writer's own beat, and the dead-man's switch
+//!   (`[heartbeat] ping_url_env`).
+//! - [`reload`]: hot reload (SIGHUP, `POST /api/v1/admin/reload`): `serve`'s checks on the new
+//!   file, the live sections published on the live-config `watch` channel
+//!   ([`reload::LiveConfig`]), the rest reported as `restart_required`.
 //! - [`cli`]: the subcommands behind the binary (serve, check-config, probe, regress, alert
 //!   test, proxy, simulate).
 //! - [`app`]: wires the tasks together under one `CancellationToken`: scheduler → recorder →
@@ -74,8 +81,10 @@ pub mod config;
 pub mod demo;
 pub mod drift;
 pub mod health;
+pub mod heartbeat;
 pub mod probe;
 pub mod proxy;
+pub mod reload;
 pub mod route;
 pub mod scheduler;
 pub mod secret;

@@ -788,6 +788,8 @@ pub struct Driver {
     pub clock: Arc<dyn Clock>,
     /// How often the machines are stepped besides every health change.
     pub tick: Duration,
+    /// The controller's heartbeat (`switch`), beaten every round.
+    pub pulse: Option<crate::heartbeat::Pulse>,
 }
 
 /// The running controller's outputs.
@@ -886,6 +888,9 @@ pub fn spawn(d: Driver, shutdown: CancellationToken) -> Spawned {
                         break;
                     }
                 }
+            }
+            if let Some(p) = &d.pulse {
+                p.beat();
             }
             let now = d.clock.now();
             let next = status_of(&machines, &d.budget, now);

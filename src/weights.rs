@@ -638,6 +638,8 @@ pub struct Feeds {
     pub overrides: Option<watch::Receiver<Arc<Overrides>>>,
     /// The in-process proxy's open breakers.
     pub breakers: Option<watch::Receiver<Arc<OpenBreakers>>>,
+    /// The publisher's heartbeat (`weights`), beaten by its loop.
+    pub pulse: Option<crate::heartbeat::Pulse>,
 }
 
 /// [`spawn_publisher_with`] that also follows the switch controller's overrides and the
@@ -653,6 +655,7 @@ pub fn spawn_publisher_full(
     let Feeds {
         mut overrides,
         mut breakers,
+        pulse,
     } = feeds;
     let first = health.borrow_and_update().clone();
     let first_drift = drift.as_mut().map(|d| d.borrow_and_update().clone());
@@ -668,6 +671,8 @@ pub fn spawn_publisher_full(
     let (tx, rx) = watch::channel(weights.current());
     tokio::spawn(async move {
         let mut health_open = true;
+        let mut beat = tokio::time::interval(crate::heartbeat::PULSE_EVERY);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let drift_changed = async {
                 match drift.as_mut() {
@@ -677,6 +682,12 @@ pub fn spawn_publisher_full(
             };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
+                _ = beat.tick(), if pulse.is_some() => {
+                    if let Some(p) = &pulse {
+                        p.beat();
+                    }
+                    continue;
+                }
                 changed = health.changed(), if health_open => {
                     if changed.is_err() {
                         // No more health updates: keep the last weights (overrides may

@@ -725,7 +725,7 @@ async fn a_restart_in_the_middle_loses_nothing_and_repeats_nothing_delivered() {
     let Rig {
         _dir, db, service, ..
     } = rig;
-    let cfg = service.config.clone();
+    let cfg = service.config();
     let old = service.store.clone();
     drop(service);
     old.close().await.unwrap();
@@ -772,7 +772,7 @@ async fn resolved_after_a_restart_with_duration_and_peak() {
     let Rig {
         _dir, db, service, ..
     } = rig;
-    let cfg = service.config.clone();
+    let cfg = service.config();
     let old = service.store.clone();
     drop(service);
     old.close().await.unwrap();
@@ -948,7 +948,7 @@ async fn maintenance_and_silences_suppress() {
     assert!(rig.service.metrics().get("webhook[0]", "suppressed") >= 1);
 
     // A silence through the admin API (bearer token, constant-time compared).
-    let config = rig.service.config.clone();
+    let config = rig.service.config();
     let (health_tx, health) = tokio::sync::watch::channel(Arc::new(
         probeok::health::HealthSnapshot::initial(&[], t0()),
     ));
@@ -962,10 +962,10 @@ async fn maintenance_and_silences_suppress() {
     let state = probeok::web::AppState {
         metrics: Arc::new(probeok::web::Metrics::new(&routes)),
         routes,
-        config,
+        config: config.into(),
         store: rig.service.store.clone(),
         clock: clock.clone(),
-        jobs: Arc::new(vec![]),
+        jobs: Default::default(),
         health,
         events,
         passive,

@@ -21,6 +21,8 @@ use super::{
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::health::HealthEvent;
+use crate::heartbeat::Pulse;
+use crate::reload::LiveConfig;
 use crate::route::Route;
 use crate::store::alerts::{AlertOp, FiringRow, NewEntry};
 use crate::store::Store;
@@ -29,20 +31,26 @@ use crate::store::Store;
 pub const DELIVERY_POLL: Duration = Duration::from_secs(1);
 /// How often burn rates, heartbeats and reminders are evaluated.
 pub const EVALUATE_EVERY: Duration = Duration::from_secs(60);
-/// A job whose heartbeat is older than this alerts (SPEC `[heartbeat] stale_after` default).
-pub const HEARTBEAT_STALE_AFTER: chrono::Duration = chrono::Duration::minutes(3);
+/// How often the loops beat their heartbeats (`alert_eval`, `alert_outbox`).
+pub const BEAT_EVERY: Duration = crate::heartbeat::PULSE_EVERY;
 /// Delivered and dropped rows, and ended silences, are kept this long.
 pub const KEEP_DONE: chrono::Duration = chrono::Duration::days(7);
 
 /// Everything the alert task needs; shareable so tests (and `alert test`) can drive it.
 pub struct AlertService {
-    pub config: Arc<Config>,
+    /// The config in effect; a reload replaces it ([`AlertService::apply`]).
+    config: std::sync::RwLock<Arc<Config>>,
     pub store: Store,
     pub clock: Arc<dyn Clock>,
     pub outbox: Outbox,
     routes: Vec<Route>,
-    /// Scheduled jobs whose heartbeats must stay fresh.
-    jobs: Vec<String>,
+    /// Scheduled jobs whose heartbeats must stay fresh (`[heartbeat] stale_after`).
+    jobs: crate::heartbeat::Jobs,
+    /// The loops' own heartbeats.
+    eval_pulse: Option<Pulse>,
+    outbox_pulse: Option<Pulse>,
+    /// Followed by [`run`]: `[alerting]`, `[[alert.*]]`, `[[maintenance]]`, `[heartbeat]`.
+    live: Option<LiveConfig>,
     wake: Notify,
 }
 
@@ -60,25 +68,61 @@ impl AlertService {
             ctx,
             Arc::new(AlertMetrics::default()),
         );
+        let started_at = clock.now();
         Self {
             routes: config.routes(),
-            config,
+            config: std::sync::RwLock::new(config),
             store,
             clock,
             outbox,
-            jobs: Vec::new(),
+            jobs: crate::heartbeat::Jobs::new(Vec::new(), started_at),
+            eval_pulse: None,
+            outbox_pulse: None,
+            live: None,
             wake: Notify::new(),
         }
     }
 
-    /// The jobs whose heartbeats alert when stale.
-    pub fn with_jobs(mut self, jobs: &[&str]) -> Self {
-        self.jobs = jobs.iter().map(|j| (*j).to_owned()).collect();
+    /// The config in effect.
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The jobs whose heartbeats alert when stale (a job that never beat counts from
+    /// `jobs.started_at`).
+    pub fn with_jobs(mut self, jobs: &crate::heartbeat::Jobs) -> Self {
+        self.jobs = jobs.clone();
         self
     }
 
+    /// Beats `alert_eval` and `alert_outbox` through `pulses`.
+    pub fn with_pulses(mut self, pulses: &crate::heartbeat::Pulses) -> Self {
+        self.eval_pulse = Some(pulses.pulse(crate::heartbeat::ALERT_EVAL));
+        self.outbox_pulse = Some(pulses.pulse(crate::heartbeat::ALERT_OUTBOX));
+        self
+    }
+
+    /// Follows config reloads while [`run`] runs.
+    pub fn with_live(mut self, live: LiveConfig) -> Self {
+        self.live = Some(live);
+        self
+    }
+
+    /// A reloaded config: channels rebuilt (the reload checked they build), links, windows,
+    /// grouping and `stale_after` follow. Routes are not reloaded (a restart applies them).
+    pub fn apply(&self, config: Arc<Config>) -> Result<(), AlertError> {
+        let channels = super::channels(&config)?;
+        self.outbox
+            .reconfigure(channels, RenderCtx::from_config(&config));
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+        Ok(())
+    }
+
     pub fn with_outbox(mut self, f: impl FnOnce(Outbox) -> Outbox) -> Self {
-        let ctx = RenderCtx::from_config(&self.config);
+        let ctx = RenderCtx::from_config(&self.config());
         let placeholder = Outbox::new(
             self.store.clone(),
             Vec::new(),
@@ -91,7 +135,7 @@ impl AlertService {
     }
 
     pub fn grouper(&self) -> Grouper {
-        Grouper::new(self.config.alerting.group_wait, &self.routes)
+        Grouper::new(self.config().alerting.group_wait, &self.routes)
     }
 
     pub fn metrics(&self) -> &Arc<AlertMetrics> {
@@ -124,8 +168,9 @@ impl AlertService {
             .blocking(|r| Ok((r.silences()?, r.alert_firing()?)))
             .await?;
         let mut firing_now: HashSet<String> = firing_rows.into_iter().map(|f| f.key).collect();
+        let config = self.config();
         let suppressor = Suppressor {
-            windows: &self.config.maintenance,
+            windows: &config.maintenance,
             silences: &silences,
             now,
         };
@@ -170,7 +215,7 @@ impl AlertService {
                     Ok(m) => m,
                     Err(why) => {
                         tracing::info!(reason = ?why, "alert suppressed by maintenance or silence");
-                        for ch in self.outbox.channels() {
+                        for ch in self.outbox.channels().iter() {
                             self.metrics().add(ch.name(), "suppressed");
                         }
                         continue;
@@ -250,7 +295,8 @@ impl AlertService {
             .await?;
         let firing_keys: HashMap<&str, &FiringRow> =
             firing.iter().map(|f| (f.key.as_str(), f)).collect();
-        let min_failures = u64::from(self.config.detection.min_failures);
+        let config = self.config();
+        let min_failures = u64::from(config.detection.min_failures);
         let mut drafts = Vec::new();
         for (route, slo, w) in &windows {
             let key = format!("burn:{route}");
@@ -275,41 +321,43 @@ impl AlertService {
                 _ => {}
             }
         }
-        for job in &self.jobs {
+        let stale = self.jobs.stale(&beats, now, config.heartbeat.stale_after);
+        for job in &self.jobs.names {
             let key = format!("heartbeat:{job}");
-            let at = beats.iter().find(|(j, _)| j == job).map(|(_, t)| *t);
-            let stale = at.is_some_and(|t| now - t > HEARTBEAT_STALE_AFTER);
+            let silent = stale.iter().find(|s| s.job == *job);
             let firing = firing_keys.contains_key(key.as_str());
-            if stale != firing {
-                let silent_s =
-                    at.map_or(0, |t| u64::try_from((now - t).num_seconds()).unwrap_or(0));
-                let status = if stale {
-                    Status::Firing
-                } else {
-                    Status::Resolved
-                };
-                drafts.push(Draft {
-                    message: Message {
-                        key: format!(
-                            "{key}:{}@{}",
-                            if stale { "stale" } else { "resolved" },
-                            now.timestamp_millis()
-                        ),
-                        severity: Severity::Critical,
-                        status,
-                        subject: Subject::Heartbeat {
-                            job: job.clone(),
-                            silent_s,
-                        },
-                        at: now,
-                        items: Vec::new(),
-                        related: Vec::new(),
-                        note: None,
-                    },
-                    item_keys: Vec::new(),
-                    key: Some(key),
-                });
+            if silent.is_some() == firing {
+                continue;
             }
+            let (status, silent_s) = match silent {
+                Some(s) => (Status::Firing, s.silent.as_secs()),
+                None => (Status::Resolved, 0),
+            };
+            drafts.push(Draft {
+                message: Message {
+                    key: format!(
+                        "{key}:{}@{}",
+                        if silent.is_some() {
+                            "stale"
+                        } else {
+                            "resolved"
+                        },
+                        now.timestamp_millis()
+                    ),
+                    severity: Severity::Critical,
+                    status,
+                    subject: Subject::Heartbeat {
+                        job: (*job).to_owned(),
+                        silent_s,
+                    },
+                    at: now,
+                    items: Vec::new(),
+                    related: Vec::new(),
+                    note: None,
+                },
+                item_keys: Vec::new(),
+                key: Some(key),
+            });
         }
         let mut n = self.enqueue(drafts, now).await?;
         n += self.reminders(&firing, now).await?;
@@ -340,7 +388,7 @@ impl AlertService {
             }
             m.status = Status::Reminder;
             let json = to_json(&m)?;
-            for c in self.outbox.channels() {
+            for c in self.outbox.channels().iter() {
                 let Some(every) = c.options().repeat_interval else {
                     continue;
                 };
@@ -426,11 +474,20 @@ pub async fn run(
 ) {
     let sender = tokio::spawn(deliver_loop(service.clone(), shutdown.clone()));
     let mut grouper = service.grouper();
-    let immediate = service.config.alerting.group_wait.is_zero();
+    let mut immediate = service.config().alerting.group_wait.is_zero();
     let mut evaluate = tokio::time::interval(EVALUATE_EVERY);
     evaluate.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut beat = tokio::time::interval(BEAT_EVERY);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut live = service.live.as_ref().map(LiveConfig::receiver);
     let mut open = true;
     loop {
+        let reloaded = async {
+            match live.as_mut() {
+                Some(rx) => rx.changed().await.map(|()| rx.borrow_and_update().clone()),
+                None => std::future::pending().await,
+            }
+        };
         let wait = grouper
             .deadline()
             .map(|d| (d - service.clock.now()).to_std().unwrap_or(Duration::ZERO));
@@ -462,6 +519,26 @@ pub async fn run(
                     tracing::error!(error = %e, "alert evaluation (burn rates, heartbeats, reminders) failed");
                 }
             }
+            // The loop itself is alive: neither stuck in an evaluation nor in a flush.
+            _ = beat.tick() => {
+                if let Some(p) = &service.eval_pulse {
+                    p.beat();
+                }
+            }
+            config = reloaded => match config {
+                Ok(config) => {
+                    let group_wait = config.alerting.group_wait;
+                    match service.apply(config) {
+                        Ok(()) => {
+                            grouper.set_group_wait(group_wait);
+                            immediate = group_wait.is_zero();
+                            tracing::debug!("alerting follows the reloaded config");
+                        }
+                        Err(e) => tracing::error!(error = %e, "alert channels from the reloaded config are unusable; keeping the previous ones"),
+                    }
+                }
+                Err(_) => live = None,
+            },
         }
     }
     if !grouper.is_empty() {
@@ -480,6 +557,10 @@ async fn flush(service: &AlertService, grouper: &mut Grouper) {
 
 async fn deliver_loop(service: Arc<AlertService>, shutdown: CancellationToken) {
     loop {
+        // A round ends within the channels' timeouts; one stuck longer stops the beats.
+        if let Some(p) = &service.outbox_pulse {
+            p.beat();
+        }
         match service.deliver().await {
             Ok(r) if r != super::outbox::Round::default() => {
                 tracing::debug!(?r, "alert delivery round");

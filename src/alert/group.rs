@@ -104,6 +104,11 @@ impl Grouper {
         self.first_at.map(|t| t + self.group_wait)
     }
 
+    /// A reloaded `[alerting] group_wait`; what is gathered keeps its first arrival time.
+    pub fn set_group_wait(&mut self, group_wait: std::time::Duration) {
+        self.group_wait = chrono::Duration::from_std(group_wait).unwrap_or(chrono::Duration::MAX);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }

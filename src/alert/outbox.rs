@@ -52,8 +52,9 @@ pub struct Round {
 /// Sends the outbox's due rows through the channels.
 pub struct Outbox {
     store: Store,
-    channels: Vec<Arc<dyn Notifier>>,
-    ctx: RenderCtx,
+    /// Swapped whole on a config reload ([`Outbox::reconfigure`]).
+    channels: std::sync::RwLock<Arc<Vec<Arc<dyn Notifier>>>>,
+    ctx: std::sync::RwLock<Arc<RenderCtx>>,
     metrics: Arc<AlertMetrics>,
     max_age: chrono::Duration,
     /// Send times in the last minute, per rate-limited channel.
@@ -69,8 +70,8 @@ impl Outbox {
     ) -> Self {
         Self {
             store,
-            channels,
-            ctx,
+            channels: std::sync::RwLock::new(Arc::new(channels)),
+            ctx: std::sync::RwLock::new(Arc::new(ctx)),
             metrics,
             max_age: MAX_AGE,
             sent: Mutex::new(HashMap::new()),
@@ -83,8 +84,23 @@ impl Outbox {
         self
     }
 
-    pub fn channels(&self) -> &[Arc<dyn Notifier>] {
-        &self.channels
+    /// The channels in effect (a snapshot: a reload may replace them).
+    pub fn channels(&self) -> Arc<Vec<Arc<dyn Notifier>>> {
+        self.channels
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// New channels and links after a config reload. Pending rows of a channel that is gone
+    /// are dropped (logged and counted) at their next round, as at a restart.
+    pub fn reconfigure(&self, channels: Vec<Arc<dyn Notifier>>, ctx: RenderCtx) {
+        *self.channels.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(channels);
+        *self.ctx.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(ctx);
+    }
+
+    fn ctx(&self) -> Arc<RenderCtx> {
+        self.ctx.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn metrics(&self) -> &Arc<AlertMetrics> {
@@ -154,7 +170,12 @@ impl Outbox {
                 .await?;
             return Ok(());
         }
-        let Some(channel) = self.channels.iter().find(|c| c.name() == row.channel) else {
+        let Some(channel) = self
+            .channels()
+            .iter()
+            .find(|c| c.name() == row.channel)
+            .cloned()
+        else {
             tracing::warn!(channel = %row.channel, key = %row.dedup_key, "alert dropped: its channel is no longer configured");
             self.metrics.add(&row.channel, "dropped");
             round.dropped += 1;
@@ -210,7 +231,8 @@ impl Outbox {
             }
         };
         self.note_sent(channel.as_ref(), now);
-        match channel.send(&message, &self.ctx, now).await {
+        let ctx = self.ctx();
+        match channel.send(&message, &ctx, now).await {
             Ok(receipt) => {
                 tracing::info!(channel = %row.channel, key = %row.dedup_key, attempt = row.attempts + 1, status = receipt.status, "alert delivered");
                 self.metrics.add(&row.channel, "delivered");

@@ -346,9 +346,18 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
         }
         Subject::Heartbeat { job, silent_s } => {
             let d = w.dur(i64::try_from(*silent_s).unwrap_or(i64::MAX));
-            match lang {
-                Lang::En => format!("job {job} silent for {d}"),
-                Lang::Zh => format!("任务 {job} 已 {d} 无心跳"),
+            let named = match (crate::heartbeat::what(job), lang) {
+                (Some((en, _)), Lang::En) => format!("{job} ({en})"),
+                (Some((_, zh)), Lang::Zh) => format!("{job}（{zh}）"),
+                (None, _) => job.clone(),
+            };
+            match (lang, m.status) {
+                (Lang::En, Status::Resolved) => format!("monitoring job {named} beating again"),
+                (Lang::Zh, Status::Resolved) => format!("监控任务 {named} 已恢复心跳"),
+                (Lang::En, _) => {
+                    format!("monitoring job {named} silent for {d} — figures may be stale")
+                }
+                (Lang::Zh, _) => format!("监控任务 {named} 已 {d} 无心跳 —— 数据可能已过时"),
             }
         }
         Subject::Drift(d) => match (lang, d.kind.as_str()) {
@@ -423,11 +432,26 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
                 w.time(ctx, m.at),
             ));
         }
-        (Subject::Heartbeat { .. }, _) => {
-            lines.push(Line::Field(
-                w.t("Since", "开始时间").into(),
-                w.time(ctx, m.at),
-            ));
+        (Subject::Heartbeat { silent_s, .. }, _) => {
+            if m.status == Status::Resolved {
+                lines.push(Line::Field(
+                    w.t("Beating since", "恢复时间").into(),
+                    w.time(ctx, m.at),
+                ));
+            } else {
+                let since = m.at - chrono::Duration::seconds(i64::try_from(*silent_s).unwrap_or(0));
+                lines.push(Line::Field(
+                    w.t("Silent since", "无心跳起始").into(),
+                    w.time(ctx, since),
+                ));
+                lines.push(Line::Para(
+                    w.t(
+                        "Until it beats again, what it feeds (status page, weights, alerts) may be out of date. Check the probeok log; GET /readyz names every silent job.",
+                        "恢复心跳之前，它负责的内容（状态页、权重、告警）可能已过时。请查看 probeok 日志；GET /readyz 会列出所有无心跳的任务。",
+                    )
+                    .into(),
+                ));
+            }
         }
         (_, []) => {
             lines.push(Line::Field(

@@ -34,7 +34,7 @@ pub fn router() -> Router<AppState> {
 
 /// Checks the admin bearer token (see [`crate::web::authorize_admin`]).
 pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Box<Response>> {
-    crate::web::authorize_admin(&state.config.server.admin_token_env, headers)
+    crate::web::authorize_admin(&state.config.current().server.admin_token_env, headers)
 }
 
 #[derive(Debug, Deserialize)]

@@ -662,6 +662,29 @@ pub fn budget(lang: Lang, b: &crate::budget::BudgetSnapshot) -> String {
     }
 }
 
+/// What a heartbeat job does, in `lang` ([`crate::heartbeat::what`]).
+pub fn job_what(lang: Lang, job: &str) -> Option<&'static str> {
+    crate::heartbeat::what(job).map(|(en, zh)| match lang {
+        Lang::En => en,
+        Lang::Zh => zh,
+    })
+}
+
+/// The status page's banner for a silent job: `monitoring job weights (weights publisher)
+/// silent for 4 min — figures may be stale`.
+pub fn stale_job(lang: Lang, s: &crate::heartbeat::Stale) -> String {
+    let min = s.silent.as_secs() / 60;
+    let job = match job_what(lang, &s.job) {
+        Some(what) if lang == Lang::Zh => format!("{}（{what}）", s.job),
+        Some(what) => format!("{} ({what})", s.job),
+        None => s.job.clone(),
+    };
+    match lang {
+        Lang::En => format!("Monitoring job {job} silent for {min} min — figures may be stale"),
+        Lang::Zh => format!("监控任务 {job} 已 {min} 分钟无心跳 —— 数据可能已过时"),
+    }
+}
+
 /// A maintenance window line: `in progress: qwen/* until 2026-05-01 04:00 UTC`.
 pub fn maintenance(lang: Lang, active: bool, routes: &str, start: &str, end: &str) -> String {
     let t = lang.text();

@@ -77,6 +77,11 @@ struct AlertLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
 }
@@ -117,6 +122,10 @@ pub struct Metrics {
     budget: OnceLock<Arc<crate::budget::Budget>>,
     /// The switch controller's current phases, for the status page.
     switch: OnceLock<crate::switch::SwitchRx>,
+    /// Config reloads (`crate::reload`), as Prometheus counts its own.
+    reloads: Family<ReloadLabels, Counter>,
+    reload_ok: Gauge,
+    reload_ok_at: Gauge<f64, AtomicU64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -147,6 +156,28 @@ impl Metrics {
         let alerts = Family::<AlertLabels, Counter>::default();
         let budget_cost = Family::<BudgetLabels, Gauge<f64, AtomicU64>>::default();
         let budget_used = Gauge::<f64, AtomicU64>::default();
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        // Both series exist from the start, so `increase()` sees the first failure.
+        for result in ["success", "failure"] {
+            let _ = reloads.get_or_create(&ReloadLabels { result });
+        }
+        let reload_ok = Gauge::default();
+        let reload_ok_at = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "config_reloads",
+            "Config reloads (SIGHUP, POST /api/v1/admin/reload) by result (success, failure)",
+            reloads.clone(),
+        );
+        registry.register(
+            "config_last_reload_successful",
+            "1 when the last config reload (or the start) succeeded, else 0",
+            reload_ok.clone(),
+        );
+        registry.register(
+            "config_last_reload_success_timestamp_seconds",
+            "When the config was last loaded successfully (the start counts), Unix seconds",
+            reload_ok_at.clone(),
+        );
         registry.register(
             "budget_extra_cost",
             "Extra cost of non-primary serving this clock hour, in the routes' price currency",
@@ -234,7 +265,24 @@ impl Metrics {
             budget_used,
             budget: OnceLock::new(),
             switch: OnceLock::new(),
+            reloads,
+            reload_ok,
+            reload_ok_at,
         }
+    }
+
+    /// One config load: the start (not counted as a reload) or a reload.
+    pub fn observe_reload(&self, ok: bool, at: chrono::DateTime<chrono::Utc>) {
+        self.reload_ok.set(i64::from(ok));
+        if ok {
+            self.reload_ok_at.set(at.timestamp_millis() as f64 / 1000.0);
+        }
+    }
+
+    /// Counts a reload (not the start).
+    pub fn count_reload(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
     /// The switch controller's phases, shown on the status page. The first call wins.

@@ -23,7 +23,6 @@ pub mod openapi;
 pub mod pages;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -36,9 +35,9 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
-use crate::config::Config;
 use crate::health::{HealthEvent, HealthRx};
 use crate::probe::ProbeOutcome;
+use crate::reload::LiveConfig;
 use crate::route::Route;
 use crate::secret::Secret;
 use crate::store::{Store, StoreError};
@@ -47,19 +46,17 @@ use crate::weights::WeightsRx;
 pub use api::{FiguresCache, IncidentQuery, IncidentSource, SnapshotIncidents, StoreIncidents};
 pub use metrics::Metrics;
 
-/// A job whose heartbeat is older than this makes `/readyz` fail.
-pub const HEARTBEAT_STALE_AFTER: Duration = Duration::from_secs(180);
-
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
-    pub config: Arc<Config>,
+    /// The config in effect, following reloads: read [`LiveConfig::current`] once per request.
+    pub config: LiveConfig,
     /// The resolved routes, in config order.
     pub routes: Arc<Vec<Route>>,
     pub store: Store,
     pub clock: Arc<dyn Clock>,
-    /// The jobs that must keep beating for the service to be ready.
-    pub jobs: Arc<Vec<&'static str>>,
+    /// The jobs that must keep beating for the service to be ready, and since when it runs.
+    pub jobs: Arc<crate::heartbeat::Jobs>,
     /// Detection's latest judgement of every route.
     pub health: HealthRx,
     /// Transitions and findings as they happen.
@@ -159,6 +156,11 @@ fn table() -> Vec<(Endpoint, MethodRouter<AppState>)> {
         (ep(Method::GET, "/api/v1/weights"), get(feed::weights)),
         (ep(Method::GET, "/api/v1/weights/stream"), get(feed::stream)),
         (ep(Method::POST, "/api/v1/ingest"), post(ingest::handler)),
+        // Re-reads the config file (`AppState.config`'s reloader; 409 without one).
+        (
+            ep(Method::POST, "/api/v1/admin/reload"),
+            post(crate::reload::handler),
+        ),
         // The HTML pages (text/html; described in the OpenAPI document under the tag `pages`).
         (ep(Method::GET, "/"), get(pages::status)),
         (
@@ -217,7 +219,9 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// The store takes writes and every scheduled job has beaten recently.
+/// The store takes writes and no scheduled job has been silent for `[heartbeat] stale_after`
+/// (a job that never beat counts from the service's start). 503 names each problem, and the
+/// stale jobs with how long they have been silent.
 async fn readyz(State(state): State<AppState>) -> Response {
     let mut problems = Vec::new();
     if let Err(e) = state.store.writer().check_writable().await {
@@ -226,18 +230,17 @@ async fn readyz(State(state): State<AppState>) -> Response {
     let store = state.store.clone();
     let beats = tokio::task::spawn_blocking(move || store.reader()?.heartbeats()).await;
     let now = state.clock.now();
+    let stale_after = state.config.current().heartbeat.stale_after;
+    let mut stale_jobs = Vec::new();
     match beats {
         Ok(Ok(beats)) => {
-            for job in state.jobs.iter() {
-                match beats.iter().find(|(name, _)| name == job) {
-                    None => problems.push(format!("job {job} has not reported yet")),
-                    Some((_, at)) => {
-                        let age = (now - *at).to_std().unwrap_or_default();
-                        if age > HEARTBEAT_STALE_AFTER {
-                            problems.push(format!("job {job} silent for {}s", age.as_secs()));
-                        }
-                    }
-                }
+            for s in state.jobs.stale(&beats, now, stale_after) {
+                problems.push(s.describe());
+                stale_jobs.push(json!({
+                    "job": s.job,
+                    "silent_s": s.silent.as_secs(),
+                    "last_beat": s.last_beat.map(rfc3339),
+                }));
             }
         }
         Ok(Err(e)) => problems.push(format!("cannot read heartbeats: {e}")),
@@ -248,7 +251,12 @@ async fn readyz(State(state): State<AppState>) -> Response {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "not_ready", "problems": problems})),
+            Json(json!({
+                "status": "not_ready",
+                "problems": problems,
+                "stale_jobs": stale_jobs,
+                "stale_after_s": stale_after.as_secs(),
+            })),
         )
             .into_response()
     }

@@ -55,8 +55,10 @@ fn limit_param() -> Value {
 
 fn schemas() -> Value {
     let mut all = core_schemas();
-    if let (Value::Object(all), Value::Object(more)) = (&mut all, drift_and_admin_schemas()) {
-        all.extend(more);
+    for more in [drift_and_admin_schemas(), heartbeat_and_reload_schemas()] {
+        if let (Value::Object(all), Value::Object(more)) = (&mut all, more) {
+            all.extend(more);
+        }
     }
     all
 }
@@ -128,6 +130,29 @@ fn drift_and_admin_schemas() -> Value {
         },
         "Silences": {"type": "object", "required": ["silences"],
             "properties": {"silences": {"type": "array", "items": {"$ref": "#/components/schemas/Silence"}}}}
+    })
+}
+
+/// `/readyz`'s stale jobs and the config reload.
+fn heartbeat_and_reload_schemas() -> Value {
+    json!({
+        "StaleJob": {"type": "object", "required": ["job", "silent_s"], "properties": {
+            "job": {"type": "string"},
+            "silent_s": {"type": "integer", "description": "Since the later of its last beat and the service's start"},
+            "last_beat": {"type": "string", "format": "date-time", "nullable": true}}},
+        "Reloaded": {"type": "object", "required": ["reloaded", "applied", "restart_required", "warnings"], "properties": {
+            "reloaded": {"type": "boolean"},
+            "applied": {"type": "array", "items": {"type": "string"}, "description": "Changed sections now in effect"},
+            "restart_required": {"type": "array", "items": {"type": "string"}, "description": "Changed sections a restart applies (the running values stay)"},
+            "warnings": {"type": "array", "items": {"type": "string"}}}},
+        "InvalidConfig": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object",
+            "required": ["code", "message", "diagnostics"], "properties": {
+                "code": {"type": "string", "enum": ["invalid_config"]},
+                "message": {"type": "string"},
+                "diagnostics": {"type": "array", "items": {"type": "object", "properties": {
+                    "file": {"type": "string"}, "line": {"type": "integer"}, "col": {"type": "integer"},
+                    "key": {"type": "string"}, "message": {"type": "string"},
+                    "text": {"type": "string", "description": "file:line:col: key: message"}}}}}}}}
     })
 }
 
@@ -272,7 +297,10 @@ fn core_schemas() -> Value {
             }
         },
         "Health": {"type": "object", "properties": {"status": {"type": "string"},
-            "problems": {"type": "array", "items": {"type": "string"}}}}
+            "problems": {"type": "array", "items": {"type": "string"}},
+            "stale_jobs": {"type": "array", "description": "Jobs silent for `[heartbeat] stale_after` (503 only)",
+                "items": {"$ref": "#/components/schemas/StaleJob"}},
+            "stale_after_s": {"type": "integer"}}}
     })
 }
 
@@ -358,6 +386,14 @@ fn paths() -> Value {
                     "400": error_response("Invalid silence"),
                     "401": error_response("Missing or wrong token"),
                     "403": error_response("Admin endpoints off (token variable unset)")}}},
+        "/api/v1/admin/reload": {"post": {"summary": "Re-read the config file (as SIGHUP): live sections apply now, the rest is named for a restart; an invalid file is refused and the running config kept",
+            "operationId": "reloadConfig",
+            "security": [{"adminToken": []}],
+            "responses": {"200": json_response("Reloaded", "Reloaded"),
+                "401": error_response("Missing or wrong token"),
+                "403": error_response("Admin endpoints off (token variable unset)"),
+                "409": error_response("No config file (the built-in demo)"),
+                "422": json_response("Invalid config; nothing changed", "InvalidConfig")}}},
         "/api/v1/admin/silences/{id}": {"delete": {"summary": "End a silence now", "operationId": "deleteSilence",
             "security": [{"adminToken": []}],
             "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],

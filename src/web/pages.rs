@@ -343,6 +343,8 @@ pub struct StatusPage {
     pub budget: Option<String>,
     /// Logical models whose traffic the switch controller moved (switched, canary, probing).
     pub switches: Vec<String>,
+    /// Monitoring jobs silent for `[heartbeat] stale_after`: the figures may be stale.
+    pub stale_jobs: Vec<String>,
 }
 
 #[derive(Template)]
@@ -757,6 +759,7 @@ pub fn status_page(
         groups,
         budget: None,
         switches: Vec::new(),
+        stale_jobs: Vec::new(),
     }
 }
 
@@ -768,10 +771,11 @@ pub async fn status(
 ) -> Result<Response, AppError> {
     let lang = pick_lang(&q, &headers);
     let now = state.clock.now();
+    let config = state.config.current();
     let fail = |error: PageError| AppError {
         lang,
         error,
-        title: state.config.server.title.clone(),
+        title: config.server.title.clone(),
         now,
     };
     let health = state.health.borrow().clone();
@@ -783,14 +787,19 @@ pub async fn status(
     let data = state.figures.pages(&state.store, now).await.map_err(fail)?;
     let mut page = status_page(
         lang,
-        &state.config.server.title,
+        &config.server.title,
         &state.routes,
-        &state.config.maintenance,
+        &config.maintenance,
         &health,
         &figures,
         &data,
         now,
     );
+    page.stale_jobs = stale_jobs(&state, config.heartbeat.stale_after, now)
+        .await
+        .iter()
+        .map(|s| i18n::stale_job(lang, s))
+        .collect();
     page.budget = state
         .metrics
         .budget()
@@ -806,6 +815,27 @@ pub async fn status(
         .render()
         .map_err(|e| fail(PageError::Internal(format!("rendering /: {e}"))))?;
     Ok(html(StatusCode::OK, body))
+}
+
+/// The expected jobs silent for `stale_after`. A store that cannot be read shows no banner:
+/// the page then fails on its own figures anyway.
+async fn stale_jobs(
+    state: &AppState,
+    stale_after: std::time::Duration,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<crate::heartbeat::Stale> {
+    let store = state.store.clone();
+    match tokio::task::spawn_blocking(move || store.reader()?.heartbeats()).await {
+        Ok(Ok(beats)) => state.jobs.stale(&beats, now, stale_after),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "status page: cannot read heartbeats");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "status page: cannot read heartbeats");
+            Vec::new()
+        }
+    }
 }
 
 /// One point of the chart's y axis.
@@ -984,10 +1014,11 @@ pub async fn route(
 ) -> Result<Response, AppError> {
     let lang = pick_lang(&q, &headers);
     let now = state.clock.now();
+    let config = state.config.current();
     let fail = |error: PageError| AppError {
         lang,
         error,
-        title: state.config.server.title.clone(),
+        title: config.server.title.clone(),
         now,
     };
     let Some(route) = RouteId::parse(&raw)
@@ -1030,7 +1061,7 @@ pub async fn route(
         c: Chrome::new(
             lang,
             route.id.as_str(),
-            &state.config.server.title,
+            &config.server.title,
             &format!(
                 "/routes/{}",
                 utf8_percent_encode(route.id.as_str(), SEGMENT)
@@ -1246,14 +1277,15 @@ pub async fn incidents(
 ) -> Result<Response, AppError> {
     let lang = pick_lang(&q, &headers);
     let now = state.clock.now();
+    let config = state.config.current();
     let fail = |error: PageError| AppError {
         lang,
         error,
-        title: state.config.server.title.clone(),
+        title: config.server.title.clone(),
         now,
     };
     let data = state.figures.pages(&state.store, now).await.map_err(fail)?;
-    let body = incidents_page(lang, &state.config.server.title, &state.routes, &data, now)
+    let body = incidents_page(lang, &config.server.title, &state.routes, &data, now)
         .render()
         .map_err(|e| fail(PageError::Internal(format!("rendering /incidents: {e}"))))?;
     Ok(html(StatusCode::OK, body))

@@ -220,7 +220,8 @@ pub async fn serve() -> Fixture {
     }
 
     // Incidents and transitions: an open one on DeepSeek and OpenAI, a closed one this month.
-    let detection = &h.state.config.detection;
+    let config = h.state.config.current();
+    let detection = &config.detection;
     let open = |route: &str, peak: State, mode: FailureMode, mins: i64| Incident {
         id: format!("{route}@{}", n - TimeDelta::minutes(mins)),
         route: id(route),

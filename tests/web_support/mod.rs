@@ -165,12 +165,12 @@ impl Harness {
         let weights = weights::spawn_publisher(routes.clone(), health_rx.clone(), shutdown.clone());
         let (passive_tx, passive_rx) = mpsc::channel(opts.passive_capacity);
         let state = AppState {
-            config: Arc::new(config),
+            config: Arc::new(config).into(),
             metrics: Arc::new(Metrics::new(&routes)),
             routes,
             store: store.clone(),
             clock: clock.clone(),
-            jobs: Arc::new(Vec::new()),
+            jobs: Default::default(),
             health: health_rx,
             events: broadcast::channel(16).0,
             passive: passive_tx,
