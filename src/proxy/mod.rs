@@ -175,7 +175,6 @@ struct Inner {
     /// routes reserve their estimated maximum extra cost first.
     budget: std::sync::OnceLock<Arc<Budget>>,
     /// The current config, for what reloads without a restart (contracts).
-    #[allow(dead_code)] // read by the contracts (issue 12 part A)
     live: tokio::sync::watch::Receiver<Arc<Config>>,
     /// `async_queue` jobs (needs the store).
     jobs: Option<Arc<jobs::Jobs>>,
