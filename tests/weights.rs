@@ -389,6 +389,7 @@ async fn the_publisher_follows_the_proxys_breakers() {
         probeok::weights::Feeds {
             overrides: None,
             breakers: Some(breakers_rx),
+            ..Default::default()
         },
         shutdown.clone(),
     );

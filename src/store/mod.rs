@@ -15,6 +15,7 @@
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
 //! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's metering and idempotency keys),
+//! `drills.rs` (drills and the reads behind their reports),
 //! `stats.rs` (bulk reads over every route for the
 //! published views), `histogram.rs`, `alerts.rs` (the alert
 //! outbox, firing alerts, silences).
@@ -23,6 +24,7 @@
 
 pub mod alerts;
 mod drift;
+pub mod drills;
 mod health;
 pub mod histogram;
 mod jobs;

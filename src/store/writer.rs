@@ -85,6 +85,11 @@ pub(crate) enum Command {
         record: Box<crate::switch::SwitchRecord>,
         ack: Ack<()>,
     },
+    /// A write to the `drills` table (`store/drills.rs`).
+    Drill {
+        op: super::drills::DrillOp,
+        ack: Ack<u64>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -114,7 +119,9 @@ impl Command {
             | Command::Switch { ack, .. } => {
                 let _ = ack.send(result.map(|_| ()));
             }
-            Command::Retention { ack, .. } | Command::Alert { ack, .. } => {
+            Command::Retention { ack, .. }
+            | Command::Alert { ack, .. }
+            | Command::Drill { ack, .. } => {
                 let _ = ack.send(result);
             }
             Command::Shutdown { ack } => {
@@ -428,6 +435,7 @@ impl State {
                     0
                 }
                 Command::Alert { op, .. } => super::alerts::apply(&tx, op)?,
+                Command::Drill { op, .. } => super::drills::apply(&tx, op)?,
                 Command::Shutdown { .. } => 0,
             };
             replies.push(reply);

@@ -117,6 +117,8 @@ pub struct Metrics {
     budget: OnceLock<Arc<crate::budget::Budget>>,
     /// The switch controller's current phases, for the status page.
     switch: OnceLock<crate::switch::SwitchRx>,
+    /// The active drills, for the status page.
+    drills: OnceLock<crate::drill::DrillRx>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -234,12 +236,23 @@ impl Metrics {
             budget_used,
             budget: OnceLock::new(),
             switch: OnceLock::new(),
+            drills: OnceLock::new(),
         }
     }
 
     /// The switch controller's phases, shown on the status page. The first call wins.
     pub fn attach_switch(&self, status: crate::switch::SwitchRx) {
         let _ = self.switch.set(status);
+    }
+
+    /// The active drills, shown on the status page. The first call wins.
+    pub fn attach_drills(&self, drills: crate::drill::DrillRx) {
+        let _ = self.drills.set(drills);
+    }
+
+    /// The active drills, if the drill service runs.
+    pub fn drills(&self) -> Option<Arc<Vec<crate::drill::Drill>>> {
+        self.drills.get().map(|rx| rx.borrow().clone())
     }
 
     /// The latest switch phases, if the controller runs.
