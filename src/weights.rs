@@ -562,7 +562,8 @@ fn drilled_weights(
             }
             None => {
                 e.weight = u8::try_from(split[k]).unwrap_or(100);
-                if e.weight > 0 && e.reason == "standby" {
+                // A standby route carrying the drilled route's traffic says why.
+                if e.weight > 0 && normal.entries[k].reason == "standby" {
                     e.reason = "drill".to_owned();
                 }
             }
@@ -1005,7 +1006,7 @@ mod tests {
         assert_eq!(m.entries[0].reason, "drill");
         assert_eq!(m.entries[0].detail.as_deref(), Some("drill 7"));
         assert_eq!(m.entries[1].weight, 25);
-        assert_eq!(m.entries[1].reason, "healthy");
+        assert_eq!(m.entries[1].reason, "drill");
         let c = cap(100);
         let m = drilled_weights(normal.clone(), alt, &[(0, &c)]);
         assert_eq!((m.entries[0].weight, m.entries[1].weight), (0, 100));

@@ -112,18 +112,18 @@ fn body_error(e: &BytesRejection) -> Response {
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8], empty_ok: bool) -> Result<T, Response> {
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8], empty_ok: bool) -> Result<T, Box<Response>> {
     let body = if empty_ok && body.iter().all(u8::is_ascii_whitespace) {
         b"{}".as_slice()
     } else {
         body
     };
     serde_json::from_slice(body).map_err(|e| {
-        api_error(
+        Box::new(api_error(
             StatusCode::BAD_REQUEST,
             "bad_json",
             &format!("the body is not a valid request: {e}"),
-        )
+        ))
     })
 }
 
@@ -143,7 +143,7 @@ async fn start(
     };
     let req: StartRequest = match parse(&body, false) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match s.service.start(&req).await {
         Ok(d) => (
@@ -178,7 +178,7 @@ async fn stop(
     };
     let req: StopRequest = match parse(&body, true) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let who = match plan::who(req.by.as_deref(), "by") {
         Ok(w) => w,
@@ -226,13 +226,13 @@ struct ByQuery {
     by: Option<String>,
 }
 
-fn parse_id(raw: &str) -> Result<i64, Response> {
+fn parse_id(raw: &str) -> Result<i64, Box<Response>> {
     raw.parse::<i64>().ok().filter(|id| *id > 0).ok_or_else(|| {
-        api_error(
+        Box::new(api_error(
             StatusCode::NOT_FOUND,
             "not_found",
             &format!("no drill {raw:?} (ids are positive integers)"),
-        )
+        ))
     })
 }
 
@@ -249,7 +249,7 @@ async fn remove(
     }
     let id = match parse_id(&raw) {
         Ok(id) => id,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let by = q.map(|Query(q)| q.by).unwrap_or_default();
     let who = match plan::who(by.as_deref(), "by") {
@@ -316,7 +316,7 @@ async fn list(State(s): State<ApiState>, q: Result<Query<ListQuery>, QueryReject
 async fn one(State(s): State<ApiState>, Path(raw): Path<String>) -> Response {
     let id = match parse_id(&raw) {
         Ok(id) => id,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let now = s.service.now();
     let tz = s.service.config().detection.timezone;
