@@ -673,6 +673,21 @@ async fn off_peak_force_validation_and_stops() {
     set_token(var);
     let listed = app.get("/api/v1/drills").await;
     assert_eq!(listed["drills"].as_array().unwrap().len(), 2);
+
+    // Every drill endpoint is in the OpenAPI document, and served.
+    let doc = app.get("/api/openapi.json").await;
+    for (method, path) in probeok::drill::api::ENDPOINTS {
+        let op = &doc["paths"][*path][method.to_ascii_lowercase()];
+        assert!(op.is_object(), "{method} {path} is not described");
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let (_, body) = app.admin(m, &path.replace("{id}", "1"), None).await;
+        assert_ne!(body["error"]["code"], "not_found_path", "{method} {path}");
+        assert_ne!(body["error"]["message"], "no such path", "{method} {path}");
+    }
+    assert_eq!(
+        doc["paths"]["/api/v1/admin/drills"]["post"]["security"][0]["adminToken"],
+        j!([])
+    );
     assert_eq!(listed["off_peak"]["timezone"], "Asia/Shanghai");
     assert_eq!(listed["off_peak"]["now_allowed"], false);
     app.stop().await;

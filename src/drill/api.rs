@@ -387,6 +387,17 @@ async fn one(State(s): State<ApiState>, Path(raw): Path<String>) -> Response {
     }
 }
 
+/// The endpoints of [`router`] (method, documented path): `crate::app` merges the fragment,
+/// so `web::endpoints` does not list them; `tests/drills.rs` checks each is documented and
+/// served.
+pub const ENDPOINTS: &[(&str, &str)] = &[
+    ("POST", "/api/v1/admin/drills"),
+    ("POST", "/api/v1/admin/drills/stop"),
+    ("DELETE", "/api/v1/admin/drills/{id}"),
+    ("GET", "/api/v1/drills"),
+    ("GET", "/api/v1/drills/{id}"),
+];
+
 /// The drill endpoints' OpenAPI paths (merged into `/api/openapi.json`).
 pub fn openapi_paths() -> serde_json::Value {
     let err = |d: &str| json!({"description": d, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});

@@ -258,8 +258,14 @@ pub fn stage_at(
     let total = (end - start).num_milliseconds().max(1);
     let bound = |i: i64| start + TimeDelta::milliseconds(total * i / n);
     let i = (((now - start).num_milliseconds() * n) / total).clamp(0, n - 1);
-    // Integer division can put `now` one stage late at a boundary; the bounds decide.
-    let i = if now < bound(i) { (i - 1).max(0) } else { i };
+    // Integer division can put `now` a stage off at a boundary; the bounds decide.
+    let mut i = i;
+    while i > 0 && now < bound(i) {
+        i -= 1;
+    }
+    while i < n - 1 && now >= bound(i + 1) {
+        i += 1;
+    }
     Some(Stage {
         index: i as usize + 1,
         of: ramp.len(),

@@ -738,7 +738,8 @@ mod tests {
         // Only the same-hour bucket counts: 40 samples near 480 ms, not the 3 s midday ones.
         assert_eq!(b.baseline.samples, 40);
         let base = b.baseline.latency_ms.p95.unwrap();
-        assert!((base - 480.0).abs() / 480.0 < 0.05, "{base}");
+        // Histogram buckets: within their width of the true value.
+        assert!((base - 480.0).abs() / 480.0 < 0.10, "{base}");
         assert!(b.p95_vs_baseline.unwrap() < 1.2);
         assert_eq!(b.regression[0].during.rate, Some(1.0));
         assert_eq!(r.verdict.level, Level::Pass, "{:?}", r.verdict);

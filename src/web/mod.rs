@@ -184,12 +184,6 @@ fn merged() -> Vec<Endpoint> {
         ep(Method::GET, "/api/v1/admin/silences"),
         ep(Method::POST, "/api/v1/admin/silences"),
         ep(Method::DELETE, "/api/v1/admin/silences/{id}"),
-        // `crate::drill::api::router`, merged by `crate::app`.
-        ep(Method::POST, "/api/v1/admin/drills"),
-        ep(Method::POST, "/api/v1/admin/drills/stop"),
-        ep(Method::DELETE, "/api/v1/admin/drills/{id}"),
-        ep(Method::GET, "/api/v1/drills"),
-        ep(Method::GET, "/api/v1/drills/{id}"),
     ]
 }
 
