@@ -54,6 +54,8 @@ pub enum AppError {
     Io(#[from] std::io::Error),
     #[error("drift: {0}")]
     Drift(String),
+    #[error("drills: {0}")]
+    Drill(String),
     #[error("proxy: {0}")]
     Proxy(#[from] crate::proxy::ProxyError),
     #[error("a task panicked: {0}")]
@@ -236,6 +238,16 @@ pub async fn start_with(
     // The in-process proxy's open breakers, disclosed in the weights' reasons (the proxy starts
     // below; without it the sender is dropped and the feed ends).
     let (breakers_tx, breakers_rx) = watch::channel(Arc::new(crate::weights::OpenBreakers::new()));
+    // Drills (issue 12): active drills restored from the store, their caps into the weights,
+    // the admin API and `GET /api/v1/drills` merged into the web router below.
+    let drills = crate::drill::DrillService::restore(
+        live.clone(),
+        Arc::new(routes.clone()),
+        store.clone(),
+        clock.clone(),
+    )
+    .await
+    .map_err(|e| AppError::Drill(e.to_string()))?;
     let weights_rx = crate::weights::spawn_publisher_full(
         Arc::new(routes.clone()),
         health_rx.clone(),
@@ -245,9 +257,18 @@ pub async fn start_with(
             overrides: Some(switch.overrides.clone()),
             breakers: Some(breakers_rx),
             pulse: Some(pulses.pulse(crate::heartbeat::WEIGHTS)),
+            drills: Some(drills.caps()),
         },
         shutdown.clone(),
     );
+
+    let drill_task = drills.spawn(
+        Some(weights_rx.clone()),
+        Some(pulses.pulse(crate::heartbeat::DRILLS)),
+        shutdown.clone(),
+    );
+    metrics.attach_drills(drills.subscribe());
+    let drill_router = crate::drill::api::router(drills, Arc::new(routes.clone()));
 
     // The routing proxy, when enabled: its own listener, the shared shutdown, every attempt into
     // the passive queue, and the monitor's weights, in-process, through the same JSON a remote
@@ -349,7 +370,7 @@ pub async fn start_with(
     let web_shutdown = shutdown.clone();
     // `GET /api/v1/requests` (the proxy's metering) reads the store directly.
     let web_task = tokio::spawn(async move {
-        let app = web::router(state).merge(switch_router);
+        let app = web::router(state).merge(switch_router).merge(drill_router);
         axum::serve(listener, app)
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await
@@ -368,6 +389,7 @@ pub async fn start_with(
             let _ = drift_events.await;
             let _ = switch.task.await;
             let _ = budget_task.await;
+            let _ = drill_task.await;
             let web = web_task.await;
             if let Some(proxy) = proxy_task {
                 if let Ok(Err(e)) = proxy.await {

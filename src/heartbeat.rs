@@ -57,7 +57,9 @@ pub const BUDGET: &str = "budget";
 /// The store's writer thread (raw rows and the rollups written in the same transactions).
 pub const STORE: &str = "store";
 /// The proxy's async-job worker (only when the proxy runs).
-pub const ASYNC_JOBS: &str = "async_jobs";
+pub const ASYNC_JOBS: &str = crate::proxy::jobs::HEARTBEAT_JOB;
+/// The drill service's ticks (ramp stages, automatic ends).
+pub const DRILLS: &str = "drills";
 
 /// How often a pulse-driven loop beats (well under a minute: a shorter `stale_after` is
 /// warned about at load).
@@ -77,6 +79,7 @@ pub fn what(job: &str) -> Option<(&'static str, &'static str)> {
         BUDGET => ("hourly budget", "每小时预算"),
         STORE => ("store writer and rollups", "存储写入与汇总"),
         ASYNC_JOBS => ("async job queue", "异步任务队列"),
+        DRILLS => ("drills (ramps, automatic ends)", "演练（分阶段切流、自动结束）"),
         _ => return None,
     })
 }
@@ -94,6 +97,7 @@ pub fn expected(config: &Config, drift_jobs: &[&'static str]) -> Vec<&'static st
         BUDGET,
         ALERT_EVAL,
         ALERT_OUTBOX,
+        DRILLS,
     ];
     jobs.extend(drift_jobs.iter().copied());
     if config.proxy.enabled {

@@ -50,6 +50,11 @@
 //! - [`switch`]: layer 4, the switch controller — a pure per-model machine (CRITICAL →
 //!   pre-probe the backup → budget → switch; min dwell, hourly cap, hysteresis; canary return
 //!   through the weights) and its thin driver; records in SQLite, `GET /api/v1/switches`.
+//! - [`drill`]: drills (seed 004) — planned, time-limited moves of traffic off a route, ramped
+//!   in stages (`drill::plan`, pure), refused outside the off-peak windows unless forced,
+//!   persisted and ended by themselves (`drill::service`, caps into the weights), with a
+//!   report against the backup's own history (`drill::report`, pure); the admin API
+//!   (`drill::api`) and `probeok drill start|stop|report` (`drill::client`).
 //! - [`budget`]: layer 5, the extra cost of non-primary serving per clock hour — reserve the
 //!   estimated maximum before a request, settle with the metered usage; `degrade_at` stops
 //!   new switches.
@@ -80,6 +85,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod drift;
+pub mod drill;
 pub mod health;
 pub mod heartbeat;
 pub mod probe;

@@ -77,6 +77,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Planned traffic moves through a running monitor's admin API (token from
+    /// PROBEOK_ADMIN_TOKEN).
+    Drill {
+        #[command(subcommand)]
+        command: DrillCommand,
+    },
     /// Run the simulated OpenAI-compatible providers standalone.
     Simulate {
         #[arg(long, default_value = "127.0.0.1:9410")]
@@ -86,6 +92,54 @@ enum Command {
         /// How many times faster than real time the scenario's timeline runs.
         #[arg(long, default_value_t = 1.0)]
         time_scale: f64,
+    },
+}
+
+#[derive(Subcommand)]
+enum DrillCommand {
+    /// Start a drill: move traffic off a route for a while (gradually with --ramp).
+    Start {
+        /// The monitor's base URL, e.g. http://127.0.0.1:9400.
+        #[arg(long)]
+        server: String,
+        /// The route (`provider/region/model`).
+        #[arg(long)]
+        route: String,
+        /// The route's weight at the end of the ramp.
+        #[arg(long, default_value_t = 0)]
+        weight: u8,
+        /// How long, e.g. 15m (at most `[drill] max_duration`).
+        #[arg(long)]
+        duration: String,
+        /// Why (recorded and shown on the status page).
+        #[arg(long)]
+        reason: String,
+        /// Stages as percentages of the move, e.g. 5,25,100.
+        #[arg(long)]
+        ramp: Option<String>,
+        /// Start outside the off-peak windows.
+        #[arg(long)]
+        force: bool,
+        /// Who starts it (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Stop the drill on a route, or every active drill.
+    Stop {
+        #[arg(long)]
+        server: String,
+        #[arg(long)]
+        route: Option<String>,
+    },
+    /// Print a drill's report.
+    Report {
+        #[arg(long)]
+        server: String,
+        /// The drill's id.
+        id: String,
+        /// The server's JSON instead of the report for people.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -145,6 +199,36 @@ fn main() -> ExitCode {
             Command::Regress { config, set, json } => {
                 cli::regress(&config, set.as_deref(), json).await
             }
+            Command::Drill { command } => match command {
+                DrillCommand::Start {
+                    server,
+                    route,
+                    weight,
+                    duration,
+                    reason,
+                    ramp,
+                    force,
+                    by,
+                } => {
+                    probeok::drill::client::start(&probeok::drill::client::StartArgs {
+                        server,
+                        route,
+                        weight,
+                        duration,
+                        reason,
+                        ramp,
+                        force,
+                        started_by: by,
+                    })
+                    .await
+                }
+                DrillCommand::Stop { server, route } => {
+                    probeok::drill::client::stop(&server, route.as_deref()).await
+                }
+                DrillCommand::Report { server, id, json } => {
+                    probeok::drill::client::report(&server, &id, json).await
+                }
+            },
             Command::Simulate {
                 listen,
                 scenario,

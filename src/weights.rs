@@ -117,8 +117,12 @@ pub struct WeightEntry {
     /// `behavior_changed`, or detection's reason code for WARNING and worse (e.g.
     /// `latency_above_baseline`, `error_rate_high`; the state name when it gave none);
     /// under a switch override: `switched` (the backup carrying the share, and the primaries
-    /// it was moved from), `canary` (backup and primaries during a return).
+    /// it was moved from), `canary` (backup and primaries during a return); `drill` (a
+    /// drill moves traffic off the route, or a standby route takes it).
     pub reason: String,
+    /// A sentence for people where the code needs one (a drill: its id, stage and reason).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// Which tier carries a model, and whether anything can.
@@ -353,6 +357,46 @@ pub fn compute_full(
     overrides: &Overrides,
     breakers: &OpenBreakers,
 ) -> BTreeMap<String, ModelWeights> {
+    compute_all(
+        routes,
+        health,
+        drift,
+        policy,
+        overrides,
+        breakers,
+        &DrillCaps::new(),
+    )
+}
+
+/// One running drill's say over its route (`crate::drill`): in the current stage the route's
+/// weight is `normal × (1 − percent/100) + target × percent/100`, `normal` being what it
+/// would get without the drill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DrillCap {
+    pub drill: i64,
+    pub target: u8,
+    /// How much of the move is done (the ramp's current stage).
+    pub percent: u8,
+    /// For the weights' `detail`: the drill, its stage and reason.
+    pub text: String,
+}
+
+/// Drill caps by route.
+pub type DrillCaps = BTreeMap<RouteId, DrillCap>;
+
+/// [`compute_full`] with the running drills' caps: a drilled route gets its drill weight
+/// (reason `drill`) and the rest of the share goes to the model's other routes as the
+/// publisher spreads it when the drilled routes carry nothing. While no other route of the
+/// model is usable the drill moves nothing (traffic is never moved onto nothing).
+pub fn compute_all(
+    routes: &[Route],
+    health: &HealthSnapshot,
+    drift: Option<&DriftSnapshot>,
+    policy: &Policy,
+    overrides: &Overrides,
+    breakers: &OpenBreakers,
+    drills: &DrillCaps,
+) -> BTreeMap<String, ModelWeights> {
     let by_id: HashMap<&RouteId, &RouteStatus> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
     let mut groups: BTreeMap<&str, Vec<&Route>> = BTreeMap::new();
@@ -375,57 +419,179 @@ pub fn compute_full(
                     (score, state, reason)
                 })
                 .collect();
-            if let Some(o) = overrides.get(serves) {
-                if let Some(m) = overridden(&members, &scored, &by_id, drift, policy, o) {
-                    return (serves.to_owned(), m);
-                }
-            }
-            let serving_tier = [Tier::Primary, Tier::Backup, Tier::Fallback]
-                .into_iter()
-                .find(|t| {
-                    members
-                        .iter()
-                        .zip(&scored)
-                        .any(|(r, (s, _, _))| r.tier == *t && *s > 0)
-                });
-            let shares: Vec<u64> = members
-                .iter()
-                .zip(&scored)
-                .map(|(r, (s, _, _))| if Some(r.tier) == serving_tier { *s } else { 0 })
-                .collect();
-            let weights = largest_remainder(&shares);
-            let entries = members
-                .iter()
-                .zip(scored)
-                .zip(weights)
-                .map(|((r, (s, state, reason)), weight)| {
-                    let standby = s > 0 && Some(r.tier) != serving_tier;
-                    WeightEntry {
-                        route: r.id.clone(),
-                        provider: r.provider.clone(),
-                        region: r.region.clone(),
-                        model: r.model.clone(),
-                        tier: r.tier,
-                        weight,
-                        state,
-                        reason: if standby {
-                            "standby".to_owned()
-                        } else {
-                            reason
-                        },
-                    }
-                })
-                .collect();
-            let model = ModelWeights {
-                entries,
-                serving: Serving {
-                    tier: serving_tier,
-                    all_unhealthy: serving_tier.is_none(),
-                },
+            let model = |scored: &[(u64, State, String)]| {
+                model_weights(
+                    &members,
+                    scored,
+                    &by_id,
+                    drift,
+                    policy,
+                    overrides.get(serves),
+                )
             };
-            (serves.to_owned(), model)
+            let normal = model(&scored);
+            let drilled: Vec<(usize, &DrillCap)> = members
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| drills.get(&r.id).map(|c| (i, c)))
+                .collect();
+            if drilled.is_empty() {
+                return (serves.to_owned(), normal);
+            }
+            let mut without = scored.clone();
+            for (i, _) in &drilled {
+                without[*i].0 = 0;
+            }
+            let alt = model(&without);
+            (serves.to_owned(), drilled_weights(normal, alt, &drilled))
         })
         .collect()
+}
+
+/// A model's weights from its routes' scores (and the switch override, if any).
+fn model_weights(
+    members: &[&Route],
+    scored: &[(u64, State, String)],
+    by_id: &HashMap<&RouteId, &RouteStatus>,
+    drift: Option<&DriftSnapshot>,
+    policy: &Policy,
+    o: Option<&SwitchOverride>,
+) -> ModelWeights {
+    if let Some(o) = o {
+        if let Some(m) = overridden(members, scored, by_id, drift, policy, o) {
+            return m;
+        }
+    }
+    let serving_tier = [Tier::Primary, Tier::Backup, Tier::Fallback]
+        .into_iter()
+        .find(|t| {
+            members
+                .iter()
+                .zip(scored)
+                .any(|(r, (s, _, _))| r.tier == *t && *s > 0)
+        });
+    let shares: Vec<u64> = members
+        .iter()
+        .zip(scored)
+        .map(|(r, (s, _, _))| if Some(r.tier) == serving_tier { *s } else { 0 })
+        .collect();
+    let weights = largest_remainder(&shares);
+    let entries = members
+        .iter()
+        .zip(scored.iter().cloned())
+        .zip(weights)
+        .map(|((r, (s, state, reason)), weight)| {
+            let standby = s > 0 && Some(r.tier) != serving_tier;
+            WeightEntry {
+                route: r.id.clone(),
+                provider: r.provider.clone(),
+                region: r.region.clone(),
+                model: r.model.clone(),
+                tier: r.tier,
+                weight,
+                state,
+                reason: if standby {
+                    "standby".to_owned()
+                } else {
+                    reason
+                },
+                detail: None,
+            }
+        })
+        .collect();
+    ModelWeights {
+        entries,
+        serving: Serving {
+            tier: serving_tier,
+            all_unhealthy: serving_tier.is_none(),
+        },
+    }
+}
+
+/// Combines a model's `normal` weights with `alt` (its weights with the drilled routes
+/// scoring 0): each drilled route gets its drill weight, the others split the rest as in
+/// `alt`.
+fn drilled_weights(
+    normal: ModelWeights,
+    alt: ModelWeights,
+    drilled: &[(usize, &DrillCap)],
+) -> ModelWeights {
+    let n = normal.entries.len();
+    let mut want: Vec<u64> = drilled
+        .iter()
+        .map(|(i, c)| {
+            u64::from(crate::drill::plan::drill_weight(
+                normal.entries[*i].weight,
+                c.target,
+                c.percent,
+            ))
+        })
+        .collect();
+    let others: Vec<u64> = (0..n)
+        .map(|i| {
+            if drilled.iter().any(|(d, _)| *d == i) {
+                0
+            } else {
+                u64::from(alt.entries[i].weight)
+            }
+        })
+        .collect();
+    let rest_usable = others.iter().any(|w| *w > 0);
+    if !rest_usable && want.iter().sum::<u64>() < 100 {
+        // Nowhere to move the traffic: the drill holds, the weights follow health.
+        let mut normal = normal;
+        for (i, cap) in drilled {
+            normal.entries[*i].detail = Some(format!("{} (held: no other usable route)", cap.text));
+        }
+        return normal;
+    }
+    if want.iter().sum::<u64>() > 100 {
+        want = apportion(100, &want);
+    }
+    let rest = 100 - want.iter().sum::<u64>();
+    let split = apportion(rest, &others);
+    let mut entries = alt.entries;
+    for (k, e) in entries.iter_mut().enumerate() {
+        match drilled.iter().position(|(d, _)| *d == k) {
+            Some(j) => {
+                let (_, cap) = drilled[j];
+                e.weight = u8::try_from(want[j]).unwrap_or(100);
+                e.state = normal.entries[k].state;
+                e.reason = "drill".to_owned();
+                e.detail = Some(cap.text.clone());
+            }
+            None => {
+                e.weight = u8::try_from(split[k]).unwrap_or(100);
+                // A standby route carrying the drilled route's traffic says why.
+                if e.weight > 0 && normal.entries[k].reason == "standby" {
+                    e.reason = "drill".to_owned();
+                }
+            }
+        }
+    }
+    let serving = if rest > 0 {
+        alt.serving
+    } else {
+        normal.serving
+    };
+    ModelWeights { entries, serving }
+}
+
+/// Splits `total` proportionally to `scores` by largest remainder (ties to the earlier
+/// index); all zero → all zero.
+fn apportion(total: u64, scores: &[u64]) -> Vec<u64> {
+    let sum: u64 = scores.iter().sum();
+    if sum == 0 {
+        return vec![0; scores.len()];
+    }
+    let mut out: Vec<u64> = scores.iter().map(|s| s * total / sum).collect();
+    let assigned: u64 = out.iter().sum();
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(scores[i] * total % sum));
+    for &i in order.iter().take((total - assigned) as usize) {
+        out[i] += 1;
+    }
+    out
 }
 
 /// A model's weights under a switch override; `None` when its backup is not usable.
@@ -498,6 +664,7 @@ fn overridden(
             } else {
                 why.clone()
             },
+            detail: None,
         })
         .collect();
     let tier = if primary_share >= 100 {
@@ -527,6 +694,7 @@ pub struct Weights {
     drift: Option<Arc<DriftSnapshot>>,
     overrides: Overrides,
     breakers: OpenBreakers,
+    drills: DrillCaps,
     current: Arc<WeightsSnapshot>,
 }
 
@@ -554,6 +722,7 @@ impl Weights {
             drift,
             overrides: Overrides::new(),
             breakers: OpenBreakers::new(),
+            drills: DrillCaps::new(),
             current,
         }
     }
@@ -561,6 +730,11 @@ impl Weights {
     /// Replaces the proxy's open breakers; the next [`Weights::update`] discloses them.
     pub fn set_breakers(&mut self, breakers: OpenBreakers) {
         self.breakers = breakers;
+    }
+
+    /// Replaces the running drills' caps; the next [`Weights::update`] applies them.
+    pub fn set_drills(&mut self, drills: DrillCaps) {
+        self.drills = drills;
     }
 
     /// Replaces the switch overrides; the next [`Weights::update`] applies them.
@@ -580,13 +754,14 @@ impl Weights {
     /// Recomputes; `Some(new version)` when a weight, state, reason code or serving tier
     /// changed, `None` (and no serialisation) otherwise.
     pub fn update(&mut self, health: &HealthSnapshot) -> Option<Arc<WeightsSnapshot>> {
-        let models = compute_full(
+        let models = compute_all(
             &self.routes,
             health,
             self.drift.as_deref(),
             &self.policy,
             &self.overrides,
             &self.breakers,
+            &self.drills,
         );
         if models == self.current.models {
             return None;
@@ -640,6 +815,8 @@ pub struct Feeds {
     pub breakers: Option<watch::Receiver<Arc<OpenBreakers>>>,
     /// The publisher's heartbeat (`weights`), beaten by its loop.
     pub pulse: Option<crate::heartbeat::Pulse>,
+    /// The running drills' caps (`crate::drill`).
+    pub drills: Option<watch::Receiver<Arc<DrillCaps>>>,
 }
 
 /// [`spawn_publisher_with`] that also follows the switch controller's overrides and the
@@ -656,6 +833,7 @@ pub fn spawn_publisher_full(
         mut overrides,
         mut breakers,
         pulse,
+        mut drills,
     } = feeds;
     let first = health.borrow_and_update().clone();
     let first_drift = drift.as_mut().map(|d| d.borrow_and_update().clone());
@@ -665,6 +843,9 @@ pub fn spawn_publisher_full(
     }
     if let Some(b) = &mut breakers {
         weights.set_breakers((**b.borrow_and_update()).clone());
+    }
+    if let Some(d) = &mut drills {
+        weights.set_drills((**d.borrow_and_update()).clone());
     }
     // Applies them to the first version (a new version only if they change anything).
     let _ = weights.update(&first);
@@ -693,7 +874,7 @@ pub fn spawn_publisher_full(
                         // No more health updates: keep the last weights (overrides may
                         // still change them) until shutdown.
                         health_open = false;
-                        if overrides.is_none() {
+                        if overrides.is_none() && drills.is_none() {
                             shutdown.cancelled().await;
                             break;
                         }
@@ -710,6 +891,12 @@ pub fn spawn_publisher_full(
                     match changed {
                         Some(b) => weights.set_breakers(b),
                         None => breakers = None,
+                    }
+                }
+                changed = next_overrides(&mut drills) => {
+                    match changed {
+                        Some(d) => weights.set_drills(d),
+                        None => drills = None,
                     }
                 }
                 changed = drift_changed => {
@@ -764,6 +951,88 @@ mod tests {
                 "{scores:?}"
             );
         }
+    }
+
+    #[test]
+    fn apportion_splits_any_total() {
+        assert_eq!(apportion(75, &[50, 50]), vec![38, 37]);
+        assert_eq!(apportion(0, &[1, 2]), vec![0, 0]);
+        assert_eq!(apportion(10, &[0, 0]), vec![0, 0]);
+        assert_eq!(apportion(100, &[1, 1, 1]).iter().sum::<u64>(), 100);
+    }
+
+    fn entry(route: &str, tier: Tier, weight: u8, reason: &str) -> WeightEntry {
+        WeightEntry {
+            route: RouteId::parse(route).unwrap(),
+            provider: "p".into(),
+            region: "r".into(),
+            model: "m".into(),
+            tier,
+            weight,
+            state: State::Normal,
+            reason: reason.into(),
+            detail: None,
+        }
+    }
+
+    fn cap(percent: u8) -> DrillCap {
+        DrillCap {
+            drill: 7,
+            target: 0,
+            percent,
+            text: "drill 7".into(),
+        }
+    }
+
+    fn model(entries: Vec<WeightEntry>, tier: Tier) -> ModelWeights {
+        ModelWeights {
+            entries,
+            serving: Serving {
+                tier: Some(tier),
+                all_unhealthy: false,
+            },
+        }
+    }
+
+    #[test]
+    fn a_drill_moves_its_share_to_the_routes_that_would_carry_it() {
+        // Primary 100, backup standby; without the primary the backup carries everything.
+        let normal = model(
+            vec![
+                entry("a/r/p", Tier::Primary, 100, "healthy"),
+                entry("a/r/b", Tier::Backup, 0, "standby"),
+            ],
+            Tier::Primary,
+        );
+        let alt = model(
+            vec![
+                entry("a/r/p", Tier::Primary, 0, "healthy"),
+                entry("a/r/b", Tier::Backup, 100, "healthy"),
+            ],
+            Tier::Backup,
+        );
+        let c = cap(25);
+        let m = drilled_weights(normal.clone(), alt.clone(), &[(0, &c)]);
+        assert_eq!(m.entries[0].weight, 75);
+        assert_eq!(m.entries[0].reason, "drill");
+        assert_eq!(m.entries[0].detail.as_deref(), Some("drill 7"));
+        assert_eq!(m.entries[1].weight, 25);
+        assert_eq!(m.entries[1].reason, "drill");
+        let c = cap(100);
+        let m = drilled_weights(normal.clone(), alt, &[(0, &c)]);
+        assert_eq!((m.entries[0].weight, m.entries[1].weight), (0, 100));
+        assert_eq!(m.serving.tier, Some(Tier::Backup));
+        // Nothing else usable: the drill holds and says so.
+        let dead = model(
+            vec![
+                entry("a/r/p", Tier::Primary, 0, "healthy"),
+                entry("a/r/b", Tier::Backup, 0, "error_rate_high"),
+            ],
+            Tier::Primary,
+        );
+        let m = drilled_weights(normal, dead, &[(0, &c)]);
+        assert_eq!(m.entries[0].weight, 100);
+        assert!(m.entries[0].detail.as_deref().unwrap().contains("held"));
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
 //! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's metering and idempotency keys),
 //! `contracts.rs` (degradation contracts: async-queue jobs, cached answers),
+//! `drills.rs` (drills and the reads behind their reports),
 //! `stats.rs` (bulk reads over every route for the
 //! published views), `histogram.rs`, `alerts.rs` (the alert
 //! outbox, firing alerts, silences).
@@ -25,6 +26,7 @@
 pub mod alerts;
 mod contracts;
 mod drift;
+pub mod drills;
 mod health;
 pub mod histogram;
 mod jobs;

@@ -90,6 +90,11 @@ pub(crate) enum Command {
         op: super::contracts::ContractOp,
         ack: Ack<u64>,
     },
+    /// A write to the `drills` table (`store/drills.rs`).
+    Drill {
+        op: super::drills::DrillOp,
+        ack: Ack<u64>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -121,7 +126,8 @@ impl Command {
             }
             Command::Retention { ack, .. }
             | Command::Alert { ack, .. }
-            | Command::Contract { ack, .. } => {
+            | Command::Contract { ack, .. }
+            | Command::Drill { ack, .. } => {
                 let _ = ack.send(result);
             }
             Command::Shutdown { ack } => {
@@ -436,6 +442,7 @@ impl State {
                 }
                 Command::Alert { op, .. } => super::alerts::apply(&tx, op)?,
                 Command::Contract { op, .. } => super::contracts::apply(&tx, op)?,
+                Command::Drill { op, .. } => super::drills::apply(&tx, op)?,
                 Command::Shutdown { .. } => 0,
             };
             replies.push(reply);

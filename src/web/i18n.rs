@@ -87,6 +87,7 @@ pub struct Text {
     pub active_incidents: &'static str,
     pub maintenance: &'static str,
     pub switches: &'static str,
+    pub drills: &'static str,
     pub maintenance_now: &'static str,
     pub maintenance_next: &'static str,
     pub findings: &'static str,
@@ -164,6 +165,7 @@ pub static EN: Text = Text {
     active_incidents: "Active incidents",
     maintenance: "Maintenance",
     switches: "Traffic moved by the switch controller",
+    drills: "Drills in progress",
     maintenance_now: "in progress",
     maintenance_next: "scheduled",
     findings: "Network findings",
@@ -241,6 +243,7 @@ pub static ZH: Text = Text {
     active_incidents: "进行中的事故",
     maintenance: "维护",
     switches: "自动切换中的流量",
+    drills: "进行中的演练",
     maintenance_now: "进行中",
     maintenance_next: "已计划",
     findings: "网络诊断",
@@ -638,6 +641,36 @@ pub fn switch_line(
             ratio * 100.0
         ),
     })
+}
+
+/// One active drill: `Drill 3 on qwen/cn/qwen-max: traffic moving off, stage 2/3 (25% of the
+/// move to weight 0); reason: quarterly failover drill; ends at 2026-11-30 19:00 UTC`.
+pub fn drill_line(
+    lang: Lang,
+    d: &crate::drill::Drill,
+    now: chrono::DateTime<chrono::Utc>,
+    when: &dyn Fn(chrono::DateTime<chrono::Utc>) -> String,
+) -> String {
+    let stage = d.stage(now);
+    let ends = when(d.ends_at);
+    match (lang, stage) {
+        (Lang::En, Some(s)) => format!(
+            "Drill {} on {}: traffic moving off, stage {}/{} ({}% of the move to weight {}); reason: {}; ends at {ends}",
+            d.id, d.route, s.index, s.of, s.percent, d.weight, d.reason
+        ),
+        (Lang::En, None) => format!(
+            "Drill {} on {}: ending; reason: {}; ends at {ends}",
+            d.id, d.route, d.reason
+        ),
+        (Lang::Zh, Some(s)) => format!(
+            "演练 {}：线路 {} 的流量正在迁出，第 {}/{} 阶段（已完成 {}%，目标权重 {}）；原因：{}；结束于 {ends}",
+            d.id, d.route, s.index, s.of, s.percent, d.weight, d.reason
+        ),
+        (Lang::Zh, None) => format!(
+            "演练 {}：线路 {} 即将结束；原因：{}；结束于 {ends}",
+            d.id, d.route, d.reason
+        ),
+    }
 }
 
 /// The extra-cost budget line: `Extra cost of serving off the primaries this hour: 12.00 of

@@ -126,6 +126,8 @@ pub struct Metrics {
     reloads: Family<ReloadLabels, Counter>,
     reload_ok: Gauge,
     reload_ok_at: Gauge<f64, AtomicU64>,
+    /// The active drills, for the status page.
+    drills: OnceLock<crate::drill::DrillRx>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -268,6 +270,7 @@ impl Metrics {
             reloads,
             reload_ok,
             reload_ok_at,
+            drills: OnceLock::new(),
         }
     }
 
@@ -288,6 +291,16 @@ impl Metrics {
     /// The switch controller's phases, shown on the status page. The first call wins.
     pub fn attach_switch(&self, status: crate::switch::SwitchRx) {
         let _ = self.switch.set(status);
+    }
+
+    /// The active drills, shown on the status page. The first call wins.
+    pub fn attach_drills(&self, drills: crate::drill::DrillRx) {
+        let _ = self.drills.set(drills);
+    }
+
+    /// The active drills, if the drill service runs.
+    pub fn drills(&self) -> Option<Arc<Vec<crate::drill::Drill>>> {
+        self.drills.get().map(|rx| rx.borrow().clone())
     }
 
     /// The latest switch phases, if the controller runs.

@@ -60,6 +60,11 @@ fn schemas() -> Value {
             all.extend(more);
         }
     }
+    if let (Value::Object(all), Value::Object(more)) =
+        (&mut all, crate::drill::api::openapi_schemas())
+    {
+        all.extend(more);
+    }
     all
 }
 
@@ -459,6 +464,16 @@ fn with_pages(mut paths: Value) -> Value {
     paths
 }
 
+/// The drill endpoints (`crate::drill::api`).
+fn with_drills(mut paths: Value) -> Value {
+    if let (Value::Object(all), Value::Object(more)) =
+        (&mut paths, crate::drill::api::openapi_paths())
+    {
+        all.extend(more);
+    }
+    paths
+}
+
 /// The whole document.
 pub fn document() -> Value {
     json!({
@@ -468,7 +483,7 @@ pub fn document() -> Value {
             "version": env!("CARGO_PKG_VERSION"),
             "description": "Status, incidents, the weights feed, passive ingest and metrics of a probeok monitor. Times are RFC 3339 UTC; errors are {\"error\":{\"code\",\"message\"}}."
         },
-        "paths": with_pages(paths()),
+        "paths": with_drills(with_pages(paths())),
         "components": {
             "schemas": schemas(),
             "securitySchemes": {

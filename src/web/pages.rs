@@ -345,6 +345,8 @@ pub struct StatusPage {
     pub switches: Vec<String>,
     /// Monitoring jobs silent for `[heartbeat] stale_after`: the figures may be stale.
     pub stale_jobs: Vec<String>,
+    /// Active drills (route, reason, stage, end).
+    pub drills: Vec<String>,
 }
 
 #[derive(Template)]
@@ -760,6 +762,7 @@ pub fn status_page(
         budget: None,
         switches: Vec::new(),
         stale_jobs: Vec::new(),
+        drills: Vec::new(),
     }
 }
 
@@ -811,6 +814,7 @@ pub async fn status(
             .filter_map(|m| i18n::switch_line(lang, m, &when))
             .collect();
     }
+    page.drills = drill_lines(&state, lang, now, None);
     let body = page
         .render()
         .map_err(|e| fail(PageError::Internal(format!("rendering /: {e}"))))?;
@@ -836,6 +840,25 @@ async fn stale_jobs(
             Vec::new()
         }
     }
+}
+
+/// The active drills as lines for people (only those on `route` when given).
+fn drill_lines(
+    state: &AppState,
+    lang: Lang,
+    now: DateTime<Utc>,
+    route: Option<&RouteId>,
+) -> Vec<String> {
+    state
+        .metrics
+        .drills()
+        .map(|all| {
+            all.iter()
+                .filter(|d| route.is_none_or(|r| *r == d.route))
+                .map(|d| i18n::drill_line(lang, d, now, &when))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// One point of the chart's y axis.
@@ -1003,6 +1026,8 @@ pub struct RoutePage {
     pub timeline: Vec<TimelineRow>,
     pub incidents: Vec<IncidentLine>,
     pub errors: Vec<ErrorRow>,
+    /// Active drills on this route.
+    pub drills: Vec<String>,
 }
 
 /// `GET /routes/{id}` (the id's slashes raw or percent-encoded).
@@ -1141,6 +1166,7 @@ pub async fn route(
                 ),
             })
             .collect(),
+        drills: drill_lines(&state, lang, now, Some(&route.id)),
     }
     .render()
     .map_err(|e| fail(PageError::Internal(format!("rendering a route page: {e}"))))?;
