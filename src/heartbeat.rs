@@ -79,7 +79,10 @@ pub fn what(job: &str) -> Option<(&'static str, &'static str)> {
         BUDGET => ("hourly budget", "每小时预算"),
         STORE => ("store writer and rollups", "存储写入与汇总"),
         ASYNC_JOBS => ("async job queue", "异步任务队列"),
-        DRILLS => ("drills (ramps, automatic ends)", "演练（分阶段切流、自动结束）"),
+        DRILLS => (
+            "drills (ramps, automatic ends)",
+            "演练（分阶段切流、自动结束）",
+        ),
         _ => return None,
     })
 }
