@@ -126,12 +126,23 @@ struct Px {
 }
 
 async fn start(config: &Config, store: Option<Store>, clock: Arc<dyn Clock>) -> Px {
+    start_live(config, store, clock, None).await
+}
+
+/// [`start`] with the proxy following `live` (what hot reload publishes).
+async fn start_live(
+    config: &Config,
+    store: Option<Store>,
+    clock: Arc<dyn Clock>,
+    live: Option<watch::Receiver<Arc<Config>>>,
+) -> Px {
     let (wtx, wrx) = watch::channel(Arc::new(WeightsView::from_config(&config.routes())));
     let (ptx, mut prx) = mpsc::channel(1024);
     tokio::spawn(async move { while prx.recv().await.is_some() {} });
     let opts = ProxyOptions {
         store,
         clock,
+        live,
         ..ProxyOptions::default()
     };
     let p = Proxy::with_options(config, wrx, ptx, opts).expect("proxy");
@@ -779,5 +790,55 @@ async fn an_idempotency_key_retried_while_degraded_gets_the_same_job() {
     assert_eq!(header(&again, "location"), location);
     let again: Value = again.json().await.unwrap();
     assert_eq!(again["id"], first["id"], "one job, not two");
+    px.stop().await;
+}
+
+#[tokio::test]
+async fn contracts_follow_the_live_config_without_a_restart() {
+    let main = counting("main").await;
+    let lite = counting("lite").await;
+    let reject = |m: &str| Behaviour::Reject { message: m.into() };
+    let cfg = config(
+        &main,
+        &lite,
+        vec![contract(Some(reject("first")), None)],
+        false,
+    );
+    let (live_tx, live_rx) = watch::channel(Arc::new(cfg.clone()));
+    let px = start_live(
+        &cfg,
+        None,
+        Arc::new(probeok::clock::SystemClock),
+        Some(live_rx),
+    )
+    .await;
+    px.states(&[("chat", "DEGRADED")]);
+    let message = |v: Value| {
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+
+    let r = px.post(chat(), &[]).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(message(r.json().await.unwrap()), "first");
+
+    // A reload publishes a new config: the next request follows it.
+    let mut next = cfg.clone();
+    next.contracts = vec![contract(Some(reject("second")), None)];
+    live_tx.send_replace(Arc::new(next.clone()));
+    let r = px.post(chat(), &[]).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(message(r.json().await.unwrap()), "second");
+    assert!(main.reqs.all().is_empty(), "a reject never calls upstream");
+
+    // The contract removed: served as usual, by the route.
+    next.contracts.clear();
+    live_tx.send_replace(Arc::new(next));
+    let r = px.post(chat(), &[]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-probeok-route"), "p0/r/up-0");
+    assert_eq!(main.reqs.all().len(), 1);
     px.stop().await;
 }
