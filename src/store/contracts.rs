@@ -262,67 +262,39 @@ const JOB_COLUMNS: &str = "id, owner, feature, model, residency, stream_requeste
     status, runs, created_at_ms, expires_at_ms, started_at_ms, finished_at_ms, result_status,
     result_body, error";
 
-type JobRow = (
-    (
-        String,
-        String,
-        String,
-        String,
-        Option<String>,
-        bool,
-        Vec<u8>,
-    ),
-    (String, u32, i64, i64, Option<i64>, Option<i64>),
-    (Option<u16>, Option<Vec<u8>>, Option<String>),
-);
-
-fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRow> {
-    Ok((
-        (
-            r.get(0)?,
-            r.get(1)?,
-            r.get(2)?,
-            r.get(3)?,
-            r.get(4)?,
-            r.get(5)?,
-            r.get(6)?,
-        ),
-        (
-            r.get(7)?,
-            r.get(8)?,
-            r.get(9)?,
-            r.get(10)?,
-            r.get(11)?,
-            r.get(12)?,
-        ),
-        (r.get(13)?, r.get(14)?, r.get(15)?),
-    ))
-}
-
-fn job_of(row: JobRow) -> Result<JobRecord, StoreError> {
-    let (
-        (id, owner, feature, model, residency, stream_requested, request),
-        (status, runs, created, expires, started, finished),
-        (result_status, result_body, error),
-    ) = row;
+/// A row of [`JOB_COLUMNS`] as a job; a bad timestamp or status is reported as a conversion
+/// failure of its column (the store is then corrupt).
+fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
+    let corrupt = |i: usize, e: StoreError| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Integer, Box::new(e))
+    };
+    let time = |i: usize| -> rusqlite::Result<DateTime<Utc>> {
+        from_ms(r.get(i)?).map_err(|e| corrupt(i, e))
+    };
+    let time_opt = |i: usize| -> rusqlite::Result<Option<DateTime<Utc>>> {
+        r.get::<_, Option<i64>>(i)?
+            .map(|ms| from_ms(ms).map_err(|e| corrupt(i, e)))
+            .transpose()
+    };
+    let status: String = r.get(7)?;
     Ok(JobRecord {
         status: JobStatus::parse(&status)
-            .ok_or_else(|| StoreError::Corrupt(format!("job status {status:?}")))?,
-        id,
-        owner,
-        feature,
-        model,
-        residency,
-        stream_requested,
-        request,
-        runs,
-        created_at: from_ms(created)?,
-        expires_at: from_ms(expires)?,
-        started_at: started.map(from_ms).transpose()?,
-        finished_at: finished.map(from_ms).transpose()?,
-        result_status,
-        result_body,
-        error,
+            .ok_or_else(|| corrupt(7, StoreError::Corrupt(format!("job status {status:?}"))))?,
+        id: r.get(0)?,
+        owner: r.get(1)?,
+        feature: r.get(2)?,
+        model: r.get(3)?,
+        residency: r.get(4)?,
+        stream_requested: r.get(5)?,
+        request: r.get(6)?,
+        runs: r.get(8)?,
+        created_at: time(9)?,
+        expires_at: time(10)?,
+        started_at: time_opt(11)?,
+        finished_at: time_opt(12)?,
+        result_status: r.get(13)?,
+        result_body: r.get(14)?,
+        error: r.get(15)?,
     })
 }
 
@@ -336,7 +308,7 @@ impl Reader {
             ))?
             .query_row([id], job_row)
             .optional()?;
-        row.map(job_of).transpose()
+        Ok(row)
     }
 
     /// Queued jobs not yet expired at `now`, oldest first, at most `limit`, leaving out those
@@ -349,7 +321,7 @@ impl Reader {
     ) -> Result<Vec<JobRecord>, StoreError> {
         let skip = serde_json::to_string(skip)
             .map_err(|e| StoreError::Invalid(format!("model list: {e}")))?;
-        let rows: Vec<JobRow> = self
+        let rows: Vec<JobRecord> = self
             .conn
             .prepare_cached(&format!(
                 "SELECT {JOB_COLUMNS} FROM contract_jobs
@@ -362,7 +334,7 @@ impl Reader {
                 job_row,
             )?
             .collect::<Result<_, _>>()?;
-        rows.into_iter().map(job_of).collect()
+        Ok(rows)
     }
 
     /// The cached answer under `key`, if stored at or after `since`.
