@@ -112,6 +112,19 @@ fn body_error(e: &BytesRejection) -> Response {
     }
 }
 
+/// An admin request's checks in order: the bearer token, the body, its JSON (`{}` when empty
+/// and `empty_ok`).
+fn admin_request<T: serde::de::DeserializeOwned>(
+    s: &ApiState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    empty_ok: bool,
+) -> Result<T, Box<Response>> {
+    crate::web::authorize_admin(&s.service.config().server.admin_token_env, headers)?;
+    let body = body.map_err(|e| Box::new(body_error(&e)))?;
+    parse(&body, empty_ok)
+}
+
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8], empty_ok: bool) -> Result<T, Box<Response>> {
     let body = if empty_ok && body.iter().all(u8::is_ascii_whitespace) {
         b"{}".as_slice()
@@ -132,16 +145,7 @@ async fn start(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if let Err(r) =
-        crate::web::authorize_admin(&s.service.config().server.admin_token_env, &headers)
-    {
-        return *r;
-    }
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => return body_error(&e),
-    };
-    let req: StartRequest = match parse(&body, false) {
+    let req: StartRequest = match admin_request(&s, &headers, body, false) {
         Ok(r) => r,
         Err(r) => return *r,
     };
@@ -167,16 +171,7 @@ async fn stop(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if let Err(r) =
-        crate::web::authorize_admin(&s.service.config().server.admin_token_env, &headers)
-    {
-        return *r;
-    }
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => return body_error(&e),
-    };
-    let req: StopRequest = match parse(&body, true) {
+    let req: StopRequest = match admin_request(&s, &headers, body, true) {
         Ok(r) => r,
         Err(r) => return *r,
     };
