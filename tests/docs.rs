@@ -88,7 +88,10 @@ fn every_toml_example_in_configuration_doc_is_accepted() {
     let blocks = toml_blocks(CONFIGURATION);
     assert!(blocks.len() >= 5, "only {} examples found", blocks.len());
     let base = &blocks[0];
-    assert!(base.contains("[[route]]"), "the first example must be a whole config");
+    assert!(
+        base.contains("[[route]]"),
+        "the first example must be a whole config"
+    );
     for (i, block) in blocks.iter().enumerate() {
         let src = if block.contains("[[route]]") {
             block.clone()
@@ -96,7 +99,10 @@ fn every_toml_example_in_configuration_doc_is_accepted() {
             format!("{base}\n{block}")
         };
         if let Err(e) = Config::parse(&src, &format!("example {}", i + 1)) {
-            panic!("example {} of docs/configuration.md is rejected:\n{e}\n---\n{src}", i + 1);
+            panic!(
+                "example {} of docs/configuration.md is rejected:\n{e}\n---\n{src}",
+                i + 1
+            );
         }
     }
 }

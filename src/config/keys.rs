@@ -154,9 +154,10 @@ impl<'de> de::Deserializer<'de> for Recorder<'_> {
 
     // A map with free keys (none in the config today): no fixed key to record.
     fn deserialize_map<V: Visitor<'de>>(self, v: V) -> Result<V::Value, KeysError> {
-        v.visit_map(serde::de::value::MapDeserializer::new(
-            std::iter::empty::<(&str, &str)>(),
-        ))
+        v.visit_map(serde::de::value::MapDeserializer::new(std::iter::empty::<(
+            &str,
+            &str,
+        )>()))
     }
 
     fn deserialize_struct<V: Visitor<'de>>(
@@ -258,7 +259,13 @@ mod tests {
             assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
         }
         // Tables are not leaves.
-        for t in ["server", "provider.region", "route.price", "proxy.breaker", "alert"] {
+        for t in [
+            "server",
+            "provider.region",
+            "route.price",
+            "proxy.breaker",
+            "alert",
+        ] {
             assert!(!keys.iter().any(|x| x == t), "{t} listed as a key");
         }
     }

@@ -1,0 +1,18 @@
+//! The one harness every integration test shares (each test binary compiles it and uses a
+//! different part of it):
+//!
+//! - [`upstream`]: fake providers — small real axum servers on `127.0.0.1:0` speaking the
+//!   OpenAI-compatible and Anthropic wire formats, with captured requests and scripted timing.
+//!   Re-exported here, so `common::{fake, json, openai, …}` reads as before.
+//! - [`app`]: the monitor's web surface around a real store with hand-fed health and weights,
+//!   served on `127.0.0.1:0`, and builders for configs, outcomes and route statuses.
+//! - [`pages`]: a served monitor with routes in every state and 90 days of history, for the
+//!   page and browser tests.
+
+#![allow(dead_code, unused_imports)]
+
+pub mod app;
+pub mod pages;
+pub mod upstream;
+
+pub use upstream::*;
