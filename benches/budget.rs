@@ -1,4 +1,4 @@
-//! The budget reservation's cost per request (layer 5): reserve + settle on a non-primary
+//! The budget reservation's cost per request (the hourly extra-cost budget): reserve + settle on a non-primary
 //! route, single-threaded and with 2 threads contending on the mutex.
 
 use std::sync::Arc;

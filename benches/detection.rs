@@ -1,5 +1,5 @@
 //! Detection figures: the cost of one observation through baseline + detector, the memory per
-//! route at full windows, and the mean time to detect the seed's failure modes, from pure
+//! route at full windows, and the mean time to detect the failure modes of a scripted provider incident, from pure
 //! simulation (no I/O, explicit time).
 //!
 //! `CARGO_TARGET_DIR=/work/target cargo bench --bench detection`

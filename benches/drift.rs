@@ -1,4 +1,4 @@
-//! Drift figures (issue 10), simulated through the real comparison code ([`History`]):
+//! Drift figures, simulated through the real comparison code ([`History`]):
 //!
 //! 1. runs needed to detect a format change that breaks 30 % of a set's cases;
 //! 2. false findings over 1,000 simulated stable runs (flaky cases, noisy lengths);

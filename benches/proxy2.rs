@@ -1,4 +1,4 @@
-//! Proxy II figures, each a median over repeats:
+//! The proxy's safeguards (metering, breakers, idempotency), each figure a median over repeats:
 //!
 //! 1. **Metering overhead** on the proxy's latency: two proxies on the same zero-delay
 //!    upstream, one metering every request into SQLite (a store), one without a store; open

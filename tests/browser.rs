@@ -6,14 +6,13 @@
 //! Needs `/usr/bin/chromium` (Debian's `chromium`; `scripts/test` installs it). Set
 //! `PROBEOK_CHROMIUM` to use another binary.
 
-mod page_fixture;
-mod web_support;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use page_fixture::{serve, DEEPSEEK, OPENAI, STATES, XSS};
+use common::pages::{serve, DEEPSEEK, OPENAI, STATES, XSS};
 
 fn chromium() -> PathBuf {
     std::env::var_os("PROBEOK_CHROMIUM")

@@ -1,4 +1,4 @@
-//! The hourly extra-cost budget (layer 5): reset on the clock hour, concurrent reservations
+//! The hourly extra-cost budget of non-primary serving: reset on the clock hour, concurrent reservations
 //! never overrunning it, `degrade_at` stopping new switches (and alerted).
 
 use std::sync::Arc;

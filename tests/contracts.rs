@@ -1,4 +1,4 @@
-//! Degradation contracts (layer 3) in the proxy: each behaviour against real fake upstreams,
+//! Degradation contracts in the proxy: each behaviour against real fake upstreams,
 //! with the model's state driven through the proxy's weights channel — `reject`,
 //! `fallback_model` (used, refused when the fallback is down or incapable), `cached_response`
 //! (max age on a manual clock, per client key), `async_queue` (persisted, survives a restart,

@@ -1,5 +1,5 @@
-//! The detection core replayed second by second with explicit times (no sleeps): seed 000's
-//! timeline, the seed's failure modes, peak-hour buckets, hysteresis, egress and request-side
+//! The detection core replayed second by second with explicit times (no sleeps): a whole
+//! provider incident's timeline, its failure modes, peak-hour buckets, hysteresis, egress and request-side
 //! findings, restart, and a day of a healthy jittery route.
 
 use std::time::Duration;
@@ -168,7 +168,7 @@ fn cfg() -> DetectionConfig {
     DetectionConfig::default()
 }
 
-/// Seed 000's timeline. Baseline 1.1 s ± 0.3 s; probes every 30 s: 4.2 s, 5.1 s, 6.8 s →
+/// A provider incident's timeline. Baseline 1.1 s ± 0.3 s; probes every 30 s: 4.2 s, 5.1 s, 6.8 s →
 /// WARNING, WARNING, DEGRADED; then real traffic at 10/s with 8% errors held past
 /// `critical_after` → CRITICAL; then normal observations → NORMAL exactly `recover_after`
 /// after the first one, not a second before.
@@ -262,7 +262,7 @@ fn seed_000_timeline() {
     assert!(closed.closed_at.is_some());
     assert!(sim.h.incident().is_none());
     println!(
-        "seed 000: WARNING t=0, DEGRADED t=60, CRITICAL t={tc}, healthy from t={heal}, NORMAL t={tn}"
+        "incident timeline: WARNING t=0, DEGRADED t=60, CRITICAL t={tc}, healthy from t={heal}, NORMAL t={tn}"
     );
 }
 
@@ -295,7 +295,7 @@ fn recovery_not_one_second_early() {
     assert_eq!(t.evidence.thresholds[0].name, "normal_for_s");
 }
 
-/// Seed 000's latency spike: p95 1.1 s → 14.3 s for 23 minutes with errors below 0.5%:
+/// A long latency spike: p95 1.1 s → 14.3 s for 23 minutes with errors below 0.5%:
 /// `degraded`, and the baseline does not learn the spike halfway through.
 #[test]
 fn latency_spike_is_degraded_and_not_learned() {

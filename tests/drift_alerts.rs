@@ -3,11 +3,12 @@
 //! `model_changed`) message keyed by the finding, and it renders in zh and en with the
 //! evidence (pass rates, p-value, bounded example answers).
 
-mod web_support;
+mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::app::*;
 use probeok::alert::render::render;
 use probeok::alert::{Lang, RenderCtx, Severity, Status, Subject};
 use probeok::clock::ManualClock;
@@ -15,7 +16,6 @@ use probeok::drift::DriftKind;
 use probeok::health::HealthEvent;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
-use web_support::*;
 
 const QWEN: &str = "qwen/cn-beijing/qwen-max";
 const ROUTES: &[Spec<'static>] = &[(

@@ -2,10 +2,9 @@
 //! Chinese, the error page, the security headers, and provider text never reaching a page
 //! unescaped.
 
-mod page_fixture;
-mod web_support;
+mod common;
 
-use page_fixture::{serve, CLAUDE, DEEPSEEK, OPENAI, QWEN, STATES, XSS};
+use common::pages::{serve, CLAUDE, DEEPSEEK, OPENAI, QWEN, STATES, XSS};
 use probeok::health::State;
 use reqwest::StatusCode;
 
@@ -202,7 +201,7 @@ async fn incidents_page_accounts_for_the_months_budget() {
             // The closed CLAUDE incident lasted 3 m 12 s: 192 s of 2678.4 s (0.999 of May).
             assert!(
                 b.contains("<strong>3 m 12 s</strong>"),
-                "seed 002 style line"
+                "the budget account names the closed incident's duration"
             );
             assert!(b.contains("7.2% of the route"));
         } else {
@@ -285,7 +284,7 @@ async fn provider_text_never_reaches_a_page_unescaped() {
 
 #[tokio::test]
 async fn the_extra_cost_budget_is_on_the_status_page_in_both_languages() {
-    let f = page_fixture::serve().await;
+    let f = common::pages::serve().await;
     let page = |lang: &'static str| {
         let url = f.s.url(&format!("/?lang={lang}"));
         async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
@@ -313,7 +312,7 @@ async fn the_extra_cost_budget_is_on_the_status_page_in_both_languages() {
 
 #[tokio::test]
 async fn a_switched_model_is_on_the_status_page_in_both_languages() {
-    let f = page_fixture::serve().await;
+    let f = common::pages::serve().await;
     let page = |lang: &'static str| {
         let url = f.s.url(&format!("/?lang={lang}"));
         async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
@@ -325,10 +324,10 @@ async fn a_switched_model_is_on_the_status_page_in_both_languages() {
         f.h.state.clock.clone(),
         None,
     );
-    let since = page_fixture::now() - chrono::TimeDelta::minutes(3);
+    let since = common::pages::now() - chrono::TimeDelta::minutes(3);
     let backup = probeok::route::RouteId::parse(DEEPSEEK).unwrap();
     let status = probeok::switch::SwitchStatus {
-        generated_at: page_fixture::now(),
+        generated_at: common::pages::now(),
         models: vec![probeok::switch::ModelSwitch {
             serves: "chat-main".into(),
             primaries: vec![probeok::route::RouteId::parse(QWEN).unwrap()],

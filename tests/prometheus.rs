@@ -3,15 +3,15 @@
 //! error and one `probeok_probe_success` series per route. Prometheus listens on loopback
 //! only, stores into a temp dir, and is killed when the test ends (also on failure).
 
-mod web_support;
+mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::app::*;
 use probeok::probe::OutcomeKind;
 use serde_json::Value;
-use web_support::*;
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 

@@ -1,4 +1,4 @@
-//! Seed 000's whole incident (t=0 → return), layers 1–5 together: the detector driven second
+//! A whole provider incident (t=0 → return) with every protection together: the detector driven second
 //! by second with explicit times (as tests/detection.rs), the pure switch machine stepped on
 //! the same clock, a real pre-probe (`ProbeClient::probe`) of the backup, the real hourly
 //! budget, and real requests over sockets through the proxy to fake upstreams (real axum
@@ -276,7 +276,7 @@ async fn seed_000_whole_incident() {
         if s == heal {
             primary_broken.store(false, Ordering::SeqCst);
         }
-        // Layer 1–3: probes every 30 s (4.2 s, 5.1 s, 6.8 s, then 7 s until healed), real
+        // Detection: probes every 30 s (4.2 s, 5.1 s, 6.8 s, then 7 s until healed), real
         // traffic at 10/s with 8% errors from t=61 until healed.
         det.tick(&mut p.h, now);
         det.tick(&mut b.h, now);
@@ -319,7 +319,7 @@ async fn seed_000_whole_incident() {
             last_state = p.h.state();
         }
 
-        // Layer 4: the switch machine, on the same clock.
+        // The switch controller: the pure machine, on the same clock.
         let judged = [
             (primary.clone(), p.h.state()),
             (backup.clone(), b.h.state()),
@@ -406,7 +406,7 @@ async fn seed_000_whole_incident() {
             assert_eq!(entry.reason, "switched");
         }
 
-        // Layer 5 + proxy: real requests at the seed's moments.
+        // The budget and the proxy: real requests at the incident's moments.
         if s == 125 {
             let (by, errors) = client.send(30).await;
             assert_eq!(errors, 0, "{by:?}");
@@ -449,7 +449,7 @@ async fn seed_000_whole_incident() {
     }
     println!("canary (stage, ratio, of 100 requests to the primary): {canary_primary_share:?}");
 
-    // The seed's states in order.
+    // The incident's states in order.
     let states: Vec<&str> = timeline
         .iter()
         .filter_map(|(_, w)| w.strip_prefix("primary "))
@@ -514,7 +514,7 @@ fn machine_phase(m: &Machine) -> &'static str {
 }
 
 /// Real traffic only reaches the primary while it carries a share (before the switch and
-/// during the canary): once switched, its passive errors stop (the seed's "0% errors").
+/// during the canary): once switched, its passive errors stop (the incident's "0% errors").
 fn switched_or_returned(m: &Machine, switched: bool) -> bool {
     switched && matches!(m.phase(), switch::Phase::Switched { .. })
 }

@@ -2,16 +2,16 @@
 //! and a hand-built health snapshot; probes (ids with slashes, raw and percent-encoded);
 //! incidents; ingest auth, bounds, validation and delivery; metrics; the OpenAPI document.
 
-mod web_support;
+mod common;
 
 use std::time::Duration;
 
 use chrono::Duration as D;
+use common::app::*;
 use probeok::health::{BaselineSnapshot, FailureMode, IncidentSummary, State};
 use probeok::probe::OutcomeKind;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use web_support::*;
 
 const QWEN: &str = "qwen/cn-beijing/qwen-max";
 const DS: &str = "deepseek/cn/deepseek-ai/DeepSeek-V3";

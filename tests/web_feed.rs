@@ -2,18 +2,18 @@
 //! the paused clock drives every timer), then SSE over a real socket: the snapshot on
 //! connect, change events, resume by `Last-Event-ID`, and shutdown ending a live stream.
 
-mod web_support;
+mod common;
 
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use common::app::*;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use probeok::health::State;
 use tokio::time::Instant;
 use tower::ServiceExt;
-use web_support::*;
 
 const A: &str = "qwen/bj/qwen-max";
 const B: &str = "qwen/sh/qwen-max";

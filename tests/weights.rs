@@ -1,16 +1,16 @@
 //! Weights per tier rule and version stability, on the pure core and through the publisher.
 
-mod web_support;
+mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::app::*;
 use probeok::health::State;
 use probeok::route::Tier;
 use probeok::weights::{compute, spawn_publisher, Policy, Weights};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use web_support::*;
 
 const ROUTES: &[Spec<'static>] = &[
     ("qwen", "bj", "qwen-max", "chat", "primary", 60),

@@ -16,6 +16,7 @@
 
 mod convert;
 mod diag;
+mod keys;
 mod raw;
 mod source_map;
 mod validate;
@@ -32,6 +33,7 @@ use crate::secret::Secret;
 
 pub(crate) use convert::parse_located;
 pub use diag::{ConfigErrors, Diagnostic};
+pub use keys::{known_keys, KeysError};
 pub use source_map::SourceMap;
 pub(crate) use validate::Checker;
 

@@ -13,7 +13,7 @@ use probeok::health::{
 };
 use probeok::probe::{OutcomeKind, ProbeError};
 
-use crate::web_support::{at, id, normal, outcome, snapshot, Harness, Served, Spec};
+use super::app::{at, id, normal, outcome, snapshot, Harness, Served, Spec};
 
 pub const QWEN: &str = "qwen/cn-beijing/qwen-max";
 pub const DEEPSEEK: &str = "deepseek/cn/deepseek-ai/DeepSeek-V3";

@@ -1,9 +1,8 @@
-//! Proxy III: the proxy's listener against slow-loris clients, breaker state and proxy counters
+//! The proxy seen from the monitor, and its listener: the proxy's listener against slow-loris clients, breaker state and proxy counters
 //! on the monitor's `/metrics` and `/api/v1/status`, and the standalone proxy's batched ingest
 //! into a real monitor.
 
 mod common;
-mod web_support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -169,7 +168,7 @@ async fn a_slow_loris_client_is_disconnected_after_the_header_timeout() {
     );
 }
 
-const MONITOR_ROUTES: &[web_support::Spec<'static>] = &[
+const MONITOR_ROUTES: &[common::app::Spec<'static>] = &[
     ("p0", "r", "up-0", "chat", "primary", 100),
     ("p1", "r", "up-1", "chat", "backup", 0),
 ];
@@ -179,7 +178,7 @@ async fn breaker_state_and_proxy_counters_show_on_metrics_and_status() {
     let a = up(|_| failing()).await;
     let b = up(|_| ok_body("from b")).await;
     let monitor =
-        web_support::Harness::new(MONITOR_ROUTES, web_support::at("2026-01-01T00:00:00Z")).await;
+        common::app::Harness::new(MONITOR_ROUTES, common::app::at("2026-01-01T00:00:00Z")).await;
     let served = monitor.serve().await;
     let http = reqwest::Client::new();
 
@@ -269,7 +268,7 @@ async fn breaker_state_and_proxy_counters_show_on_metrics_and_status() {
 async fn standalone_ingest_reaches_a_real_monitor_with_its_token() {
     let a = up(|_| ok_body("from a")).await;
     let b = up(|_| ok_body("from b")).await;
-    let mut monitor = web_support::Harness::new(MONITOR_ROUTES, chrono::Utc::now()).await;
+    let mut monitor = common::app::Harness::new(MONITOR_ROUTES, chrono::Utc::now()).await;
     let served = monitor.serve().await;
 
     let (ptx, prx) = mpsc::channel(64);
@@ -327,7 +326,7 @@ async fn standalone_ingest_reaches_a_real_monitor_with_its_token() {
 /// the monitor comes back the newest outcomes arrive.
 #[tokio::test]
 async fn standalone_ingest_buffer_is_bounded_while_the_monitor_is_down() {
-    let mut monitor = web_support::Harness::new(MONITOR_ROUTES, chrono::Utc::now()).await;
+    let mut monitor = common::app::Harness::new(MONITOR_ROUTES, chrono::Utc::now()).await;
     // An address with nobody listening, for now.
     let addr = {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -346,7 +345,7 @@ async fn standalone_ingest_buffer_is_bounded_while_the_monitor_is_down() {
     );
     let now = chrono::Utc::now();
     for i in 0..80 {
-        let o = web_support::outcome(
+        let o = common::app::outcome(
             "p0/r/up-0",
             probeok::probe::OutcomeKind::Passive,
             now,

@@ -1,6 +1,6 @@
-//! Proxy II against real loopback servers: circuit breakers and same-route backoff, metering
+//! The proxy's safeguards against real loopback servers: circuit breakers and same-route backoff, metering
 //! read back through `GET /api/v1/requests`, idempotency keys, bad input and client auth, and
-//! the standalone proxy following a (fake, SPEC-shaped) monitor's SSE weights feed.
+//! the standalone proxy following a fake monitor's SSE weights feed (the feed's documented wire format).
 
 mod common;
 
@@ -625,7 +625,7 @@ async fn client_auth_requires_a_known_key() {
     );
 }
 
-/// A tiny monitor: `GET /api/v1/weights/stream` in SPEC's shape, replaying whatever is pushed
+/// A tiny monitor: `GET /api/v1/weights/stream` in the feed's documented shape, replaying whatever is pushed
 /// on its channel, recording each subscriber's `Last-Event-ID`.
 struct Monitor {
     server: Server,
