@@ -602,7 +602,10 @@ async fn a_provider_that_queues_after_its_headers_is_slow_not_down() {
         assert_eq!(o.verified, Some(true), "{o:?}");
         let ttft = o.ttft_ms.expect("ttft measured");
         assert!(ttft >= 2500.0, "the first token came at 2.5 s: {o:?}");
-        assert!(o.ttfb_ms.is_some_and(|t| t < 2500.0), "headers came first: {o:?}");
+        assert!(
+            o.ttfb_ms.is_some_and(|t| t < 2500.0),
+            "headers came first: {o:?}"
+        );
     })
     .await;
 }
@@ -669,7 +672,10 @@ async fn openrouter_and_anthropic_in_stream_errors_are_classified_by_what_they_d
     // Anthropic: `event: error` with rate_limit_error is a rate limit, not malformed.
     let (server, _) = fake(ANTHROPIC_STREAM.path(), |_| {
         let mut frames = anthropic::head();
-        frames.push(anthropic::error_event("rate_limit_error", "Number of requests exceeded"));
+        frames.push(anthropic::error_event(
+            "rate_limit_error",
+            "Number of requests exceeded",
+        ));
         Reply::now(Script::new().send_all(frames).sse())
     })
     .await;

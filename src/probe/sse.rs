@@ -95,21 +95,21 @@ pub(crate) fn guarded_bytes_with(
     futures_util::stream::unfold(Some((body, last_byte)), move |state| {
         let silence = silence.current();
         async move {
-        let (mut body, last) = state?;
-        // A silence that would end before the call's deadline is a stall; otherwise the call
-        // simply ran out of time while data was flowing (or while the upstream queued).
-        let (wake, fault) = match silence.map(|s| last + s) {
-            Some(silence_deadline) if silence_deadline <= deadline => {
-                (silence_deadline, BodyFault::Stalled)
+            let (mut body, last) = state?;
+            // A silence that would end before the call's deadline is a stall; otherwise the call
+            // simply ran out of time while data was flowing (or while the upstream queued).
+            let (wake, fault) = match silence.map(|s| last + s) {
+                Some(silence_deadline) if silence_deadline <= deadline => {
+                    (silence_deadline, BodyFault::Stalled)
+                }
+                _ => (deadline, BodyFault::Timeout),
+            };
+            match tokio::time::timeout_at(wake, body.next()).await {
+                Err(_) => Some((Err(fault), None)),
+                Ok(None) => None,
+                Ok(Some(Err(e))) => Some((Err(BodyFault::Cut(describe_reqwest(e))), None)),
+                Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((body, Instant::now())))),
             }
-            _ => (deadline, BodyFault::Timeout),
-        };
-        match tokio::time::timeout_at(wake, body.next()).await {
-            Err(_) => Some((Err(fault), None)),
-            Ok(None) => None,
-            Ok(Some(Err(e))) => Some((Err(BodyFault::Cut(describe_reqwest(e))), None)),
-            Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((body, Instant::now())))),
-        }
         }
     })
 }

@@ -199,7 +199,12 @@ pub(crate) fn retry_after_ms(headers: &HeaderMap, now: DateTime<Utc>) -> Option<
 /// when the matching `x-ratelimit-remaining-*` says which limit is spent, its reset; otherwise
 /// the later of the two (the rest must outlast whichever limit was hit).
 pub(crate) fn ratelimit_reset_ms(headers: &HeaderMap) -> Option<u64> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
     let limits = ["requests", "tokens"].map(|l| {
         let reset = header(&format!("x-ratelimit-reset-{l}")).and_then(parse_go_duration_ms);
         let spent = header(&format!("x-ratelimit-remaining-{l}"))
@@ -221,7 +226,8 @@ pub(crate) fn parse_go_duration_ms(s: &str) -> Option<u64> {
     const DAY_MS: f64 = 86_400_000.0;
     let s = s.trim();
     if let Ok(secs) = s.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| (secs * 1000.0).min(DAY_MS).round() as u64);
+        return (secs.is_finite() && secs >= 0.0)
+            .then(|| (secs * 1000.0).min(DAY_MS).round() as u64);
     }
     let mut rest = s;
     let mut total = 0.0f64;
@@ -433,7 +439,8 @@ mod tests {
             classify_embedded(error_in(&openrouter).unwrap()).status(),
             Some(500)
         );
-        let throttled = serde_json::json!({"error":{"code":"rate_limit_exceeded","message":"slow down"}});
+        let throttled =
+            serde_json::json!({"error":{"code":"rate_limit_exceeded","message":"slow down"}});
         assert!(matches!(
             classify_embedded(error_in(&throttled).unwrap()),
             ProbeError::RateLimited { .. }

@@ -75,9 +75,8 @@ impl Sim {
         }
     }
 
-    /// Pretends the server started `by` earlier, to land a test inside a scenario's window.
-    #[cfg(test)]
-    fn rewind(mut self, by: Duration) -> Self {
+    /// Pretends the server started `by` (wall time) earlier, to land inside a scenario's window.
+    pub(super) fn rewind(mut self, by: Duration) -> Self {
         self.started = self.started.checked_sub(by).unwrap_or(self.started);
         self
     }
@@ -409,7 +408,10 @@ fn play(script: Script) -> impl futures_util::Stream<Item = Result<Bytes, Infall
             // Shutdown ends a stall or a stream mid-way: the client sees it cut.
             return None;
         };
-        if let Some(keepalive) = s.keepalive.filter(|_| at > Instant::now() + KEEPALIVE_EVERY) {
+        if let Some(keepalive) = s
+            .keepalive
+            .filter(|_| at > Instant::now() + KEEPALIVE_EVERY)
+        {
             tokio::select! {
                 _ = s.shutdown.cancelled() => return None,
                 _ = tokio::time::sleep(KEEPALIVE_EVERY) => {}
