@@ -138,6 +138,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
                     interval: slow.then_some(Duration::from_secs(20)),
                     timeout: slow.then_some(Duration::from_secs(18)),
                     first_byte_timeout: None,
+                    stall_timeout: None,
                     max_tokens: None,
                     slo: None,
                 });

@@ -95,6 +95,7 @@ pub mod route;
 pub mod scheduler;
 pub mod secret;
 pub mod sim;
+pub mod slo;
 pub mod store;
 pub mod switch;
 pub mod web;

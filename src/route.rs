@@ -99,9 +99,12 @@ pub struct Price {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeSettings {
     pub interval: Duration,
-    /// No response byte (headers) by then: `timeout_before_first_byte`. Also the longest
-    /// silence tolerated inside a stream before it counts as `stalled`.
+    /// No response byte (headers) by then: `timeout_before_first_byte`. After the headers and
+    /// before the first answer token only `timeout` bounds the wait: a provider that queues the
+    /// request is slow, not down.
     pub first_byte_timeout: Duration,
+    /// After the first answer token, a stream silent this long is `stalled`.
+    pub stall_timeout: Duration,
     /// The whole call. A slow but complete answer inside it is a slow success.
     pub timeout: Duration,
     /// ± fraction of `interval`, in [0, 0.5].

@@ -113,6 +113,7 @@ fn route(server: &Server, provider: &str) -> Route {
         probe: ProbeSettings {
             interval: Duration::from_secs(30),
             first_byte_timeout: Duration::from_secs(5),
+            stall_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(10),
             jitter: 0.0,
             stream: false,

@@ -99,6 +99,7 @@ fn settings(stream: bool) -> ProbeSettings {
     ProbeSettings {
         interval: Duration::from_secs(30),
         first_byte_timeout: 400 * MS,
+        stall_timeout: 400 * MS,
         timeout: Duration::from_secs(3),
         jitter: 0.0,
         stream,
@@ -557,7 +558,8 @@ async fn a_stream_that_stalls_after_one_chunk_is_stalled() {
         })
         .await;
         let o = probe(&route_with(&server, wire, |s| {
-            s.first_byte_timeout = 200 * MS
+            s.first_byte_timeout = 200 * MS;
+            s.stall_timeout = 200 * MS;
         }))
         .await;
         assert_eq!(o.error, Some(ProbeError::Stalled), "{wire:?}: {o:?}");
@@ -573,6 +575,137 @@ async fn a_stream_that_stalls_after_one_chunk_is_stalled() {
         );
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_provider_that_queues_after_its_headers_is_slow_not_down() {
+    // Headers at once, then silence (no keep-alive comments) until the first token 2.5 s
+    // later, as vLLM-style servers queue a request: a slow success, not a stall, even with a
+    // 1 s first_byte_timeout and a 1 s stall_timeout.
+    each(&STREAMS, |wire| async move {
+        let frames = wire.frames(&["PROBE", "_OK"], Some(3));
+        let (server, _) = fake(wire.path(), move |_| {
+            let mut s = Script::new().after(2500 * MS, frames[0].clone());
+            for f in &frames[1..] {
+                s = s.send(f.clone());
+            }
+            Reply::now(s.sse())
+        })
+        .await;
+        let o = probe(&route_with(&server, wire, |s| {
+            s.first_byte_timeout = 1000 * MS;
+            s.stall_timeout = 1000 * MS;
+            s.timeout = Duration::from_secs(20);
+        }))
+        .await;
+        assert!(o.success, "{wire:?}: {o:?}");
+        assert_eq!(o.verified, Some(true), "{o:?}");
+        let ttft = o.ttft_ms.expect("ttft measured");
+        assert!(ttft >= 2500.0, "the first token came at 2.5 s: {o:?}");
+        assert!(
+            o.ttfb_ms.is_some_and(|t| t < 2500.0),
+            "headers came first: {o:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn no_answer_token_before_the_deadline_is_a_timeout_not_a_stall() {
+    // Headers, then nothing: only `timeout` bounds the wait for the first answer token.
+    each(&STREAMS, |wire| async move {
+        let (server, _) = fake(wire.path(), move |_| {
+            let head: Vec<String> = match wire.kind {
+                ProviderKind::Openai => vec![],
+                ProviderKind::Anthropic => anthropic::head(),
+            };
+            Reply::now(Script::new().send_all(head).hang().sse())
+        })
+        .await;
+        let o = probe(&route_with(&server, wire, |s| {
+            s.first_byte_timeout = 200 * MS;
+            s.stall_timeout = 200 * MS;
+            s.timeout = 900 * MS;
+        }))
+        .await;
+        assert_eq!(o.error, Some(ProbeError::Timeout), "{wire:?}: {o:?}");
+        assert!(o.total_ms >= 900.0, "waited for the whole timeout: {o:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn openrouter_and_anthropic_in_stream_errors_are_classified_by_what_they_declare() {
+    // OpenRouter: a 200 stream that ends in a chunk with an error object and
+    // finish_reason "error".
+    for (error, want) in [
+        (
+            r#"{"code":502,"message":"Provider returned error"}"#,
+            ProbeError::Http {
+                status: 502,
+                message: "Provider returned error".into(),
+            },
+        ),
+        (
+            r#"{"code":"server_error","message":"Provider disconnected unexpectedly"}"#,
+            ProbeError::Http {
+                status: 500,
+                message: "Provider disconnected unexpectedly".into(),
+            },
+        ),
+    ] {
+        let chunk = format!(
+            r#"{{"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","provider":"p","error":{error},"choices":[{{"index":0,"delta":{{"content":""}},"finish_reason":"error"}}]}}"#
+        );
+        let (server, _) = fake(OPENAI_STREAM.path(), move |_| {
+            Reply::now(
+                Script::new()
+                    .send_all([openai::content("PRO"), common::frame(None, &chunk)])
+                    .sse(),
+            )
+        })
+        .await;
+        let o = probe(&route(&server, OPENAI_STREAM)).await;
+        assert_eq!(o.error, Some(want), "{o:?}");
+        assert_eq!(o.http_status, Some(200));
+    }
+    // Anthropic: `event: error` with rate_limit_error is a rate limit, not malformed.
+    let (server, _) = fake(ANTHROPIC_STREAM.path(), |_| {
+        let mut frames = anthropic::head();
+        frames.push(anthropic::error_event(
+            "rate_limit_error",
+            "Number of requests exceeded",
+        ));
+        Reply::now(Script::new().send_all(frames).sse())
+    })
+    .await;
+    let o = probe(&route(&server, ANTHROPIC_STREAM)).await;
+    assert!(
+        matches!(o.error, Some(ProbeError::RateLimited { .. })),
+        "{o:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_429_with_only_ratelimit_reset_headers_rests_that_long() {
+    let (server, _) = fake(OPENAI_PLAIN.path(), |_| {
+        let mut r = Response::new(axum::body::Body::from(
+            r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#,
+        ));
+        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let h = r.headers_mut();
+        h.insert("x-ratelimit-reset-requests", "6m0s".parse().unwrap());
+        h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+        h.insert("x-ratelimit-reset-tokens", "20ms".parse().unwrap());
+        Reply::now(r)
+    })
+    .await;
+    let o = probe(&route(&server, OPENAI_PLAIN)).await;
+    assert_eq!(
+        o.error.as_ref().and_then(ProbeError::retry_after_ms),
+        Some(360_000),
+        "{o:?}"
+    );
 }
 
 #[tokio::test]
@@ -778,7 +911,8 @@ async fn an_error_event_inside_a_200_stream_is_never_a_success() {
             r#"{"error":{"message":"upstream overloaded","code":503}}"#,
             "http",
         ),
-        (r#"{"error":{"message":"something broke"}}"#, "malformed"),
+        // Declared without a status: still the upstream failing, not unparseable bytes.
+        (r#"{"error":{"message":"something broke"}}"#, "http"),
     ] {
         let (server, _) = fake(OPENAI_STREAM.path(), move |_| {
             Reply::now(

@@ -38,6 +38,7 @@ fn route(i: usize, interval: Duration, jitter: f64, throughput_every: Duration) 
         probe: ProbeSettings {
             interval,
             first_byte_timeout: SECS(5),
+            stall_timeout: SECS(10),
             timeout: SECS(120),
             jitter,
             stream: true,

@@ -1,5 +1,6 @@
 //! The simulator over a real socket, as the probe client and the demo see it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use probeok::sim::{base_url, serve, Scenario, SimConfig};
@@ -195,4 +196,102 @@ async fn speaks_openai_chat_completions_and_stops_on_shutdown() {
         .send()
         .await;
     assert!(after.is_err(), "still answering after shutdown");
+}
+
+/// The latency spike queues after its headers with no keep-alive comments (as vLLM-style
+/// servers do). Probed for real and judged by the detector against a 1.1 s baseline, it is
+/// slowness — DEGRADED with failure mode `degraded` — never an outage.
+#[tokio::test]
+async fn a_spike_without_keepalives_is_degraded_not_unavailable() {
+    use probeok::clock::SystemClock;
+    use probeok::config::DetectionConfig;
+    use probeok::health::{Baseline, Detector, FailureMode, State};
+    use probeok::probe::{OutcomeKind, ProbeClient};
+    use probeok::route::{ProbeSettings, ProviderKind, Route, RouteId, Tier};
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    // Twelve minutes in: two minutes into the 23-minute spike, in real time.
+    tokio::spawn(probeok::sim::serve_from(
+        listener,
+        SimConfig::standalone(Scenario::LatencySpike),
+        Duration::from_secs(12 * 60),
+        shutdown.clone(),
+    ));
+    let route = Route {
+        id: RouteId::new("sim", "r1", "sim-large"),
+        provider: "sim".into(),
+        region: "r1".into(),
+        model: "sim-large".into(),
+        kind: ProviderKind::Openai,
+        base_url: base_url(addr, "sim", "r1"),
+        api_key_env: None,
+        serves: "chat-main".into(),
+        tier: Tier::Primary,
+        weight: 100,
+        price: None,
+        capabilities: vec![],
+        context_window: None,
+        residency: None,
+        slo: 0.999,
+        probe: ProbeSettings {
+            interval: Duration::from_secs(30),
+            first_byte_timeout: Duration::from_secs(5),
+            stall_timeout: Duration::from_secs(10),
+            timeout: Duration::from_secs(45),
+            jitter: 0.0,
+            stream: true,
+            max_tokens: 16,
+            throughput_every: Duration::from_secs(300),
+            throughput_prompt:
+                "Count from 1 to 40, separated by single spaces. Reply with the numbers only."
+                    .into(),
+            throughput_max_tokens: 128,
+            system: "Reply with exactly: PROBE_OK".into(),
+            user: "health check".into(),
+            expect: "PROBE_OK".into(),
+        },
+    };
+    let client = ProbeClient::new(std::slice::from_ref(&route), Arc::new(SystemClock)).unwrap();
+    let outcomes =
+        futures_util::future::join_all((0..4).map(|_| client.probe(&route, OutcomeKind::Probe)))
+            .await;
+    for o in &outcomes {
+        assert!(o.success, "a queued request is a slow success: {o:?}");
+    }
+    assert!(
+        outcomes.iter().filter(|o| o.total_ms > 2000.0).count() >= 3,
+        "the spike is slow: {outcomes:?}"
+    );
+
+    // Judge them 30 s apart, after a learned baseline of 1.1 s ± 0.15 s.
+    let cfg = DetectionConfig::default();
+    let det = Detector::new(&cfg);
+    let t0 = chrono::Utc::now();
+    let at = |s: i64| t0 + chrono::Duration::seconds(s);
+    let mut h = det.route(route.id.clone(), at(-3000));
+    let mut b = Baseline::new(route.id.clone(), &cfg);
+    let healthy = &outcomes[0];
+    for i in 0..100i64 {
+        let mut o = healthy.clone();
+        o.started_at = at(-3000 + 30 * i);
+        o.total_ms = if i % 2 == 0 { 950.0 } else { 1250.0 };
+        o.ttft_ms = Some(o.total_ms * 0.8);
+        o.ttfb_ms = Some(200.0);
+        det.ingest(&mut h, &mut b, &o, o.started_at);
+    }
+    assert_eq!(h.state(), State::Normal);
+    let mut slow: Vec<_> = outcomes
+        .into_iter()
+        .filter(|o| o.total_ms > 2000.0)
+        .collect();
+    slow.truncate(3);
+    for (i, mut o) in slow.into_iter().enumerate() {
+        o.started_at = at(30 * i as i64);
+        det.ingest(&mut h, &mut b, &o, o.started_at);
+    }
+    assert_eq!(h.state(), State::Degraded);
+    assert_eq!(h.failure_mode(), Some(FailureMode::Degraded));
+    shutdown.cancel();
 }

@@ -172,6 +172,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
                 r.first_byte_timeout,
                 d.first_byte_timeout,
             ),
+            stall_timeout: duration(ck, "probe.stall_timeout", r.stall_timeout, d.stall_timeout),
             timeout: duration(ck, "probe.timeout", r.timeout, d.timeout),
             jitter: r.jitter.unwrap_or(d.jitter),
             stream: r.stream.unwrap_or(d.stream),
@@ -688,6 +689,7 @@ fn route(ck: &mut Checker<'_>, i: usize, r: RawRoute) -> RouteConfig {
         interval: opt_duration(ck, "interval", r.interval),
         timeout: opt_duration(ck, "timeout", r.timeout),
         first_byte_timeout: opt_duration(ck, "first_byte_timeout", r.first_byte_timeout),
+        stall_timeout: opt_duration(ck, "stall_timeout", r.stall_timeout),
         max_tokens: opt_uint(ck, "max_tokens", r.max_tokens, 1),
         slo: r.slo,
     }

@@ -151,12 +151,14 @@ impl Default for StorageConfig {
 }
 
 /// `[probe]`: defaults for every route; a route may override `interval`, `timeout`,
-/// `first_byte_timeout` and `max_tokens`.
+/// `first_byte_timeout`, `stall_timeout` and `max_tokens`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeConfig {
     pub interval: Duration,
     /// No response byte by then: `timeout_before_first_byte` (a failure).
     pub first_byte_timeout: Duration,
+    /// After the first answer token, a stream silent this long is `stalled`.
+    pub stall_timeout: Duration,
     /// The whole call; a slow but complete answer is a slow success.
     pub timeout: Duration,
     /// ± fraction of `interval`, in [0, 0.5], so probes of many routes do not fire in step.
@@ -179,6 +181,7 @@ impl Default for ProbeConfig {
         Self {
             interval: Duration::from_secs(30),
             first_byte_timeout: Duration::from_secs(5),
+            stall_timeout: Duration::from_secs(10),
             // SPEC says 30s, equal to the interval: such probes overrun and are skipped, so
             // every default config warned. 20s leaves a third of the interval spare.
             timeout: Duration::from_secs(20),
@@ -330,6 +333,7 @@ pub struct RouteConfig {
     pub interval: Option<Duration>,
     pub timeout: Option<Duration>,
     pub first_byte_timeout: Option<Duration>,
+    pub stall_timeout: Option<Duration>,
     pub max_tokens: Option<u32>,
     /// Availability target; `[slo] availability` when absent.
     pub slo: Option<f64>,
@@ -351,6 +355,7 @@ impl Default for RouteConfig {
             interval: None,
             timeout: None,
             first_byte_timeout: None,
+            stall_timeout: None,
             max_tokens: None,
             slo: None,
         }
@@ -827,6 +832,7 @@ impl Config {
         ProbeSettings {
             interval: route.interval.unwrap_or(p.interval),
             first_byte_timeout: route.first_byte_timeout.unwrap_or(p.first_byte_timeout),
+            stall_timeout: route.stall_timeout.unwrap_or(p.stall_timeout),
             timeout: route.timeout.unwrap_or(p.timeout),
             jitter: p.jitter,
             stream: p.stream,

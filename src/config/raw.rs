@@ -128,6 +128,7 @@ pub(super) struct RawStorage {
 pub(super) struct RawProbe {
     pub interval: Option<String>,
     pub first_byte_timeout: Option<String>,
+    pub stall_timeout: Option<String>,
     pub timeout: Option<String>,
     pub jitter: Option<f64>,
     pub stream: Option<bool>,
@@ -232,6 +233,7 @@ pub(super) struct RawRoute {
     pub interval: Option<String>,
     pub timeout: Option<String>,
     pub first_byte_timeout: Option<String>,
+    pub stall_timeout: Option<String>,
     pub max_tokens: Option<i64>,
     pub slo: Option<f64>,
 }

@@ -370,6 +370,7 @@ impl<'a> Checker<'a> {
         let p = &c.probe;
         self.positive("probe.interval", p.interval);
         self.positive("probe.first_byte_timeout", p.first_byte_timeout);
+        self.positive("probe.stall_timeout", p.stall_timeout);
         self.positive("probe.timeout", p.timeout);
         self.positive("probe.throughput_every", p.throughput_every);
         if !(0.0..=0.5).contains(&p.jitter) {
@@ -675,6 +676,7 @@ impl<'a> Checker<'a> {
                 ("interval", r.interval),
                 ("timeout", r.timeout),
                 ("first_byte_timeout", r.first_byte_timeout),
+                ("stall_timeout", r.stall_timeout),
             ] {
                 if let Some(d) = d {
                     self.positive(&key(k), d);

@@ -3,7 +3,9 @@
 //!
 //! Timing rules (all from the moment the request is sent, on `tokio::time::Instant`):
 //! - no response headers within `first_byte_timeout` → `TimeoutBeforeFirstByte`;
-//! - after the headers, in a stream, no byte for longer than `first_byte_timeout` → `Stalled`;
+//! - after the headers, a stream may wait for its first answer token up to `timeout`: a
+//!   provider that queues the request is slow (a slow success with its TTFT), not down;
+//! - after the first answer token, no byte for longer than `stall_timeout` → `Stalled`;
 //! - the whole call is bounded by `timeout`; past it while bytes still flow → `Timeout`;
 //! - a non-streamed body is awaited up to the rest of `timeout`.
 //!
@@ -15,6 +17,7 @@
 //! log line (upstream messages go through [`scrub`](super::outcome::scrub)).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,6 +148,7 @@ struct Call {
     stream: bool,
     timeout: Duration,
     first_byte_timeout: Duration,
+    stall_timeout: Duration,
 }
 
 /// One provider's connection pool and key.
@@ -243,6 +247,7 @@ impl ProbeClient {
             stream: s.stream,
             timeout: s.timeout,
             first_byte_timeout: s.first_byte_timeout,
+            stall_timeout: s.stall_timeout,
         };
         let (collected, result) = self.dispatch(route, &call, &mut run).await;
         let total_ms = run.end.unwrap_or_else(|| run.now_ms());
@@ -272,6 +277,7 @@ impl ProbeClient {
             stream: request.stream,
             timeout: request.timeout,
             first_byte_timeout: request.first_byte_timeout.min(request.timeout),
+            stall_timeout: route.probe.stall_timeout,
         };
         let (collected, result) = self.dispatch(route, &call, &mut run).await;
         let total_ms = run.end.unwrap_or_else(|| run.now_ms());
@@ -409,18 +415,19 @@ impl ProbeClient {
         // Asked to stream but answered with one JSON document (some gateways do, and error
         // envelopes often come so): read it as a body.
         if s.stream && !is_json {
-            let bytes = sse::guarded_bytes(
-                response.bytes_stream(),
-                headers_at,
-                s.first_byte_timeout,
-                deadline,
-            );
+            let armed = Arc::new(AtomicBool::new(false));
+            let silence = sse::Silence::AfterArmed {
+                max: s.stall_timeout,
+                armed: armed.clone(),
+            };
+            let bytes =
+                sse::guarded_bytes_with(response.bytes_stream(), headers_at, silence, deadline);
             match route.kind {
                 ProviderKind::Openai => {
-                    read_stream(openai::OpenAiStream::default(), bytes, run).await
+                    read_stream(openai::OpenAiStream::default(), bytes, run, &armed).await
                 }
                 ProviderKind::Anthropic => {
-                    read_stream(anthropic::AnthropicStream::default(), bytes, run).await
+                    read_stream(anthropic::AnthropicStream::default(), bytes, run, &armed).await
                 }
             }
         } else {
@@ -465,10 +472,12 @@ impl ProbeClient {
 }
 
 /// Reads SSE events into `decoder` until its end marker, the end of the body, or a fault.
+/// `stall_armed` is set at the first answer token: from then on a silence is a stall.
 async fn read_stream<D: StreamDecoder>(
     mut decoder: D,
     bytes: impl futures_util::Stream<Item = Result<bytes::Bytes, BodyFault>> + Send,
     run: &mut Run,
+    stall_armed: &AtomicBool,
 ) -> (Collected, Result<(), ProbeError>) {
     let mut events = std::pin::pin!(sse::events(bytes));
     let error = loop {
@@ -477,6 +486,10 @@ async fn read_stream<D: StreamDecoder>(
                 let step = decoder.feed(&event);
                 if run.ttft.is_none() && decoder.collected().has_content() {
                     run.ttft = Some(run.now_ms());
+                }
+                if run.first_answer.is_none() && !decoder.collected().text.is_empty() {
+                    run.first_answer = Some(run.now_ms());
+                    stall_armed.store(true, Ordering::Relaxed);
                 }
                 match step {
                     Ok(Step::Continue) => {}
@@ -528,6 +541,8 @@ struct Run {
     start: Instant,
     ttfb: Option<f64>,
     ttft: Option<f64>,
+    /// The first answer token (`ttft` counts reasoning tokens too).
+    first_answer: Option<f64>,
     status: Option<u16>,
     /// When the answer was complete, if that is earlier than the call's return: a body once
     /// read (parsing it is our time, not the upstream's), a stream at its end marker (the
@@ -541,6 +556,7 @@ impl Run {
             start,
             ttfb: None,
             ttft: None,
+            first_answer: None,
             status: None,
             end: None,
         }

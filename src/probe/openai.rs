@@ -11,7 +11,7 @@ use eventsource_stream::Event;
 use serde_json::{json, Value};
 
 use super::outcome::{scrub, ProbeError};
-use super::upstream::{classify_embedded, error_in};
+use super::upstream::{classify_embedded, error_in, DECLARED_ERROR_STATUS};
 use super::wire::{as_u32, event_json, Collected, Step, StreamDecoder};
 
 /// The request body. `system` is omitted when empty (the throughput probe sends none: the
@@ -96,7 +96,10 @@ impl StreamDecoder for OpenAiStream {
             return Err(classify_embedded(e));
         }
         if event.event == "error" {
-            return Err(ProbeError::Malformed {
+            // An `error` event is the provider declaring a failure, even in a shape we do
+            // not recognise.
+            return Err(ProbeError::Http {
+                status: DECLARED_ERROR_STATUS,
                 message: scrub(&format!("error event: {}", event.data)),
             });
         }
@@ -140,6 +143,13 @@ impl StreamDecoder for OpenAiStream {
         let Some(finish) = self.finish_reason.as_deref() else {
             return Err(ProbeError::Truncated);
         };
+        // Gateways (OpenRouter among them) end a failed stream with `finish_reason: "error"`.
+        if finish == "error" {
+            return Err(ProbeError::Http {
+                status: DECLARED_ERROR_STATUS,
+                message: "finish_reason: error".into(),
+            });
+        }
         if let Some(e) = refusal(Some(finish), &self.refusal) {
             return Err(e);
         }

@@ -1,5 +1,7 @@
 //! Reading a response body under two clocks: the longest silence tolerated between byte
-//! chunks (`first_byte_timeout`, else `Stalled`) and the whole call's deadline (`timeout`).
+//! chunks (else `Stalled`) and the whole call's deadline (`timeout`). A stream's silence is
+//! only tolerated without bound until its first answer token ([`Silence`]): a provider that
+//! sent its headers and queues the request is slow, not stalled.
 //!
 //! The silence is measured on *bytes*, below the SSE parser, on purpose: keep-alive comments
 //! (`: ping`) are data on the wire and prove the connection is alive even though they carry no
@@ -8,6 +10,8 @@
 //! `data:`, split UTF-8 sequences across chunks).
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -48,6 +52,27 @@ pub(crate) enum ReadFault {
 
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
+/// The longest silence tolerated between byte chunks. `Fixed` holds for the whole body;
+/// `AfterArmed` tolerates any silence (up to the deadline) until the reader arms it — at the
+/// first answer token — and `max` from then on.
+#[derive(Debug, Clone)]
+pub(crate) enum Silence {
+    Fixed(Duration),
+    AfterArmed {
+        max: Duration,
+        armed: Arc<AtomicBool>,
+    },
+}
+
+impl Silence {
+    fn current(&self) -> Option<Duration> {
+        match self {
+            Silence::Fixed(d) => Some(*d),
+            Silence::AfterArmed { max, armed } => armed.load(Ordering::Relaxed).then_some(*max),
+        }
+    }
+}
+
 /// The body's byte chunks, each awaited until `min(last byte + max_silence, deadline)`.
 /// `last_byte` starts at the moment the headers arrived. After a fault the stream ends.
 pub(crate) fn guarded_bytes(
@@ -56,22 +81,35 @@ pub(crate) fn guarded_bytes(
     max_silence: Duration,
     deadline: Instant,
 ) -> impl Stream<Item = Result<Bytes, BodyFault>> + Send {
+    guarded_bytes_with(body, last_byte, Silence::Fixed(max_silence), deadline)
+}
+
+/// [`guarded_bytes`] under any [`Silence`] policy.
+pub(crate) fn guarded_bytes_with(
+    body: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    last_byte: Instant,
+    silence: Silence,
+    deadline: Instant,
+) -> impl Stream<Item = Result<Bytes, BodyFault>> + Send {
     let body: ByteStream = Box::pin(body);
-    futures_util::stream::unfold(Some((body, last_byte)), move |state| async move {
-        let (mut body, last) = state?;
-        let silence_deadline = last + max_silence;
-        // A silence that would end before the call's deadline is a stall; otherwise the call
-        // simply ran out of time while data was flowing.
-        let (wake, fault) = if silence_deadline <= deadline {
-            (silence_deadline, BodyFault::Stalled)
-        } else {
-            (deadline, BodyFault::Timeout)
-        };
-        match tokio::time::timeout_at(wake, body.next()).await {
-            Err(_) => Some((Err(fault), None)),
-            Ok(None) => None,
-            Ok(Some(Err(e))) => Some((Err(BodyFault::Cut(describe_reqwest(e))), None)),
-            Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((body, Instant::now())))),
+    futures_util::stream::unfold(Some((body, last_byte)), move |state| {
+        let silence = silence.current();
+        async move {
+            let (mut body, last) = state?;
+            // A silence that would end before the call's deadline is a stall; otherwise the call
+            // simply ran out of time while data was flowing (or while the upstream queued).
+            let (wake, fault) = match silence.map(|s| last + s) {
+                Some(silence_deadline) if silence_deadline <= deadline => {
+                    (silence_deadline, BodyFault::Stalled)
+                }
+                _ => (deadline, BodyFault::Timeout),
+            };
+            match tokio::time::timeout_at(wake, body.next()).await {
+                Err(_) => Some((Err(fault), None)),
+                Ok(None) => None,
+                Ok(Some(Err(e))) => Some((Err(BodyFault::Cut(describe_reqwest(e))), None)),
+                Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((body, Instant::now())))),
+            }
         }
     })
 }

@@ -94,7 +94,8 @@ fn from_error_object(e: &serde_json::Map<String, Value>) -> UpstreamError {
     let kind = text("type");
     let status = status_field(e.get("status"))
         .or_else(|| status_field(e.get("code")))
-        .or_else(|| kind.as_deref().and_then(status_for_type));
+        .or_else(|| kind.as_deref().and_then(status_for_type))
+        .or_else(|| code.as_deref().and_then(status_for_type));
     let message = text("message")
         .or_else(|| code.clone())
         .or_else(|| kind.clone())
@@ -126,10 +127,11 @@ fn status_for_type(kind: &str) -> Option<u16> {
         "permission_error" => 403,
         "not_found_error" => 404,
         "request_too_large" => 413,
-        "rate_limit_error" => 429,
-        "api_error" | "server_error" => 500,
-        "timeout_error" => 504,
-        "overloaded_error" => 529,
+        "rate_limit_error" | "rate_limit_exceeded" | "rate_limited" => 429,
+        "api_error" | "server_error" | "internal_error" => 500,
+        "service_unavailable" => 503,
+        "timeout_error" | "timeout" => 504,
+        "overloaded_error" | "overloaded" => 529,
         _ => return None,
     })
 }
@@ -159,8 +161,10 @@ pub(crate) fn classify_status(
 }
 
 /// An error object found inside a 200 answer (an SSE error event or an error body). It is never
-/// a success: with a status it is `Http` (or `RateLimited` for 429), a content-policy code is
-/// `Refused`, and without either we cannot say more than `Malformed`.
+/// a success, and it is classified by what the provider declared: with a status (or a type
+/// that stands for one) it is `Http` (or `RateLimited` for 429), a content-policy code is
+/// `Refused`. A declared error that names neither still says the upstream failed: `Http` 502.
+/// `Malformed` is kept for bytes that do not parse.
 pub(crate) fn classify_embedded(e: UpstreamError) -> ProbeError {
     if e.is_content_policy() {
         return ProbeError::Refused { message: e.message };
@@ -174,16 +178,84 @@ pub(crate) fn classify_embedded(e: UpstreamError) -> ProbeError {
             status,
             message: e.message,
         },
-        None => ProbeError::Malformed {
-            message: scrub(&format!("error inside a 200 answer: {}", e.message)),
+        None => ProbeError::Http {
+            status: DECLARED_ERROR_STATUS,
+            message: e.message,
         },
     }
 }
 
+/// The status given to an error declared inside a 200 answer that names no status of its own.
+pub(crate) const DECLARED_ERROR_STATUS: u16 = 502;
+
 /// How long the upstream asks us to wait. `retry-after-ms` (OpenAI, Azure) wins when present,
 /// then `Retry-After` as delta-seconds (fractions tolerated) or an HTTP-date relative to `now`
-/// (a date in the past means "now": 0).
+/// (a date in the past means "now": 0), then OpenAI's `x-ratelimit-reset-*` ([`ratelimit_reset_ms`]).
 pub(crate) fn retry_after_ms(headers: &HeaderMap, now: DateTime<Utc>) -> Option<u64> {
+    retry_after_header_ms(headers, now).or_else(|| ratelimit_reset_ms(headers))
+}
+
+/// OpenAI's `x-ratelimit-reset-requests` / `x-ratelimit-reset-tokens` (`1s`, `6m0s`, `20ms`):
+/// when the matching `x-ratelimit-remaining-*` says which limit is spent, its reset; otherwise
+/// the later of the two (the rest must outlast whichever limit was hit).
+pub(crate) fn ratelimit_reset_ms(headers: &HeaderMap) -> Option<u64> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let limits = ["requests", "tokens"].map(|l| {
+        let reset = header(&format!("x-ratelimit-reset-{l}")).and_then(parse_go_duration_ms);
+        let spent = header(&format!("x-ratelimit-remaining-{l}"))
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|n| n == 0);
+        (reset, spent)
+    });
+    let spent = limits
+        .iter()
+        .filter(|(_, spent)| *spent)
+        .filter_map(|(r, _)| *r)
+        .max();
+    spent.or_else(|| limits.iter().filter_map(|(r, _)| *r).max())
+}
+
+/// A Go-style duration (`6m0s`, `1.5s`, `20ms`, `1h2m`), or bare seconds; `None` when it is
+/// neither. Bounded: anything past a day is a day (a bogus header must not read as forever).
+pub(crate) fn parse_go_duration_ms(s: &str) -> Option<u64> {
+    const DAY_MS: f64 = 86_400_000.0;
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0)
+            .then(|| (secs * 1000.0).min(DAY_MS).round() as u64);
+    }
+    let mut rest = s;
+    let mut total = 0.0f64;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..num_len].parse().ok()?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let factor = match &rest[..unit_len] {
+            "h" => 3_600_000.0,
+            "m" => 60_000.0,
+            "s" => 1000.0,
+            "ms" => 1.0,
+            "us" | "µs" => 0.001,
+            "ns" => 0.000_001,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += value * factor;
+    }
+    (!s.is_empty() && total.is_finite()).then(|| total.min(DAY_MS).round() as u64)
+}
+
+fn retry_after_header_ms(headers: &HeaderMap, now: DateTime<Utc>) -> Option<u64> {
     let header = |name: &str| {
         headers
             .get(name)
@@ -262,6 +334,47 @@ mod tests {
     }
 
     #[test]
+    fn go_durations_of_ratelimit_resets() {
+        for (s, ms) in [
+            ("1s", Some(1000)),
+            ("6m0s", Some(360_000)),
+            ("20ms", Some(20)),
+            ("1.5s", Some(1500)),
+            ("1h2m3s", Some(3_723_000)),
+            ("2", Some(2000)),
+            ("0s", Some(0)),
+            ("100h", Some(86_400_000)),
+            ("", None),
+            ("soon", None),
+            ("5x", None),
+            ("s", None),
+        ] {
+            assert_eq!(parse_go_duration_ms(s), ms, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn ratelimit_resets_count_as_retry_after_when_it_is_absent() {
+        // The spent limit's reset wins.
+        let h = headers(&[
+            ("x-ratelimit-reset-requests", "1s"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-remaining-tokens", "1200"),
+        ]);
+        assert_eq!(retry_after_ms(&h, now()), Some(1000));
+        // Without remaining counts: the later reset.
+        let h = headers(&[
+            ("x-ratelimit-reset-requests", "20ms"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        ]);
+        assert_eq!(retry_after_ms(&h, now()), Some(360_000));
+        // Retry-After, when present, is what the upstream asked for.
+        let h = headers(&[("retry-after", "3"), ("x-ratelimit-reset-tokens", "6m0s")]);
+        assert_eq!(retry_after_ms(&h, now()), Some(3000));
+    }
+
+    #[test]
     fn content_policy_400s_are_refusals() {
         let dashscope = br#"{"error":{"code":"data_inspection_failed","message":"Input data may contain inappropriate content.","type":"data_inspection_failed"}}"#;
         assert!(matches!(
@@ -308,10 +421,29 @@ mod tests {
             classify_embedded(error_in(&openai).unwrap()).status(),
             Some(503)
         );
+        // A declared error that names no status is still the upstream failing, not bytes
+        // that do not parse.
         let unknown = serde_json::json!({"error":{"message":"something"}});
-        assert!(matches!(
+        assert_eq!(
             classify_embedded(error_in(&unknown).unwrap()),
-            ProbeError::Malformed { .. }
+            ProbeError::Http {
+                status: DECLARED_ERROR_STATUS,
+                message: "something".into()
+            }
+        );
+        // OpenRouter's mid-stream error: a string code naming the kind.
+        let openrouter = serde_json::json!({"id":"gen-1","object":"chat.completion.chunk",
+            "error":{"code":"server_error","message":"Provider disconnected unexpectedly"},
+            "choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}]});
+        assert_eq!(
+            classify_embedded(error_in(&openrouter).unwrap()).status(),
+            Some(500)
+        );
+        let throttled =
+            serde_json::json!({"error":{"code":"rate_limit_exceeded","message":"slow down"}});
+        assert!(matches!(
+            classify_embedded(error_in(&throttled).unwrap()),
+            ProbeError::RateLimited { .. }
         ));
         let answer = serde_json::json!({"choices":[], "message":"x", "code":"y"});
         assert_eq!(error_in(&answer), None);

@@ -93,8 +93,24 @@ pub async fn serve(
     config: SimConfig,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let sim = Arc::new(server::Sim::new(config, shutdown.clone()));
-    server::serve(listener, sim, shutdown).await
+    serve_from(listener, config, std::time::Duration::ZERO, shutdown).await
+}
+
+/// [`serve`], with the scenarios already `elapsed` into their timelines (scenario time): a
+/// drill or a test can start inside an incident instead of waiting for it.
+pub async fn serve_from(
+    listener: tokio::net::TcpListener,
+    config: SimConfig,
+    elapsed: std::time::Duration,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let scale = if config.time_scale.is_finite() && config.time_scale > 0.0 {
+        config.time_scale
+    } else {
+        1.0
+    };
+    let sim = server::Sim::new(config, shutdown.clone()).rewind(elapsed.div_f64(scale));
+    server::serve(listener, Arc::new(sim), shutdown).await
 }
 
 /// The OpenAI-compatible base URL of one simulated provider region on a server at `addr`:

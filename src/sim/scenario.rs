@@ -178,6 +178,10 @@ pub struct Behaviour {
     pub tokens_per_second: f64,
     pub fault: Option<Fault>,
     pub version: Version,
+    /// A stream waiting for its first token sends SSE keep-alive comments (as many gateways
+    /// do). `false`: headers at once, then silence until the first token, as vLLM and other
+    /// Starlette/FastAPI servers queue a request.
+    pub keepalive: bool,
 }
 
 impl Behaviour {
@@ -305,12 +309,14 @@ fn healthy<R: Rng + ?Sized>(rng: &mut R) -> Behaviour {
         tokens_per_second: HEALTHY_TPS * log_normal(rng, 1.0, 0.08),
         fault,
         version: Version::Current,
+        keepalive: true,
     }
 }
 
-/// Seed 000's capacity event: requests queue (no errors), the probe's total is log-normal
-/// with median 6 s and p95 ≈ 14 s. Headers still come within ~3 s, so a streaming client sees
-/// a slow success (the server keeps the stream alive with SSE comments while it "queues").
+/// A capacity event: requests queue (no errors), the probe's total is log-normal with median
+/// 6 s and p95 ≈ 14 s. Headers still come within ~3 s, then the stream is silent until its
+/// first token, with no keep-alive comments (the way vLLM-style servers queue): a client
+/// must see a slow success, not a stall.
 fn latency_spike<R: Rng + ?Sized>(rng: &mut R) -> Behaviour {
     let tps = 45.0 * log_normal(rng, 1.0, 0.1);
     let total = log_normal(rng, 6.0, 0.52).clamp(0.5, 40.0);
@@ -326,6 +332,7 @@ fn latency_spike<R: Rng + ?Sized>(rng: &mut R) -> Behaviour {
         tokens_per_second: tps,
         fault,
         version: Version::Current,
+        keepalive: false,
     }
 }
 

@@ -75,9 +75,8 @@ impl Sim {
         }
     }
 
-    /// Pretends the server started `by` earlier, to land a test inside a scenario's window.
-    #[cfg(test)]
-    fn rewind(mut self, by: Duration) -> Self {
+    /// Pretends the server started `by` (wall time) earlier, to land inside a scenario's window.
+    pub(super) fn rewind(mut self, by: Duration) -> Self {
         self.started = self.started.checked_sub(by).unwrap_or(self.started);
         self
     }
@@ -332,7 +331,7 @@ async fn chat(
         let script = Script {
             frames,
             hang: stall.is_some(),
-            keepalive: ": keep-alive\n\n",
+            keepalive: b.keepalive.then_some(": keep-alive\n\n"),
             shutdown: sim.shutdown.clone(),
             _guard: guard,
         };
@@ -361,7 +360,7 @@ async fn chat(
     let script = Script {
         frames,
         hang: stall.is_some(),
-        keepalive: "\n",
+        keepalive: Some("\n"),
         shutdown: sim.shutdown.clone(),
         _guard: guard,
     };
@@ -374,7 +373,8 @@ struct Script {
     frames: VecDeque<(Instant, String)>,
     /// After the last frame, go silent (a stall) instead of ending.
     hang: bool,
-    keepalive: &'static str,
+    /// Sent while waiting long for the next frame; `None`: silence.
+    keepalive: Option<&'static str>,
     shutdown: CancellationToken,
     _guard: InFlight,
 }
@@ -408,12 +408,15 @@ fn play(script: Script) -> impl futures_util::Stream<Item = Result<Bytes, Infall
             // Shutdown ends a stall or a stream mid-way: the client sees it cut.
             return None;
         };
-        if at > Instant::now() + KEEPALIVE_EVERY {
+        if let Some(keepalive) = s
+            .keepalive
+            .filter(|_| at > Instant::now() + KEEPALIVE_EVERY)
+        {
             tokio::select! {
                 _ = s.shutdown.cancelled() => return None,
                 _ = tokio::time::sleep(KEEPALIVE_EVERY) => {}
             }
-            let ka = Bytes::from_static(s.keepalive.as_bytes());
+            let ka = Bytes::from_static(keepalive.as_bytes());
             return Some((Ok::<_, Infallible>(ka), s));
         }
         tokio::select! {
@@ -585,7 +588,7 @@ mod tests {
                 (t0 + Duration::from_millis(3500), "token".to_owned()),
             ]),
             hang: true,
-            keepalive: ": keep-alive\n\n",
+            keepalive: Some(": keep-alive\n\n"),
             shutdown: shutdown.clone(),
             _guard: InFlight::new(&sim),
         };
