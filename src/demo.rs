@@ -140,6 +140,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
                     first_byte_timeout: None,
                     max_tokens: None,
                     slo: None,
+                    confirm_after: None,
                 });
             }
         }

@@ -15,7 +15,7 @@ use super::raw::{
 };
 use super::validate::Checker;
 use super::{
-    AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
+    AlertChannelsConfig, AlertingConfig, ConfirmAfter, Behaviour, BreakerConfig, Buckets, BudgetConfig,
     ChannelOptions, Config, ConfigErrors, ContractConfig, DetectionConfig, Diagnostic, DriftConfig,
     DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded, MaintenanceConfig,
     ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig, RouteConfig, ServerConfig,
@@ -193,6 +193,8 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             system: r.system.unwrap_or(d.system),
             user: r.user.unwrap_or(d.user),
             expect: r.expect.unwrap_or(d.expect),
+            confirm_after: confirm_after(ck, "probe.confirm_after", r.confirm_after)
+                .unwrap_or(d.confirm_after),
         }
     };
 
@@ -690,7 +692,15 @@ fn route(ck: &mut Checker<'_>, i: usize, r: RawRoute) -> RouteConfig {
         first_byte_timeout: opt_duration(ck, "first_byte_timeout", r.first_byte_timeout),
         max_tokens: opt_uint(ck, "max_tokens", r.max_tokens, 1),
         slo: r.slo,
+        confirm_after: confirm_after(ck, &format!("{p}.confirm_after"), r.confirm_after),
     }
+}
+
+/// `confirm_after`: `"off"`, `"interval/N"` or a duration; `None` when absent or invalid
+/// (reported).
+fn confirm_after(ck: &mut Checker<'_>, path: &str, raw: Option<String>) -> Option<ConfirmAfter> {
+    let s = raw?;
+    ConfirmAfter::parse(&s).map_err(|e| ck.fail(path, e)).ok()
 }
 
 fn parse_duration(ck: &mut Checker<'_>, path: &str, s: &str) -> Result<Duration, ()> {

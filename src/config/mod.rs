@@ -149,7 +149,7 @@ impl Default for StorageConfig {
 }
 
 /// `[probe]`: defaults for every route; a route may override `interval`, `timeout`,
-/// `first_byte_timeout` and `max_tokens`.
+/// `first_byte_timeout`, `max_tokens` and `confirm_after`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeConfig {
     pub interval: Duration,
@@ -170,6 +170,8 @@ pub struct ProbeConfig {
     pub user: String,
     /// Compared with the answer after trimming whitespace (drift signal).
     pub expect: String,
+    /// Confirmation probes after an abnormal one (see [`ConfirmAfter`]).
+    pub confirm_after: ConfirmAfter,
 }
 
 impl Default for ProbeConfig {
@@ -191,9 +193,59 @@ impl Default for ProbeConfig {
             system: "Reply with exactly: PROBE_OK".into(),
             user: "health check".into(),
             expect: "PROBE_OK".into(),
+            confirm_after: ConfirmAfter::Fraction(6),
         }
     }
 }
+
+// ---- Confirmation probes (`[probe] confirm_after`, per route too) ----
+
+/// How soon after an abnormal probe the route is probed again, to confirm it before the next
+/// tick of its regular grid: a fixed duration, a fraction of the route's interval
+/// (`"interval/6"`, the default), or `"off"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfirmAfter {
+    Off,
+    After(Duration),
+    /// `interval / N`, N ≥ 2 (`interval/1` would be the grid itself).
+    Fraction(u32),
+}
+
+impl ConfirmAfter {
+    /// Parses `"off"`, `"interval/N"` or a duration (`"5s"`); the error is a sentence.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("off") {
+            return Ok(Self::Off);
+        }
+        if let Some(n) = t.strip_prefix("interval/") {
+            return match n.trim().parse::<u32>() {
+                Ok(n) if n >= 2 => Ok(Self::Fraction(n)),
+                _ => Err(format!(
+                    "invalid fraction {s:?}: write \"interval/N\" with a whole N of at least 2"
+                )),
+            };
+        }
+        match humantime::parse_duration(t) {
+            Ok(d) if !d.is_zero() => Ok(Self::After(d)),
+            Ok(_) => Err("must be positive (write \"off\" to disable confirmations)".into()),
+            Err(e) => Err(format!(
+                "invalid value {s:?}: {e} (write a duration like \"5s\", \"interval/6\" or \"off\")"
+            )),
+        }
+    }
+
+    /// The delay for a route probed every `interval`; `None` when off.
+    pub fn resolve(self, interval: Duration) -> Option<Duration> {
+        match self {
+            Self::Off => None,
+            Self::After(d) => Some(d),
+            Self::Fraction(n) => Some(interval / n.max(1)),
+        }
+    }
+}
+
+// ---- end of confirmation probes ----
 
 /// How baselines are bucketed by time of day (in [`DetectionConfig::timezone`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -331,6 +383,8 @@ pub struct RouteConfig {
     pub max_tokens: Option<u32>,
     /// Availability target; `[slo] availability` when absent.
     pub slo: Option<f64>,
+    /// Overrides `[probe] confirm_after` for this route.
+    pub confirm_after: Option<ConfirmAfter>,
 }
 
 impl Default for RouteConfig {
@@ -351,6 +405,7 @@ impl Default for RouteConfig {
             first_byte_timeout: None,
             max_tokens: None,
             slo: None,
+            confirm_after: None,
         }
     }
 }
@@ -822,8 +877,9 @@ impl Config {
     /// `[probe]` merged with one route's overrides.
     pub fn probe_settings(&self, route: &RouteConfig) -> ProbeSettings {
         let p = &self.probe;
+        let interval = route.interval.unwrap_or(p.interval);
         ProbeSettings {
-            interval: route.interval.unwrap_or(p.interval),
+            interval,
             first_byte_timeout: route.first_byte_timeout.unwrap_or(p.first_byte_timeout),
             timeout: route.timeout.unwrap_or(p.timeout),
             jitter: p.jitter,
@@ -835,6 +891,10 @@ impl Config {
             system: p.system.clone(),
             user: p.user.clone(),
             expect: p.expect.clone(),
+            confirm_after: route
+                .confirm_after
+                .unwrap_or(p.confirm_after)
+                .resolve(interval),
         }
     }
 
