@@ -10,7 +10,8 @@
 //!   there, and a failing provider is not loaded with extra probes.
 //! - Never more than `degraded_after` in a row: the streak that reaches DEGRADED ends them.
 //! - After an abnormal latency the confirmation is a throughput probe, whose first token and
-//!   tokens/s tell queueing from throttling ([`super::split`]).
+//!   tokens/s tell queueing from throttling ([`super::split`]); low tokens/s are confirmed by
+//!   a throughput probe too (nothing else measures them); failures by a plain probe.
 
 use super::classify::Dims;
 use super::route_health::RouteHealth;
@@ -29,7 +30,12 @@ pub fn confirmation(
     if h.last_core.is_empty() || h.state().is_incident() || h.streak() >= cfg.degraded_after {
         return None;
     }
-    if o.kind == OutcomeKind::Probe && h.last_core.contains(Dims::LATENCY) && o.success {
+    // Only a throughput probe measures tokens/s: it confirms low tokens/s, and it splits an
+    // abnormal latency into first token vs. tokens/s.
+    let core = h.last_core;
+    let latency_from_probe =
+        o.kind == OutcomeKind::Probe && o.success && core.contains(Dims::LATENCY);
+    if core.contains(Dims::THROUGHPUT) || latency_from_probe {
         Some(OutcomeKind::Throughput)
     } else {
         Some(OutcomeKind::Probe)

@@ -199,6 +199,10 @@ impl Detector {
             return None; // the client's own error: nothing about the route
         }
         let mut j = j;
+        if h.open.is_empty() {
+            // Not in trouble: earlier verdicts describe a healthy route, not this trouble.
+            h.split = Split::default();
+        }
         if let Some(t) = &j.ttft {
             h.split.ttft = Some(t.clone());
         }
