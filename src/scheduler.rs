@@ -333,7 +333,11 @@ async fn route_loop(
             }
             confirmed += 1;
             running_confirm = true;
-            running = Some(tokio::spawn(probe_once(shared.clone(), route.clone(), kind)));
+            running = Some(tokio::spawn(probe_once(
+                shared.clone(),
+                route.clone(),
+                kind,
+            )));
             continue;
         }
         if kind == OutcomeKind::Probe {

@@ -88,7 +88,9 @@ enum Trouble {
     Blip,
     /// Requests hang until `release`, then all get a 503 at that instant (and fast 503s
     /// after it).
-    HangThen503 { release: Duration },
+    HangThen503 {
+        release: Duration,
+    },
     /// First token at 13 s, tokens/s normal.
     Queueing,
     /// First token on time, 8 tokens/s.
@@ -168,7 +170,11 @@ impl Prober for Upstream {
             }
             let started_at = self.clock.now();
             let b = self.behaviour(elapsed);
-            let tokens = if kind == OutcomeKind::Throughput { 80 } else { 3 };
+            let tokens = if kind == OutcomeKind::Throughput {
+                80
+            } else {
+                3
+            };
             let outcome = if b.fails() {
                 tokio::time::sleep(b.headers_after).await;
                 ProbeOutcome {
@@ -235,7 +241,11 @@ fn warmed(det: &Detector, cfg: &DetectionConfig, id: &RouteId) -> (RouteHealth, 
         } else {
             OutcomeKind::Probe
         };
-        let tokens = if kind == OutcomeKind::Throughput { 80 } else { 3 };
+        let tokens = if kind == OutcomeKind::Throughput {
+            80
+        } else {
+            3
+        };
         let o = ProbeOutcome {
             route: id.clone(),
             kind,
@@ -456,7 +466,10 @@ async fn confirmations_of_a_provider_wide_outage_are_spread() {
     // (grid ticks of 100 routes are 0.3 s apart: at most one in any 100 ms).
     let window = INTERVAL / 6;
     let confirmations = after.iter().filter(|at| **at >= release + window).count();
-    assert!(confirmations >= 40, "{confirmations} calls after the window");
+    assert!(
+        confirmations >= 40,
+        "{confirmations} calls after the window"
+    );
     let most_in_100ms = after
         .iter()
         .map(|a| {

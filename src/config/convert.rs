@@ -15,11 +15,11 @@ use super::raw::{
 };
 use super::validate::Checker;
 use super::{
-    AlertChannelsConfig, AlertingConfig, ConfirmAfter, Behaviour, BreakerConfig, Buckets, BudgetConfig,
-    ChannelOptions, Config, ConfigErrors, ContractConfig, DetectionConfig, Diagnostic, DriftConfig,
-    DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded, MaintenanceConfig,
-    ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig, RouteConfig, ServerConfig,
-    SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
+    AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
+    ChannelOptions, Config, ConfigErrors, ConfirmAfter, ContractConfig, DetectionConfig,
+    Diagnostic, DriftConfig, DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded,
+    MaintenanceConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig,
+    RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
 };
 use crate::alert::{Lang, Severity};
 use crate::route::{Capability, ProviderKind};

@@ -34,7 +34,6 @@
 //! **Behaviour.** A `PROBE_OK` mismatch marks `behavior_changed` and on its own never raises
 //! the state above `WARNING` (drift has its own handling).
 
-
 use chrono::{DateTime, Utc};
 
 use super::baseline::{Baseline, LatencyRef, TpsRef};
@@ -788,4 +787,3 @@ mod tests {
         assert_eq!(critical.at, s(3600 + 60 + 120));
     }
 }
-

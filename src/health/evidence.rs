@@ -105,4 +105,3 @@ pub struct Incident {
     /// The first [`super::detector::MAX_INCIDENT_TRANSITIONS`] transitions, then the closing one.
     pub transitions: Vec<Transition>,
 }
-

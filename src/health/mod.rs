@@ -47,9 +47,9 @@ pub use baseline::{Baseline, BaselineSnapshot, LatencyRef, TpsRef};
 pub use classify::{Dims, Judgement, Signal};
 pub use detector::Detector;
 pub use evidence::{ErrorRateEvidence, Evidence, Incident, Observed, Threshold, Transition};
+pub use findings::{Finding, FindingKind, RouteSummary};
 pub use route_health::{RouteHealth, Suppression};
 pub use split::{Split, TpsCheck, TtftCheck};
-pub use findings::{Finding, FindingKind, RouteSummary};
 pub use status::{HealthEvent, HealthRx, HealthSnapshot, IncidentSummary, RouteStatus};
 
 /// A route's state. `SWITCHED` is an overlay set by the switch controller; the detector keeps

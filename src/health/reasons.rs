@@ -79,4 +79,3 @@ pub(super) fn streak_threshold(streak: u32, limit: u32) -> Threshold {
         limit: f64::from(limit),
     }
 }
-

@@ -27,7 +27,6 @@ pub enum Suppression {
     RequestSide,
 }
 
-
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub(super) struct ModeCounts {
     pub(super) failures: u32,
@@ -250,4 +249,3 @@ impl RouteHealth {
         self.passive_high_since
     }
 }
-

@@ -94,10 +94,7 @@ impl Split {
                         "on time"
                     }
                 ),
-                None => format!(
-                    "throttled or reduced capacity: {}",
-                    tps.unwrap_or_default()
-                ),
+                None => format!("throttled or reduced capacity: {}", tps.unwrap_or_default()),
             },
         })
     }
