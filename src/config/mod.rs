@@ -245,6 +245,68 @@ impl ConfirmAfter {
     }
 }
 
+#[cfg(test)]
+mod confirm_after_tests {
+    use super::*;
+
+    fn config(probe: &str, route: &str) -> Result<Config, ConfigErrors> {
+        let src = format!(
+            "[probe]\ninterval = \"30s\"\n{probe}\n\n[[provider]]\nid = \"p\"\nkind = \"openai\"\n  \
+             [[provider.region]]\n  id = \"r\"\n  base_url = \"http://127.0.0.1:9/v1\"\n\n\
+             [[route]]\nprovider = \"p\"\nregion = \"r\"\nmodel = \"m\"\nserves = \"chat\"\n{route}\n"
+        );
+        Config::parse(&src, "t.toml").map(|l| l.config)
+    }
+
+    #[test]
+    fn parses_fractions_durations_and_off() {
+        assert_eq!(
+            ConfirmAfter::parse("interval/6"),
+            Ok(ConfirmAfter::Fraction(6))
+        );
+        assert_eq!(
+            ConfirmAfter::parse("4s"),
+            Ok(ConfirmAfter::After(Duration::from_secs(4)))
+        );
+        assert_eq!(ConfirmAfter::parse("off"), Ok(ConfirmAfter::Off));
+        for bad in ["interval/1", "interval/0", "interval/x", "0s", "soon"] {
+            assert!(ConfirmAfter::parse(bad).is_err(), "{bad}");
+        }
+        let d = Duration::from_secs(30);
+        assert_eq!(
+            ConfirmAfter::Fraction(6).resolve(d),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(ConfirmAfter::Off.resolve(d), None);
+    }
+
+    #[test]
+    fn defaults_to_a_sixth_of_the_interval_and_a_route_overrides_it() {
+        let c = config("", "interval = \"60s\"").unwrap();
+        assert_eq!(
+            c.routes()[0].probe.confirm_after,
+            Some(Duration::from_secs(10))
+        );
+        let c = config("confirm_after = \"3s\"", "confirm_after = \"off\"").unwrap();
+        assert_eq!(
+            c.probe.confirm_after,
+            ConfirmAfter::After(Duration::from_secs(3))
+        );
+        assert_eq!(c.routes()[0].probe.confirm_after, None);
+        let e = config("confirm_after = \"interval/1\"", "")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("t.toml:3:") && e.contains("probe.confirm_after"),
+            "{e}"
+        );
+        let e = config("", "confirm_after = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("route[0].confirm_after"), "{e}");
+    }
+}
+
 // ---- end of confirmation probes ----
 
 /// How baselines are bucketed by time of day (in [`DetectionConfig::timezone`]).
