@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, TimeZone, Utc};
 use probeok::config::DetectionConfig;
-use probeok::health::{Baseline, Detector, RouteHealth, State};
+use probeok::health::{confirm, Baseline, Detector, RouteHealth, State};
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::route::RouteId;
 use rand::{Rng, SeedableRng};
@@ -181,13 +181,52 @@ enum Fault {
     SoftRateLimit,
 }
 
+/// `[probe] confirm_after` at its default, `interval/6` of 30 s.
+const CONFIRM_AFTER_S: f64 = 5.0;
+
+/// A confirmation probe of `kind` during `fault` (the same outcomes the grid sees; a
+/// throughput probe during the latency spike waits as long for its first token).
+fn faulty(
+    r: &RouteId,
+    kind: OutcomeKind,
+    fault: Fault,
+    now: DateTime<Utc>,
+    rng: &mut impl Rng,
+) -> ProbeOutcome {
+    if kind == OutcomeKind::Throughput {
+        let o = with_tps(outcome(r, OutcomeKind::Throughput, now), 50.0);
+        return match fault {
+            Fault::HardOutage => fail(o),
+            Fault::LatencySpike => {
+                let mut o = o;
+                let first = lognormal(rng, 13_000.0, 0.1) * 0.8;
+                o.ttft_ms = Some(first);
+                o.total_ms = first + 1600.0;
+                o
+            }
+            Fault::SoftRateLimit => with_tps(o, 8.0),
+        };
+    }
+    let o = probe(r, now, lognormal(rng, 1100.0, 0.1));
+    match fault {
+        Fault::HardOutage => fail(o),
+        Fault::LatencySpike => probe(r, now, lognormal(rng, 13_000.0, 0.1)),
+        Fault::SoftRateLimit => probe(r, now, o.total_ms + 300.0),
+    }
+}
+
 /// Seconds from the fault's onset to DEGRADED (and to WARNING), with probes every 30 s
 /// starting `phase_ds` deciseconds after the onset, throughput probes every 5 min at a random
 /// phase, and optionally passive traffic at 10/s. Time moves in 0.1 s steps; a tick every 1 s.
+/// With `confirm`, an abnormal probe or throughput outcome is followed by a confirmation
+/// `confirm_after` (5 s, a sixth of the interval) after it completed, as the scheduler does
+/// for the health service: at most `degraded_after` between two grid probes, none when the
+/// grid probe comes first.
 fn detect(
     cfg: &DetectionConfig,
     fault: Fault,
     passive: bool,
+    confirm: bool,
     phase_ds: i64,
     seed: u64,
 ) -> (f64, f64) {
@@ -197,11 +236,20 @@ fn detect(
     let (mut warn, mut degr) = (f64::NAN, f64::NAN);
     let tp_phase_ds: i64 = rng.gen_range(0..3000);
     let mut ds: i64 = 0;
+    let mut pending: Option<(OutcomeKind, i64)> = None;
+    let mut confirmed = 0u32;
     while ds < 36_000 && degr.is_nan() {
         let s = ds as f64 / 10.0;
         let now = at(start + s);
         let mut events: Vec<ProbeOutcome> = Vec::new();
+        if let Some((kind, _)) = pending.filter(|(_, due)| *due == ds) {
+            pending = None;
+            confirmed += 1;
+            events.push(faulty(&r, kind, fault, now, &mut rng));
+        }
         if ds >= phase_ds && (ds - phase_ds) % 300 == 0 {
+            confirmed = 0;
+            pending = None;
             let o = probe(&r, now, lognormal(&mut rng, 1100.0, 0.1));
             events.push(match fault {
                 Fault::HardOutage => fail(o),
@@ -229,6 +277,20 @@ fn detect(
         let mut ts = Vec::new();
         for o in &events {
             ts.extend(det.ingest(&mut h, &mut b, o, now));
+            if !confirm || pending.is_some() || confirmed >= cfg.degraded_after {
+                continue;
+            }
+            if let Some(kind) = confirm::confirmation(&h, o, cfg) {
+                let due = ds + ((o.total_ms / 1000.0 + CONFIRM_AFTER_S) * 10.0).round() as i64;
+                let next_grid = if ds < phase_ds {
+                    phase_ds
+                } else {
+                    phase_ds + ((ds - phase_ds) / 300 + 1) * 300
+                };
+                if due < next_grid {
+                    pending = Some((kind, due));
+                }
+            }
         }
         if ds % 10 == 0 {
             ts.extend(det.tick(&mut h, now));
@@ -256,9 +318,9 @@ fn mttd(cfg: &DetectionConfig) {
         ("latency spike (1.1 s → 13 s)", Fault::LatencySpike),
         ("soft rate limit (50 → 8 tokens/s)", Fault::SoftRateLimit),
     ] {
-        for passive in [false, true] {
+        for (passive, confirm) in [(false, false), (false, true), (true, false), (true, true)] {
             let runs: Vec<(f64, f64)> = (0..12)
-                .map(|k| detect(cfg, fault, passive, 25 * k as i64, 100 + k))
+                .map(|k| detect(cfg, fault, passive, confirm, 25 * k as i64, 100 + k))
                 .collect();
             let mean = |f: &dyn Fn(&(f64, f64)) -> f64| {
                 runs.iter().map(f).sum::<f64>() / runs.len() as f64
@@ -266,11 +328,16 @@ fn mttd(cfg: &DetectionConfig) {
             let d = mean(&|x| x.1);
             let w = mean(&|x| x.0);
             println!(
-                "  {name:<36} {:<16} {:>7.1} s = {:>5.2} probe intervals  [WARNING {:>6.1} s]",
+                "  {name:<36} {:<16} {:<15} {:>7.1} s = {:>5.2} probe intervals  [WARNING {:>6.1} s]",
                 if passive {
                     "+ passive 10/s"
                 } else {
                     "probes only"
+                },
+                if confirm {
+                    "confirmations"
+                } else {
+                    "grid only"
                 },
                 d,
                 d / 30.0,
@@ -280,18 +347,23 @@ fn mttd(cfg: &DetectionConfig) {
     }
 }
 
-fn false_alarms(cfg: &DetectionConfig) {
+/// A healthy, jittery route for a day after a day of warm-up; with `confirm`, every
+/// confirmation detection asks for is another draw from the same healthy distribution
+/// (`CONFIRM_AFTER_S` later, at most `degraded_after` before the next grid probe). Returns
+/// (WARNING/day, DEGRADED/day, confirmation probes/day) over `days` days.
+fn healthy_days(cfg: &DetectionConfig, sigma: f64, confirm: bool, days: u64) -> (f64, f64, f64) {
     let r = RouteId::new("qwen", "cn", "qwen-max");
-    for sigma in [0.1, 0.15, 0.2] {
-        let (mut w, mut d) = (0, 0);
-        let days = 10;
-        for seed in 0..days {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + seed);
-            let det = Detector::new(cfg);
-            let mut h = det.route(r.clone(), at(0.0));
-            let mut b = Baseline::new(r.clone(), cfg);
-            for i in 0..2880 * 2 {
-                let now = at(30.0 * i as f64);
+    let (mut w, mut d, mut extra) = (0, 0, 0);
+    for seed in 0..days {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + seed);
+        let det = Detector::new(cfg);
+        let mut h = det.route(r.clone(), at(0.0));
+        let mut b = Baseline::new(r.clone(), cfg);
+        for i in 0..2880 * 2 {
+            let mut now_s = 30.0 * i as f64;
+            let mut confirmations = 0;
+            loop {
+                let now = at(now_s);
                 let o = probe(&r, now, lognormal(&mut rng, 1100.0, sigma));
                 let o = if rng.gen_bool(0.001) { fail(o) } else { o };
                 let t = det.ingest(&mut h, &mut b, &o, now);
@@ -303,13 +375,36 @@ fn false_alarms(cfg: &DetectionConfig) {
                         _ => {}
                     }
                 }
+                let next = now_s + o.total_ms / 1000.0 + CONFIRM_AFTER_S;
+                let again = confirm
+                    && confirmations < cfg.degraded_after
+                    && next < 30.0 * (i + 1) as f64
+                    && confirm::confirmation(&h, &o, cfg).is_some();
+                if !again {
+                    break;
+                }
+                confirmations += 1;
+                if i >= 2880 {
+                    extra += 1;
+                }
+                now_s = next;
             }
         }
-        println!(
-            "false transitions, healthy route, log-normal σ={sigma}, 0.1% failures: {:.1} WARNING/day, {:.2} DEGRADED/day (mean of {days} days)",
-            w as f64 / days as f64,
-            d as f64 / days as f64
-        );
+    }
+    let per_day = |x: u64| x as f64 / days as f64;
+    (per_day(w), per_day(d), per_day(extra))
+}
+
+fn false_alarms(cfg: &DetectionConfig) {
+    let days = 10;
+    for sigma in [0.1, 0.15, 0.2] {
+        for confirm in [false, true] {
+            let (w, d, extra) = healthy_days(cfg, sigma, confirm, days);
+            println!(
+                "false transitions, healthy route, log-normal σ={sigma}, 0.1% failures, {}: {w:.1} WARNING/day, {d:.2} DEGRADED/day, {extra:.1} confirmation probes/day (mean of {days} days)",
+                if confirm { "confirmations" } else { "grid only" }
+            );
+        }
     }
 }
 

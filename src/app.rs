@@ -146,6 +146,8 @@ pub async fn start_with(
     .await?;
     let health_rx = health.subscribe();
     let health_commands = health.commands();
+    // Confirmation probes: detection asks the scheduler to probe an abnormal route again soon.
+    let confirms = health.confirmations();
     // Detection ends once the recorder and the passive drain have dropped their senders.
     let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
     let health_task = tokio::spawn(health.run(detect_rx, shutdown.clone()));
@@ -173,12 +175,16 @@ pub async fn start_with(
 
     let metrics = Arc::new(web::Metrics::new(&routes));
     let (sched_tx, sched_rx) = mpsc::channel(1024);
-    let scheduler_task = tokio::spawn(scheduler::run(
+    let scheduler_task = tokio::spawn(scheduler::run_with_confirmations(
         routes.iter().cloned().map(Arc::new).collect(),
         Arc::new(client.clone()),
         clock.clone(),
         sched_tx,
-        SchedulerOptions::default(),
+        SchedulerOptions {
+            max_confirmations: config.detection.degraded_after,
+            ..SchedulerOptions::default()
+        },
+        confirms,
         shutdown.clone(),
     ));
     // The recorder ends when the scheduler drops its sender, so every outcome is written.

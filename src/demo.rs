@@ -141,6 +141,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
                     stall_timeout: None,
                     max_tokens: None,
                     slo: None,
+                    confirm_after: None,
                 });
             }
         }

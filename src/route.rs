@@ -117,6 +117,8 @@ pub struct ProbeSettings {
     pub system: String,
     pub user: String,
     pub expect: String,
+    /// Confirmation probes after an abnormal one, this long after it; `None`: off.
+    pub confirm_after: Option<Duration>,
 }
 
 /// One probed and routable route, fully resolved from the config.

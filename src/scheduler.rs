@@ -23,9 +23,21 @@
 //!   because a measured result is evidence; `run` then returns. If the channel stays full
 //!   that long after shutdown, the outcome is dropped with a `warn` log.
 //!
+//! - **Confirmation probes** ([`run_with_confirmations`]): detection asks, through a
+//!   [`Confirm`], for a route to be probed again after an abnormal outcome; the route is
+//!   probed `confirm_after` later (its own setting; `None` disables), off its grid, which
+//!   does not move. Never more than one probe in flight per route (a confirmation that finds
+//!   the route busy is dropped: the running probe is fresher evidence; a grid tick that finds a
+//!   confirmation running is absorbed by it, not reported as an overrun), at most
+//!   [`SchedulerOptions::max_confirmations`] between two grid probes, none when the grid
+//!   probe comes first anyway. Across routes, confirmation starts are paced at least
+//!   [`SchedulerOptions::confirm_spacing`] apart, so a provider-wide outage spreads its
+//!   confirmations instead of firing hundreds at once.
+//!
 //! All timers are `tokio::time`, so tests drive the schedule with a paused clock.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -70,6 +82,12 @@ pub struct SchedulerOptions {
     /// Probes in flight at once, across all routes (egress sockets, provider fairness).
     pub max_concurrency: usize,
     pub heartbeat_every: Duration,
+    /// Confirmation probes of one route between two of its grid probes (the app sets it to
+    /// `[detection] degraded_after`).
+    pub max_confirmations: u32,
+    /// The least time between two confirmation starts across all routes (50 ms: at most 20
+    /// a second, so 100 routes failing at once confirm over 5 s, not in one burst).
+    pub confirm_spacing: Duration,
 }
 
 impl Default for SchedulerOptions {
@@ -77,7 +95,42 @@ impl Default for SchedulerOptions {
         Self {
             max_concurrency: 64,
             heartbeat_every: Duration::from_secs(10),
+            max_confirmations: 3,
+            confirm_spacing: Duration::from_millis(50),
         }
+    }
+}
+
+/// Detection asks for `route` to be probed again soon with a probe of `kind`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirm {
+    pub route: RouteId,
+    pub kind: OutcomeKind,
+}
+
+/// Confirmation requests waiting for the scheduler; beyond this they are dropped (the
+/// route's grid goes on, so a dropped confirmation only delays a verdict).
+pub const CONFIRM_QUEUE: usize = 1024;
+
+/// Confirmation start slots shared by every route: each at least `spacing` after the last.
+struct Pacer {
+    next_free: Mutex<Option<Instant>>,
+    spacing: Duration,
+}
+
+impl Pacer {
+    /// The earliest slot at or after `due`, reserved.
+    fn reserve(&self, due: Instant) -> Instant {
+        let mut next = self
+            .next_free
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let slot = match *next {
+            Some(free) if free > due => free,
+            _ => due,
+        };
+        *next = Some(slot + self.spacing);
+        slot
     }
 }
 
@@ -102,6 +155,20 @@ pub async fn run(
     opts: SchedulerOptions,
     shutdown: CancellationToken,
 ) {
+    let (_none, confirms) = mpsc::channel(1);
+    run_with_confirmations(routes, prober, clock, events, opts, confirms, shutdown).await
+}
+
+/// [`run`], also probing routes again when `confirms` asks (see the module docs).
+pub async fn run_with_confirmations(
+    routes: Vec<Arc<Route>>,
+    prober: Arc<dyn Prober>,
+    clock: Arc<dyn Clock>,
+    events: mpsc::Sender<SchedulerEvent>,
+    opts: SchedulerOptions,
+    mut confirms: mpsc::Receiver<Confirm>,
+    shutdown: CancellationToken,
+) {
     // Also cancelled when nobody listens any more: probing into the void is pointless.
     let stop = shutdown.child_token();
     let shared = Arc::new(Shared {
@@ -110,13 +177,26 @@ pub async fn run(
         events,
         permits: Arc::new(Semaphore::new(opts.max_concurrency.max(1))),
         stop: stop.clone(),
+        pacer: Pacer {
+            next_free: Mutex::new(None),
+            spacing: opts.confirm_spacing,
+        },
+        max_confirmations: opts.max_confirmations,
     });
     let start = Instant::now();
     let n = routes.len();
     let mut tasks = JoinSet::new();
+    let mut confirm_to: HashMap<RouteId, mpsc::Sender<OutcomeKind>> = HashMap::new();
     for (i, route) in routes.into_iter().enumerate() {
-        tasks.spawn(route_loop(shared.clone(), route, i, n, start));
+        // One request waits per route at most: a second one while the first is pending adds
+        // nothing.
+        let (tx, rx) = mpsc::channel(1);
+        if route.probe.confirm_after.is_some() {
+            confirm_to.insert(route.id.clone(), tx);
+        }
+        tasks.spawn(route_loop(shared.clone(), route, i, n, start, rx));
     }
+    let mut confirms_open = true;
     tracing::info!(
         routes = n,
         max_concurrency = opts.max_concurrency,
@@ -135,6 +215,15 @@ pub async fn run(
                     break;
                 }
             }
+            c = confirms.recv(), if confirms_open => match c {
+                Some(c) => {
+                    if let Some(tx) = confirm_to.get(&c.route) {
+                        // Full: one is already pending for the route.
+                        let _ = tx.try_send(c.kind);
+                    }
+                }
+                None => confirms_open = false,
+            },
         }
     }
     while let Some(done) = tasks.join_next().await {
@@ -151,6 +240,8 @@ struct Shared {
     events: mpsc::Sender<SchedulerEvent>,
     permits: Arc<Semaphore>,
     stop: CancellationToken,
+    pacer: Pacer,
+    max_confirmations: u32,
 }
 
 impl Shared {
@@ -172,7 +263,14 @@ impl Shared {
 
 /// One route's ticks. Probes run in their own task so they are polled (and timed) even
 /// while this loop waits to report a skip.
-async fn route_loop(shared: Arc<Shared>, route: Arc<Route>, i: usize, n: usize, start: Instant) {
+async fn route_loop(
+    shared: Arc<Shared>,
+    route: Arc<Route>,
+    i: usize,
+    n: usize,
+    start: Instant,
+    mut confirm_rx: mpsc::Receiver<OutcomeKind>,
+) {
     let mut rng = StdRng::from_entropy();
     let interval = route.probe.interval.max(MIN_INTERVAL);
     let jitter = interval.mul_f64(route.probe.jitter.clamp(0.0, 0.5));
@@ -189,19 +287,69 @@ async fn route_loop(shared: Arc<Shared>, route: Arc<Route>, i: usize, n: usize, 
         Grid::new(at, every, jitter.min(every / 2))
     });
     let mut running: Option<JoinHandle<()>> = None;
+    // The running probe is a confirmation (a grid tick meeting it is absorbed, not skipped).
+    let mut running_confirm = false;
+    let confirm_after = route.probe.confirm_after;
+    let mut confirm_open = confirm_after.is_some();
+    // A confirmation waiting for its slot, and how many ran since the last grid probe.
+    let mut pending: Option<(OutcomeKind, Instant)> = None;
+    let mut confirmed = 0u32;
 
     loop {
-        let (kind, at) = match &throughput {
+        let (grid_kind, grid_at) = match &throughput {
             Some(t) if t.next < probe.next => (OutcomeKind::Throughput, t.next),
             _ => (OutcomeKind::Probe, probe.next),
+        };
+        let (kind, at, confirming) = match pending {
+            Some((k, t)) if t < grid_at => (k, t, true),
+            _ => (grid_kind, grid_at, false),
         };
         tokio::select! {
             biased;
             _ = shared.stop.cancelled() => break,
+            asked = confirm_rx.recv(), if confirm_open => {
+                let busy = running.as_ref().is_some_and(|h| !h.is_finished());
+                confirm_open = asked.is_some();
+                if let (Some(k), Some(after)) = (asked, confirm_after) {
+                    let due = Instant::now() + after;
+                    // The grid probe coming first is the confirmation already.
+                    if pending.is_none() && !busy && confirmed < shared.max_confirmations && due < probe.next {
+                        pending = Some((k, shared.pacer.reserve(due)));
+                    }
+                }
+                continue;
+            }
             _ = tokio::time::sleep_until(at) => {}
         }
 
-        if running.as_ref().is_some_and(|h| !h.is_finished()) {
+        if confirming {
+            pending = None;
+            if running.as_ref().is_some_and(|h| !h.is_finished()) {
+                tracing::debug!(route = %route.id, "confirmation dropped: a probe is running");
+                continue;
+            }
+            if let Some(done) = running.take() {
+                log_panic(&route.id, done.await);
+            }
+            confirmed += 1;
+            running_confirm = true;
+            running = Some(tokio::spawn(probe_once(
+                shared.clone(),
+                route.clone(),
+                kind,
+            )));
+            continue;
+        }
+        if kind == OutcomeKind::Probe {
+            confirmed = 0;
+            pending = None;
+        } else if pending.is_some_and(|(k, _)| k == kind) {
+            pending = None;
+        }
+
+        if running_confirm && running.as_ref().is_some_and(|h| !h.is_finished()) {
+            tracing::debug!(route = %route.id, kind = kind.as_str(), "a confirmation probe is running; tick absorbed");
+        } else if running.as_ref().is_some_and(|h| !h.is_finished()) {
             tracing::warn!(route = %route.id, kind = kind.as_str(), "previous probe still running; tick skipped");
             let at = shared.clock.now();
             let skipped = SchedulerEvent::Skipped {
@@ -216,6 +364,7 @@ async fn route_loop(shared: Arc<Shared>, route: Arc<Route>, i: usize, n: usize, 
             if let Some(done) = running.take() {
                 log_panic(&route.id, done.await);
             }
+            running_confirm = false;
             running = Some(tokio::spawn(probe_once(
                 shared.clone(),
                 route.clone(),

@@ -124,6 +124,7 @@ fn route(server: &Server, provider: &str) -> Route {
             system: "Reply with exactly: PROBE_OK".into(),
             user: "health check".into(),
             expect: "PROBE_OK".into(),
+            confirm_after: None,
         },
     }
 }

@@ -111,6 +111,7 @@ fn settings(stream: bool) -> ProbeSettings {
         system: "Reply with exactly: PROBE_OK".into(),
         user: "health check".into(),
         expect: "PROBE_OK".into(),
+        confirm_after: None,
     }
 }
 

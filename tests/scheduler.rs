@@ -49,6 +49,7 @@ fn route(i: usize, interval: Duration, jitter: f64, throughput_every: Duration) 
             system: "Reply with exactly: PROBE_OK".into(),
             user: "health check".into(),
             expect: "PROBE_OK".into(),
+            confirm_after: None,
         },
     })
 }

@@ -251,6 +251,7 @@ async fn a_spike_without_keepalives_is_degraded_not_unavailable() {
             system: "Reply with exactly: PROBE_OK".into(),
             user: "health check".into(),
             expect: "PROBE_OK".into(),
+            confirm_after: None,
         },
     };
     let client = ProbeClient::new(std::slice::from_ref(&route), Arc::new(SystemClock)).unwrap();

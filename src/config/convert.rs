@@ -16,10 +16,10 @@ use super::raw::{
 use super::validate::Checker;
 use super::{
     AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
-    ChannelOptions, Config, ConfigErrors, ContractConfig, DetectionConfig, Diagnostic, DriftConfig,
-    DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded, MaintenanceConfig,
-    ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig, RouteConfig, ServerConfig,
-    SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
+    ChannelOptions, Config, ConfigErrors, ConfirmAfter, ContractConfig, DetectionConfig,
+    Diagnostic, DriftConfig, DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded,
+    MaintenanceConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig,
+    RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
 };
 use crate::alert::{Lang, Severity};
 use crate::route::{Capability, ProviderKind};
@@ -194,6 +194,8 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             system: r.system.unwrap_or(d.system),
             user: r.user.unwrap_or(d.user),
             expect: r.expect.unwrap_or(d.expect),
+            confirm_after: confirm_after(ck, "probe.confirm_after", r.confirm_after)
+                .unwrap_or(d.confirm_after),
         }
     };
 
@@ -692,7 +694,15 @@ fn route(ck: &mut Checker<'_>, i: usize, r: RawRoute) -> RouteConfig {
         stall_timeout: opt_duration(ck, "stall_timeout", r.stall_timeout),
         max_tokens: opt_uint(ck, "max_tokens", r.max_tokens, 1),
         slo: r.slo,
+        confirm_after: confirm_after(ck, &format!("{p}.confirm_after"), r.confirm_after),
     }
+}
+
+/// `confirm_after`: `"off"`, `"interval/N"` or a duration; `None` when absent or invalid
+/// (reported).
+fn confirm_after(ck: &mut Checker<'_>, path: &str, raw: Option<String>) -> Option<ConfirmAfter> {
+    let s = raw?;
+    ConfirmAfter::parse(&s).map_err(|e| ck.fail(path, e)).ok()
 }
 
 fn parse_duration(ck: &mut Checker<'_>, path: &str, s: &str) -> Result<Duration, ()> {

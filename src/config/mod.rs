@@ -151,7 +151,7 @@ impl Default for StorageConfig {
 }
 
 /// `[probe]`: defaults for every route; a route may override `interval`, `timeout`,
-/// `first_byte_timeout`, `stall_timeout` and `max_tokens`.
+/// `first_byte_timeout`, `stall_timeout`, `max_tokens` and `confirm_after`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeConfig {
     pub interval: Duration,
@@ -174,6 +174,8 @@ pub struct ProbeConfig {
     pub user: String,
     /// Compared with the answer after trimming whitespace (drift signal).
     pub expect: String,
+    /// Confirmation probes after an abnormal one (see [`ConfirmAfter`]).
+    pub confirm_after: ConfirmAfter,
 }
 
 impl Default for ProbeConfig {
@@ -196,9 +198,121 @@ impl Default for ProbeConfig {
             system: "Reply with exactly: PROBE_OK".into(),
             user: "health check".into(),
             expect: "PROBE_OK".into(),
+            confirm_after: ConfirmAfter::Fraction(6),
         }
     }
 }
+
+// ---- Confirmation probes (`[probe] confirm_after`, per route too) ----
+
+/// How soon after an abnormal probe the route is probed again, to confirm it before the next
+/// tick of its regular grid: a fixed duration, a fraction of the route's interval
+/// (`"interval/6"`, the default), or `"off"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfirmAfter {
+    Off,
+    After(Duration),
+    /// `interval / N`, N ≥ 2 (`interval/1` would be the grid itself).
+    Fraction(u32),
+}
+
+impl ConfirmAfter {
+    /// Parses `"off"`, `"interval/N"` or a duration (`"5s"`); the error is a sentence.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("off") {
+            return Ok(Self::Off);
+        }
+        if let Some(n) = t.strip_prefix("interval/") {
+            return match n.trim().parse::<u32>() {
+                Ok(n) if n >= 2 => Ok(Self::Fraction(n)),
+                _ => Err(format!(
+                    "invalid fraction {s:?}: write \"interval/N\" with a whole N of at least 2"
+                )),
+            };
+        }
+        match humantime::parse_duration(t) {
+            Ok(d) if !d.is_zero() => Ok(Self::After(d)),
+            Ok(_) => Err("must be positive (write \"off\" to disable confirmations)".into()),
+            Err(e) => Err(format!(
+                "invalid value {s:?}: {e} (write a duration like \"5s\", \"interval/6\" or \"off\")"
+            )),
+        }
+    }
+
+    /// The delay for a route probed every `interval`; `None` when off.
+    pub fn resolve(self, interval: Duration) -> Option<Duration> {
+        match self {
+            Self::Off => None,
+            Self::After(d) => Some(d),
+            Self::Fraction(n) => Some(interval / n.max(1)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod confirm_after_tests {
+    use super::*;
+
+    fn config(probe: &str, route: &str) -> Result<Config, ConfigErrors> {
+        let src = format!(
+            "[probe]\ninterval = \"30s\"\n{probe}\n\n[[provider]]\nid = \"p\"\nkind = \"openai\"\n  \
+             [[provider.region]]\n  id = \"r\"\n  base_url = \"http://127.0.0.1:9/v1\"\n\n\
+             [[route]]\nprovider = \"p\"\nregion = \"r\"\nmodel = \"m\"\nserves = \"chat\"\n{route}\n"
+        );
+        Config::parse(&src, "t.toml").map(|l| l.config)
+    }
+
+    #[test]
+    fn parses_fractions_durations_and_off() {
+        assert_eq!(
+            ConfirmAfter::parse("interval/6"),
+            Ok(ConfirmAfter::Fraction(6))
+        );
+        assert_eq!(
+            ConfirmAfter::parse("4s"),
+            Ok(ConfirmAfter::After(Duration::from_secs(4)))
+        );
+        assert_eq!(ConfirmAfter::parse("off"), Ok(ConfirmAfter::Off));
+        for bad in ["interval/1", "interval/0", "interval/x", "0s", "soon"] {
+            assert!(ConfirmAfter::parse(bad).is_err(), "{bad}");
+        }
+        let d = Duration::from_secs(30);
+        assert_eq!(
+            ConfirmAfter::Fraction(6).resolve(d),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(ConfirmAfter::Off.resolve(d), None);
+    }
+
+    #[test]
+    fn defaults_to_a_sixth_of_the_interval_and_a_route_overrides_it() {
+        let c = config("", "interval = \"60s\"").unwrap();
+        assert_eq!(
+            c.routes()[0].probe.confirm_after,
+            Some(Duration::from_secs(10))
+        );
+        let c = config("confirm_after = \"3s\"", "confirm_after = \"off\"").unwrap();
+        assert_eq!(
+            c.probe.confirm_after,
+            ConfirmAfter::After(Duration::from_secs(3))
+        );
+        assert_eq!(c.routes()[0].probe.confirm_after, None);
+        let e = config("confirm_after = \"interval/1\"", "")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("t.toml:3:") && e.contains("probe.confirm_after"),
+            "{e}"
+        );
+        let e = config("", "confirm_after = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("route[0].confirm_after"), "{e}");
+    }
+}
+
+// ---- end of confirmation probes ----
 
 /// How baselines are bucketed by time of day (in [`DetectionConfig::timezone`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -337,6 +451,8 @@ pub struct RouteConfig {
     pub max_tokens: Option<u32>,
     /// Availability target; `[slo] availability` when absent.
     pub slo: Option<f64>,
+    /// Overrides `[probe] confirm_after` for this route.
+    pub confirm_after: Option<ConfirmAfter>,
 }
 
 impl Default for RouteConfig {
@@ -358,6 +474,7 @@ impl Default for RouteConfig {
             stall_timeout: None,
             max_tokens: None,
             slo: None,
+            confirm_after: None,
         }
     }
 }
@@ -829,8 +946,9 @@ impl Config {
     /// `[probe]` merged with one route's overrides.
     pub fn probe_settings(&self, route: &RouteConfig) -> ProbeSettings {
         let p = &self.probe;
+        let interval = route.interval.unwrap_or(p.interval);
         ProbeSettings {
-            interval: route.interval.unwrap_or(p.interval),
+            interval,
             first_byte_timeout: route.first_byte_timeout.unwrap_or(p.first_byte_timeout),
             stall_timeout: route.stall_timeout.unwrap_or(p.stall_timeout),
             timeout: route.timeout.unwrap_or(p.timeout),
@@ -843,6 +961,10 @@ impl Config {
             system: p.system.clone(),
             user: p.user.clone(),
             expect: p.expect.clone(),
+            confirm_after: route
+                .confirm_after
+                .unwrap_or(p.confirm_after)
+                .resolve(interval),
         }
     }
 

@@ -139,6 +139,8 @@ pub(super) struct RawProbe {
     pub system: Option<String>,
     pub user: Option<String>,
     pub expect: Option<String>,
+    // Confirmation probes.
+    pub confirm_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -236,6 +238,8 @@ pub(super) struct RawRoute {
     pub stall_timeout: Option<String>,
     pub max_tokens: Option<i64>,
     pub slo: Option<f64>,
+    // Confirmation probes.
+    pub confirm_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

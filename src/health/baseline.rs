@@ -355,6 +355,22 @@ impl Baseline {
         })
     }
 
+    /// The first-token baseline of `PROBE_OK` probes, with a threshold by the same rule as
+    /// latency's; `None` while too few probes reported a first token.
+    pub fn ttft_ref(&self, at: DateTime<Utc>) -> Option<LatencyRef> {
+        let (label, s) = self.pick(at, |b| &b.ttft)?;
+        let spread = (self.sigma * s.stddev)
+            .max(self.floor_ratio * s.mean)
+            .max(self.floor_ms);
+        Some(LatencyRef {
+            bucket: label,
+            samples: s.len(),
+            mean_ms: s.mean,
+            stddev_ms: s.stddev,
+            threshold_ms: s.mean + spread,
+        })
+    }
+
     /// The tokens/s baseline (never a latency figure: seed 000's sample code compared tokens/s
     /// with a latency percentile).
     pub fn tps_ref(&self, at: DateTime<Utc>) -> Option<TpsRef> {

@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::baseline::{Baseline, LatencyRef, TpsRef};
+use super::split::TtftCheck;
 use super::{fmt_ms, fmt_spread};
 use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 
@@ -59,6 +60,15 @@ pub enum Signal {
         stddev_ms: f64,
         samples: usize,
     },
+    /// A throughput probe's first token late while the route's latency is in doubt.
+    TtftAboveBaseline {
+        observed_ms: f64,
+        threshold_ms: f64,
+        bucket: String,
+        mean_ms: f64,
+        stddev_ms: f64,
+        samples: usize,
+    },
     TpsBelowBaseline {
         observed: f64,
         floor: f64,
@@ -81,6 +91,7 @@ impl Signal {
         match self {
             Signal::ProbeFailed { .. } => "probe_failed",
             Signal::LatencyAboveBaseline { .. } => "latency_above_baseline",
+            Signal::TtftAboveBaseline { .. } => "ttft_above_baseline",
             Signal::TpsBelowBaseline { .. } => "tps_below_baseline",
             Signal::AnswerChanged { .. } => "answer_changed",
             Signal::ErrorRateHigh { .. } => "error_rate_high",
@@ -103,6 +114,19 @@ impl Signal {
                 samples,
             } => format!(
                 "latency {} against a normal of {} for {bucket} (limit {}, {samples} samples)",
+                fmt_ms(*observed_ms),
+                fmt_spread(*mean_ms, *stddev_ms),
+                fmt_ms(*threshold_ms)
+            ),
+            Signal::TtftAboveBaseline {
+                observed_ms,
+                threshold_ms,
+                bucket,
+                mean_ms,
+                stddev_ms,
+                samples,
+            } => format!(
+                "first token {} against a normal of {} for {bucket} (limit {}, {samples} samples)",
                 fmt_ms(*observed_ms),
                 fmt_spread(*mean_ms, *stddev_ms),
                 fmt_ms(*threshold_ms)
@@ -136,7 +160,7 @@ impl Signal {
     pub fn dim(&self) -> Dims {
         match self {
             Signal::ProbeFailed { .. } | Signal::ErrorRateHigh { .. } => Dims::AVAILABILITY,
-            Signal::LatencyAboveBaseline { .. } => Dims::LATENCY,
+            Signal::LatencyAboveBaseline { .. } | Signal::TtftAboveBaseline { .. } => Dims::LATENCY,
             Signal::TpsBelowBaseline { .. } => Dims::THROUGHPUT,
             Signal::AnswerChanged { .. } => Dims::BEHAVIOR,
         }
@@ -159,6 +183,11 @@ pub struct Judgement {
     pub latency: Option<LatencyRef>,
     /// The tokens/s baseline used, when tokens/s was judged.
     pub tps: Option<TpsRef>,
+    /// The first token against the first-token baseline, for a probe or throughput outcome
+    /// that reported one: it tells queueing (late) from throttling (on time). It makes a
+    /// `PROBE_OK` probe no more or less abnormal (its total latency decides); the detector
+    /// judges a throughput probe's latency by it only while the route's latency is in doubt.
+    pub ttft: Option<TtftCheck>,
 }
 
 /// The client's own fault never counts against a route: 400/413/422 and content-policy
@@ -236,6 +265,17 @@ pub fn judge(o: &ProbeOutcome, baseline: &Baseline) -> Judgement {
                 j.fine = j.fine.union(Dims::THROUGHPUT);
             }
             j.tps = Some(r);
+        }
+    }
+    if matches!(o.kind, OutcomeKind::Probe | OutcomeKind::Throughput) {
+        if let (Some(ms), Some(r)) = (o.ttft_ms, baseline.ttft_ref(o.started_at)) {
+            j.ttft = Some(TtftCheck {
+                observed_ms: ms,
+                mean_ms: r.mean_ms,
+                stddev_ms: r.stddev_ms,
+                threshold_ms: r.threshold_ms,
+                late: ms > r.threshold_ms,
+            });
         }
     }
     match o.verified {

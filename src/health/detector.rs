@@ -35,12 +35,15 @@
 //! the state above `WARNING` (drift has its own handling).
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use super::baseline::{Baseline, LatencyRef, TpsRef};
 use super::classify::{self, Dims, Signal};
-use super::window::{Counts, ErrorWindow};
-use super::{fmt_spread, FailureMode, Reason, State};
+use super::evidence::{ErrorRateEvidence, Evidence, Incident, Observed, Threshold, Transition};
+use super::reasons::{failure_mode, lead_code, reason_text, signals_text, streak_threshold};
+use super::route_health::{ModeCounts, RouteHealth, Suppression};
+use super::split::{Split, TpsCheck};
+use super::window::Counts;
+use super::{fmt_spread, Reason, State};
 use crate::config::DetectionConfig;
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
@@ -53,317 +56,24 @@ pub const MIN_PASSIVE_TPS: u32 = 5;
 /// every transition is still returned to the shell to be stored).
 pub const MAX_INCIDENT_TRANSITIONS: usize = 64;
 
-/// What a cross-route finding asks the detector to discount (see [`super::findings`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Suppression {
-    #[default]
-    None,
-    /// Our own network is down: failures are not the provider's; they escalate nothing.
-    Egress,
-    /// Probes fine, real traffic failing: passive failures point at the requests and are left
-    /// out of this route's error rate.
-    RequestSide,
-}
-
-/// The outcome an observation came from, as evidence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Observed {
-    pub kind: OutcomeKind,
-    pub started_at: DateTime<Utc>,
-    pub success: bool,
-    pub verified: Option<bool>,
-    pub total_ms: f64,
-    pub ttft_ms: Option<f64>,
-    pub tokens_per_second: Option<f64>,
-    pub http_status: Option<u16>,
-    /// `ProbeError::kind`.
-    pub error: Option<String>,
-}
-
-impl Observed {
-    fn of(o: &ProbeOutcome) -> Self {
-        Self {
-            kind: o.kind,
-            started_at: o.started_at,
-            success: o.success,
-            verified: o.verified,
-            total_ms: o.total_ms,
-            ttft_ms: o.ttft_ms,
-            tokens_per_second: o.tokens_per_second,
-            http_status: o.http_status,
-            error: o.error.as_ref().map(|e| e.kind().to_owned()),
-        }
+/// Once a later observation tells queueing from throttling, the route's reason says so
+/// without waiting for the next transition (a consumer acting on the code should not act on
+/// the vaguer `latency_above_baseline` for the rest of a WARNING).
+fn refresh_split_reason(h: &mut RouteHealth, obs: &Obs, core: Dims) {
+    let Some(code) = h.split.code() else {
+        return;
+    };
+    let current = h.reason.as_ref().map(|r| r.code.as_str());
+    let latency_family = matches!(
+        current,
+        Some("latency_above_baseline" | "ttft_above_baseline" | "tps_below_baseline")
+            | Some("ttft_and_tps_off_baseline")
+    );
+    if !latency_family || current == Some(code) || core.is_empty() {
+        return;
     }
-}
-
-/// One threshold a rule compared against.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Threshold {
-    /// `latency_ms`, `tokens_per_second`, `error_rate`, `consecutive_abnormal`,
-    /// `error_rate_high_for_s`, `degraded_for_s`, `normal_for_s`, `recover_error_rate`.
-    pub name: String,
-    pub observed: f64,
-    pub limit: f64,
-}
-
-/// The error-rate window at the time of a transition.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorRateEvidence {
-    pub window_s: u64,
-    pub total: u32,
-    pub failures: u32,
-    pub rate: f64,
-    pub fast_window_s: u64,
-    pub fast_total: u32,
-    pub fast_failures: u32,
-    pub above_since: Option<DateTime<Utc>>,
-}
-
-/// Everything a transition was decided on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Evidence {
-    /// The outcome that triggered it (`None` for a tick).
-    pub observed: Option<Observed>,
-    pub signals: Vec<Signal>,
-    /// The latency baseline used (bucket, mean, stddev, samples, threshold).
-    pub baseline: Option<LatencyRef>,
-    pub tps_baseline: Option<TpsRef>,
-    pub thresholds: Vec<Threshold>,
-    pub error_rate: ErrorRateEvidence,
-    pub consecutive_abnormal: u32,
-}
-
-/// A change of state, with its reason and evidence; the shell stores every one.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Transition {
-    pub route: RouteId,
-    pub from: State,
-    pub to: State,
-    pub at: DateTime<Utc>,
-    pub reason: Reason,
-    pub failure_mode: Option<FailureMode>,
-    pub evidence: Evidence,
-    /// The incident this transition opened, changed or closed.
-    pub incident_id: Option<String>,
-}
-
-/// DEGRADED or worse, until back to NORMAL (or UNKNOWN, for a route that never had a baseline).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Incident {
-    /// `route@opened_at` (RFC 3339): stable and unique per route.
-    pub id: String,
-    pub route: RouteId,
-    pub opened_at: DateTime<Utc>,
-    pub closed_at: Option<DateTime<Utc>>,
-    pub peak: State,
-    pub failure_mode: Option<FailureMode>,
-    /// The first [`MAX_INCIDENT_TRANSITIONS`] transitions, then the closing one.
-    pub transitions: Vec<Transition>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-struct ModeCounts {
-    failures: u32,
-    slow: u32,
-}
-
-/// One route's judged state: everything the state machine needs, serializable so the shell
-/// persists it and restores it exactly after a restart.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RouteHealth {
-    route: RouteId,
-    state: State,
-    since: DateTime<Utc>,
-    switched: bool,
-    suppression: Suppression,
-    failure_mode: Option<FailureMode>,
-    reason: Option<Reason>,
-    /// Consecutive abnormal observations.
-    streak: u32,
-    /// Dimensions abnormal since the route was last NORMAL.
-    open: Dims,
-    /// The latest answer was not the expected one.
-    behavior: bool,
-    /// First normal observation after the last abnormal one.
-    normal_since: Option<DateTime<Utc>>,
-    /// In DEGRADED: since when no observation has been normal.
-    abnormal_run_since: Option<DateTime<Utc>>,
-    /// When the error rate crossed `critical_error_rate` (cleared when it is back down).
-    rate_high_since: Option<DateTime<Utc>>,
-    /// When the passive-only error rate crossed it (request-side findings).
-    passive_high_since: Option<DateTime<Utc>>,
-    modes: ModeCounts,
-    window: ErrorWindow,
-    /// Passive streams with a tokens/s figure since the last tick, and how many were low.
-    tps_seen: u32,
-    tps_low: u32,
-    tps_low_sum: f64,
-    tps_ref: Option<TpsRef>,
-    /// Counted outcomes since the last tick: a tick vouches for availability only with fresh
-    /// evidence, never with successes left in the window by traffic that has since stopped.
-    since_tick: Counts,
-    baseline_ready: bool,
-    last_probe_at: Option<DateTime<Utc>>,
-    last_probe_ok_at: Option<DateTime<Utc>>,
-    last_probe_failed: bool,
-    incident: Option<Incident>,
-    last_closed: Option<Incident>,
-}
-
-impl RouteHealth {
-    pub fn new(route: RouteId, cfg: &DetectionConfig, now: DateTime<Utc>) -> Self {
-        Self {
-            route,
-            state: State::Unknown,
-            since: now,
-            switched: false,
-            suppression: Suppression::None,
-            failure_mode: None,
-            reason: None,
-            streak: 0,
-            open: Dims::NONE,
-            behavior: false,
-            normal_since: None,
-            abnormal_run_since: None,
-            rate_high_since: None,
-            passive_high_since: None,
-            modes: ModeCounts::default(),
-            window: ErrorWindow::new(cfg.error_window.as_secs()),
-            tps_seen: 0,
-            tps_low: 0,
-            tps_low_sum: 0.0,
-            tps_ref: None,
-            since_tick: Counts::default(),
-            baseline_ready: false,
-            last_probe_at: None,
-            last_probe_ok_at: None,
-            last_probe_failed: false,
-            incident: None,
-            last_closed: None,
-        }
-    }
-
-    pub fn route(&self) -> &RouteId {
-        &self.route
-    }
-    /// The judged state (never `SWITCHED`).
-    pub fn state(&self) -> State {
-        self.state
-    }
-    /// What the status page shows: `SWITCHED` while the switch controller has moved traffic.
-    pub fn display_state(&self) -> State {
-        if self.switched {
-            State::Switched
-        } else {
-            self.state
-        }
-    }
-    pub fn since(&self) -> DateTime<Utc> {
-        self.since
-    }
-    pub fn failure_mode(&self) -> Option<FailureMode> {
-        self.failure_mode
-    }
-    pub fn reason(&self) -> Option<&Reason> {
-        self.reason.as_ref()
-    }
-    /// Consecutive abnormal observations so far.
-    pub fn streak(&self) -> u32 {
-        self.streak
-    }
-    pub fn normal_since(&self) -> Option<DateTime<Utc>> {
-        self.normal_since
-    }
-    pub fn error_rate_high_since(&self) -> Option<DateTime<Utc>> {
-        self.rate_high_since
-    }
-    /// The answers are currently not `PROBE_OK`.
-    pub fn behavior_changed(&self) -> bool {
-        self.behavior
-    }
-    pub fn window(&self) -> &ErrorWindow {
-        &self.window
-    }
-    /// The open incident (DEGRADED or worse).
-    pub fn incident(&self) -> Option<&Incident> {
-        self.incident.as_ref()
-    }
-    /// The incident most recently closed (the shell persists it when a transition closes it).
-    pub fn last_closed(&self) -> Option<&Incident> {
-        self.last_closed.as_ref()
-    }
-    pub fn switched(&self) -> bool {
-        self.switched
-    }
-    /// Set and cleared by the switch controller; judging goes on underneath.
-    pub fn set_switched(&mut self, on: bool) {
-        self.switched = on;
-    }
-    pub fn suppression(&self) -> Suppression {
-        self.suppression
-    }
-    /// Set by the shell from [`super::findings::findings`].
-    pub fn set_suppression(&mut self, s: Suppression) {
-        self.suppression = s;
-    }
-    /// After a restart: moves the time-based clocks (`abnormal_run_since`, `normal_since`,
-    /// `rate_high_since`, the passive one) `gap` later — the time nobody was watching. The
-    /// rules "DEGRADED this long without one normal observation", "error rate above the
-    /// threshold this long" and "normal this long" count observed time only: a stale
-    /// incident is neither escalated nor resolved by the downtime itself; the route's next
-    /// observations decide. `since` and the incident's times are facts and stay.
-    pub fn resume_after(&mut self, gap: chrono::Duration) {
-        if gap <= chrono::Duration::zero() {
-            return;
-        }
-        for t in [
-            &mut self.abnormal_run_since,
-            &mut self.normal_since,
-            &mut self.rate_high_since,
-            &mut self.passive_high_since,
-        ] {
-            if let Some(at) = t.as_mut() {
-                *at += gap;
-            }
-        }
-    }
-    /// Bytes held in memory (error window, incidents with their evidence), for capacity
-    /// planning.
-    pub fn approx_bytes(&self) -> usize {
-        let incident = |i: &Option<Incident>| {
-            i.as_ref().map_or(0, |i| {
-                std::mem::size_of::<Incident>()
-                    + i.transitions.capacity() * std::mem::size_of::<Transition>()
-                    + i.transitions
-                        .iter()
-                        .map(|t| {
-                            t.reason.text.capacity()
-                                + t.evidence.signals.capacity() * std::mem::size_of::<Signal>()
-                        })
-                        .sum::<usize>()
-            })
-        };
-        std::mem::size_of::<Self>()
-            + self.window.approx_bytes()
-            + incident(&self.incident)
-            + incident(&self.last_closed)
-            + self
-                .reason
-                .as_ref()
-                .map_or(0, |r| r.text.capacity() + r.code.capacity())
-    }
-
-    pub(crate) fn last_probe(&self) -> (Option<DateTime<Utc>>, Option<DateTime<Utc>>, bool) {
-        (
-            self.last_probe_at,
-            self.last_probe_ok_at,
-            self.last_probe_failed,
-        )
-    }
-    pub(crate) fn passive_high_since(&self) -> Option<DateTime<Utc>> {
-        self.passive_high_since
-    }
+    let text = reason_text(&obs.signals, core, &h.split);
+    h.reason = Some(Reason::new(code, text));
 }
 
 /// One observation, as the state machine sees it.
@@ -475,6 +185,7 @@ impl Detector {
         if passive {
             if let Some(r) = &j.tps {
                 h.tps_seen = h.tps_seen.saturating_add(1);
+                h.tps_sum += o.tokens_per_second.unwrap_or(0.0);
                 if j.abnormal.contains(Dims::THROUGHPUT) {
                     h.tps_low = h.tps_low.saturating_add(1);
                     h.tps_low_sum += o.tokens_per_second.unwrap_or(0.0);
@@ -485,6 +196,48 @@ impl Detector {
         }
         if !j.counted {
             return None; // the client's own error: nothing about the route
+        }
+        let mut j = j;
+        if h.open.is_empty() {
+            // Not in trouble: earlier verdicts describe a healthy route, not this trouble.
+            h.split = Split::default();
+        }
+        if let Some(t) = &j.ttft {
+            h.split.ttft = Some(t.clone());
+        }
+        if o.kind == OutcomeKind::Throughput {
+            if let (Some(x), Some(r)) = (o.tokens_per_second, &j.tps) {
+                h.split.tps = Some(TpsCheck {
+                    observed: x,
+                    mean: r.mean,
+                    floor: r.floor,
+                    low: x < r.floor,
+                });
+            }
+            // While the route's latency is in doubt, a throughput probe (the confirmation that
+            // follows an abnormal latency) judges it by its first token: its total is not
+            // comparable with the `PROBE_OK` baseline, its wait for the first token is.
+            if h.open.contains(Dims::LATENCY) && !j.failed {
+                if let Some(t) = j.ttft.clone() {
+                    if t.late {
+                        let bucket = baseline
+                            .ttft_ref(o.started_at)
+                            .map(|r| (r.bucket, r.samples))
+                            .unwrap_or_default();
+                        j.signals.push(Signal::TtftAboveBaseline {
+                            observed_ms: t.observed_ms,
+                            threshold_ms: t.threshold_ms,
+                            bucket: bucket.0,
+                            mean_ms: t.mean_ms,
+                            stddev_ms: t.stddev_ms,
+                            samples: bucket.1,
+                        });
+                        j.abnormal = j.abnormal.union(Dims::LATENCY);
+                    } else {
+                        j.fine = j.fine.union(Dims::LATENCY);
+                    }
+                }
+            }
         }
         h.baseline_ready = baseline.ready();
         h.last_probe_at = Some(now);
@@ -536,6 +289,16 @@ impl Detector {
         }
         h.since_tick = Counts::default();
         if h.tps_seen >= MIN_PASSIVE_TPS {
+            // Real streams are tokens/s evidence too: with traffic, queueing is told from
+            // throttling without waiting for a throughput probe.
+            if let Some(r) = &h.tps_ref {
+                h.split.tps = Some(TpsCheck {
+                    observed: h.tps_sum / f64::from(h.tps_seen),
+                    mean: r.mean,
+                    floor: r.floor,
+                    low: 2 * h.tps_low > h.tps_seen,
+                });
+            }
             if 2 * h.tps_low > h.tps_seen {
                 obs.abnormal = obs.abnormal.union(Dims::THROUGHPUT);
                 if let Some(r) = &h.tps_ref {
@@ -556,6 +319,7 @@ impl Detector {
             h.tps_seen = 0;
             h.tps_low = 0;
             h.tps_low_sum = 0.0;
+            h.tps_sum = 0.0;
         }
         self.step(h, obs, &rate, now)
     }
@@ -643,6 +407,9 @@ impl Detector {
         }
         let normal =
             core.is_empty() && !behavior_bad && !obs.fine.is_empty() && obs.fine.contains(h.open);
+        if obs.observed.is_some() {
+            h.last_core = core;
+        }
         if !core.is_empty() {
             h.streak = h.streak.saturating_add(1);
             h.open = h.open.union(core);
@@ -664,11 +431,11 @@ impl Detector {
         let mut thresholds = Vec::new();
         let degraded_reason = |h: &RouteHealth, obs: &Obs| {
             Reason::new(
-                lead_code(&obs.signals, core),
+                lead_code(&obs.signals, core, &h.split),
                 format!(
                     "{} consecutive abnormal observations; latest: {}",
                     h.streak,
-                    signals_text(&obs.signals, core)
+                    reason_text(&obs.signals, core, &h.split)
                 ),
             )
         };
@@ -680,8 +447,8 @@ impl Detector {
                         Some((State::Degraded, degraded_reason(h, &obs)))
                     } else {
                         let r = Reason::new(
-                            lead_code(&obs.signals, core),
-                            signals_text(&obs.signals, core),
+                            lead_code(&obs.signals, core, &h.split),
+                            reason_text(&obs.signals, core, &h.split),
                         );
                         Some((State::Warning, r))
                     }
@@ -810,6 +577,7 @@ impl Detector {
             }
             None => {
                 if !matches!(h.state, State::Normal | State::Unknown) {
+                    refresh_split_reason(h, &obs, core);
                     h.failure_mode = failure_mode(h);
                     if let Some(i) = h.incident.as_mut() {
                         i.failure_mode = h.failure_mode.or(i.failure_mode);
@@ -837,6 +605,15 @@ impl Detector {
                     ..
                 } => Some(Threshold {
                     name: "latency_ms".into(),
+                    observed: *observed_ms,
+                    limit: *threshold_ms,
+                }),
+                Signal::TtftAboveBaseline {
+                    observed_ms,
+                    threshold_ms,
+                    ..
+                } => Some(Threshold {
+                    name: "ttft_ms".into(),
                     observed: *observed_ms,
                     limit: *threshold_ms,
                 }),
@@ -898,6 +675,7 @@ impl Detector {
         if recovering {
             h.streak = 0;
             h.open = Dims::NONE;
+            h.split = Split::default();
             h.modes = ModeCounts::default();
             h.normal_since = None;
             h.abnormal_run_since = None;
@@ -943,53 +721,6 @@ impl Detector {
             }
         }
         t
-    }
-}
-
-/// The failure mode from what the route has shown since it was last NORMAL: failures (and a
-/// high error rate) dominating → unavailable; slow answers → degraded; only wrong answers →
-/// behavior_changed.
-fn failure_mode(h: &RouteHealth) -> Option<FailureMode> {
-    let m = &h.modes;
-    let rate_high = h.rate_high_since.is_some() && h.suppression != Suppression::Egress;
-    if rate_high || (m.failures > 0 && m.failures >= m.slow) {
-        Some(FailureMode::Unavailable)
-    } else if m.slow > 0 {
-        Some(FailureMode::Degraded)
-    } else if h.behavior {
-        Some(FailureMode::BehaviorChanged)
-    } else {
-        None
-    }
-}
-
-/// The code of the first signal on one of `dims` (signals are pushed failure, latency, tps,
-/// answer, so the most serious comes first).
-fn lead_code(signals: &[Signal], dims: Dims) -> &'static str {
-    signals
-        .iter()
-        .find(|s| dims.intersects(s.dim()))
-        .map_or("abnormal", Signal::code)
-}
-
-fn signals_text(signals: &[Signal], dims: Dims) -> String {
-    let parts: Vec<String> = signals
-        .iter()
-        .filter(|s| dims.intersects(s.dim()))
-        .map(Signal::text)
-        .collect();
-    if parts.is_empty() {
-        "abnormal observation".to_owned()
-    } else {
-        parts.join("; ")
-    }
-}
-
-fn streak_threshold(streak: u32, limit: u32) -> Threshold {
-    Threshold {
-        name: "consecutive_abnormal".into(),
-        observed: f64::from(streak),
-        limit: f64::from(limit),
     }
 }
 

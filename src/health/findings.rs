@@ -13,7 +13,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::detector::{Detector, RouteHealth, Suppression};
+use super::detector::Detector;
+use super::route_health::{RouteHealth, Suppression};
 use crate::route::RouteId;
 
 /// What one route looks like right now, for cross-route findings.

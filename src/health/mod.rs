@@ -17,7 +17,10 @@
 //! - [`baseline`]: time-of-day buckets, ring buffers, mean/σ/percentiles via `statrs`.
 //! - [`classify`]: is one outcome abnormal, on which dimension, and is it the client's fault.
 //! - [`window`]: the bounded error-rate window (per-second counters).
-//! - [`detector`]: the state machine, evidence, reasons and incidents.
+//! - [`detector`]: the state machine; [`route_health`]: the per-route state it moves;
+//!   [`evidence`]: transitions, their evidence and incidents; [`reasons`]: reason codes,
+//!   sentences and failure modes; [`split`]: queueing vs. throttling (first token vs.
+//!   tokens/s); [`confirm`]: which confirmation probe an observation calls for.
 //! - [`findings`]: egress and request-side findings over all routes.
 //! - [`status`]: the published view (`HealthSnapshot`, `HealthEvent`) other modules consume.
 //! - [`service`]: the shell — owns every route's state, feeds it outcomes and ticks, persists
@@ -26,10 +29,15 @@
 
 pub mod baseline;
 pub mod classify;
+pub mod confirm;
 pub mod control;
 pub mod detector;
+pub mod evidence;
 pub mod findings;
+pub mod reasons;
+pub mod route_health;
 pub mod service;
+pub mod split;
 pub mod status;
 pub mod window;
 
@@ -37,11 +45,11 @@ use serde::{Deserialize, Serialize};
 
 pub use baseline::{Baseline, BaselineSnapshot, LatencyRef, TpsRef};
 pub use classify::{Dims, Judgement, Signal};
-pub use detector::{
-    Detector, ErrorRateEvidence, Evidence, Incident, Observed, RouteHealth, Suppression, Threshold,
-    Transition,
-};
+pub use detector::Detector;
+pub use evidence::{ErrorRateEvidence, Evidence, Incident, Observed, Threshold, Transition};
 pub use findings::{Finding, FindingKind, RouteSummary};
+pub use route_health::{RouteHealth, Suppression};
+pub use split::{Split, TpsCheck, TtftCheck};
 pub use status::{HealthEvent, HealthRx, HealthSnapshot, IncidentSummary, RouteStatus};
 
 /// A route's state. `SWITCHED` is an overlay set by the switch controller; the detector keeps
@@ -109,7 +117,8 @@ impl FailureMode {
 /// on it) and a human sentence with the numbers (which may change on every observation).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reason {
-    /// `latency_above_baseline`, `tps_below_baseline`, `probe_failed`, `error_rate_high`,
+    /// `latency_above_baseline`, `ttft_above_baseline` (queueing), `tps_below_baseline`
+    /// (throttling), `ttft_and_tps_off_baseline` (both), `probe_failed`, `error_rate_high`,
     /// `answer_changed`, `degraded_too_long`, `recovered`, `baseline_ready`.
     pub code: String,
     pub text: String,

@@ -43,6 +43,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use super::confirm;
 use super::control::{self, ControlProbe};
 use super::findings::{findings, Finding, FindingKind, RouteSummary};
 use super::{
@@ -53,6 +54,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
+use crate::scheduler::{Confirm, CONFIRM_QUEUE};
 use crate::store::{Store, StoreError, Writer, ALL_KINDS};
 
 /// The job name of the service's heartbeat (`/readyz`).
@@ -153,6 +155,8 @@ pub struct HealthService {
     last_tick: Option<DateTime<Utc>>,
     /// The command channel's receiving end, once [`HealthService::commands`] made one.
     commands: Option<mpsc::Receiver<HealthCommand>>,
+    /// Where confirmation probes are asked for, once [`HealthService::confirmations`] made it.
+    confirms: Option<mpsc::Sender<Confirm>>,
 }
 
 impl HealthService {
@@ -245,6 +249,7 @@ impl HealthService {
             dirty: false,
             last_tick: None,
             commands: None,
+            confirms: None,
         })
     }
 
@@ -260,6 +265,15 @@ impl HealthService {
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         self.commands = Some(rx);
         tx
+    }
+
+    /// The confirmation requests this service makes after abnormal probes (see
+    /// [`super::confirm`]), for the scheduler's [`crate::scheduler::run_with_confirmations`].
+    /// Call before [`HealthService::run`]; without it no confirmation is asked for.
+    pub fn confirmations(&mut self) -> mpsc::Receiver<Confirm> {
+        let (tx, rx) = mpsc::channel(CONFIRM_QUEUE);
+        self.confirms = Some(tx);
+        rx
     }
 
     /// Judges every outcome from `inputs` and ticks every route until `shutdown`; then drains
@@ -380,6 +394,18 @@ impl HealthService {
             .detector
             .ingest(&mut r.health, &mut r.baseline, &o, now);
         r.unsaved = true;
+        if let Some(tx) = &self.confirms {
+            if let Some(kind) = confirm::confirmation(&r.health, &o, self.detector.config()) {
+                let asked = Confirm {
+                    route: o.route.clone(),
+                    kind,
+                };
+                // Full or gone: the route's grid goes on; never wait on the scheduler here.
+                if tx.try_send(asked).is_err() {
+                    tracing::debug!(route = %o.route, "confirmation not queued");
+                }
+            }
+        }
         let flipped = o.kind != OutcomeKind::Passive && r.health.last_probe().2 != was_failing;
         if let Some(t) = t {
             self.on_transition(i, t, persist).await;
