@@ -12,6 +12,7 @@
 //! - [`route`]: `RouteId` (`provider/region/model`), `Route` with its effective probe settings,
 //!   tiers, capabilities, prices.
 //! - [`clock`]: the `Clock` trait, `SystemClock` and `ManualClock` for tests.
+//! - [`glob`]: the one route-id glob dialect (`*` any run, `?` one character).
 //! - [`secret`]: `Secret`, an environment-sourced value that never prints.
 //! - [`probe`]: the streaming probe client (OpenAI-compatible and Anthropic) and
 //!   `ProbeOutcome`/`ProbeError`, the classified result of one call.
@@ -86,6 +87,7 @@ pub mod config;
 pub mod demo;
 pub mod drift;
 pub mod drill;
+pub mod glob;
 pub mod health;
 pub mod heartbeat;
 pub mod probe;
