@@ -371,7 +371,7 @@ impl Machine {
             let text = format!(
                 "{} is CRITICAL but the last move was less than min_dwell ago; holding until {}",
                 self.serves,
-                crate::web::rfc3339(until)
+                crate::clock::rfc3339(until)
             );
             return self.block(now, "min_dwell", Vec::new(), text, until);
         }
