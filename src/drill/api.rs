@@ -10,7 +10,7 @@
 //!   the rest of `/api/v1`.
 //!
 //! Admin calls need the admin bearer token ([`crate::web::authorize_admin`]). Errors are
-//! SPEC's `{"error":{"code","message"}}`; bodies are bounded ([`MAX_BODY`]).
+//! the API's `{"error":{"code","message"}}`; bodies are bounded ([`MAX_BODY`]).
 
 use std::sync::Arc;
 

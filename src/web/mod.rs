@@ -266,7 +266,7 @@ async fn not_found() -> Response {
     api_error(StatusCode::NOT_FOUND, "not_found", "no such path")
 }
 
-/// SPEC's error shape: `{"error":{"code","message"}}`.
+/// The API's error shape (docs/http-api.md): `{"error":{"code","message"}}`.
 pub fn api_error(status: StatusCode, code: &str, message: &str) -> Response {
     (
         status,
