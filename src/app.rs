@@ -248,16 +248,15 @@ pub async fn start_with(
     )
     .await
     .map_err(|e| AppError::Drill(e.to_string()))?;
-    let weights_rx = crate::weights::spawn_publisher_full(
-        Arc::new(routes.clone()),
-        health_rx.clone(),
-        Some(drift.rx.clone()),
-        crate::weights::Policy::from_config(&config),
+    let weights_rx = crate::weights::spawn_publisher(
         crate::weights::Feeds {
+            policy: crate::weights::Policy::from_config(&config),
+            drift: Some(drift.rx.clone()),
             overrides: Some(switch.overrides.clone()),
             breakers: Some(breakers_rx),
-            pulse: Some(pulses.pulse(crate::heartbeat::WEIGHTS)),
             drills: Some(drills.caps()),
+            pulse: Some(pulses.pulse(crate::heartbeat::WEIGHTS)),
+            ..crate::weights::Feeds::new(Arc::new(routes.clone()), health_rx.clone())
         },
         shutdown.clone(),
     );

@@ -40,7 +40,7 @@ use crate::health::{HealthSnapshot, Incident, State as RouteState};
 use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::{Route, RouteId, Tier};
 use crate::store::{quantile, Counts, Granularity, Reader, Rollup, Samples, Store, StoreError};
-use crate::weights::{self, Policy};
+use crate::weights;
 
 /// Latency, TTFB and tokens/s cover this much recent time.
 pub const RECENT: TimeDelta = TimeDelta::hours(1);
@@ -203,7 +203,7 @@ pub fn error_budget_remaining(counts: Option<&Counts>, target: f64) -> Option<f6
 
 /// SPEC's `overall`: `outage`, `degraded` or `operational` (see the module doc).
 pub fn overall(routes: &[Route], health: &HealthSnapshot) -> &'static str {
-    let models = weights::compute(routes, health, &Policy::default());
+    let models = weights::compute(&weights::Inputs::new(routes, health));
     if models.values().any(|m| m.serving.all_unhealthy) {
         return "outage";
     }
