@@ -232,7 +232,7 @@ async fn run() {
     let mut compute_ms = Vec::new();
     for _ in 0..50 {
         let t = Instant::now();
-        std::hint::black_box(weights::compute(&routes, &a, &Policy::default()));
+        std::hint::black_box(weights::compute(&weights::Inputs::new(&routes, &a)));
         compute_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let mut w = Weights::new(routes.clone(), Policy::default(), &a);
@@ -264,7 +264,10 @@ async fn run() {
     // The service around the store.
     let (health_tx, health_rx) = watch::channel(Arc::new(a.clone()));
     let shutdown = CancellationToken::new();
-    let weights_rx = weights::spawn_publisher(routes.clone(), health_rx.clone(), shutdown.clone());
+    let weights_rx = weights::spawn_publisher(
+        weights::Feeds::new(routes.clone(), health_rx.clone()),
+        shutdown.clone(),
+    );
     let (passive_tx, _passive_rx) = mpsc::channel(16);
     let state = AppState {
         config: Arc::new(config.clone()).into(),

@@ -119,7 +119,7 @@ pub async fn start_with(
     options: StartOptions,
 ) -> Result<Running, AppError> {
     let started_at = clock.now();
-    // Hot reload (issue 12): the config in effect; consumers of live sections follow it.
+    // Hot reload: the config in effect; consumers of live sections follow it.
     let (live_tx, live_rx) = watch::channel(Arc::new(config.clone()));
     let live = crate::reload::LiveConfig::new(live_rx);
     // Loops that must not wait on the store beat in memory; the monitor persists them.
@@ -152,7 +152,7 @@ pub async fn start_with(
     let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
     let health_task = tokio::spawn(health.run(detect_rx, shutdown.clone()));
 
-    // Drift (issue 10): regression sets on their own schedule, findings on a watch channel,
+    // Drift: regression sets on their own schedule, findings on a watch channel,
     // `GET /api/v1/drift` merged into the web router below, heartbeat job "drift".
     let drift = crate::drift::spawn(
         &config,
@@ -205,9 +205,9 @@ pub async fn start_with(
     let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
     let passive_task = tokio::spawn(record_passive(passive_rx, store.writer(), detect_tx));
 
-    // Publishing (issue 5): weights follow health; metrics see every outcome; the ingest
+    // Publishing: weights follow health; metrics see every outcome; the ingest
     // token is read once here.
-    // Layers 4–5 (issue 11): the hourly extra-cost budget (the proxy reserves against it), the
+    // Switching: the hourly extra-cost budget (the proxy reserves against it), the
     // switch controller (SWITCHED through detection's command channel, its overrides into
     // the weights, `GET /api/v1/switches` merged into the web router below).
     let budget = crate::budget::Budget::new(
@@ -244,7 +244,7 @@ pub async fn start_with(
     // The in-process proxy's open breakers, disclosed in the weights' reasons (the proxy starts
     // below; without it the sender is dropped and the feed ends).
     let (breakers_tx, breakers_rx) = watch::channel(Arc::new(crate::weights::OpenBreakers::new()));
-    // Drills (issue 12): active drills restored from the store, their caps into the weights,
+    // Drills: active drills restored from the store, their caps into the weights,
     // the admin API and `GET /api/v1/drills` merged into the web router below.
     let drills = crate::drill::DrillService::restore(
         live.clone(),
@@ -254,16 +254,15 @@ pub async fn start_with(
     )
     .await
     .map_err(|e| AppError::Drill(e.to_string()))?;
-    let weights_rx = crate::weights::spawn_publisher_full(
-        Arc::new(routes.clone()),
-        health_rx.clone(),
-        Some(drift.rx.clone()),
-        crate::weights::Policy::from_config(&config),
+    let weights_rx = crate::weights::spawn_publisher(
         crate::weights::Feeds {
+            policy: crate::weights::Policy::from_config(&config),
+            drift: Some(drift.rx.clone()),
             overrides: Some(switch.overrides.clone()),
             breakers: Some(breakers_rx),
-            pulse: Some(pulses.pulse(crate::heartbeat::WEIGHTS)),
             drills: Some(drills.caps()),
+            pulse: Some(pulses.pulse(crate::heartbeat::WEIGHTS)),
+            ..crate::weights::Feeds::new(Arc::new(routes.clone()), health_rx.clone())
         },
         shutdown.clone(),
     );
@@ -455,7 +454,8 @@ async fn record(
 }
 
 /// The proxy's view of the monitor's weights, kept current by a task that ends with the
-/// publisher. Both speak SPEC's JSON, so the in-process proxy reads what a remote one would.
+/// publisher. Both speak the feed's JSON (docs/http-api.md), so the in-process proxy reads
+/// what a remote one would.
 fn follow_weights(
     mut monitor: watch::Receiver<Arc<crate::weights::WeightsSnapshot>>,
     routes: &[Route],

@@ -3,7 +3,13 @@
 
 use std::sync::Mutex;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
+
+/// RFC 3339 UTC with milliseconds (`2026-11-29T00:00:00.000Z`): how every time the product
+/// publishes (JSON API, weights feed, alert texts) is written.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
 
 /// Where "now" comes from. Timers and timeouts use `tokio::time` (pausable in tests); this is
 /// only for timestamps that are stored, compared with stored ones, or bucketed by time of day.
@@ -69,5 +75,13 @@ mod tests {
         assert_eq!(clock.now(), start);
         clock.advance(std::time::Duration::from_secs(90));
         assert_eq!((clock.now() - start).num_seconds(), 90);
+    }
+
+    #[test]
+    fn rfc3339_is_utc_with_milliseconds() {
+        let t = DateTime::from_timestamp_millis(1_764_374_400_123).unwrap();
+        assert_eq!(rfc3339(t), "2025-11-29T00:00:00.123Z");
+        let t = DateTime::from_timestamp(1_764_374_400, 0).unwrap();
+        assert_eq!(rfc3339(t), "2025-11-29T00:00:00.000Z");
     }
 }

@@ -12,6 +12,7 @@
 //! - [`route`]: `RouteId` (`provider/region/model`), `Route` with its effective probe settings,
 //!   tiers, capabilities, prices.
 //! - [`clock`]: the `Clock` trait, `SystemClock` and `ManualClock` for tests.
+//! - [`glob`]: the one route-id glob dialect (`*` any run, `?` one character).
 //! - [`secret`]: `Secret`, an environment-sourced value that never prints.
 //! - [`probe`]: the streaming probe client (OpenAI-compatible and Anthropic) and
 //!   `ProbeOutcome`/`ProbeError`, the classified result of one call.
@@ -37,25 +38,29 @@
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //! - [`proxy`]: the OpenAI-compatible routing proxy — candidates from the weights
 //!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
-//!   SPEC's failover classes (`proxy::attempt`), committed streams (`proxy::stream`), its own
+//!   the failover classes (`proxy::attempt`), committed streams (`proxy::stream`), its own
 //!   view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
 //!   Circuit breakers and backoff (`proxy::breaker`), metering (`proxy::meter`), idempotency
 //!   keys (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`).
-//!   Layer 3, degradation contracts: the pure decision (`proxy::contract`: feature header,
+//!   Degradation contracts: the pure decision (`proxy::contract`: feature header,
 //!   model state, cache keys, `user_message`), applying it (`proxy::degrade`), cached answers
 //!   (`proxy::cache`), async-queue jobs with their worker and `GET /v1/jobs/{id}`
 //!   (`proxy::jobs`); their tables in `store::contracts`.
-//! - [`weights`]: health → integer traffic weights per logical model by tier, versioned only
-//!   on real change, serialised once per version, published on a `watch` channel.
-//! - [`switch`]: layer 4, the switch controller — a pure per-model machine (CRITICAL →
-//!   pre-probe the backup → budget → switch; min dwell, hourly cap, hysteresis; canary return
-//!   through the weights) and its thin driver; records in SQLite, `GET /api/v1/switches`.
-//! - [`drill`]: drills (seed 004) — planned, time-limited moves of traffic off a route, ramped
+//! - [`weights`]: health (with drift, switch overrides, proxy breakers and drill caps: one
+//!   `weights::Inputs`) → integer traffic weights per logical model by tier (the pure
+//!   `weights::compute`), versioned only on real change, serialised once per version,
+//!   published on a `watch` channel by `weights::spawn_publisher`.
+//! - [`switch`]: the switch controller — a pure per-model machine (CRITICAL → pre-probe the
+//!   backup → budget → switch; min dwell, hourly cap, hysteresis; canary return through the
+//!   weights), its thin driver (`switch::driver`), the published status and list
+//!   (`switch::view`); records in SQLite, `GET /api/v1/switches`.
+//! - [`drill`]: drills — planned, time-limited moves of traffic off a route, ramped
 //!   in stages (`drill::plan`, pure), refused outside the off-peak windows unless forced,
 //!   persisted and ended by themselves (`drill::service`, caps into the weights), with a
-//!   report against the backup's own history (`drill::report`, pure); the admin API
+//!   report against the backup's own history (`drill::report`, pure, its text form in
+//!   `drill::report::text`); the admin API
 //!   (`drill::api`) and `probeok drill start|stop|report` (`drill::client`).
-//! - [`budget`]: layer 5, the extra cost of non-primary serving per clock hour — reserve the
+//! - [`budget`]: the extra cost of non-primary serving per clock hour — reserve the
 //!   estimated maximum before a request, settle with the metered usage; `degrade_at` stops
 //!   new switches.
 //! - [`web`]: the monitor's HTTP router — JSON API (status, probes, incidents, ingest), the
@@ -86,6 +91,7 @@ pub mod config;
 pub mod demo;
 pub mod drift;
 pub mod drill;
+pub mod glob;
 pub mod health;
 pub mod heartbeat;
 pub mod probe;

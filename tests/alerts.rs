@@ -957,8 +957,10 @@ async fn maintenance_and_silences_suppress() {
     let (passive, _rx) = tokio::sync::mpsc::channel(4);
     let routes = Arc::new(config.routes());
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let weights =
-        probeok::weights::spawn_publisher(routes.clone(), health.clone(), shutdown.clone());
+    let weights = probeok::weights::spawn_publisher(
+        probeok::weights::Feeds::new(routes.clone(), health.clone()),
+        shutdown.clone(),
+    );
     let state = probeok::web::AppState {
         metrics: Arc::new(probeok::web::Metrics::new(&routes)),
         routes,

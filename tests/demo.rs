@@ -9,7 +9,7 @@ use probeok::health::{HealthSnapshot, State};
 use probeok::probe::ProbeClient;
 use probeok::route::{RouteId, Tier};
 use probeok::store::{Store, StoreOptions};
-use probeok::weights::{compute_with_drift, Policy};
+use probeok::weights::{compute, Inputs, Policy};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test]
@@ -44,7 +44,11 @@ async fn the_demo_runs_no_regression_sets_and_every_route_can_carry_traffic() {
     let ids: Vec<RouteId> = routes.iter().map(|r| r.id.clone()).collect();
     let now = clock.now();
     let start = HealthSnapshot::initial(&ids, now);
-    let models = compute_with_drift(&routes, &start, Some(&snapshot), &policy);
+    let models = compute(&Inputs {
+        policy: &policy,
+        drift: Some(&snapshot),
+        ..Inputs::new(&routes, &start)
+    });
     for (serves, m) in &models {
         for e in &m.entries {
             assert_ne!(e.reason, "regression_failed", "{serves}: {}", e.route);
@@ -62,7 +66,11 @@ async fn the_demo_runs_no_regression_sets_and_every_route_can_carry_traffic() {
             s.state = State::Normal;
         }
     }
-    let models = compute_with_drift(&routes, &down, Some(&snapshot), &policy);
+    let models = compute(&Inputs {
+        policy: &policy,
+        drift: Some(&snapshot),
+        ..Inputs::new(&routes, &down)
+    });
     for (serves, m) in &models {
         assert_eq!(m.serving.tier, Some(Tier::Backup), "{serves}");
         for e in m.entries.iter().filter(|e| e.tier == Tier::Backup) {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::app::*;
 use probeok::health::State;
 use probeok::route::Tier;
-use probeok::weights::{compute, spawn_publisher, Policy, Weights};
+use probeok::weights::{compute, spawn_publisher, Feeds, Inputs, Policy, Weights};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -42,11 +42,9 @@ fn all_normal() -> Vec<probeok::health::RouteStatus> {
 fn weights_of(
     statuses: Vec<probeok::health::RouteStatus>,
 ) -> (Vec<u8>, Vec<String>, Option<Tier>, bool) {
-    let models = compute(
-        &routes(),
-        &snapshot(at("2026-03-04T12:00:00Z"), statuses),
-        &Policy::default(),
-    );
+    let routes = routes();
+    let health = snapshot(at("2026-03-04T12:00:00Z"), statuses);
+    let models = compute(&Inputs::new(&routes, &health));
     let chat = &models["chat"];
     (
         chat.entries.iter().map(|e| e.weight).collect(),
@@ -169,7 +167,7 @@ async fn version_is_unchanged_across_100_identical_health_publishes() {
     let t0 = at("2026-03-04T12:00:00Z");
     let (tx, rx) = watch::channel(Arc::new(snapshot(t0, all_normal())));
     let shutdown = CancellationToken::new();
-    let mut weights = spawn_publisher(Arc::new(routes()), rx, shutdown.clone());
+    let mut weights = spawn_publisher(Feeds::new(Arc::new(routes()), rx), shutdown.clone());
     let first = weights.borrow_and_update().clone();
     assert_eq!(
         first.version as i64,
@@ -215,12 +213,13 @@ fn drift_weights(
     drift: &probeok::drift::DriftSnapshot,
     policy: &Policy,
 ) -> (Vec<u8>, Vec<String>, Option<Tier>) {
-    let models = probeok::weights::compute_with_drift(
-        &routes(),
-        &snapshot(at("2026-03-04T12:00:00Z"), statuses),
-        Some(drift),
+    let routes = routes();
+    let health = snapshot(at("2026-03-04T12:00:00Z"), statuses);
+    let models = compute(&Inputs {
         policy,
-    );
+        drift: Some(drift),
+        ..Inputs::new(&routes, &health)
+    });
     let chat = &models["chat"];
     (
         chat.entries.iter().map(|e| e.weight).collect(),
@@ -319,11 +318,12 @@ async fn the_publisher_follows_drift_changes() {
     let t = at("2026-03-04T12:00:00Z");
     let (_health_tx, health_rx) = watch::channel(Arc::new(snapshot(t, all_normal())));
     let (drift_tx, drift_rx) = watch::channel(Arc::new(drift_snapshot(Vec::new(), &[])));
-    let mut weights = probeok::weights::spawn_publisher_with(
-        Arc::new(routes()),
-        health_rx,
-        Some(drift_rx),
-        policy("deweight"),
+    let mut weights = spawn_publisher(
+        Feeds {
+            policy: policy("deweight"),
+            drift: Some(drift_rx),
+            ..Feeds::new(Arc::new(routes()), health_rx)
+        },
         shutdown.clone(),
     );
     let v0 = weights.borrow_and_update().version;
@@ -356,14 +356,10 @@ fn an_open_proxy_breaker_shows_in_the_reason_and_keeps_the_weight() {
     s[1] = with_state(s[1].clone(), State::Critical, "error_rate_high");
     let health = snapshot(at("2026-03-04T12:00:00Z"), s);
     let open: probeok::weights::OpenBreakers = [routes[0].id.clone(), routes[1].id.clone()].into();
-    let models = probeok::weights::compute_full(
-        &routes,
-        &health,
-        None,
-        &Policy::default(),
-        &probeok::weights::Overrides::new(),
-        &open,
-    );
+    let models = compute(&Inputs {
+        breakers: &open,
+        ..Inputs::new(&routes, &health)
+    });
     let chat = &models["chat"];
     // The NORMAL primary keeps its whole share (the proxy tries it last; half-open trials need
     // traffic) but says why a router may see failures; the CRITICAL one keeps detection's word.
@@ -381,15 +377,10 @@ async fn the_publisher_follows_the_proxys_breakers() {
         watch::channel(Arc::new(probeok::weights::OpenBreakers::new()));
     let routes = routes();
     let first = routes[0].id.clone();
-    let mut weights = probeok::weights::spawn_publisher_full(
-        Arc::new(routes),
-        health_rx,
-        None,
-        Policy::default(),
-        probeok::weights::Feeds {
-            overrides: None,
+    let mut weights = spawn_publisher(
+        Feeds {
             breakers: Some(breakers_rx),
-            ..Default::default()
+            ..Feeds::new(Arc::new(routes), health_rx)
         },
         shutdown.clone(),
     );
@@ -406,5 +397,85 @@ async fn the_publisher_follows_the_proxys_breakers() {
         (entry.route.clone(), entry.reason.as_str()),
         (first, "breaker_open")
     );
+    shutdown.cancel();
+}
+
+/// Waits for the publisher's next version.
+async fn next_version(
+    weights: &mut probeok::weights::WeightsRx,
+) -> Arc<probeok::weights::WeightsSnapshot> {
+    tokio::time::timeout(Duration::from_secs(5), weights.changed())
+        .await
+        .expect("a new version")
+        .unwrap();
+    weights.borrow_and_update().clone()
+}
+
+#[tokio::test]
+async fn the_publisher_follows_switch_overrides_and_drills_even_after_health_stops() {
+    use probeok::weights::{DrillCap, DrillCaps, Overrides, SwitchOverride};
+    let shutdown = CancellationToken::new();
+    let t = at("2026-03-04T12:00:00Z");
+    let (health_tx, health_rx) = watch::channel(Arc::new(snapshot(t, all_normal())));
+    let (overrides_tx, overrides_rx) = watch::channel(Arc::new(Overrides::new()));
+    let (drills_tx, drills_rx) = watch::channel(Arc::new(DrillCaps::new()));
+    let mut weights = spawn_publisher(
+        Feeds {
+            overrides: Some(overrides_rx),
+            drills: Some(drills_rx),
+            ..Feeds::new(Arc::new(routes()), health_rx)
+        },
+        shutdown.clone(),
+    );
+    let v0 = weights.borrow_and_update().version;
+    assert_eq!(weights.borrow().weight(&id(BJ)), Some(60));
+    // Health goes away: the last weights stay, the other feeds still move them.
+    drop(health_tx);
+
+    let switched = |primary_share| {
+        Arc::new(Overrides::from([(
+            "chat".to_owned(),
+            SwitchOverride {
+                backup: id(DS),
+                primary_share,
+            },
+        )]))
+    };
+    overrides_tx.send_replace(switched(0));
+    let w = next_version(&mut weights).await;
+    assert_eq!(w.version, v0 + 1);
+    assert_eq!((w.weight(&id(DS)), w.weight(&id(BJ))), (Some(100), Some(0)));
+    assert_eq!(w.models["chat"].entries[2].reason, "switched");
+
+    overrides_tx.send_replace(switched(25));
+    let w = next_version(&mut weights).await;
+    let chat: Vec<(u8, &str)> = w.models["chat"]
+        .entries
+        .iter()
+        .map(|e| (e.weight, e.reason.as_str()))
+        .collect();
+    assert_eq!(
+        chat[..3],
+        [(15, "canary"), (10, "canary"), (75, "canary")],
+        "{chat:?}"
+    );
+
+    // The return completes, and a drill takes the first primary's traffic.
+    overrides_tx.send_replace(Arc::new(Overrides::new()));
+    let w = next_version(&mut weights).await;
+    assert_eq!(w.weight(&id(BJ)), Some(60));
+    drills_tx.send_replace(Arc::new(DrillCaps::from([(
+        id(BJ),
+        DrillCap {
+            drill: 1,
+            target: 0,
+            percent: 100,
+            text: "drill 1".into(),
+        },
+    )])));
+    let w = next_version(&mut weights).await;
+    let bj = &w.models["chat"].entries[0];
+    assert_eq!((bj.weight, bj.reason.as_str()), (0, "drill"));
+    assert_eq!(w.weight(&id("qwen/sh/qwen-max")), Some(100));
     shutdown.cancel();
 }

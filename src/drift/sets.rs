@@ -6,7 +6,7 @@
 //! name = "format"                 # [a-z0-9_-]+, unique across the folder
 //! description = "…"               # optional
 //! every = "1h"                    # how often the set runs on each route it applies to
-//! applies_to = ["chat-main", "qwen/*"]   # logical models (`serves`) or route-id globs (`*`)
+//! applies_to = ["chat-main", "qwen/*"]   # logical models (`serves`) or route-id globs (`*`, `?`)
 //!
 //! [params]                        # all optional, defaults shown
 //! temperature = 0
@@ -35,6 +35,9 @@ use super::validate::{one_line, Schema, Validator};
 use crate::config::{parse_located, Checker, ConfigErrors, Diagnostic};
 use crate::probe::{ChatMessage, ChatRequest, Role};
 use crate::route::Route;
+
+/// The product's one glob dialect (`*` any run, `?` one character), kept at this path.
+pub use crate::glob::glob_match;
 
 /// Largest `max_tokens` a set may ask for: sets run on every route every `every`; their cost
 /// must stay small and predictable.
@@ -107,30 +110,6 @@ impl RegressionSet {
             first_byte_timeout: self.params.first_byte_timeout,
         }
     }
-}
-
-/// `*` matches any run of characters (including `/`); everything else literally.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let t: Vec<char> = text.chars().collect();
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && p[pi] != '*' && p[pi] == t[ti] {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
 }
 
 #[derive(Debug, Deserialize)]
@@ -507,22 +486,5 @@ fn case(ck: &mut Checker<'_>, p: &str, c: RawCase) -> Case {
         messages,
         validators,
         example: c.example,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn globs() {
-        assert!(glob_match("*", "a/b/c"));
-        assert!(glob_match("qwen/*", "qwen/cn/qwen-max"));
-        assert!(!glob_match("qwen/*", "deepseek/cn/x"));
-        assert!(glob_match("*/cn/*", "qwen/cn/qwen-max"));
-        assert!(glob_match("a*c", "abbbc"));
-        assert!(!glob_match("a*c", "abbbd"));
-        assert!(glob_match("exact/id/m", "exact/id/m"));
-        assert!(!glob_match("exact/id", "exact/id/m"));
     }
 }

@@ -10,7 +10,7 @@
 //!   the rest of `/api/v1`.
 //!
 //! Admin calls need the admin bearer token ([`crate::web::authorize_admin`]). Errors are
-//! SPEC's `{"error":{"code","message"}}`; bodies are bounded ([`MAX_BODY`]).
+//! the API's `{"error":{"code","message"}}`; bodies are bounded ([`MAX_BODY`]).
 
 use std::sync::Arc;
 
@@ -288,7 +288,7 @@ async fn list(State(s): State<ApiState>, q: Result<Query<ListQuery>, QueryReject
     let views: Vec<DrillView> = drills.into_iter().map(|d| DrillView::new(d, now)).collect();
     let active: Vec<&DrillView> = views.iter().filter(|v| v.drill.active()).collect();
     Json(json!({
-        "generated_at": crate::web::rfc3339(now),
+        "generated_at": crate::clock::rfc3339(now),
         "off_peak": {
             "rule": match off_peak.rule {
                 Rule::Configured => "configured",

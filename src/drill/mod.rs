@@ -1,4 +1,4 @@
-//! Drills (seed 004): planned, time-limited, recorded moves of traffic off one route — to
+//! Drills: planned, time-limited, recorded moves of traffic off one route — to
 //! prove that the routes behind it (its "backup") carry the load before an incident makes
 //! them. A drill is started by an operator through the admin API (or `probeok drill start`),
 //! refused outside the off-peak windows unless forced, ramps the route's weight towards its

@@ -29,7 +29,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -266,7 +266,7 @@ async fn not_found() -> Response {
     api_error(StatusCode::NOT_FOUND, "not_found", "no such path")
 }
 
-/// SPEC's error shape: `{"error":{"code","message"}}`.
+/// The API's error shape (docs/http-api.md): `{"error":{"code","message"}}`.
 pub fn api_error(status: StatusCode, code: &str, message: &str) -> Response {
     (
         status,
@@ -363,7 +363,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// RFC 3339 UTC with milliseconds: how every time in the API is written.
+/// RFC 3339 UTC with milliseconds: how every time in the API is written
+/// ([`crate::clock::rfc3339`]).
 pub fn rfc3339(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+    crate::clock::rfc3339(t)
 }

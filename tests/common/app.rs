@@ -162,7 +162,10 @@ impl Harness {
         let (health_tx, health_rx) = watch::channel(Arc::new(HealthSnapshot::initial(&ids, now)));
         let shutdown = CancellationToken::new();
         let routes = Arc::new(routes);
-        let weights = weights::spawn_publisher(routes.clone(), health_rx.clone(), shutdown.clone());
+        let weights = weights::spawn_publisher(
+            weights::Feeds::new(routes.clone(), health_rx.clone()),
+            shutdown.clone(),
+        );
         let (passive_tx, passive_rx) = mpsc::channel(opts.passive_capacity);
         let state = AppState {
             config: Arc::new(config).into(),

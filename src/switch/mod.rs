@@ -1,6 +1,6 @@
-//! Layer 4: the switch controller — per logical model, move the traffic from its primaries to a
-//! backup when the primaries are `CRITICAL`, and bring it back gradually (seed 000 layer 4,
-//! seed 004's switching rules). Decisions come from `[switch]`, never improvised.
+//! The switch controller: per logical model, move the traffic from its primaries to a backup
+//! when the primaries are `CRITICAL`, and bring it back gradually. Every decision follows the
+//! `[switch]` settings (docs/configuration.md), never improvised.
 //!
 //! **The machine** ([`Machine`]) is pure: plain data, [`Machine::step`] is a function of
 //! (phase, [`Input`], `now`) returning [`Effect`]s; the pre-probe result comes back through
@@ -28,43 +28,46 @@
 //! backup, failed pre-probe, budget, dwell, cap) is a `blocked` record, once per cause per
 //! episode, retried after [`RETRY_BLOCKED`] (or the dwell's end).
 //!
-//! Every switch, canary stage, abort, return and refusal is a [`SwitchRecord`] (seed 004's
-//! `switch_context`: trigger, from/to routes, automatic, dwell-until), stored in SQLite
-//! (`switch_events`), sent as [`HealthEvent::Switch`] (alerts: `critical` for a switch or a
-//! refusal, `warning` for an abort, `info` for canary stages and the return), and listed by
-//! `GET /api/v1/switches` with the current phase of every model and the budget.
+//! Every switch, canary stage, abort, return and refusal is a [`SwitchRecord`] (its switch
+//! context: trigger, from/to routes, automatic, dwell-until), stored in SQLite
+//! (`switch_events`), sent as
+//! [`HealthEvent::Switch`](crate::health::HealthEvent::Switch) (alerts: `critical` for a
+//! switch or a refusal, `warning` for an abort, `info` for canary stages and the return),
+//! and listed by `GET /api/v1/switches` with the current phase of every model and the
+//! budget.
 //!
-//! **The driver** ([`spawn`]) is thin: on every health snapshot and every second it steps
-//! each machine, runs the pre-probe (the real probe client), sets `SWITCHED` through the
-//! health service's command channel, publishes the weights [`Overrides`], stores and
-//! announces the records.
+//! This module is the pure machine and its types. Around it:
+//! - [`driver`] ([`spawn`]), the thin I/O shell: on every health snapshot and every second it
+//!   steps each machine, runs the pre-probe (the real probe client), sets `SWITCHED` through
+//!   the health service's command channel, publishes the weights
+//!   [`Overrides`](crate::weights::Overrides), stores and announces the records;
+//! - [`view`]: the published [`SwitchStatus`] and [`list`], the body of
+//!   `GET /api/v1/switches`;
+//! - [`api`]: that endpoint's HTTP handler ([`router`]).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod api;
+pub mod driver;
+pub mod view;
+
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Query, State as AxState};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{broadcast, mpsc, watch};
-use tokio_util::sync::CancellationToken;
 
-use crate::budget::{Budget, BudgetSnapshot};
-use crate::clock::Clock;
+use crate::budget::Budget;
 use crate::config::SwitchConfig;
-use crate::health::service::HealthCommand;
-use crate::health::{HealthEvent, HealthRx, HealthSnapshot, State};
-use crate::probe::{OutcomeKind, ProbeOutcome};
+use crate::health::{HealthSnapshot, State};
+use crate::probe::ProbeOutcome;
 use crate::route::{Route, RouteId, Tier};
-use crate::scheduler::Prober;
-use crate::store::Store;
-use crate::weights::{Overrides, SwitchOverride};
+use crate::weights::SwitchOverride;
+
+pub use api::router;
+pub use driver::{spawn, Driver, Spawned};
+use view::status_of;
+pub use view::{list, ModelSwitch, SwitchList, SwitchRx, SwitchStatus};
 
 /// A refused switch is tried again after this long (a failed pre-probe, no healthy backup,
 /// the budget, the cap).
@@ -122,7 +125,7 @@ pub struct Episode {
     pub extra_cost: f64,
 }
 
-/// One switch, canary stage, abort, return or refusal (seed 004's `switch_context`).
+/// One switch, canary stage, abort, return or refusal, with its context.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SwitchRecord {
     /// The logical model.
@@ -147,8 +150,8 @@ pub struct SwitchRecord {
 }
 
 impl SwitchRecord {
-    /// Alert severity: a switch or a refusal is `critical` (SPEC: SWITCHED), an abort
-    /// `warning`, canary stages and the return `info`.
+    /// Alert severity: a switch or a refusal is `critical` (the model is SWITCHED, or CRITICAL
+    /// with nowhere to go), an abort `warning`, canary stages and the return `info`.
     pub fn severity(&self) -> &'static str {
         match self.action {
             Action::Switch | Action::Blocked => "critical",
@@ -162,7 +165,7 @@ impl SwitchRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Input {
     pub now: DateTime<Utc>,
-    /// The best judged state among the model's primaries (the model's state, SPEC).
+    /// The best judged state among the model's primaries (the model's state).
     pub primary: State,
     /// The reason code of that primary (the switch's trigger).
     pub primary_reason: Option<String>,
@@ -371,7 +374,7 @@ impl Machine {
             let text = format!(
                 "{} is CRITICAL but the last move was less than min_dwell ago; holding until {}",
                 self.serves,
-                crate::web::rfc3339(until)
+                crate::clock::rfc3339(until)
             );
             return self.block(now, "min_dwell", Vec::new(), text, until);
         }
@@ -732,228 +735,9 @@ pub fn input_for(
     }
 }
 
-/// One model's phase as published.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ModelSwitch {
-    pub serves: String,
-    pub primaries: Vec<RouteId>,
-    #[serde(flatten)]
-    pub phase: Phase,
-    pub dwell_until: Option<DateTime<Utc>>,
-    pub switches_last_hour: usize,
-}
-
-/// What `GET /api/v1/switches` (and later the status page) shows now.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SwitchStatus {
-    pub generated_at: DateTime<Utc>,
-    pub models: Vec<ModelSwitch>,
-    pub budget: BudgetSnapshot,
-}
-
-pub type SwitchRx = watch::Receiver<Arc<SwitchStatus>>;
-
-fn status_of(machines: &[Machine], budget: &Budget, now: DateTime<Utc>) -> SwitchStatus {
-    SwitchStatus {
-        generated_at: now,
-        models: machines
-            .iter()
-            .map(|m| ModelSwitch {
-                serves: m.serves.clone(),
-                primaries: m.primaries.clone(),
-                phase: m.phase.clone(),
-                dwell_until: m.dwell_until,
-                switches_last_hour: m.switches_last_hour(now),
-            })
-            .collect(),
-        budget: budget.snapshot(),
-    }
-}
-
 /// Whether a pre-probe outcome passes: a success whose answer was not found changed.
 pub fn pre_probe_passed(o: &ProbeOutcome) -> bool {
     o.success && o.verified != Some(false)
-}
-
-/// What the driver needs.
-pub struct Driver {
-    pub routes: Arc<Vec<Route>>,
-    pub cfg: SwitchConfig,
-    pub health: HealthRx,
-    pub commands: mpsc::Sender<HealthCommand>,
-    pub budget: Arc<Budget>,
-    pub prober: Arc<dyn Prober>,
-    pub store: Store,
-    pub events: broadcast::Sender<HealthEvent>,
-    pub clock: Arc<dyn Clock>,
-    /// How often the machines are stepped besides every health change.
-    pub tick: Duration,
-    /// The controller's heartbeat (`switch`), beaten every round.
-    pub pulse: Option<crate::heartbeat::Pulse>,
-}
-
-/// The running controller's outputs.
-pub struct Spawned {
-    /// Feed it to `weights::spawn_publisher_with`.
-    pub overrides: watch::Receiver<Arc<Overrides>>,
-    pub status: SwitchRx,
-    pub task: tokio::task::JoinHandle<()>,
-}
-
-/// Starts the driver (see the module docs); it ends on `shutdown`.
-pub fn spawn(d: Driver, shutdown: CancellationToken) -> Spawned {
-    let mut machines = machines(&d.routes, &d.cfg);
-    let (ov_tx, ov_rx) = watch::channel(Arc::new(Overrides::new()));
-    let (st_tx, st_rx) = watch::channel(Arc::new(status_of(&machines, &d.budget, d.clock.now())));
-    let task = tokio::spawn(async move {
-        let mut health = d.health.clone();
-        let mut tick = tokio::time::interval(d.tick.max(Duration::from_millis(10)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut overrides = Overrides::new();
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-                changed = health.changed() => if changed.is_err() {
-                    shutdown.cancelled().await;
-                    break;
-                },
-            }
-            let snap = health.borrow_and_update().clone();
-            let mut changed = false;
-            for m in &mut machines {
-                // A pre-probe's answer is acted on in the same round.
-                for _ in 0..4 {
-                    let input = input_for(m, &d.routes, &snap, &d.budget, d.clock.now());
-                    let effects = m.step(&input);
-                    if effects.is_empty() {
-                        break;
-                    }
-                    changed = true;
-                    let mut probed = false;
-                    for e in effects {
-                        match e {
-                            Effect::PreProbe(id) => {
-                                probed = true;
-                                let outcome = match d.routes.iter().find(|r| r.id == id) {
-                                    Some(route) => {
-                                        Some(d.prober.probe(route, OutcomeKind::Probe).await)
-                                    }
-                                    None => None,
-                                };
-                                let (ok, detail) = match &outcome {
-                                    Some(o) if pre_probe_passed(o) => {
-                                        (true, format!("{:.0} ms", o.total_ms))
-                                    }
-                                    Some(o) => (
-                                        false,
-                                        o.error.as_ref().map_or_else(
-                                            || "answer changed".to_owned(),
-                                            ToString::to_string,
-                                        ),
-                                    ),
-                                    None => (false, "not configured".to_owned()),
-                                };
-                                m.pre_probed(&id, ok, detail);
-                            }
-                            Effect::SetSwitched { routes, on } => {
-                                if d.commands
-                                    .send(HealthCommand::SetSwitched { routes, on })
-                                    .await
-                                    .is_err()
-                                {
-                                    tracing::error!(
-                                        "the health service has stopped; SWITCHED not set"
-                                    );
-                                }
-                            }
-                            Effect::Override(o) => {
-                                match o {
-                                    Some(o) => overrides.insert(m.serves.clone(), o),
-                                    None => overrides.remove(&m.serves),
-                                };
-                                ov_tx.send_replace(Arc::new(overrides.clone()));
-                            }
-                            Effect::Record(r) => {
-                                if let Err(e) = d.store.writer().record_switch(r.clone()).await {
-                                    tracing::error!(error = %e, "cannot store a switch record");
-                                }
-                                let _ = d.events.send(HealthEvent::Switch {
-                                    record: Box::new(r),
-                                });
-                            }
-                        }
-                    }
-                    if !probed {
-                        break;
-                    }
-                }
-            }
-            if let Some(p) = &d.pulse {
-                p.beat();
-            }
-            let now = d.clock.now();
-            let next = status_of(&machines, &d.budget, now);
-            let same = {
-                let cur = st_tx.borrow();
-                cur.models == next.models && cur.budget == next.budget
-            };
-            if changed || !same {
-                st_tx.send_replace(Arc::new(next));
-            }
-        }
-    });
-    Spawned {
-        overrides: ov_rx,
-        status: st_rx,
-        task,
-    }
-}
-
-#[derive(Clone)]
-struct ApiState {
-    status: SwitchRx,
-    store: Store,
-}
-
-#[derive(Debug, Deserialize)]
-struct ListQuery {
-    limit: Option<usize>,
-}
-
-/// The fragment: `GET /api/v1/switches?limit=N` → `{generated_at, models:[{serves, primaries,
-/// phase, backup?, since?, stage?, ratio?, dwell_until, switches_last_hour}], budget:{…},
-/// records:[…newest first]}`.
-pub fn router(status: SwitchRx, store: Store) -> Router {
-    Router::new()
-        .route("/api/v1/switches", get(list))
-        .with_state(ApiState { status, store })
-}
-
-async fn list(AxState(s): AxState<ApiState>, Query(q): Query<ListQuery>) -> Response {
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let store = s.store.clone();
-    let records = tokio::task::spawn_blocking(move || store.reader()?.switch_records(limit)).await;
-    let records = match records {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "cannot read switch records");
-            return (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response();
-        }
-        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    };
-    let status = s.status.borrow().clone();
-    #[derive(Serialize)]
-    struct Body<'a> {
-        #[serde(flatten)]
-        status: &'a SwitchStatus,
-        records: Vec<SwitchRecord>,
-    }
-    Json(Body {
-        status: &status,
-        records,
-    })
-    .into_response()
 }
 
 #[cfg(test)]
