@@ -13,54 +13,48 @@
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use bytes::Bytes;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::time::Instant;
 
 use super::contract::{self, Decision};
-use super::select::{self, Needs};
+use super::intake::Intake;
+use super::record::Outcome;
+use super::reject::{set_retry_after, Reject};
+use super::request::{Answer, Mode, RequestCtx};
+use super::select;
 use super::weights::WeightsView;
-use super::{cache, jobs, plain, route, Answer, Ctx, Proxy};
+use super::{cache, failover, jobs, Proxy};
 use crate::config::Behaviour;
-
-/// What the contract decision needs to know of a request.
-pub(super) struct Req<'a> {
-    pub request: &'a Value,
-    pub model: &'a str,
-    pub needs: &'a Needs,
-    pub view: &'a WeightsView,
-    /// `x-probeok-feature`, validated.
-    pub feature: Option<&'a str>,
-    /// `sha256(client key)`.
-    pub owner: String,
-    pub residency: Option<String>,
-    /// The body as received (kept with an async job).
-    pub raw: &'a Bytes,
-}
 
 /// Applies the request's contract, if one applies now: `Some` is the answer; `None` means
 /// "serve it the normal way" (with whatever the contract added to the disclosure).
-pub(super) async fn apply(proxy: &Proxy, ctx: &mut Ctx, req: &Req<'_>) -> Option<Answer> {
+pub(super) async fn apply(
+    proxy: &Proxy,
+    ctx: &mut RequestCtx,
+    req: &Intake,
+    view: &WeightsView,
+) -> Option<Result<Answer, Reject>> {
     let p = &proxy.inner;
     let live = p.live.borrow().clone();
-    let chosen = live.contract_for(req.feature);
-    let feature = contract::reported_feature(req.feature);
+    let chosen = live.contract_for(req.feature.as_deref());
+    let feature = contract::reported_feature(req.feature.as_deref());
+    let owner = contract::owner_of(&req.client_key);
     let now = p.clock.now();
     // A contract with `cached_response` remembers every successful answer, healthy or not.
     if let (Some(c), Some(_)) = (chosen, &p.cache) {
         if contract::cache_max_age(c).is_some() {
             let longest = contract::longest_cache_age(&live.contracts).unwrap_or_default();
             ctx.cache = Some(cache::Slot {
-                key: contract::cache_key(req.request, req.needs.stream, feature, &req.owner),
+                key: contract::cache_key(&req.request, req.needs.stream, feature, &owner),
                 feature: feature.to_owned(),
                 stream: req.needs.stream,
                 purge_before: now - chrono::Duration::from_std(longest).unwrap_or_default(),
             });
         }
     }
-    let d = contract::decide(chosen, contract::severity(req.view, req.model))?;
+    let d = contract::decide(chosen, contract::severity(view, &req.model))?;
     let name = d.behaviour.name();
     let msg = d.user_message.as_deref();
     if let Some(m) = msg {
@@ -70,14 +64,12 @@ pub(super) async fn apply(proxy: &Proxy, ctx: &mut Ctx, req: &Req<'_>) -> Option
     }
     match &d.behaviour {
         Behaviour::Reject { message } => {
-            let body = json!({
-                "error": {"message": message, "type": "service_unavailable", "code": "feature_degraded"},
-                "probeok": contract::block("degraded", feature, name, msg),
-            });
-            let mut r = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
-            retry_after(&mut r, d.retry_after);
-            used(proxy, ctx, &d, req.model, "rejected");
-            Some(plain(r))
+            used(proxy, ctx, &d, &req.model, Some(Outcome::Rejected));
+            Some(Err(Reject::FeatureDegraded {
+                message: message.clone(),
+                retry_after: d.retry_after,
+                probeok: contract::block("degraded", feature, name, msg),
+            }))
         }
         Behaviour::CachedResponse { max_age } => {
             let hit = match (&ctx.cache, &p.cache) {
@@ -107,12 +99,12 @@ pub(super) async fn apply(proxy: &Proxy, ctx: &mut Ctx, req: &Req<'_>) -> Option
                 h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             }
             ctx.d.extra.push(("x-probeok-cache", "hit".to_owned()));
-            used(proxy, ctx, &d, req.model, "cached");
-            Some(plain(r))
+            used(proxy, ctx, &d, &req.model, Some(Outcome::Cached));
+            Some(Ok(Answer::Plain(r)))
         }
         Behaviour::FallbackModel(fallback) => {
-            if !fallback_usable(proxy, fallback, req) {
-                tracing::info!(model = req.model, fallback = %fallback, "contract fallback model unusable (degraded, down or incapable); serving the original model");
+            if !fallback_usable(proxy, fallback, req, view) {
+                tracing::info!(model = %req.model, fallback = %fallback, "contract fallback model unusable (degraded, down or incapable); serving the original model");
                 ctx.d
                     .extra
                     .push(("x-probeok-contract", "fallback_model_unusable".to_owned()));
@@ -123,8 +115,8 @@ pub(super) async fn apply(proxy: &Proxy, ctx: &mut Ctx, req: &Req<'_>) -> Option
             ctx.d.fallback_reason = Some(contract::FALLBACK_REASON.to_owned());
             ctx.d.extra.push(("x-probeok-model", fallback.clone()));
             ctx.probeok = Some(contract::block("fallback", feature, name, msg));
-            used(proxy, ctx, &d, req.model, "");
-            Some(route(proxy, ctx, req.request, fallback, req.needs, req.view).await)
+            used(proxy, ctx, &d, &req.model, None);
+            Some(failover::route(proxy, ctx, &req.request, fallback, &req.needs, view).await)
         }
         Behaviour::AsyncQueue { ttl } => {
             let Some(queue) = &p.jobs else {
@@ -134,9 +126,9 @@ pub(super) async fn apply(proxy: &Proxy, ctx: &mut Ctx, req: &Req<'_>) -> Option
                 return None;
             };
             let new = jobs::NewJob {
-                owner: req.owner.clone(),
+                owner,
                 feature: feature.to_owned(),
-                model: req.model.to_owned(),
+                model: req.model.clone(),
                 residency: req.residency.clone(),
                 stream_requested: req.needs.stream,
                 request: req.raw.to_vec(),
@@ -160,23 +152,17 @@ pub(super) async fn apply(proxy: &Proxy, ctx: &mut Ctx, req: &Req<'_>) -> Option
                     if let Ok(v) = HeaderValue::from_str(&jobs::poll_path(&job.id)) {
                         h.insert(header::LOCATION, v);
                     }
-                    retry_after(&mut r, d.retry_after);
-                    used(proxy, ctx, &d, req.model, "queued");
-                    Some(plain(r))
+                    set_retry_after(&mut r, d.retry_after);
+                    used(proxy, ctx, &d, &req.model, Some(Outcome::Queued));
+                    Some(Ok(Answer::Plain(r)))
                 }
                 jobs::Created::Full => {
-                    let body = json!({
-                        "error": {
-                            "message": format!("the queue for degraded requests is full ({} jobs); retry later", jobs::MAX_QUEUED),
-                            "type": "service_unavailable",
-                            "code": "queue_full",
-                        },
-                        "probeok": contract::block("degraded", feature, name, msg),
-                    });
-                    let mut r = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
-                    retry_after(&mut r, d.retry_after);
-                    used(proxy, ctx, &d, req.model, "rejected");
-                    Some(plain(r))
+                    used(proxy, ctx, &d, &req.model, Some(Outcome::Rejected));
+                    Some(Err(Reject::QueueFull {
+                        max: jobs::MAX_QUEUED,
+                        retry_after: d.retry_after,
+                        probeok: contract::block("degraded", feature, name, msg),
+                    }))
                 }
                 jobs::Created::Unavailable => {
                     ctx.d
@@ -191,8 +177,8 @@ pub(super) async fn apply(proxy: &Proxy, ctx: &mut Ctx, req: &Req<'_>) -> Option
 
 /// The fallback model is usable: not DEGRADED/CRITICAL itself, and it has a usable route able
 /// to serve this request (same needs: capabilities, context, residency).
-fn fallback_usable(proxy: &Proxy, fallback: &str, req: &Req<'_>) -> bool {
-    if contract::severity(req.view, fallback).is_some() {
+fn fallback_usable(proxy: &Proxy, fallback: &str, req: &Intake, view: &WeightsView) -> bool {
+    if contract::severity(view, fallback).is_some() {
         return false;
     }
     let p = &proxy.inner;
@@ -200,9 +186,9 @@ fn fallback_usable(proxy: &Proxy, fallback: &str, req: &Req<'_>) -> bool {
     let mut rng = rand::thread_rng();
     match select::plan(
         fallback,
-        req.needs,
+        &req.needs,
         &p.routes,
-        req.view,
+        view,
         |id| p.rests.is_resting(id, now),
         &mut rng,
     ) {
@@ -212,21 +198,16 @@ fn fallback_usable(proxy: &Proxy, fallback: &str, req: &Req<'_>) -> bool {
 }
 
 /// Records that the contract answered: the disclosure, metering and the counter.
-fn used(proxy: &Proxy, ctx: &mut Ctx, d: &Decision, model: &str, outcome: &'static str) {
+/// `outcome`: the contract answered itself (`None`: its fallback model serves the request).
+fn used(proxy: &Proxy, ctx: &mut RequestCtx, d: &Decision, model: &str, outcome: Option<Outcome>) {
     let name = d.behaviour.name();
     ctx.contract = Some(name);
     ctx.serves = model.to_owned();
-    if !outcome.is_empty() {
+    if let Some(outcome) = outcome {
         ctx.outcome = outcome;
-        ctx.d.mode = Some("degraded");
+        ctx.d.mode = Some(Mode::Degraded);
     }
     proxy.inner.counters.contract_use(&d.contract_feature, name);
-}
-
-fn retry_after(r: &mut Response, after: std::time::Duration) {
-    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-    r.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
 }
 
 /// `r` with the `"probeok"` object added to its JSON body (other bodies as they are).
