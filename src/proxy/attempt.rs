@@ -1,6 +1,6 @@
 //! One attempt at one candidate, and what its failure means for the request.
 //!
-//! - [`class_of`] (pure): SPEC's failover classes. Transient faults (connect/DNS/TLS, no first
+//! - [`class_of`] (pure): the failover classes. Transient faults (connect/DNS/TLS, no first
 //!   event in time, 408, 429, 5xx, 529, a broken 200 answer) and the route's own faults
 //!   (401/402/403/404: our key, account or model name) move on; the client's faults (400, 413,
 //!   422, other 4xx, content-policy refusals) are returned as they are.
@@ -57,7 +57,19 @@ pub enum Class {
     ClientFault,
 }
 
-/// SPEC's failover classes over the probe's error classification.
+impl Class {
+    /// The class as logs show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::RouteFault => "route_fault",
+            Self::ClientFault => "client_fault",
+        }
+    }
+}
+
+/// The failover classes over the probe's error classification (the table in
+/// `docs/http-api.md`).
 pub fn class_of(e: &ProbeError) -> Class {
     match e {
         ProbeError::Refused { .. } => Class::ClientFault,
@@ -497,7 +509,7 @@ mod tests {
     }
 
     #[test]
-    fn failover_classes_follow_spec() {
+    fn failover_classes_by_status_and_error() {
         for s in [400, 413, 422, 409] {
             assert_eq!(class_of(&http(s)), Class::ClientFault, "{s}");
         }

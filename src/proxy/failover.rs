@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::attempt::{class_of, reason_code, Attempt, Class, Committed, Limits, Outgoing};
 use super::breaker::{self, Verdict};
-use super::record::{AttemptOutcome, Outcome, Tried, Usage};
+use super::record::{AttemptOutcome, Detour, Outcome, Tried, Usage};
 use super::reject::Reject;
 use super::request::{Answer, OutcomeSlot, RequestCtx};
 use super::select::{self, Needs, Plan, Rejection};
@@ -132,7 +132,7 @@ fn disclose_plan(p: &Inner, ctx: &mut RequestCtx, model: &str, plan: &Plan) {
     }
     .or(feed_stale);
     if !plan.resting.is_empty() {
-        ctx.d.fallback_reason = Some("rate_limited".to_owned());
+        ctx.d.fallback_reason = Some(Detour::RateLimited.as_str().to_owned());
     }
 }
 
@@ -148,12 +148,13 @@ fn breakers_last(
         .into_iter()
         .partition(|r| !p.breakers.refuses(&r.id, now));
     for r in &open {
-        ctx.attempts.push(Tried::skipped(&r.id, "breaker_open"));
-        p.counters.failover("breaker_open");
+        ctx.attempts
+            .push(Tried::skipped(&r.id, Detour::BreakerOpen));
+        p.counters.failover(Detour::BreakerOpen.as_str());
     }
     // Disclosed when a breaker moved the request off its first choice.
     if first_open {
-        ctx.d.fallback("breaker_open");
+        ctx.d.fallback(Detour::BreakerOpen.as_str());
     }
     closed.extend(open);
     closed
@@ -279,11 +280,10 @@ impl<'a> Failover<'a> {
                 Ok(permit) => Some(permit),
                 Err(_) => {
                     self.overloaded = true;
-                    self.ctx
-                        .attempts
-                        .push(Tried::skipped(&route.id, "overloaded"));
-                    p.counters.failover("overloaded");
-                    self.ctx.d.fallback("overloaded");
+                    let why = Detour::Overloaded;
+                    self.ctx.attempts.push(Tried::skipped(&route.id, why));
+                    p.counters.failover(why.as_str());
+                    self.ctx.d.fallback(why.as_str());
                     return None;
                 }
             },
@@ -296,7 +296,7 @@ impl<'a> Failover<'a> {
                     Err(refused) => {
                         tracing::warn!(route = %route.id, %refused, "not sent to a non-primary route: the extra-cost budget cannot cover it");
                         self.budget_refused = true;
-                        self.ctx.d.fallback("extra_cost_budget");
+                        self.ctx.d.fallback(Detour::ExtraCostBudget.as_str());
                         return None;
                     }
                 }
@@ -330,7 +330,7 @@ impl<'a> Failover<'a> {
         self.ctx.d.route = Some(route.id.clone());
         self.ctx.price = route.price.clone();
         if self.ctx.d.fallback_reason.is_none() && route.tier != Tier::Primary && !self.degraded {
-            self.ctx.d.fallback_reason = Some("no_primary_usable".to_owned());
+            self.ctx.d.fallback_reason = Some(Detour::NoPrimaryUsable.as_str().to_owned());
         }
         let outgoing = Outgoing {
             body: self.request,
@@ -493,10 +493,11 @@ impl<'a> Failover<'a> {
             let rest = retry_after_ms.map_or(super::attempt::DEFAULT_REST, Duration::from_millis);
             p.rests.rest(&route.id, rest, Instant::now());
         }
+        let attempt = self.ctx.d.attempts;
         if class == Class::RouteFault {
-            tracing::warn!(route = %route.id, error = %error, "route fault (key, account or model name): trying the next candidate");
+            tracing::warn!(route = %route.id, error = %error, class = class.as_str(), "route fault (key, account or model name): trying the next candidate");
         } else {
-            tracing::info!(route = %route.id, error = %error, attempt = self.ctx.d.attempts, "attempt failed: trying the next candidate");
+            tracing::info!(route = %route.id, error = %error, class = class.as_str(), attempt, "attempt failed: trying the next candidate");
         }
         if class == Class::Transient
             && !rate_limited

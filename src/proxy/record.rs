@@ -78,6 +78,36 @@ impl AttemptOutcome {
     }
 }
 
+/// Why a request left its first choice other than a failed attempt there (a failed attempt's
+/// reason is its error's code, `http_503`, `timeout_before_first_byte`, …). Disclosed in
+/// `x-probeok-fallback-reason`, stored as a skipped attempt's `reason`, counted in
+/// `probeok_proxy_failovers_total{reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detour {
+    /// The route's circuit breaker is open: tried last, if at all.
+    BreakerOpen,
+    /// The route was at its concurrency limit.
+    Overloaded,
+    /// Capable routes rest after a 429.
+    RateLimited,
+    /// A non-primary route serves although the model is not degraded.
+    NoPrimaryUsable,
+    /// A non-primary route was passed over: the extra-cost budget could not cover it.
+    ExtraCostBudget,
+}
+
+impl Detour {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BreakerOpen => "breaker_open",
+            Self::Overloaded => "overloaded",
+            Self::RateLimited => "rate_limited",
+            Self::NoPrimaryUsable => "no_primary_usable",
+            Self::ExtraCostBudget => "extra_cost_budget",
+        }
+    }
+}
+
 /// `usage.{prompt_tokens, completion_tokens}` as an answer or a stream chunk reports them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -156,10 +186,10 @@ impl Tried {
     }
 
     /// A route passed over without a call.
-    pub fn skipped(route: &RouteId, reason: &str) -> Self {
+    pub fn skipped(route: &RouteId, why: Detour) -> Self {
         Self {
             route: route.clone(),
-            reason: Some(reason.to_owned()),
+            reason: Some(why.as_str().to_owned()),
             status: None,
             ttfb_ms: None,
             latency_ms: 0.0,
@@ -252,7 +282,7 @@ mod tests {
     #[test]
     fn attempt_rows_keep_their_stored_strings() {
         let id = RouteId::new("p", "r", "m");
-        let row = Tried::skipped(&id, "breaker_open").record(2);
+        let row = Tried::skipped(&id, Detour::BreakerOpen).record(2);
         assert_eq!(row.n, 2);
         assert_eq!(row.outcome, "skipped");
         assert_eq!(row.status_class, "none");
@@ -284,7 +314,7 @@ mod tests {
             completion_tokens: Some(4),
         };
         ok.cost = Some(1.5);
-        let attempts = vec![ok.clone(), Tried::skipped(&id, "overloaded")];
+        let attempts = vec![ok.clone(), Tried::skipped(&id, Detour::Overloaded)];
         assert_eq!(answered_usage(&attempts), (ok.usage, Some(1.5)));
         let mut failed = ok.clone();
         failed.outcome = AttemptOutcome::Failed;
