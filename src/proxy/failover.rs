@@ -1,11 +1,11 @@
 //! The proxy's normal path for one logical model ([`route`]): plan the candidates, then
-//! attempt them in order. The candidate loop is a small state machine ([`Failover`]) with one
+//! attempt them in order. The candidate loop is a small state machine (`Failover`) with one
 //! method per attempt result:
 //!
-//! - an answer ([`Failover::answered`]) or the client's own fault
-//!   ([`Failover::client_fault`]) is returned as it is;
-//! - a stream past its commit point ([`Failover::committed`]) is forwarded, never failed over;
-//! - a failure ([`Failover::failed`]) moves on: transient faults and the route's own faults
+//! - an answer (`answered`) or the client's own fault
+//!   (`client_fault`) is returned as it is;
+//! - a stream past its commit point (`committed`) is forwarded, never failed over;
+//! - a failure (`failed`) moves on: transient faults and the route's own faults
 //!   (key, account, model name) alike; transient ones (not 429s, which rest the route) may be
 //!   retried on the same route with full-jitter backoff once every candidate was tried,
 //!   within `max_attempts` and `max_retry_wait` of total waiting.

@@ -5,23 +5,23 @@
 //!
 //! A request flows through, in order:
 //!
-//! 1. [`server`]: the router and the connection loop (header read timeout, graceful shutdown:
+//! 1. `server`: the router and the connection loop (header read timeout, graceful shutdown:
 //!    committed streams run to their end, bounded by the service's drain timeout).
-//! 2. [`intake`]: the client's key (`client_keys_env`; never forwarded), the body within
+//! 2. `intake`: the client's key (`client_keys_env`; never forwarded), the body within
 //!    `max_body` and the body read timeout, JSON that OpenAI would accept, the
 //!    `Idempotency-Key` ([`idempotency`]: answers kept in SQLite until `idempotency_ttl`).
-//! 3. [`degrade`]: the degradation contract of the request's feature, when its model is
+//! 3. `degrade`: the degradation contract of the request's feature, when its model is
 //!    DEGRADED or CRITICAL ([`contract`], pure): a fallback model, a rejection, a cached
 //!    answer ([`cache`]) or an async job ([`jobs`], with its worker).
-//! 4. [`failover`]: the candidates ([`select`], pure, over the proxy's view of the weights,
+//! 4. `failover`: the candidates ([`select`], pure, over the proxy's view of the weights,
 //!    [`weights`]), tried in order under per-route concurrency limits, circuit breakers and
 //!    backoff ([`breaker`]) and the extra-cost budget; one attempt ([`attempt`]: per-candidate
 //!    budget, stream watchdog, failover classes, 429 rests) at a time; a committed stream is
 //!    forwarded by [`stream`].
-//! 5. [`request`]: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
-//!    metering ([`meter`], [`record`]), counters, the idempotency key and the cache.
+//! 5. `request`: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
+//!    metering ([`meter`], `record`), counters, the idempotency key and the cache.
 //!
-//! Every error the proxy gives of its own is a [`reject::Reject`] in OpenAI's envelope
+//! Every error the proxy gives of its own is a `reject::Reject` in OpenAI's envelope
 //! `{"error":{"message","type","code"}}`. Upstream keys come from each provider's
 //! `api_key_env`, are added by the proxy and never returned. [`export`] puts the proxy's
 //! families on the monitor's `/metrics`; [`remote`] links a standalone proxy to its monitor.
@@ -32,17 +32,17 @@ pub mod cache;
 pub mod contract;
 mod degrade;
 pub mod export;
-pub mod failover;
+mod failover;
 pub mod idempotency;
 mod intake;
 pub mod jobs;
 pub mod meter;
-pub mod record;
-pub mod reject;
+mod record;
+mod reject;
 pub mod remote;
 mod request;
 pub mod select;
-pub mod server;
+mod server;
 pub mod stream;
 pub mod weights;
 

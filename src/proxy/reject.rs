@@ -216,7 +216,11 @@ impl Reject {
             Self::ReadTaskFailed => plain(StatusCode::INTERNAL_SERVER_ERROR, SERVER, "internal"),
         }
     }
+}
 
+/// What tests read of a rejection without sending it.
+#[cfg(test)]
+impl Reject {
     /// The HTTP status this rejection is sent with.
     pub fn status(&self) -> StatusCode {
         self.parts().status
