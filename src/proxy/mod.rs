@@ -202,6 +202,8 @@ impl Proxy {
             .collect();
         let upstream = Upstream::new(&routes).map_err(|e| ProxyError::Client(e.to_string()))?;
         let client_keys = ClientKeys::from_env(&config.client_keys_env);
+        let max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
+        let store = opts.store.as_ref();
         let breakers = Breakers::new(routes.iter().map(|r| &r.id), &config.breaker);
         let limits = routes
             .iter()
@@ -224,18 +226,11 @@ impl Proxy {
                 clock,
                 breakers,
                 counters: ProxyCounters::default(),
-                meter: opts.store.as_ref().map(|s| Meter::spawn(s.writer()).0),
-                jobs: opts.store.as_ref().map(|s| {
-                    let max = usize::try_from(config.max_body).unwrap_or(usize::MAX);
-                    Arc::new(jobs::Jobs::new(s.clone(), max))
-                }),
-                cache: opts.store.as_ref().map(|s| {
-                    let max = usize::try_from(config.max_body).unwrap_or(usize::MAX);
-                    cache::Cache::new(s.clone(), max)
-                }),
-                idempotency: opts.store.map(|s| {
-                    let max = usize::try_from(config.max_body).unwrap_or(usize::MAX);
-                    idempotency::Idempotency::new(s, config.idempotency_ttl, max)
+                meter: store.map(|s| Meter::spawn(s.writer()).0),
+                jobs: store.map(|s| Arc::new(jobs::Jobs::new(s.clone(), max_body))),
+                cache: store.map(|s| cache::Cache::new(s.clone(), max_body)),
+                idempotency: store.map(|s| {
+                    idempotency::Idempotency::new(s.clone(), config.idempotency_ttl, max_body)
                 }),
                 limits,
                 body_read_timeout: opts.body_read_timeout,
