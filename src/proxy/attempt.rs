@@ -1,6 +1,6 @@
 //! One attempt at one candidate, and what its failure means for the request.
 //!
-//! - [`class_of`] (pure): SPEC's failover classes. Transient faults (connect/DNS/TLS, no first
+//! - [`class_of`] (pure): the failover classes. Transient faults (connect/DNS/TLS, no first
 //!   event in time, 408, 429, 5xx, 529, a broken 200 answer) and the route's own faults
 //!   (401/402/403/404: our key, account or model name) move on; the client's faults (400, 413,
 //!   422, other 4xx, content-policy refusals) are returned as they are.
@@ -57,7 +57,19 @@ pub enum Class {
     ClientFault,
 }
 
-/// SPEC's failover classes over the probe's error classification.
+impl Class {
+    /// The class as logs show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::RouteFault => "route_fault",
+            Self::ClientFault => "client_fault",
+        }
+    }
+}
+
+/// The failover classes over the probe's error classification (the table in
+/// `docs/http-api.md`).
 pub fn class_of(e: &ProbeError) -> Class {
     match e {
         ProbeError::Refused { .. } => Class::ClientFault,
@@ -300,50 +312,75 @@ impl Upstream {
         limits: Limits,
         started_at: DateTime<Utc>,
     ) -> Attempt {
-        let mut timing = Timing {
-            start: Instant::now(),
-            started_at,
-            ttfb: None,
-            ttft: None,
+        let start = Instant::now();
+        let mut call = Call {
+            route,
+            key: self.keys.get(&route.provider),
+            timing: Timing {
+                start,
+                started_at,
+                ttfb: None,
+                ttft: None,
+            },
+            budget: limits.budget,
+            deadline: start + limits.budget,
         };
-        let deadline = timing.start + limits.budget;
         // Streams: the watchdog's target is the first event, within the budget too.
         let first_deadline = if req.stream {
-            timing.start + limits.budget.min(limits.first_byte_timeout)
+            start + limits.budget.min(limits.first_byte_timeout)
         } else {
-            deadline
+            call.deadline
         };
-        let key = self.keys.get(&route.provider);
-        let fail = |timing: &Timing, status: Option<u16>, error: ProbeError| {
-            let outcome =
-                timing.outcome(&route.id, Instant::now(), status, Some(error.clone()), None);
-            Attempt::Failed { error, outcome }
+        let builder = match self.request(route, req, call.key) {
+            Ok(b) => b,
+            Err(error) => return call.fail(None, error),
         };
+        let response = match tokio::time::timeout_at(first_deadline, builder.send()).await {
+            Err(_) => return call.fail(None, ProbeError::TimeoutBeforeFirstByte),
+            Ok(Err(e)) => {
+                let error = ProbeError::Connect {
+                    message: sse::describe_reqwest(e),
+                };
+                return call.fail(None, error);
+            }
+            Ok(Ok(r)) => r,
+        };
+        let headers_at = Instant::now();
+        call.timing.ttfb = Some(headers_at);
+        if !response.status().is_success() {
+            call.refused(response, headers_at).await
+        } else if !req.stream {
+            call.answer(response, headers_at).await
+        } else {
+            let idle = limits.stream_idle_timeout;
+            call.commit(response, headers_at, first_deadline, idle)
+                .await
+        }
+    }
 
+    /// The upstream request: the route's own model name, our key, the client's request id.
+    fn request(
+        &self,
+        route: &Route,
+        req: &Outgoing<'_>,
+        key: Option<&Secret>,
+    ) -> Result<reqwest::RequestBuilder, ProbeError> {
         // A route only ever receives its own upstream model name.
         let mut body = req.body.clone();
         body["model"] = serde_json::Value::String(route.model.clone());
-        let body = match serde_json::to_vec(&body) {
-            Ok(b) => b,
-            Err(e) => {
-                let error = ProbeError::Malformed {
-                    message: format!("cannot encode the request: {e}"),
-                };
-                return fail(&timing, None, error);
-            }
+        let body = serde_json::to_vec(&body).map_err(|e| ProbeError::Malformed {
+            message: format!("cannot encode the request: {e}"),
+        })?;
+        let accept = if req.stream {
+            "text/event-stream"
+        } else {
+            "application/json"
         };
         let mut builder = self
             .http
             .post(format!("{}/chat/completions", route.base_url))
             .header(CONTENT_TYPE, "application/json")
-            .header(
-                ACCEPT,
-                if req.stream {
-                    "text/event-stream"
-                } else {
-                    "application/json"
-                },
-            )
+            .header(ACCEPT, accept)
             .header("x-request-id", req.request_id)
             .body(body);
         if let Some(key) = key {
@@ -352,102 +389,140 @@ impl Upstream {
                 builder = builder.header(AUTHORIZATION, v);
             }
         }
+        Ok(builder)
+    }
+}
 
-        let response = match tokio::time::timeout_at(first_deadline, builder.send()).await {
-            Err(_) => return fail(&timing, None, ProbeError::TimeoutBeforeFirstByte),
-            Ok(Err(e)) => {
-                let error = ProbeError::Connect {
-                    message: sse::describe_reqwest(e),
-                };
-                return fail(&timing, None, error);
-            }
-            Ok(Ok(r)) => r,
-        };
-        let headers_at = Instant::now();
-        timing.ttfb = Some(headers_at);
+/// One attempt under way: its route, our key there, its times and its budget.
+struct Call<'a> {
+    route: &'a Arc<Route>,
+    key: Option<&'a Secret>,
+    timing: Timing,
+    budget: Duration,
+    deadline: Instant,
+}
+
+impl Call<'_> {
+    fn fail(&self, status: Option<u16>, error: ProbeError) -> Attempt {
+        let outcome = (self.timing).outcome(
+            &self.route.id,
+            Instant::now(),
+            status,
+            Some(error.clone()),
+            None,
+        );
+        Attempt::Failed { error, outcome }
+    }
+
+    /// A non-2xx answer: the client's fault is returned as it is (without our key), anything
+    /// else fails over.
+    async fn refused(&self, response: reqwest::Response, headers_at: Instant) -> Attempt {
         let status = response.status().as_u16();
-
-        if !response.status().is_success() {
-            let headers = response.headers().clone();
-            let content_type = headers
-                .get(CONTENT_TYPE)
-                .cloned()
-                .unwrap_or(HeaderValue::from_static("application/json"));
-            let bytes =
-                sse::guarded_bytes(response.bytes_stream(), headers_at, limits.budget, deadline);
-            let (raw, _, _) = sse::read_body(bytes, MAX_ERROR_BODY_BYTES).await;
-            let error = classify_status(status, &headers, &raw, Utc::now());
-            if class_of(&error) == Class::ClientFault {
-                let outcome =
-                    timing.outcome(&route.id, Instant::now(), Some(status), Some(error), None);
-                return Attempt::ClientError {
-                    status,
-                    content_type,
-                    body: redact(raw, key),
-                    outcome,
-                };
-            }
-            return fail(&timing, Some(status), error);
-        }
-
-        if !req.stream {
-            let bytes =
-                sse::guarded_bytes(response.bytes_stream(), headers_at, limits.budget, deadline);
-            let (raw, fault, too_large) = sse::read_body(bytes, MAX_ANSWER_BYTES).await;
-            let error = match fault {
-                Some(BodyFault::Timeout | BodyFault::Stalled) => Some(ProbeError::Timeout),
-                Some(BodyFault::Cut(_)) => Some(ProbeError::Truncated),
-                None if too_large => Some(ProbeError::Malformed {
-                    message: format!("answer larger than {MAX_ANSWER_BYTES} bytes"),
-                }),
-                None => None,
-            };
-            if let Some(error) = error {
-                return fail(&timing, Some(status), error);
-            }
-            let end = Instant::now();
-            timing.ttft = Some(end);
-            return match parse_body(&raw) {
-                Ok(c) => Attempt::Answer {
-                    body: Bytes::from(raw),
-                    outcome: timing.outcome(&route.id, end, Some(status), None, Some(&c)),
-                },
-                // A refusal is the model's answer to this request: the client gets it as is.
-                Err(e @ ProbeError::Refused { .. }) => Attempt::Answer {
-                    body: Bytes::from(raw),
-                    outcome: timing.outcome(&route.id, end, Some(status), Some(e), None),
-                },
-                Err(e) if class_of(&e) == Class::ClientFault => Attempt::ClientError {
-                    status: e.status().unwrap_or(400),
-                    content_type: HeaderValue::from_static("application/json"),
-                    body: redact(raw, key),
-                    outcome: timing.outcome(&route.id, end, Some(status), Some(e), None),
-                },
-                Err(e) => fail(&timing, Some(status), e),
-            };
-        }
-
-        // Streams: wait for the first `data:` event (comments and keep-alives do not count).
+        let headers = response.headers().clone();
+        let content_type = headers
+            .get(CONTENT_TYPE)
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("application/json"));
         let bytes = sse::guarded_bytes(
             response.bytes_stream(),
             headers_at,
-            limits.stream_idle_timeout,
+            self.budget,
+            self.deadline,
+        );
+        let (raw, _, _) = sse::read_body(bytes, MAX_ERROR_BODY_BYTES).await;
+        let error = classify_status(status, &headers, &raw, Utc::now());
+        if class_of(&error) != Class::ClientFault {
+            return self.fail(Some(status), error);
+        }
+        let outcome = (self.timing).outcome(
+            &self.route.id,
+            Instant::now(),
+            Some(status),
+            Some(error),
+            None,
+        );
+        Attempt::ClientError {
+            status,
+            content_type,
+            body: redact(raw, self.key),
+            outcome,
+        }
+    }
+
+    /// A non-streamed 2xx answer, read whole within the budget (it can still fail over).
+    async fn answer(&mut self, response: reqwest::Response, headers_at: Instant) -> Attempt {
+        let status = response.status().as_u16();
+        let bytes = sse::guarded_bytes(
+            response.bytes_stream(),
+            headers_at,
+            self.budget,
+            self.deadline,
+        );
+        let (raw, fault, too_large) = sse::read_body(bytes, MAX_ANSWER_BYTES).await;
+        let error = match fault {
+            Some(BodyFault::Timeout | BodyFault::Stalled) => Some(ProbeError::Timeout),
+            Some(BodyFault::Cut(_)) => Some(ProbeError::Truncated),
+            None if too_large => Some(ProbeError::Malformed {
+                message: format!("answer larger than {MAX_ANSWER_BYTES} bytes"),
+            }),
+            None => None,
+        };
+        if let Some(error) = error {
+            return self.fail(Some(status), error);
+        }
+        let end = Instant::now();
+        self.timing.ttft = Some(end);
+        let id = &self.route.id;
+        match parse_body(&raw) {
+            Ok(c) => Attempt::Answer {
+                body: Bytes::from(raw),
+                outcome: self.timing.outcome(id, end, Some(status), None, Some(&c)),
+            },
+            // A refusal is the model's answer to this request: the client gets it as is.
+            Err(e @ ProbeError::Refused { .. }) => Attempt::Answer {
+                body: Bytes::from(raw),
+                outcome: self.timing.outcome(id, end, Some(status), Some(e), None),
+            },
+            Err(e) if class_of(&e) == Class::ClientFault => Attempt::ClientError {
+                status: e.status().unwrap_or(400),
+                content_type: HeaderValue::from_static("application/json"),
+                body: redact(raw, self.key),
+                outcome: self.timing.outcome(id, end, Some(status), Some(e), None),
+            },
+            Err(e) => self.fail(Some(status), e),
+        }
+    }
+
+    /// A 2xx stream, read up to its first `data:` event (comments and keep-alives do not
+    /// count) by `first_deadline`: the commit point.
+    async fn commit(
+        mut self,
+        response: reqwest::Response,
+        headers_at: Instant,
+        first_deadline: Instant,
+        idle: Duration,
+    ) -> Attempt {
+        let status = Some(response.status().as_u16());
+        let bytes = sse::guarded_bytes(
+            response.bytes_stream(),
+            headers_at,
+            idle,
             // After the commit point only the idle timeout ends a stream.
             headers_at + Duration::from_secs(365 * 24 * 3600),
         );
         let mut events: Events = Box::pin(sse::events(bytes));
         let mut decoder = OpenAiStream::default();
         let first = match tokio::time::timeout_at(first_deadline, events.next()).await {
-            Err(_) => return fail(&timing, Some(status), ProbeError::TimeoutBeforeFirstByte),
-            Ok(None) => return fail(&timing, Some(status), ProbeError::Truncated),
+            Err(_) => return self.fail(status, ProbeError::TimeoutBeforeFirstByte),
+            Ok(None) => return self.fail(status, ProbeError::Truncated),
             Ok(Some(Err(ReadFault::Body(BodyFault::Stalled | BodyFault::Timeout)))) => {
-                return fail(&timing, Some(status), ProbeError::TimeoutBeforeFirstByte)
+                return self.fail(status, ProbeError::TimeoutBeforeFirstByte)
             }
             Ok(Some(Err(ReadFault::Body(BodyFault::Cut(_))))) => {
-                return fail(&timing, Some(status), ProbeError::Truncated)
+                return self.fail(status, ProbeError::Truncated)
             }
             Ok(Some(Err(ReadFault::Framing(message)))) => {
-                return fail(&timing, Some(status), ProbeError::Malformed { message })
+                return self.fail(status, ProbeError::Malformed { message })
             }
             Ok(Some(Ok(ev))) => ev,
         };
@@ -455,14 +530,14 @@ impl Upstream {
             Ok(step) => (step, None),
             Err(e) if class_of(&e) == Class::ClientFault => (Step::Done, Some(e)),
             // An error as the very first event: nothing was sent yet, so it may fail over.
-            Err(e) => return fail(&timing, Some(status), e),
+            Err(e) => return self.fail(status, e),
         };
         if decoder.collected().has_content() {
-            timing.ttft = Some(Instant::now());
+            self.timing.ttft = Some(Instant::now());
         }
         Attempt::Committed(Box::new(Committed {
-            route: route.clone(),
-            timing,
+            route: self.route.clone(),
+            timing: self.timing,
             first,
             first_step,
             client_fault,
@@ -497,7 +572,7 @@ mod tests {
     }
 
     #[test]
-    fn failover_classes_follow_spec() {
+    fn failover_classes_by_status_and_error() {
         for s in [400, 413, 422, 409] {
             assert_eq!(class_of(&http(s)), Class::ClientFault, "{s}");
         }

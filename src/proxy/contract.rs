@@ -1,5 +1,5 @@
-//! Degradation contracts (seed 000, layer 3; SPEC `[[contract]]`): which contract behaviour
-//! applies to a request, and the pieces every contract answer shares. Pure: no I/O.
+//! Degradation contracts (`[[contract]]`, see `docs/configuration.md`): which contract
+//! behaviour applies to a request, and the pieces every contract answer shares. Pure: no I/O.
 //!
 //! - The request names its feature with `x-probeok-feature` (1–64 of `[A-Za-z0-9_.-]`, else
 //!   400); the contract is `Config::contract_for(feature)` (else the `default` contract).

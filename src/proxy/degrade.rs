@@ -13,177 +13,233 @@
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
+use std::time::Duration;
+
 use bytes::Bytes;
-use serde_json::{json, Value};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
 use tokio::time::Instant;
 
 use super::contract::{self, Decision};
-use super::select::{self, Needs};
+use super::intake::Intake;
+use super::record::Outcome;
+use super::reject::{set_retry_after, Reject};
+use super::request::{Answer, Mode, RequestCtx};
+use super::select;
 use super::weights::WeightsView;
-use super::{cache, jobs, plain, route, Answer, Ctx, Proxy};
+use super::{cache, failover, jobs, Proxy};
 use crate::config::Behaviour;
-
-/// What the contract decision needs to know of a request.
-pub(super) struct Req<'a> {
-    pub request: &'a Value,
-    pub model: &'a str,
-    pub needs: &'a Needs,
-    pub view: &'a WeightsView,
-    /// `x-probeok-feature`, validated.
-    pub feature: Option<&'a str>,
-    /// `sha256(client key)`.
-    pub owner: String,
-    pub residency: Option<String>,
-    /// The body as received (kept with an async job).
-    pub raw: &'a Bytes,
-}
 
 /// Applies the request's contract, if one applies now: `Some` is the answer; `None` means
 /// "serve it the normal way" (with whatever the contract added to the disclosure).
-pub(super) async fn apply(proxy: &Proxy, ctx: &mut Ctx, req: &Req<'_>) -> Option<Answer> {
+pub(super) async fn apply(
+    proxy: &Proxy,
+    ctx: &mut RequestCtx,
+    req: &Intake,
+    view: &WeightsView,
+) -> Option<Result<Answer, Reject>> {
     let p = &proxy.inner;
     let live = p.live.borrow().clone();
-    let chosen = live.contract_for(req.feature);
-    let feature = contract::reported_feature(req.feature);
+    let chosen = live.contract_for(req.feature.as_deref());
+    let feature = contract::reported_feature(req.feature.as_deref());
+    let owner = contract::owner_of(&req.client_key);
     let now = p.clock.now();
     // A contract with `cached_response` remembers every successful answer, healthy or not.
     if let (Some(c), Some(_)) = (chosen, &p.cache) {
         if contract::cache_max_age(c).is_some() {
             let longest = contract::longest_cache_age(&live.contracts).unwrap_or_default();
             ctx.cache = Some(cache::Slot {
-                key: contract::cache_key(req.request, req.needs.stream, feature, &req.owner),
+                key: contract::cache_key(&req.request, req.needs.stream, feature, &owner),
                 feature: feature.to_owned(),
                 stream: req.needs.stream,
                 purge_before: now - chrono::Duration::from_std(longest).unwrap_or_default(),
             });
         }
     }
-    let d = contract::decide(chosen, contract::severity(req.view, req.model))?;
-    let name = d.behaviour.name();
-    let msg = d.user_message.as_deref();
-    if let Some(m) = msg {
+    let d = contract::decide(chosen, contract::severity(view, &req.model))?;
+    if let Some(m) = &d.user_message {
         ctx.d
             .extra
             .push(("x-probeok-user-message", contract::encode_user_message(m)));
     }
+    let applying = Applying {
+        proxy,
+        req,
+        view,
+        feature,
+        owner,
+        now,
+        d: &d,
+    };
     match &d.behaviour {
         Behaviour::Reject { message } => {
-            let body = json!({
-                "error": {"message": message, "type": "service_unavailable", "code": "feature_degraded"},
-                "probeok": contract::block("degraded", feature, name, msg),
-            });
-            let mut r = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
-            retry_after(&mut r, d.retry_after);
-            used(proxy, ctx, &d, req.model, "rejected");
-            Some(plain(r))
+            applying.used(ctx, Some(Outcome::Rejected));
+            Some(Err(Reject::FeatureDegraded {
+                message: message.clone(),
+                retry_after: d.retry_after,
+                probeok: applying.block("degraded"),
+            }))
         }
-        Behaviour::CachedResponse { max_age } => {
-            let hit = match (&ctx.cache, &p.cache) {
-                (Some(slot), Some(cache)) => cache.lookup(&slot.key, now, *max_age).await,
-                _ => None,
-            };
-            let Some(hit) = hit else {
-                ctx.d.extra.push(("x-probeok-cache", "miss".to_owned()));
-                return None;
-            };
-            // Never remember a replayed answer as if it were new.
-            ctx.cache = None;
-            let age = (now - hit.stored_at).num_seconds().max(0);
-            let (content_type, body) = if hit.stream {
-                ("text/event-stream", hit.body)
-            } else {
-                let block = contract::block("degraded", feature, name, msg);
-                let body = contract::with_block(&hit.body, &block).unwrap_or(hit.body);
-                ("application/json", body)
-            };
-            let mut r = Response::new(Body::from(body));
-            *r.status_mut() = StatusCode::from_u16(hit.status).unwrap_or(StatusCode::OK);
-            let h = r.headers_mut();
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-            h.insert(header::AGE, HeaderValue::from(age));
-            if hit.stream {
-                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        Behaviour::CachedResponse { max_age } => applying.cached(ctx, *max_age).await.map(Ok),
+        Behaviour::FallbackModel(fallback) => applying.fallback(ctx, fallback).await,
+        Behaviour::AsyncQueue { ttl } => applying.queue(ctx, *ttl).await,
+    }
+}
+
+/// One contract decision being applied to one request.
+struct Applying<'a> {
+    proxy: &'a Proxy,
+    req: &'a Intake,
+    view: &'a WeightsView,
+    /// The feature as reported (`default` when the request named none).
+    feature: &'a str,
+    /// `sha256(client key)`.
+    owner: String,
+    now: DateTime<Utc>,
+    d: &'a Decision,
+}
+
+impl Applying<'_> {
+    /// The `"probeok"` object of this contract's answers.
+    fn block(&self, mode: &str) -> Value {
+        let name = self.d.behaviour.name();
+        contract::block(mode, self.feature, name, self.d.user_message.as_deref())
+    }
+
+    /// Records that the contract answered: the disclosure, metering and the counter.
+    /// `outcome`: the contract answered itself (`None`: its fallback model serves).
+    fn used(&self, ctx: &mut RequestCtx, outcome: Option<Outcome>) {
+        let name = self.d.behaviour.name();
+        ctx.contract = Some(name);
+        ctx.serves = self.req.model.clone();
+        if let Some(outcome) = outcome {
+            ctx.outcome = outcome;
+            ctx.d.mode = Some(Mode::Degraded);
+        }
+        let counters = &self.proxy.inner.counters;
+        counters.contract_use(&self.d.contract_feature, name);
+    }
+
+    /// `cached_response`: the last successful answer within `max_age`, with its `Age`.
+    async fn cached(&self, ctx: &mut RequestCtx, max_age: Duration) -> Option<Answer> {
+        let hit = match (&ctx.cache, &self.proxy.inner.cache) {
+            (Some(slot), Some(cache)) => cache.lookup(&slot.key, self.now, max_age).await,
+            _ => None,
+        };
+        let Some(hit) = hit else {
+            ctx.d.extra.push(("x-probeok-cache", "miss".to_owned()));
+            return None;
+        };
+        // Never remember a replayed answer as if it were new.
+        ctx.cache = None;
+        let age = (self.now - hit.stored_at).num_seconds().max(0);
+        let (content_type, body) = if hit.stream {
+            ("text/event-stream", hit.body)
+        } else {
+            let block = self.block("degraded");
+            let body = contract::with_block(&hit.body, &block).unwrap_or(hit.body);
+            ("application/json", body)
+        };
+        let mut r = Response::new(Body::from(body));
+        *r.status_mut() = StatusCode::from_u16(hit.status).unwrap_or(StatusCode::OK);
+        let h = r.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        h.insert(header::AGE, HeaderValue::from(age));
+        if hit.stream {
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        }
+        ctx.d.extra.push(("x-probeok-cache", "hit".to_owned()));
+        self.used(ctx, Some(Outcome::Cached));
+        Some(Answer::Plain(r))
+    }
+
+    /// `fallback_model`: the request served by another logical model, when that one is usable.
+    async fn fallback(
+        &self,
+        ctx: &mut RequestCtx,
+        fallback: &str,
+    ) -> Option<Result<Answer, Reject>> {
+        let req = self.req;
+        if !fallback_usable(self.proxy, fallback, req, self.view) {
+            tracing::info!(model = %req.model, fallback = %fallback, "contract fallback model unusable (degraded, down or incapable); serving the original model");
+            ctx.d
+                .extra
+                .push(("x-probeok-contract", "fallback_model_unusable".to_owned()));
+            return None;
+        }
+        // The fallback's own contract never applies (no loops): straight to its routes.
+        ctx.cache = None;
+        ctx.d.fallback_reason = Some(contract::FALLBACK_REASON.to_owned());
+        ctx.d.extra.push(("x-probeok-model", fallback.to_owned()));
+        ctx.probeok = Some(self.block("fallback"));
+        self.used(ctx, None);
+        let served = failover::route(
+            self.proxy,
+            ctx,
+            &req.request,
+            fallback,
+            &req.needs,
+            self.view,
+        );
+        Some(served.await)
+    }
+
+    /// `async_queue`: the request stored as a job, answered 202 with where to poll.
+    async fn queue(&self, ctx: &mut RequestCtx, ttl: Duration) -> Option<Result<Answer, Reject>> {
+        let unavailable = |ctx: &mut RequestCtx| {
+            ctx.d
+                .extra
+                .push(("x-probeok-contract", "async_queue_unavailable".to_owned()));
+        };
+        let Some(queue) = &self.proxy.inner.jobs else {
+            unavailable(ctx);
+            return None;
+        };
+        let req = self.req;
+        let new = jobs::NewJob {
+            owner: self.owner.clone(),
+            feature: self.feature.to_owned(),
+            model: req.model.clone(),
+            residency: req.residency.clone(),
+            stream_requested: req.needs.stream,
+            request: req.raw.to_vec(),
+            ttl,
+            now: self.now,
+        };
+        let retry_after = self.d.retry_after;
+        match queue.create(new).await {
+            jobs::Created::Queued(job) => {
+                let mut body = jobs::job_json(&job, retry_after);
+                body["probeok"] = self.block("degraded");
+                let bytes = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+                // Kept for an Idempotency-Key: a retry gets the same job, not a new one.
+                ctx.answer = Some(bytes.clone());
+                let mut r = Response::new(Body::from(bytes));
+                *r.status_mut() = StatusCode::ACCEPTED;
+                let h = r.headers_mut();
+                h.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                if let Ok(v) = HeaderValue::from_str(&jobs::poll_path(&job.id)) {
+                    h.insert(header::LOCATION, v);
+                }
+                set_retry_after(&mut r, retry_after);
+                self.used(ctx, Some(Outcome::Queued));
+                Some(Ok(Answer::Plain(r)))
             }
-            ctx.d.extra.push(("x-probeok-cache", "hit".to_owned()));
-            used(proxy, ctx, &d, req.model, "cached");
-            Some(plain(r))
-        }
-        Behaviour::FallbackModel(fallback) => {
-            if !fallback_usable(proxy, fallback, req) {
-                tracing::info!(model = req.model, fallback = %fallback, "contract fallback model unusable (degraded, down or incapable); serving the original model");
-                ctx.d
-                    .extra
-                    .push(("x-probeok-contract", "fallback_model_unusable".to_owned()));
-                return None;
+            jobs::Created::Full => {
+                self.used(ctx, Some(Outcome::Rejected));
+                Some(Err(Reject::QueueFull {
+                    max: jobs::MAX_QUEUED,
+                    retry_after,
+                    probeok: self.block("degraded"),
+                }))
             }
-            // The fallback's own contract never applies (no loops): straight to its routes.
-            ctx.cache = None;
-            ctx.d.fallback_reason = Some(contract::FALLBACK_REASON.to_owned());
-            ctx.d.extra.push(("x-probeok-model", fallback.clone()));
-            ctx.probeok = Some(contract::block("fallback", feature, name, msg));
-            used(proxy, ctx, &d, req.model, "");
-            Some(route(proxy, ctx, req.request, fallback, req.needs, req.view).await)
-        }
-        Behaviour::AsyncQueue { ttl } => {
-            let Some(queue) = &p.jobs else {
-                ctx.d
-                    .extra
-                    .push(("x-probeok-contract", "async_queue_unavailable".to_owned()));
-                return None;
-            };
-            let new = jobs::NewJob {
-                owner: req.owner.clone(),
-                feature: feature.to_owned(),
-                model: req.model.to_owned(),
-                residency: req.residency.clone(),
-                stream_requested: req.needs.stream,
-                request: req.raw.to_vec(),
-                ttl: *ttl,
-                now,
-            };
-            match queue.create(new).await {
-                jobs::Created::Queued(job) => {
-                    let mut body = jobs::job_json(&job, d.retry_after);
-                    body["probeok"] = contract::block("degraded", feature, name, msg);
-                    let bytes = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
-                    // Kept for an Idempotency-Key: a retry gets the same job, not a new one.
-                    ctx.answer = Some(bytes.clone());
-                    let mut r = Response::new(Body::from(bytes));
-                    *r.status_mut() = StatusCode::ACCEPTED;
-                    let h = r.headers_mut();
-                    h.insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                    if let Ok(v) = HeaderValue::from_str(&jobs::poll_path(&job.id)) {
-                        h.insert(header::LOCATION, v);
-                    }
-                    retry_after(&mut r, d.retry_after);
-                    used(proxy, ctx, &d, req.model, "queued");
-                    Some(plain(r))
-                }
-                jobs::Created::Full => {
-                    let body = json!({
-                        "error": {
-                            "message": format!("the queue for degraded requests is full ({} jobs); retry later", jobs::MAX_QUEUED),
-                            "type": "service_unavailable",
-                            "code": "queue_full",
-                        },
-                        "probeok": contract::block("degraded", feature, name, msg),
-                    });
-                    let mut r = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
-                    retry_after(&mut r, d.retry_after);
-                    used(proxy, ctx, &d, req.model, "rejected");
-                    Some(plain(r))
-                }
-                jobs::Created::Unavailable => {
-                    ctx.d
-                        .extra
-                        .push(("x-probeok-contract", "async_queue_unavailable".to_owned()));
-                    None
-                }
+            jobs::Created::Unavailable => {
+                unavailable(ctx);
+                None
             }
         }
     }
@@ -191,8 +247,8 @@ pub(super) async fn apply(proxy: &Proxy, ctx: &mut Ctx, req: &Req<'_>) -> Option
 
 /// The fallback model is usable: not DEGRADED/CRITICAL itself, and it has a usable route able
 /// to serve this request (same needs: capabilities, context, residency).
-fn fallback_usable(proxy: &Proxy, fallback: &str, req: &Req<'_>) -> bool {
-    if contract::severity(req.view, fallback).is_some() {
+fn fallback_usable(proxy: &Proxy, fallback: &str, req: &Intake, view: &WeightsView) -> bool {
+    if contract::severity(view, fallback).is_some() {
         return false;
     }
     let p = &proxy.inner;
@@ -200,33 +256,15 @@ fn fallback_usable(proxy: &Proxy, fallback: &str, req: &Req<'_>) -> bool {
     let mut rng = rand::thread_rng();
     match select::plan(
         fallback,
-        req.needs,
+        &req.needs,
         &p.routes,
-        req.view,
+        view,
         |id| p.rests.is_resting(id, now),
         &mut rng,
     ) {
         Ok(plan) => !plan.degraded && !plan.candidates.is_empty(),
         Err(_) => false,
     }
-}
-
-/// Records that the contract answered: the disclosure, metering and the counter.
-fn used(proxy: &Proxy, ctx: &mut Ctx, d: &Decision, model: &str, outcome: &'static str) {
-    let name = d.behaviour.name();
-    ctx.contract = Some(name);
-    ctx.serves = model.to_owned();
-    if !outcome.is_empty() {
-        ctx.outcome = outcome;
-        ctx.d.mode = Some("degraded");
-    }
-    proxy.inner.counters.contract_use(&d.contract_feature, name);
-}
-
-fn retry_after(r: &mut Response, after: std::time::Duration) {
-    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-    r.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
 }
 
 /// `r` with the `"probeok"` object added to its JSON body (other bodies as they are).

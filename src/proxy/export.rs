@@ -11,7 +11,7 @@
 //! Label sets are bounded by the config (routes) and by [`super::meter::MAX_LABEL_SETS`].
 //! Before a proxy is attached (or without one) no proxy family is written.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -19,9 +19,50 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
-use super::{BreakerState, ProxyStats};
+use super::{BreakerSnapshot, BreakerState, CountersSnapshot, Inner, Proxy};
 
-/// SPEC-style numbering of a breaker's state.
+/// A read-only view of a running proxy, for the monitor's `/metrics` and `/api/v1/status`. It
+/// holds the proxy weakly: it never keeps the proxy (nor its metering queue) alive, and reads
+/// as empty once the proxy is gone.
+#[derive(Clone)]
+pub struct ProxyStats {
+    inner: Weak<Inner>,
+}
+
+impl std::fmt::Debug for ProxyStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyStats")
+            .field("alive", &(self.inner.strong_count() > 0))
+            .finish()
+    }
+}
+
+impl ProxyStats {
+    fn proxy(&self) -> Option<Proxy> {
+        self.inner.upgrade().map(|inner| Proxy { inner })
+    }
+
+    /// Every route's breaker (empty once the proxy is gone).
+    pub fn breakers(&self) -> Vec<BreakerSnapshot> {
+        self.proxy().map(|p| p.breakers()).unwrap_or_default()
+    }
+
+    /// The proxy's counters (empty once the proxy is gone).
+    pub fn counters(&self) -> CountersSnapshot {
+        self.proxy().map(|p| p.counters()).unwrap_or_default()
+    }
+}
+
+impl Proxy {
+    /// A weak, read-only handle on this proxy's breakers and counters.
+    pub fn stats(&self) -> ProxyStats {
+        ProxyStats {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+}
+
+/// The `probeok_proxy_breaker_state` value of a breaker's state.
 pub fn breaker_value(state: BreakerState) -> i64 {
     match state {
         BreakerState::Closed => 0,

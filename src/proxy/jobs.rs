@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -34,8 +34,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::contract;
+use super::failover;
+use super::reject::Reject;
+use super::request::{finish, RequestCtx};
 use super::select::Needs;
-use super::{authorized, error_body, finish, route, Ctx, Inner, Proxy};
+use super::{Inner, Proxy};
 use crate::store::{ContractOp, JobRecord, JobStatus, Store};
 
 /// Jobs waiting at most; more get 503 `queue_full`.
@@ -201,64 +204,37 @@ fn valid_id(id: &str) -> bool {
         .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-fn no_such_job() -> Response {
-    error_body(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "job_not_found",
-        "no such job (jobs are kept 24 hours after they end)",
-    )
-}
-
 /// `GET /v1/jobs/{id}`.
 pub(super) async fn get_job(
     State(proxy): State<Proxy>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
+    job_answer(&proxy, &id, &headers)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn job_answer(proxy: &Proxy, id: &str, headers: &HeaderMap) -> Result<Response, Reject> {
     let p = &proxy.inner;
-    let owner = match &p.client_keys {
-        Some(keys) => match authorized(keys, &headers) {
-            Some(k) => contract::owner_of(&k),
-            None => {
-                return error_body(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid_request_error",
-                    "invalid_api_key",
-                    "missing or unknown API key for this proxy (Authorization: Bearer <key>)",
-                )
-            }
-        },
-        None => contract::owner_of(""),
-    };
+    let owner = contract::owner_of(&p.client_keys.check(headers)?);
     let Some(jobs) = &p.jobs else {
-        return no_such_job();
+        return Err(Reject::JobNotFound);
     };
-    if !valid_id(&id) {
-        return no_such_job();
+    if !valid_id(id) {
+        return Err(Reject::JobNotFound);
     }
     let store = jobs.store.clone();
+    let id = id.to_owned();
     let read = tokio::task::spawn_blocking(move || store.reader()?.contract_job(&id)).await;
     let job = match read {
         Ok(Ok(Some(job))) if job.owner == owner => job,
-        Ok(Ok(_)) => return no_such_job(),
+        Ok(Ok(_)) => return Err(Reject::JobNotFound),
         Ok(Err(e)) => {
             tracing::error!(error = %e, "cannot read an async job");
-            return error_body(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "job_store_unavailable",
-                "jobs cannot be read right now; retry later",
-            );
+            return Err(Reject::JobStoreUnavailable);
         }
-        Err(_) => {
-            return error_body(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "internal",
-                "the read task failed",
-            )
-        }
+        Err(_) => return Err(Reject::ReadTaskFailed),
     };
     let poll_after = p
         .live
@@ -272,7 +248,7 @@ pub(super) async fn get_job(
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(poll_after.as_secs()));
     }
-    r
+    Ok(r)
 }
 
 /// How the worker runs.
@@ -483,10 +459,12 @@ async fn run(proxy: Proxy, job: JobRecord) {
                 }
             }
             let needs = Needs::from_request(&request, job.residency.as_deref());
-            let mut ctx = Ctx::new(job.id.clone(), p.clock.now());
+            let mut ctx = RequestCtx::new(job.id.clone(), p.clock.now());
             let view = p.weights.borrow().clone();
             tracing::info!(job = %job.id, model = %job.model, "running an async job");
-            let answer = route(&proxy, &mut ctx, &request, &job.model, &needs, &view).await;
+            let answer = failover::route(&proxy, &mut ctx, &request, &job.model, &needs, &view)
+                .await
+                .unwrap_or_else(Into::into);
             let response = finish(&proxy, ctx, answer).await;
             let status = response.status().as_u16();
             let body = axum::body::to_bytes(response.into_body(), jobs.max_body).await;

@@ -1,7 +1,7 @@
 //! Choosing the candidates for one request: pure, over the routes, the weights view, which
 //! routes are resting after a 429, and an injected RNG.
 //!
-//! Order of decisions (seed 003: constraints first, preferences second):
+//! Order of decisions (constraints first, preferences second):
 //! 1. the logical model's `openai` routes (none → `model_not_found`);
 //! 2. only those that can do what the request cannot do without — streaming, tools,
 //!    `response_format` json_schema, image inputs (`vision`), a context window that holds the

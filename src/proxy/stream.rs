@@ -3,7 +3,7 @@
 //!
 //! After the commit point there is never a failover and never a second model's text: an
 //! upstream error event, a stall past `stream_idle_timeout`, an end without a finish reason /
-//! `[DONE]`, or a malformed chunk ends the client's stream with SPEC's
+//! `[DONE]`, or a malformed chunk ends the client's stream with the documented
 //! `data: {"error":{"message":…,"type":"upstream_error","code":"provider_interrupted"}}`.
 //! The end rules are the probe's (`probe::openai::OpenAiStream`): a finish reason plus `[DONE]`
 //! or the usage chunk. When an upstream finished properly but dropped `[DONE]`, the proxy
@@ -82,7 +82,7 @@ pub fn frame(ev: &Event) -> Bytes {
     Bytes::from(out)
 }
 
-/// SPEC's interruption event.
+/// The interruption event sent after the commit point (`provider_interrupted`).
 pub fn interrupted_event(message: &str) -> Bytes {
     let v = json!({"error": {
         "message": message,

@@ -1,4 +1,4 @@
-//! The proxy's own view of the weights feed (SPEC.md, `GET /api/v1/weights`):
+//! The proxy's own view of the weights feed (`GET /api/v1/weights`, see `docs/http-api.md`):
 //! `{version, generated_at, models: {"<serves>": [{route, provider, region, model, tier, weight,
 //! state, reason}]}}`, with an optional `all_unhealthy` per model.
 //!
@@ -223,7 +223,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_spec_shape_and_object_form() {
+    fn parses_the_documented_shape_and_object_form() {
         let json = br#"{"version":"v7","generated_at":"2026-01-01T00:00:00Z","models":{
             "chat-main":[
               {"route":"qwen/cn/qwen-max","provider":"qwen","region":"cn","model":"qwen-max","tier":"primary","weight":100,"state":"NORMAL","reason":{"code":"healthy","text":"ok"}},
