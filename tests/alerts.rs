@@ -23,21 +23,21 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::task::JoinHandle;
 
 use probeok::alert::dingtalk::DingTalk;
-use probeok::alert::email::{parse_smtp_url, Email};
+use probeok::alert::email::Email;
 use probeok::alert::feishu::Feishu;
 use probeok::alert::group::{Draft, Grouper};
 use probeok::alert::webhook::Webhook;
-use probeok::alert::{AlertService, Lang, Notifier, Severity};
+use probeok::alert::{AlertService, ChannelEnv, Lang, Notifier, Severity};
 use probeok::clock::{Clock, ManualClock};
 use probeok::config::{
-    ChannelOptions, Config, MaintenanceConfig, ProviderConfig, RegionConfig, RouteConfig,
+    ChannelOptions, Config, EmailConfig, MaintenanceConfig, ProviderConfig, RegionConfig,
+    RobotConfig, RouteConfig, WebhookConfig,
 };
 use probeok::health::{
     ErrorRateEvidence, Evidence, FailureMode, Finding, FindingKind, HealthEvent, Incident,
     LatencyRef, Reason, State as S, Transition,
 };
 use probeok::route::RouteId;
-use probeok::secret::Secret;
 use probeok::store::{Store, StoreOptions};
 
 // ---------------------------------------------------------------------------------------------
@@ -230,39 +230,71 @@ fn opts(min: Severity, lang: Lang) -> ChannelOptions {
     }
 }
 
+/// Builds a channel from its config table the way the service does, with its variables from
+/// a map instead of the process environment.
+fn env_vars(pairs: &[(&str, Option<String>)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .filter_map(|(k, v)| v.clone().map(|v| ((*k).to_owned(), v)))
+        .collect()
+}
+
+fn channel_env<'a>(name: &str, vars: &'a HashMap<String, String>) -> ChannelEnv<'a> {
+    ChannelEnv {
+        name: name.into(),
+        vars,
+        http: http(),
+    }
+}
+
+fn robot(secret: Option<&str>, options: ChannelOptions) -> RobotConfig {
+    RobotConfig {
+        webhook_env: "URL".into(),
+        secret_env: secret.map(|_| "SECRET".into()),
+        options,
+    }
+}
+
 fn dingtalk(
     name: &str,
     addr: SocketAddr,
     secret: Option<&str>,
     min: Severity,
 ) -> Arc<dyn Notifier> {
-    Arc::new(DingTalk::new(
-        name.into(),
-        Secret::new(format!("http://{addr}/robot/send?access_token=tok")),
-        secret.map(Secret::new),
-        opts(min, Lang::Zh),
-        http(),
-    ))
+    let vars = env_vars(&[
+        (
+            "URL",
+            Some(format!("http://{addr}/robot/send?access_token=tok")),
+        ),
+        ("SECRET", secret.map(str::to_owned)),
+    ]);
+    let c = robot(secret, opts(min, Lang::Zh));
+    Arc::new(DingTalk::from_config(&c, &channel_env(name, &vars)).unwrap())
 }
 
 fn feishu(name: &str, addr: SocketAddr, secret: Option<&str>) -> Arc<dyn Notifier> {
-    Arc::new(Feishu::new(
-        name.into(),
-        Secret::new(format!("http://{addr}/open-apis/bot/v2/hook/abc")),
-        secret.map(Secret::new),
-        opts(Severity::Warning, Lang::En),
-        http(),
-    ))
+    let vars = env_vars(&[
+        (
+            "URL",
+            Some(format!("http://{addr}/open-apis/bot/v2/hook/abc")),
+        ),
+        ("SECRET", secret.map(str::to_owned)),
+    ]);
+    let c = robot(secret, opts(Severity::Warning, Lang::En));
+    Arc::new(Feishu::from_config(&c, &channel_env(name, &vars)).unwrap())
 }
 
 fn webhook(name: &str, addr: SocketAddr, secret: Option<&str>, min: Severity) -> Arc<dyn Notifier> {
-    Arc::new(Webhook::new(
-        name.into(),
-        Secret::new(format!("http://{addr}/hook")),
-        secret.map(Secret::new),
-        opts(min, Lang::En),
-        http(),
-    ))
+    let vars = env_vars(&[
+        ("URL", Some(format!("http://{addr}/hook"))),
+        ("SECRET", secret.map(str::to_owned)),
+    ]);
+    let c = WebhookConfig {
+        url_env: "URL".into(),
+        secret_env: secret.map(|_| "SECRET".into()),
+        options: opts(min, Lang::En),
+    };
+    Arc::new(Webhook::from_config(&c, &channel_env(name, &vars)).unwrap())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1095,15 +1127,14 @@ async fn severities_filter_per_channel() {
 #[tokio::test]
 async fn email_goes_through_a_real_smtp_dialogue() {
     let (addr, mails) = smtp_server().await;
-    let target = parse_smtp_url(&format!("smtp://{addr}")).unwrap();
-    let email = Email::new(
-        "email[0]".into(),
-        &target,
-        "probeok@example.com",
-        &["oncall@example.com".into()],
-        opts(Severity::Warning, Lang::En),
-    )
-    .unwrap();
+    let vars = env_vars(&[("SMTP_URL", Some(format!("smtp://{addr}")))]);
+    let c = EmailConfig {
+        smtp_url_env: "SMTP_URL".into(),
+        from: "probeok@example.com".into(),
+        to: vec!["oncall@example.com".into()],
+        options: opts(Severity::Warning, Lang::En),
+    };
+    let email = Email::from_config(&c, &channel_env("email[0]", &vars)).unwrap();
     let clock = Arc::new(ManualClock::new(t0()));
     let rig = rig(vec![Arc::new(email)], clock.clone(), |_| {}).await;
     rig.push(vec![critical(0, t0())]).await;

@@ -12,8 +12,8 @@ use futures_util::FutureExt;
 use serde_json::json;
 
 use super::{
-    cut, env_secret, env_secret_opt, hmac_sha256, post_json, render, AlertError, Message, Notifier,
-    Receipt, RenderCtx, Severity, Status,
+    cut, hmac_sha256, post_json, render, AlertError, ChannelEnv, Message, Notifier, Receipt,
+    RenderCtx, Severity, Status,
 };
 use crate::config::{ChannelOptions, RobotConfig};
 use crate::secret::Secret;
@@ -39,30 +39,15 @@ pub struct Feishu {
 }
 
 impl Feishu {
-    pub fn from_config(
-        name: String,
-        c: &RobotConfig,
-        http: reqwest::Client,
-    ) -> Result<Self, AlertError> {
-        let url = env_secret(&name, &c.webhook_env)?;
-        let secret = env_secret_opt(&name, c.secret_env.as_ref())?;
-        Ok(Self::new(name, url, secret, c.options.clone(), http))
-    }
-
-    pub fn new(
-        name: String,
-        url: Secret,
-        secret: Option<Secret>,
-        options: ChannelOptions,
-        http: reqwest::Client,
-    ) -> Self {
-        Self {
-            name,
-            url,
-            secret,
-            options,
-            http,
-        }
+    /// The bot of an `[[alert.feishu]]` table, its URL and secret read through `env`.
+    pub fn from_config(c: &RobotConfig, env: &ChannelEnv<'_>) -> Result<Self, AlertError> {
+        Ok(Self {
+            url: env.secret(&c.webhook_env)?,
+            secret: env.secret_opt(c.secret_env.as_ref())?,
+            options: c.options.clone(),
+            http: env.http.clone(),
+            name: env.name.clone(),
+        })
     }
 
     /// The request body for `message`, signed for `now`.

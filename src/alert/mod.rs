@@ -363,37 +363,95 @@ pub fn accepts(options: &ChannelOptions, m: &Message) -> bool {
     m.severity >= options.min_severity
 }
 
-/// Builds every configured channel, reading its variables now. Errors name the channel and
-/// the variable, never a value.
+/// Where a channel's variables are read: the process environment in the service, a map in
+/// tests (so no test has to change the environment of the whole process).
+pub trait Vars: Send + Sync {
+    /// The variable's value; unset or empty is `None`.
+    fn get(&self, var: &str) -> Option<crate::secret::Secret>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Vars for ProcessEnv {
+    fn get(&self, var: &str) -> Option<crate::secret::Secret> {
+        crate::secret::Secret::from_env(var)
+    }
+}
+
+impl Vars for std::collections::HashMap<String, String> {
+    fn get(&self, var: &str) -> Option<crate::secret::Secret> {
+        self.get(var)
+            .filter(|v| !v.is_empty())
+            .map(|v| crate::secret::Secret::new(v.clone()))
+    }
+}
+
+/// What building one channel needs besides its config table: its name (`dingtalk[0]`), where
+/// its variables come from and the HTTP client the webhook-style channels share. Every
+/// channel is built the same way: `Channel::from_config(&table, &env)`.
+pub struct ChannelEnv<'a> {
+    pub name: String,
+    pub vars: &'a dyn Vars,
+    pub http: reqwest::Client,
+}
+
+impl ChannelEnv<'_> {
+    /// Reads a variable the channel needs; the error names the channel and the variable only.
+    pub fn secret(&self, var: &str) -> Result<crate::secret::Secret, AlertError> {
+        self.vars.get(var).ok_or_else(|| {
+            AlertError::Config(format!(
+                "{}: environment variable {var} is not set (or empty)",
+                self.name
+            ))
+        })
+    }
+
+    /// An optional variable (a signing secret): none when no variable is named, an error when
+    /// one is named but unset.
+    pub fn secret_opt(
+        &self,
+        var: Option<&String>,
+    ) -> Result<Option<crate::secret::Secret>, AlertError> {
+        var.map(|v| self.secret(v)).transpose()
+    }
+}
+
+/// Builds every configured channel from the process environment, reading its variables now.
+/// Errors name the channel and the variable, never a value.
 pub fn channels(c: &Config) -> Result<Vec<Arc<dyn Notifier>>, AlertError> {
-    let http = http_client()?;
+    build_channels(c, &ProcessEnv, http_client()?)
+}
+
+/// Builds every configured channel, in the order `probeok alert test --channel N` counts them:
+/// dingtalk, feishu, email, webhook.
+pub fn build_channels(
+    c: &Config,
+    vars: &dyn Vars,
+    http: reqwest::Client,
+) -> Result<Vec<Arc<dyn Notifier>>, AlertError> {
+    let env = |name: String| ChannelEnv {
+        name,
+        vars,
+        http: http.clone(),
+    };
+    let a = &c.alert;
     let mut out: Vec<Arc<dyn Notifier>> = Vec::new();
-    for (i, r) in c.alert.dingtalk.iter().enumerate() {
-        out.push(Arc::new(dingtalk::DingTalk::from_config(
-            format!("dingtalk[{i}]"),
-            r,
-            http.clone(),
-        )?));
+    for (i, r) in a.dingtalk.iter().enumerate() {
+        let e = env(format!("dingtalk[{i}]"));
+        out.push(Arc::new(dingtalk::DingTalk::from_config(r, &e)?));
     }
-    for (i, r) in c.alert.feishu.iter().enumerate() {
-        out.push(Arc::new(feishu::Feishu::from_config(
-            format!("feishu[{i}]"),
-            r,
-            http.clone(),
-        )?));
+    for (i, r) in a.feishu.iter().enumerate() {
+        let e = env(format!("feishu[{i}]"));
+        out.push(Arc::new(feishu::Feishu::from_config(r, &e)?));
     }
-    for (i, e) in c.alert.email.iter().enumerate() {
-        out.push(Arc::new(email::Email::from_config(
-            format!("email[{i}]"),
-            e,
-        )?));
+    for (i, r) in a.email.iter().enumerate() {
+        let e = env(format!("email[{i}]"));
+        out.push(Arc::new(email::Email::from_config(r, &e)?));
     }
-    for (i, w) in c.alert.webhook.iter().enumerate() {
-        out.push(Arc::new(webhook::Webhook::from_config(
-            format!("webhook[{i}]"),
-            w,
-            http.clone(),
-        )?));
+    for (i, r) in a.webhook.iter().enumerate() {
+        let e = env(format!("webhook[{i}]"));
+        out.push(Arc::new(webhook::Webhook::from_config(r, &e)?));
     }
     Ok(out)
 }
@@ -405,24 +463,6 @@ pub fn http_client() -> Result<reqwest::Client, AlertError> {
         .connect_timeout(std::time::Duration::from_secs(5))
         .build()
         .map_err(|e| AlertError::Config(format!("http client: {}", e.without_url())))
-}
-
-/// Reads a channel's variable; the error names the variable only.
-pub(crate) fn env_secret(channel: &str, var: &str) -> Result<crate::secret::Secret, AlertError> {
-    crate::secret::Secret::from_env(var).ok_or_else(|| {
-        AlertError::Config(format!(
-            "{channel}: environment variable {var} is not set (or empty)"
-        ))
-    })
-}
-
-/// The optional signing secret of a channel: none when no variable is named, an error when
-/// one is named but unset.
-pub(crate) fn env_secret_opt(
-    channel: &str,
-    var: Option<&String>,
-) -> Result<Option<crate::secret::Secret>, AlertError> {
-    var.map(|v| env_secret(channel, v)).transpose()
 }
 
 /// Posts JSON and returns the status and body; transport errors lose their URL.
