@@ -236,6 +236,21 @@ pub struct RouteItem {
     pub peak: Option<State>,
     /// Whether traffic was moved off the route: `None` while no switch controller reports it.
     pub shifted: Option<bool>,
+    /// Every state the route went through inside one grouping window, oldest first, when it
+    /// changed more than once (`NORMAL, WARNING, DEGRADED`); empty after a single change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<State>,
+}
+
+impl RouteItem {
+    /// `NORMAL → WARNING → DEGRADED`: the path inside the window, else `from → to`.
+    pub fn states(&self) -> Vec<State> {
+        if self.path.len() >= 2 {
+            self.path.clone()
+        } else {
+            vec![self.from, self.to]
+        }
+    }
 }
 
 /// The numbers a transition was decided on, kept small and language-neutral.
@@ -280,6 +295,15 @@ impl Message {
             .map(|i| &i.route)
             .chain(self.related.iter())
             .collect()
+    }
+
+    /// How many distinct routes the message is about: the number a reader sees first, so a
+    /// route that changed state twice inside one window counts once.
+    pub fn route_count(&self) -> usize {
+        let mut ids = self.routes();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
     }
 }
 
