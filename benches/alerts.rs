@@ -133,6 +133,7 @@ fn channel(addr: std::net::SocketAddr) -> Arc<dyn Notifier> {
         webhook_env: "BENCH_DING_URL".into(),
         secret_env: Some("BENCH_DING_SECRET".into()),
         options: ChannelOptions::default(),
+        mention: None,
     };
     let env = probeok::alert::ChannelEnv {
         name: "dingtalk[0]".into(),

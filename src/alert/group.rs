@@ -501,6 +501,50 @@ fn provider_draft(provider: String, mut items: Vec<Entry>, status: Status) -> Op
     ))
 }
 
+/// The severity one route item carries in a message of `status` (as [`classify`] gave it).
+fn item_severity(status: Status, item: &RouteItem) -> Option<Severity> {
+    if status == Status::Resolved {
+        return item.peak.and_then(Severity::of_state);
+    }
+    let sev = Severity::of_state(item.to)?;
+    Some(if item.failure_mode == Some(FailureMode::BehaviorChanged) {
+        sev.max(Severity::Warning)
+    } else {
+        sev
+    })
+}
+
+/// `m` restricted to the routes `keep` accepts, grouped as if only they had been gathered: a
+/// provider message over the routes kept (its own key), a route message for a lone one, `None`
+/// when nothing is kept. Messages without route items are returned whole or not at all.
+pub fn restrict(m: &Message, keep: impl Fn(&RouteId) -> bool) -> Option<Message> {
+    if m.items.is_empty() {
+        return m.routes().into_iter().any(&keep).then(|| m.clone());
+    }
+    let kept: Vec<Entry> = m
+        .items
+        .iter()
+        .filter(|i| keep(&i.route))
+        .map(|i| {
+            let sev = item_severity(m.status, i).unwrap_or(m.severity);
+            (sev, i.clone(), None)
+        })
+        .collect();
+    if kept.len() == m.items.len() {
+        return Some(m.clone());
+    }
+    if !matches!(m.subject, Subject::Provider { .. }) {
+        // A route or flapping message is about one route: kept whole or dropped.
+        return (!kept.is_empty()).then(|| m.clone());
+    }
+    let provider = m.items[0].route.split().0.to_owned();
+    let draft = provider_draft(provider, kept, m.status)?;
+    Some(Message {
+        note: m.note.clone(),
+        ..draft.message
+    })
+}
+
 /// A drift finding opened (firing) or closed (resolved): `warning`, `info` for
 /// `model_changed`; firing key `drift:<finding id>`, so a closing finding resolves only what
 /// was announced.

@@ -1,4 +1,4 @@
-//! Alerts: health events in, messages to DingTalk, Feishu/Lark, email and webhooks out —
+//! Alerts: health events in, messages to DingTalk, Feishu/Lark, WeCom, email and webhooks out —
 //! never lost, never spammed, readable at 4 a.m.
 //!
 //! The flow, inside [`run`] (one task):
@@ -11,8 +11,10 @@
 //!    SQLite outbox under a dedup key, *then* delivered with exponential backoff and jitter
 //!    (at least once; a restart resumes what is pending; past [`outbox::MAX_AGE`] it is
 //!    dropped with a log line and a counter).
-//! 4. Channels ([`Notifier`]): [`dingtalk`], [`feishu`], [`email`], [`webhook`]. Robots are
-//!    signed at *send* time (signatures expire) and their HTTP-200 error bodies are failures.
+//! 4. Channels ([`Notifier`]): [`dingtalk`], [`feishu`], [`email`], [`webhook`], [`wecom`],
+//!    each built by `from_config(&table, &ChannelEnv)`. Robots are signed at *send* time
+//!    (signatures expire) and their HTTP-200 error bodies are failures. [`routing`] decides
+//!    per channel which routes it owns (a group is regrouped over them) and who is mentioned.
 //!
 //! Beside it, once a minute: SLO burn-rate alerts ([`burn`], from the store's rollups) and
 //! reminders (`repeat_interval`). Which alerts are firing lives in the store (`alert_state`),
@@ -32,8 +34,10 @@ pub mod group;
 pub mod maintenance;
 pub mod outbox;
 pub mod render;
+pub mod routing;
 pub mod silences;
 pub mod webhook;
+pub mod wecom;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -324,11 +328,31 @@ pub enum AlertError {
     /// An answer that is not a success (HTTP status, or DingTalk/Feishu error code in a 200).
     #[error("rejected: HTTP {status}: {body}")]
     Rejected { status: u16, body: String },
+    /// The receiver asked us to slow down (WeCom `45009`): retried no sooner than
+    /// `retry_after_s` seconds, whatever the backoff says.
+    #[error("throttled: HTTP {status}: {body}")]
+    Throttled {
+        status: u16,
+        body: String,
+        retry_after_s: u64,
+    },
     /// The channel cannot be used as configured (a bad SMTP URL, a missing variable).
     #[error("config: {0}")]
     Config(String),
     #[error("store: {0}")]
     Store(String),
+}
+
+impl AlertError {
+    /// The least wait before the next attempt the receiver asked for, if it did.
+    pub fn retry_after(&self) -> Option<chrono::Duration> {
+        match self {
+            AlertError::Throttled { retry_after_s, .. } => Some(chrono::Duration::seconds(
+                i64::try_from(*retry_after_s).unwrap_or(3600),
+            )),
+            _ => None,
+        }
+    }
 }
 
 impl From<crate::store::StoreError> for AlertError {
@@ -373,6 +397,24 @@ pub trait Notifier: Send + Sync {
         ctx: &'a RenderCtx,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Receipt, AlertError>>;
+    /// Whether `message` needs a second delivery carrying the mention (WeCom: its markdown
+    /// cannot mention phone numbers). It gets its own outbox row, `…#mention`.
+    fn mention_part(&self, _message: &Message) -> bool {
+        false
+    }
+    /// Sends the mention part of `message` (only called when [`Notifier::mention_part`]).
+    fn send_mention<'a>(
+        &'a self,
+        _message: &'a Message,
+        _ctx: &'a RenderCtx,
+        _now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Receipt, AlertError>> {
+        Box::pin(async {
+            Err(AlertError::Config(
+                "this channel has no separate mention message".into(),
+            ))
+        })
+    }
 }
 
 /// Whether a channel takes a message: severity at least `min_severity`; resolved messages only
@@ -448,7 +490,7 @@ pub fn channels(c: &Config) -> Result<Vec<Arc<dyn Notifier>>, AlertError> {
 }
 
 /// Builds every configured channel, in the order `probeok alert test --channel N` counts them:
-/// dingtalk, feishu, email, webhook.
+/// dingtalk, feishu, email, webhook, wecom.
 pub fn build_channels(
     c: &Config,
     vars: &dyn Vars,
@@ -476,6 +518,10 @@ pub fn build_channels(
     for (i, r) in a.webhook.iter().enumerate() {
         let e = env(format!("webhook[{i}]"));
         out.push(Arc::new(webhook::Webhook::from_config(r, &e)?));
+    }
+    for (i, r) in a.wecom.iter().enumerate() {
+        let e = env(format!("wecom[{i}]"));
+        out.push(Arc::new(wecom::Wecom::from_config(r, &e)?));
     }
     Ok(out)
 }
@@ -566,7 +612,7 @@ pub fn test_message(now: DateTime<Utc>) -> Message {
 }
 
 /// `probeok alert test`: sends the test message to each channel (or channel `only`, 0-based
-/// over all channels in the order dingtalk, feishu, email, webhook) and returns each
+/// over all channels in the order dingtalk, feishu, email, webhook, wecom) and returns each
 /// channel's name and what its receiver answered.
 pub async fn send_test(
     c: &Config,

@@ -252,6 +252,7 @@ pub fn robot(secret: Option<&str>, options: ChannelOptions) -> RobotConfig {
         webhook_env: "URL".into(),
         secret_env: secret.map(|_| "SECRET".into()),
         options,
+        mention: None,
     }
 }
 
