@@ -48,6 +48,8 @@ pub enum Kind {
     DingTalk,
     Feishu,
     Webhook,
+    /// The WeCom group robot: `?key=` in the URL, `errcode` in every answer.
+    Wecom,
 }
 
 /// One received, verified message.
@@ -166,6 +168,36 @@ pub async fn receive(
                 delivery: None,
             });
             axum::Json(json!({"code": 0, "data": {}, "msg": "success"})).into_response()
+        }
+        Kind::Wecom => {
+            if q.get("key").map(String::as_str) != Some("wecom-key") {
+                return axum::Json(json!({"errcode": 93000, "errmsg": "invalid webhook url, hint: [1700000000_1_abc], from ip: 127.0.0.1, more info at https://open.work.weixin.qq.com/devtool/query?e=93000"})).into_response();
+            }
+            let ok_shape = match json["msgtype"].as_str() {
+                Some("markdown") => json["markdown"]["content"].is_string(),
+                Some("text") => json["text"]["content"].is_string(),
+                _ => false,
+            };
+            if !ok_shape {
+                return axum::Json(json!({"errcode": 40008, "errmsg": "invalid message type, hint: [1700000000_1_abc]"})).into_response();
+            }
+            if json["markdown"]["content"]
+                .as_str()
+                .is_some_and(|c| c.len() > 4096)
+            {
+                return axum::Json(json!({"errcode": 40058, "errmsg": "markdown.content exceed max length 4096. invalid Request Parameter, hint: [1700000000_1_abc]"})).into_response();
+            }
+            if f.reject.load(Ordering::SeqCst) > 0 {
+                f.reject.fetch_sub(1, Ordering::SeqCst);
+                return axum::Json(json!({"errcode": 45009, "errmsg": "api freq out of limit"}))
+                    .into_response();
+            }
+            f.got.lock().unwrap().push(Got {
+                ts: None,
+                body: json,
+                delivery: None,
+            });
+            axum::Json(json!({"errcode": 0, "errmsg": "ok"})).into_response()
         }
         Kind::Webhook => {
             if let Some(secret) = &f.secret {
