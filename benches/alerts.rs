@@ -15,12 +15,13 @@ use serde_json::json;
 use probeok::alert::dingtalk::DingTalk;
 use probeok::alert::{AlertService, Notifier};
 use probeok::clock::SystemClock;
-use probeok::config::{ChannelOptions, Config, ProviderConfig, RegionConfig, RouteConfig};
+use probeok::config::{
+    ChannelOptions, Config, ProviderConfig, RegionConfig, RobotConfig, RouteConfig,
+};
 use probeok::health::{
     ErrorRateEvidence, Evidence, FailureMode, HealthEvent, Incident, Reason, State, Transition,
 };
 use probeok::route::RouteId;
-use probeok::secret::Secret;
 use probeok::store::{Store, StoreOptions};
 
 const N: usize = 200;
@@ -120,13 +121,26 @@ async fn receiver() -> Receiver {
 }
 
 fn channel(addr: std::net::SocketAddr) -> Arc<dyn Notifier> {
-    Arc::new(DingTalk::new(
-        "dingtalk[0]".into(),
-        Secret::new(format!("http://{addr}/robot/send?access_token=t")),
-        Some(Secret::new("SECbench")),
-        ChannelOptions::default(),
-        probeok::alert::http_client().unwrap(),
-    ))
+    let vars: std::collections::HashMap<String, String> = [
+        (
+            "BENCH_DING_URL".to_owned(),
+            format!("http://{addr}/robot/send?access_token=t"),
+        ),
+        ("BENCH_DING_SECRET".to_owned(), "SECbench".to_owned()),
+    ]
+    .into();
+    let c = RobotConfig {
+        webhook_env: "BENCH_DING_URL".into(),
+        secret_env: Some("BENCH_DING_SECRET".into()),
+        options: ChannelOptions::default(),
+        mention: None,
+    };
+    let env = probeok::alert::ChannelEnv {
+        name: "dingtalk[0]".into(),
+        vars: &vars,
+        http: probeok::alert::http_client().unwrap(),
+    };
+    Arc::new(DingTalk::from_config(&c, &env).unwrap())
 }
 
 /// A running engine with its broadcast sender.

@@ -97,7 +97,73 @@ pub fn check_config(path: &Path) -> Result<(), CliError> {
     println!("{}: ok, {} route(s)", path.display(), routes.len());
     print!("{}", routes_table(&routes));
     print!("{}", sets_summary(&config, &sets, &routes));
+    print!("{}", alert_channels_summary(&config, &routes));
     Ok(())
+}
+
+/// Which routes each alert channel will get (its `routes` globs), and who it mentions.
+fn alert_channels_summary(config: &Config, routes: &[Route]) -> String {
+    let a = &config.alert;
+    if a.is_empty() {
+        return "alert channels: none\n".to_owned();
+    }
+    let mentions: std::collections::HashMap<String, &crate::config::Mention> = a
+        .dingtalk
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| Some((format!("dingtalk[{i}]"), c.mention.as_ref()?)))
+        .chain(
+            a.feishu
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| Some((format!("feishu[{i}]"), c.mention.as_ref()?))),
+        )
+        .chain(
+            a.wecom
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| Some((format!("wecom[{i}]"), c.mention.as_ref()?))),
+        )
+        .collect();
+    let mut out = format!("{} alert channel(s):\n", a.len());
+    for (name, o) in a.options() {
+        let owned: Vec<&Route> = routes
+            .iter()
+            .filter(|r| crate::alert::routing::owns(&o.routes, &r.id))
+            .collect();
+        let filter = if o.routes.is_empty() {
+            "all routes".to_owned()
+        } else {
+            format!("routes {}", o.routes.join(", "))
+        };
+        let cross = if o.routes.is_empty() || o.routes.iter().any(|g| g == "*") {
+            ", and cross-route alerts"
+        } else {
+            ""
+        };
+        let mention = mentions.get(&name).map_or(String::new(), |m| {
+            let mut who = Vec::new();
+            if !m.mobiles.is_empty() {
+                who.push(format!("{} mobile(s)", m.mobiles.len()));
+            }
+            if !m.user_ids.is_empty() {
+                who.push(format!("{} user id(s)", m.user_ids.len()));
+            }
+            if m.all {
+                who.push("everyone".to_owned());
+            }
+            format!("; mentions {} from {}", who.join(" + "), m.min_severity)
+        });
+        out.push_str(&format!(
+            "  {name} ({filter}; from {}{mention}): {} route(s){cross}\n",
+            o.min_severity,
+            owned.len()
+        ));
+        for r in owned {
+            out.push_str(&format!("    {}\n", r.id));
+        }
+    }
+    out
 }
 
 /// The regression sets of `[drift] sets` (relative to the config file): none when the folder
@@ -400,7 +466,7 @@ fn spawn_reload_on_sighup(live: crate::reload::LiveConfig) {
 }
 
 /// `probeok alert test`: a test message to each channel (or channel `only`, 0-based in the
-/// order dingtalk, feishu, email, webhook), printing what each receiver answered. Exit 2
+/// order dingtalk, feishu, email, webhook, wecom), printing what each receiver answered. Exit 2
 /// when any channel failed.
 pub async fn alert_test(path: &Path, only: Option<usize>) -> Result<(), CliError> {
     let (config, warnings) = load(path)?;
@@ -408,7 +474,7 @@ pub async fn alert_test(path: &Path, only: Option<usize>) -> Result<(), CliError
     refuse_missing_secrets(&config)?;
     if config.alert.is_empty() {
         return Err(CliError::Invalid(vec![format!(
-            "{}: no alert channels configured ([[alert.dingtalk]], [[alert.feishu]], [[alert.email]], [[alert.webhook]])",
+            "{}: no alert channels configured ([[alert.dingtalk]], [[alert.feishu]], [[alert.email]], [[alert.webhook]], [[alert.wecom]])",
             path.display()
         )]));
     }

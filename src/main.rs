@@ -149,7 +149,7 @@ enum AlertCommand {
     Test {
         #[arg(long, env = "PROBEOK_CONFIG")]
         config: PathBuf,
-        /// Only this channel: 0-based over dingtalk, feishu, email, webhook tables in that order.
+        /// Only this channel: 0-based over dingtalk, feishu, email, webhook, wecom tables in that order.
         #[arg(long)]
         channel: Option<usize>,
     },

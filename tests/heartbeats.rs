@@ -27,7 +27,6 @@ use probeok::app::{self, StartOptions};
 use probeok::clock::{ManualClock, SystemClock};
 use probeok::config::{ChannelOptions, Config};
 use probeok::heartbeat::{self, Jobs};
-use probeok::secret::Secret;
 use probeok::store::{Store, StoreOptions};
 
 fn t0() -> DateTime<Utc> {
@@ -308,17 +307,23 @@ async fn boot_raises_no_alert_and_every_job_beats() {
 }
 
 fn webhook(addr: SocketAddr) -> Arc<dyn Notifier> {
-    Arc::new(Webhook::new(
-        "webhook[0]".into(),
-        Secret::new(format!("http://{addr}/hook")),
-        None,
-        ChannelOptions {
+    let vars: std::collections::HashMap<String, String> =
+        [("HOOK_URL".to_owned(), format!("http://{addr}/hook"))].into();
+    let c = probeok::config::WebhookConfig {
+        url_env: "HOOK_URL".into(),
+        secret_env: None,
+        options: ChannelOptions {
             min_severity: Severity::Critical,
             lang: Lang::En,
             ..ChannelOptions::default()
         },
-        reqwest::Client::new(),
-    ))
+    };
+    let env = probeok::alert::ChannelEnv {
+        name: "webhook[0]".into(),
+        vars: &vars,
+        http: reqwest::Client::new(),
+    };
+    Arc::new(Webhook::from_config(&c, &env).unwrap())
 }
 
 #[tokio::test]

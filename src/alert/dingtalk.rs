@@ -5,6 +5,9 @@
 //! DingTalk rejects signatures older than an hour, so a retry is signed afresh. Success is
 //! HTTP 200 **and** `errcode == 0`: DingTalk answers 200 with `errcode 310000` for a bad
 //! signature, missing keywords and the like. A robot takes about 20 messages a minute.
+//!
+//! Mentions: `at.atMobiles` / `atUserIds` / `isAtAll`, and every number and id also written in
+//! the text as `@…` — DingTalk only highlights the ones the text names.
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
@@ -13,10 +16,10 @@ use futures_util::FutureExt;
 use serde_json::json;
 
 use super::{
-    cut, env_secret, env_secret_opt, hmac_sha256, post_json, render, AlertError, Message, Notifier,
-    Receipt, RenderCtx,
+    cut, hmac_sha256, post_json, render, AlertError, ChannelEnv, Message, Notifier, Receipt,
+    RenderCtx,
 };
-use crate::config::{ChannelOptions, RobotConfig};
+use crate::config::{ChannelOptions, Mention, RobotConfig};
 use crate::secret::Secret;
 
 /// DingTalk's documented limit per robot.
@@ -37,6 +40,7 @@ pub fn sign(ts_ms: i64, secret: &str) -> (String, String) {
 
 pub struct DingTalk {
     name: String,
+    mention: Option<Mention>,
     url: Secret,
     secret: Option<Secret>,
     options: ChannelOptions,
@@ -44,30 +48,16 @@ pub struct DingTalk {
 }
 
 impl DingTalk {
-    pub fn from_config(
-        name: String,
-        c: &RobotConfig,
-        http: reqwest::Client,
-    ) -> Result<Self, AlertError> {
-        let url = env_secret(&name, &c.webhook_env)?;
-        let secret = env_secret_opt(&name, c.secret_env.as_ref())?;
-        Ok(Self::new(name, url, secret, c.options.clone(), http))
-    }
-
-    pub fn new(
-        name: String,
-        url: Secret,
-        secret: Option<Secret>,
-        options: ChannelOptions,
-        http: reqwest::Client,
-    ) -> Self {
-        Self {
-            name,
-            url,
-            secret,
-            options,
-            http,
-        }
+    /// The robot of an `[[alert.dingtalk]]` table, its URL and secret read through `env`.
+    pub fn from_config(c: &RobotConfig, env: &ChannelEnv<'_>) -> Result<Self, AlertError> {
+        Ok(Self {
+            url: env.secret(&c.webhook_env)?,
+            secret: env.secret_opt(c.secret_env.as_ref())?,
+            options: c.options.clone(),
+            mention: c.mention.clone(),
+            http: env.http.clone(),
+            name: env.name.clone(),
+        })
     }
 
     fn url_at(&self, now: DateTime<Utc>) -> String {
@@ -80,6 +70,40 @@ impl DingTalk {
                 format!("{base}{sep}timestamp={ts}&sign={sign}")
             }
         }
+    }
+}
+
+impl DingTalk {
+    /// The request body: markdown, with the `at` object and the mentioned numbers and ids in
+    /// the text when the message calls for a mention (DingTalk highlights only what the text
+    /// names, and the mention line is never cut by the size limit).
+    pub fn body(&self, message: &Message, ctx: &RenderCtx) -> serde_json::Value {
+        let r = render::render(message, self.options.lang, ctx);
+        let Some(m) = super::routing::mention_for(self.mention.as_ref(), message) else {
+            let text = render::fit_bytes(&r.markdown, MAX_TEXT_BYTES);
+            return json!({
+                "msgtype": "markdown",
+                "markdown": {"title": r.title, "text": text},
+            });
+        };
+        let line = m
+            .mobiles
+            .iter()
+            .chain(m.user_ids.iter())
+            .map(|x| format!("@{x}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let suffix = if line.is_empty() {
+            String::new()
+        } else {
+            format!("\n\n{line}")
+        };
+        let text = render::fit_bytes(&r.markdown, MAX_TEXT_BYTES.saturating_sub(suffix.len()));
+        json!({
+            "msgtype": "markdown",
+            "markdown": {"title": r.title, "text": format!("{text}{suffix}")},
+            "at": {"atMobiles": m.mobiles, "atUserIds": m.user_ids, "isAtAll": m.all},
+        })
     }
 }
 
@@ -103,12 +127,7 @@ impl Notifier for DingTalk {
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Receipt, AlertError>> {
         async move {
-            let r = render::render(message, self.options.lang, ctx);
-            let text = render::fit_bytes(&r.markdown, MAX_TEXT_BYTES);
-            let body = json!({
-                "msgtype": "markdown",
-                "markdown": {"title": r.title, "text": text},
-            });
+            let body = self.body(message, ctx);
             let body = serde_json::to_vec(&body).map_err(|e| AlertError::Config(e.to_string()))?;
             let (status, text) = post_json(&self.http, &self.url_at(now), body, &[]).await?;
             let errcode = serde_json::from_str::<serde_json::Value>(&text)

@@ -13,7 +13,7 @@ use lettre::message::{header::ContentType, Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 
-use super::{cut, env_secret, render, AlertError, Message, Notifier, Receipt, RenderCtx};
+use super::{cut, render, AlertError, ChannelEnv, Message, Notifier, Receipt, RenderCtx};
 use crate::config::{ChannelOptions, EmailConfig};
 
 /// How an SMTP URL is to be used.
@@ -114,14 +114,16 @@ pub struct Email {
 }
 
 impl Email {
-    pub fn from_config(name: String, c: &EmailConfig) -> Result<Self, AlertError> {
-        let url = env_secret(&name, &c.smtp_url_env)?;
+    /// The mailer of an `[[alert.email]]` table, its SMTP URL read through `env`.
+    pub fn from_config(c: &EmailConfig, env: &ChannelEnv<'_>) -> Result<Self, AlertError> {
+        let name = env.name.clone();
+        let url = env.secret(&c.smtp_url_env)?;
         let target = parse_smtp_url(url.expose())
             .map_err(|e| AlertError::Config(format!("{name}: {}: {e}", c.smtp_url_env)))?;
-        Self::new(name, &target, &c.from, &c.to, c.options.clone())
+        Self::build(name, &target, &c.from, &c.to, c.options.clone())
     }
 
-    pub fn new(
+    fn build(
         name: String,
         target: &SmtpTarget,
         from: &str,

@@ -15,8 +15,8 @@ use super::group::{Draft, Grouper};
 use super::maintenance::{Silence, Suppressor};
 use super::outbox::Outbox;
 use super::{
-    accepts, burn, AlertError, AlertMetrics, Message, Notifier, RenderCtx, Severity, Status,
-    Subject,
+    accepts, burn, routing, AlertError, AlertMetrics, Message, Notifier, RenderCtx, Severity,
+    Status, Subject,
 };
 use crate::clock::Clock;
 use crate::config::Config;
@@ -241,7 +241,7 @@ impl AlertService {
                     });
                 }
             }
-            entries.extend(self.entries(&message, &message.key, now)?);
+            entries.extend(self.entries(&message, now)?);
         }
         let n = self
             .store
@@ -258,26 +258,37 @@ impl AlertService {
         Ok(n)
     }
 
-    /// One outbox row per channel that accepts `m`, under `<key>#<channel>`.
-    fn entries(
-        &self,
-        m: &Message,
-        key: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<NewEntry>, AlertError> {
-        let json = to_json(m)?;
-        Ok(self
-            .outbox
-            .channels()
-            .iter()
-            .filter(|c| accepts(c.options(), m))
-            .map(|c| NewEntry {
-                dedup_key: format!("{key}#{}", c.name()),
+    /// One outbox row per channel that accepts `m`, under `<key>#<channel>`: each channel gets
+    /// `m` as its `routes` see it (regrouped over its own routes, with its own key).
+    fn entries(&self, m: &Message, now: DateTime<Utc>) -> Result<Vec<NewEntry>, AlertError> {
+        let mut out = Vec::new();
+        for c in self.outbox.channels().iter() {
+            let Some(own) = routing::for_channel(m, &c.options().routes) else {
+                continue;
+            };
+            if !accepts(c.options(), &own) {
+                continue;
+            }
+            let json = to_json(&own)?;
+            let key = format!("{}#{}", own.key, c.name());
+            // Rows are sent in id order: each message before its mention part.
+            let mention = c.mention_part(&own);
+            out.push(NewEntry {
+                dedup_key: key.clone(),
                 channel: c.name().to_owned(),
                 message: json.clone(),
                 created_at: now,
-            })
-            .collect())
+            });
+            if mention {
+                out.push(NewEntry {
+                    dedup_key: format!("{key}{}", super::outbox::MENTION_PART),
+                    channel: c.name().to_owned(),
+                    message: json,
+                    created_at: now,
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// Burn rates, stale heartbeats and reminders at `now`.
@@ -387,8 +398,10 @@ impl AlertService {
                 continue;
             }
             m.status = Status::Reminder;
-            let json = to_json(&m)?;
             for c in self.outbox.channels().iter() {
+                let Some(own) = routing::for_channel(&m, &c.options().routes) else {
+                    continue;
+                };
                 let Some(every) = c.options().repeat_interval else {
                     continue;
                 };
@@ -396,15 +409,26 @@ impl AlertService {
                     continue;
                 };
                 let k = (now - f.opened_at).num_milliseconds() / every.num_milliseconds().max(1);
-                if k < 1 || !accepts(c.options(), &m) {
+                if k < 1 || !accepts(c.options(), &own) {
                     continue;
                 }
+                let json = to_json(&own)?;
+                let key = format!("{}#remind{k}#{}", own.key, c.name());
+                let mention = c.mention_part(&own);
                 entries.push(NewEntry {
-                    dedup_key: format!("{}#remind{k}#{}", m.key, c.name()),
+                    dedup_key: key.clone(),
                     channel: c.name().to_owned(),
                     message: json.clone(),
                     created_at: now,
                 });
+                if mention {
+                    entries.push(NewEntry {
+                        dedup_key: format!("{key}{}", super::outbox::MENTION_PART),
+                        channel: c.name().to_owned(),
+                        message: json,
+                        created_at: now,
+                    });
+                }
             }
         }
         if entries.is_empty() {

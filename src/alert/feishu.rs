@@ -4,6 +4,9 @@
 //! over an **empty** message; Base64 (not URL-encoded); sent in the JSON body as
 //! `"timestamp": "<ts>"` and `"sign"`. Success is `code == 0` (older bots: `StatusCode == 0`)
 //! — Feishu answers HTTP 200 for failures too. The body must stay under 20 KB.
+//!
+//! Mentions go into the card's markdown as `<at id=…></at>` (`id=all` for everyone): a custom
+//! bot mentions by user id (open_id `ou_…` or user_id), not by phone number.
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
@@ -12,10 +15,10 @@ use futures_util::FutureExt;
 use serde_json::json;
 
 use super::{
-    cut, env_secret, env_secret_opt, hmac_sha256, post_json, render, AlertError, Message, Notifier,
-    Receipt, RenderCtx, Severity, Status,
+    cut, hmac_sha256, post_json, render, AlertError, ChannelEnv, Message, Notifier, Receipt,
+    RenderCtx, Severity, Status,
 };
-use crate::config::{ChannelOptions, RobotConfig};
+use crate::config::{ChannelOptions, Mention, RobotConfig};
 use crate::secret::Secret;
 
 /// Feishu refuses request bodies over 20 KB; the text is cut to leave room for the card.
@@ -32,6 +35,7 @@ pub fn sign(ts_s: i64, secret: &str) -> (String, String) {
 
 pub struct Feishu {
     name: String,
+    mention: Option<Mention>,
     url: Secret,
     secret: Option<Secret>,
     options: ChannelOptions,
@@ -39,30 +43,16 @@ pub struct Feishu {
 }
 
 impl Feishu {
-    pub fn from_config(
-        name: String,
-        c: &RobotConfig,
-        http: reqwest::Client,
-    ) -> Result<Self, AlertError> {
-        let url = env_secret(&name, &c.webhook_env)?;
-        let secret = env_secret_opt(&name, c.secret_env.as_ref())?;
-        Ok(Self::new(name, url, secret, c.options.clone(), http))
-    }
-
-    pub fn new(
-        name: String,
-        url: Secret,
-        secret: Option<Secret>,
-        options: ChannelOptions,
-        http: reqwest::Client,
-    ) -> Self {
-        Self {
-            name,
-            url,
-            secret,
-            options,
-            http,
-        }
+    /// The bot of an `[[alert.feishu]]` table, its URL and secret read through `env`.
+    pub fn from_config(c: &RobotConfig, env: &ChannelEnv<'_>) -> Result<Self, AlertError> {
+        Ok(Self {
+            url: env.secret(&c.webhook_env)?,
+            secret: env.secret_opt(c.secret_env.as_ref())?,
+            options: c.options.clone(),
+            mention: c.mention.clone(),
+            http: env.http.clone(),
+            name: env.name.clone(),
+        })
     }
 
     /// The request body for `message`, signed for `now`.
@@ -73,6 +63,26 @@ impl Feishu {
         now: DateTime<Utc>,
     ) -> serde_json::Value {
         let r = render::render(message, self.options.lang, ctx);
+        // Card markdown mentions: `<at id=ou_…></at>`, `<at id=all></at>`; never cut by the limit.
+        let mention = super::routing::mention_for(self.mention.as_ref(), message)
+            .map(|m| {
+                let mut ats: Vec<String> = m
+                    .user_ids
+                    .iter()
+                    .map(|id| format!("<at id={id}></at>"))
+                    .collect();
+                if m.all {
+                    ats.push("<at id=all></at>".into());
+                }
+                ats.join(" ")
+            })
+            .filter(|s| !s.is_empty())
+            .map(|s| format!("\n\n{s}"))
+            .unwrap_or_default();
+        let content = format!(
+            "{}{mention}",
+            render::fit_bytes(&r.markdown, MAX_TEXT_BYTES.saturating_sub(mention.len()))
+        );
         let template = match (message.status, message.severity) {
             (Status::Resolved, _) => "green",
             (Status::Test, _) => "blue",
@@ -90,7 +100,7 @@ impl Feishu {
                 },
                 "elements": [{
                     "tag": "div",
-                    "text": {"tag": "lark_md", "content": render::fit_bytes(&r.markdown, MAX_TEXT_BYTES)},
+                    "text": {"tag": "lark_md", "content": content},
                 }],
             },
         });

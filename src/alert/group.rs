@@ -11,8 +11,10 @@
 //!   was announced is closed).
 //! - **Egress** inhibits: while an `egress` finding holds, firing items of the routes it names
 //!   are dropped — the one egress message explains them.
-//! - **Grouping**: two or more items of one provider (firing, or resolved) make one message
-//!   listing the routes; a lone item makes a route message.
+//! - **Grouping**: a route is one item, at its latest state, however often it changed inside
+//!   the window (its path `NORMAL → WARNING → DEGRADED` kept for the text); two or more routes
+//!   of one provider (firing, or resolved) make one message listing them; a lone route makes
+//!   a route message. Messages count routes, never state changes.
 //!
 //! Every draft carries the firing-state keys it opens or closes (`incident:<id>`, `egress`):
 //! the engine records them in the store and only sends a resolution for what is firing.
@@ -124,8 +126,8 @@ impl Grouper {
         let events = std::mem::take(&mut self.pending);
         self.first_at = None;
         let mut drafts = Vec::new();
-        let mut firing: Vec<(Severity, RouteItem, Option<String>)> = Vec::new();
-        let mut resolved: Vec<(Severity, RouteItem, Option<String>)> = Vec::new();
+        let mut firing: Vec<Entry> = Vec::new();
+        let mut resolved: Vec<Entry> = Vec::new();
         let mut flap_items: BTreeMap<RouteId, (Severity, RouteItem)> = BTreeMap::new();
 
         for event in events {
@@ -363,6 +365,7 @@ impl Grouper {
             closed_at: incident.and_then(|i| i.closed_at),
             peak: incident.map(|i| i.peak),
             shifted: None,
+            path: Vec::new(),
         }
     }
 }
@@ -407,64 +410,139 @@ fn item_key(status: Status, item: &RouteItem) -> String {
     }
 }
 
-/// Two or more items of one provider → one message; else one message per item.
-fn group(items: Vec<(Severity, RouteItem, Option<String>)>, status: Status) -> Vec<Draft> {
-    let mut by_provider: BTreeMap<String, Vec<(Severity, RouteItem, Option<String>)>> =
-        BTreeMap::new();
+/// One route item with its severity and the firing-state key it opens or closes.
+type Entry = (Severity, RouteItem, Option<String>);
+
+/// One entry per route, in route order: the route's latest item (its severity, and its key or
+/// the latest earlier one), with the states it went through when it changed more than once.
+/// `entries` are in arrival order.
+fn latest_per_route(mut entries: Vec<Entry>) -> Vec<Entry> {
+    // Stable: a route's entries stay in arrival order.
+    entries.sort_by(|a, b| a.1.route.cmp(&b.1.route));
+    let mut out: Vec<Entry> = Vec::new();
+    for (sev, item, key) in entries {
+        match out.last_mut() {
+            Some(last) if last.1.route == item.route => {
+                let key = key.or(last.2.take());
+                // The same change reported twice is one change.
+                if (last.1.from, last.1.to) == (item.from, item.to) {
+                    last.2 = key;
+                    continue;
+                }
+                let mut path = last.1.states();
+                if path.last() != Some(&item.from) {
+                    path.push(item.from);
+                }
+                path.push(item.to);
+                *last = (sev, RouteItem { path, ..item }, key);
+            }
+            _ => out.push((sev, item, key)),
+        }
+    }
+    out
+}
+
+/// Two or more routes of one provider → one message; else one message per route.
+fn group(items: Vec<Entry>, status: Status) -> Vec<Draft> {
+    let mut by_provider: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
     for x in items {
         by_provider
             .entry(x.1.route.split().0.to_owned())
             .or_default()
             .push(x);
     }
-    let mut out = Vec::new();
-    for (provider, mut items) in by_provider {
-        items.sort_by(|a, b| a.1.route.cmp(&b.1.route));
-        items.dedup_by(|a, b| a.1.route == b.1.route && a.1.to == b.1.to);
-        if items.len() == 1 {
-            let (sev, item, key) = items.remove(0);
-            out.push(Draft::new(
-                Message {
-                    key: item_key(status, &item),
-                    severity: sev,
-                    status,
-                    subject: Subject::Route,
-                    at: item.at,
-                    items: vec![item],
-                    related: Vec::new(),
-                    note: None,
-                },
-                vec![key],
-                None,
-            ));
-            continue;
-        }
-        let severity = items.iter().map(|x| x.0).max().unwrap_or(Severity::Warning);
-        let at = items.iter().map(|x| x.1.at).max().unwrap_or_default();
-        let keys: Vec<String> = items.iter().map(|x| item_key(status, &x.1)).collect();
-        let tag = if status == Status::Resolved {
-            "resolved"
-        } else {
-            "firing"
-        };
-        let (item_keys, route_items): (Vec<_>, Vec<_>) =
-            items.into_iter().map(|x| (x.2, x.1)).unzip();
-        out.push(Draft::new(
+    by_provider
+        .into_iter()
+        .filter_map(|(provider, items)| provider_draft(provider, latest_per_route(items), status))
+        .collect()
+}
+
+/// The message for `items` (one per route, in route order) of one provider.
+fn provider_draft(provider: String, mut items: Vec<Entry>, status: Status) -> Option<Draft> {
+    if items.len() <= 1 {
+        let (sev, item, key) = items.pop()?;
+        return Some(Draft::new(
             Message {
-                key: format!("provider:{provider}:{tag}:{}", key_digest(&keys.join("\n"))),
-                severity,
+                key: item_key(status, &item),
+                severity: sev,
                 status,
-                subject: Subject::Provider { provider },
-                at,
-                items: route_items,
+                subject: Subject::Route,
+                at: item.at,
+                items: vec![item],
                 related: Vec::new(),
                 note: None,
             },
-            item_keys,
+            vec![key],
             None,
         ));
     }
-    out
+    let severity = items.iter().map(|x| x.0).max().unwrap_or(Severity::Warning);
+    let at = items.iter().map(|x| x.1.at).max().unwrap_or_default();
+    let keys: Vec<String> = items.iter().map(|x| item_key(status, &x.1)).collect();
+    let tag = if status == Status::Resolved {
+        "resolved"
+    } else {
+        "firing"
+    };
+    let (item_keys, route_items): (Vec<_>, Vec<_>) = items.into_iter().map(|x| (x.2, x.1)).unzip();
+    Some(Draft::new(
+        Message {
+            key: format!("provider:{provider}:{tag}:{}", key_digest(&keys.join("\n"))),
+            severity,
+            status,
+            subject: Subject::Provider { provider },
+            at,
+            items: route_items,
+            related: Vec::new(),
+            note: None,
+        },
+        item_keys,
+        None,
+    ))
+}
+
+/// The severity one route item carries in a message of `status` (as [`classify`] gave it).
+fn item_severity(status: Status, item: &RouteItem) -> Option<Severity> {
+    if status == Status::Resolved {
+        return item.peak.and_then(Severity::of_state);
+    }
+    let sev = Severity::of_state(item.to)?;
+    Some(if item.failure_mode == Some(FailureMode::BehaviorChanged) {
+        sev.max(Severity::Warning)
+    } else {
+        sev
+    })
+}
+
+/// `m` restricted to the routes `keep` accepts, grouped as if only they had been gathered: a
+/// provider message over the routes kept (its own key), a route message for a lone one, `None`
+/// when nothing is kept. Messages without route items are returned whole or not at all.
+pub fn restrict(m: &Message, keep: impl Fn(&RouteId) -> bool) -> Option<Message> {
+    if m.items.is_empty() {
+        return m.routes().into_iter().any(&keep).then(|| m.clone());
+    }
+    let kept: Vec<Entry> = m
+        .items
+        .iter()
+        .filter(|i| keep(&i.route))
+        .map(|i| {
+            let sev = item_severity(m.status, i).unwrap_or(m.severity);
+            (sev, i.clone(), None)
+        })
+        .collect();
+    if kept.len() == m.items.len() {
+        return Some(m.clone());
+    }
+    if !matches!(m.subject, Subject::Provider { .. }) {
+        // A route or flapping message is about one route: kept whole or dropped.
+        return (!kept.is_empty()).then(|| m.clone());
+    }
+    let provider = m.items[0].route.split().0.to_owned();
+    let draft = provider_draft(provider, kept, m.status)?;
+    Some(Message {
+        note: m.note.clone(),
+        ..draft.message
+    })
 }
 
 /// A drift finding opened (firing) or closed (resolved): `warning`, `info` for

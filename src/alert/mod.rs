@@ -1,4 +1,4 @@
-//! Alerts: health events in, messages to DingTalk, Feishu/Lark, email and webhooks out —
+//! Alerts: health events in, messages to DingTalk, Feishu/Lark, WeCom, email and webhooks out —
 //! never lost, never spammed, readable at 4 a.m.
 //!
 //! The flow, inside [`run`] (one task):
@@ -11,8 +11,10 @@
 //!    SQLite outbox under a dedup key, *then* delivered with exponential backoff and jitter
 //!    (at least once; a restart resumes what is pending; past [`outbox::MAX_AGE`] it is
 //!    dropped with a log line and a counter).
-//! 4. Channels ([`Notifier`]): [`dingtalk`], [`feishu`], [`email`], [`webhook`]. Robots are
-//!    signed at *send* time (signatures expire) and their HTTP-200 error bodies are failures.
+//! 4. Channels ([`Notifier`]): [`dingtalk`], [`feishu`], [`email`], [`webhook`], [`wecom`],
+//!    each built by `from_config(&table, &ChannelEnv)`. Robots are signed at *send* time
+//!    (signatures expire) and their HTTP-200 error bodies are failures. [`routing`] decides
+//!    per channel which routes it owns (a group is regrouped over them) and who is mentioned.
 //!
 //! Beside it, once a minute: SLO burn-rate alerts ([`burn`], from the store's rollups) and
 //! reminders (`repeat_interval`). Which alerts are firing lives in the store (`alert_state`),
@@ -32,8 +34,10 @@ pub mod group;
 pub mod maintenance;
 pub mod outbox;
 pub mod render;
+pub mod routing;
 pub mod silences;
 pub mod webhook;
+pub mod wecom;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -236,6 +240,21 @@ pub struct RouteItem {
     pub peak: Option<State>,
     /// Whether traffic was moved off the route: `None` while no switch controller reports it.
     pub shifted: Option<bool>,
+    /// Every state the route went through inside one grouping window, oldest first, when it
+    /// changed more than once (`NORMAL, WARNING, DEGRADED`); empty after a single change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<State>,
+}
+
+impl RouteItem {
+    /// `NORMAL → WARNING → DEGRADED`: the path inside the window, else `from → to`.
+    pub fn states(&self) -> Vec<State> {
+        if self.path.len() >= 2 {
+            self.path.clone()
+        } else {
+            vec![self.from, self.to]
+        }
+    }
 }
 
 /// The numbers a transition was decided on, kept small and language-neutral.
@@ -281,6 +300,15 @@ impl Message {
             .chain(self.related.iter())
             .collect()
     }
+
+    /// How many distinct routes the message is about: the number a reader sees first, so a
+    /// route that changed state twice inside one window counts once.
+    pub fn route_count(&self) -> usize {
+        let mut ids = self.routes();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    }
 }
 
 /// What a receiver answered to one delivery.
@@ -300,11 +328,31 @@ pub enum AlertError {
     /// An answer that is not a success (HTTP status, or DingTalk/Feishu error code in a 200).
     #[error("rejected: HTTP {status}: {body}")]
     Rejected { status: u16, body: String },
+    /// The receiver asked us to slow down (WeCom `45009`): retried no sooner than
+    /// `retry_after_s` seconds, whatever the backoff says.
+    #[error("throttled: HTTP {status}: {body}")]
+    Throttled {
+        status: u16,
+        body: String,
+        retry_after_s: u64,
+    },
     /// The channel cannot be used as configured (a bad SMTP URL, a missing variable).
     #[error("config: {0}")]
     Config(String),
     #[error("store: {0}")]
     Store(String),
+}
+
+impl AlertError {
+    /// The least wait before the next attempt the receiver asked for, if it did.
+    pub fn retry_after(&self) -> Option<chrono::Duration> {
+        match self {
+            AlertError::Throttled { retry_after_s, .. } => Some(chrono::Duration::seconds(
+                i64::try_from(*retry_after_s).unwrap_or(3600),
+            )),
+            _ => None,
+        }
+    }
 }
 
 impl From<crate::store::StoreError> for AlertError {
@@ -349,6 +397,24 @@ pub trait Notifier: Send + Sync {
         ctx: &'a RenderCtx,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Receipt, AlertError>>;
+    /// Whether `message` needs a second delivery carrying the mention (WeCom: its markdown
+    /// cannot mention phone numbers). It gets its own outbox row, `…#mention`.
+    fn mention_part(&self, _message: &Message) -> bool {
+        false
+    }
+    /// Sends the mention part of `message` (only called when [`Notifier::mention_part`]).
+    fn send_mention<'a>(
+        &'a self,
+        _message: &'a Message,
+        _ctx: &'a RenderCtx,
+        _now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<Receipt, AlertError>> {
+        Box::pin(async {
+            Err(AlertError::Config(
+                "this channel has no separate mention message".into(),
+            ))
+        })
+    }
 }
 
 /// Whether a channel takes a message: severity at least `min_severity`; resolved messages only
@@ -363,37 +429,99 @@ pub fn accepts(options: &ChannelOptions, m: &Message) -> bool {
     m.severity >= options.min_severity
 }
 
-/// Builds every configured channel, reading its variables now. Errors name the channel and
-/// the variable, never a value.
+/// Where a channel's variables are read: the process environment in the service, a map in
+/// tests (so no test has to change the environment of the whole process).
+pub trait Vars: Send + Sync {
+    /// The variable's value; unset or empty is `None`.
+    fn get(&self, var: &str) -> Option<crate::secret::Secret>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Vars for ProcessEnv {
+    fn get(&self, var: &str) -> Option<crate::secret::Secret> {
+        crate::secret::Secret::from_env(var)
+    }
+}
+
+impl Vars for std::collections::HashMap<String, String> {
+    fn get(&self, var: &str) -> Option<crate::secret::Secret> {
+        self.get(var)
+            .filter(|v| !v.is_empty())
+            .map(|v| crate::secret::Secret::new(v.clone()))
+    }
+}
+
+/// What building one channel needs besides its config table: its name (`dingtalk[0]`), where
+/// its variables come from and the HTTP client the webhook-style channels share. Every
+/// channel is built the same way: `Channel::from_config(&table, &env)`.
+pub struct ChannelEnv<'a> {
+    pub name: String,
+    pub vars: &'a dyn Vars,
+    pub http: reqwest::Client,
+}
+
+impl ChannelEnv<'_> {
+    /// Reads a variable the channel needs; the error names the channel and the variable only.
+    pub fn secret(&self, var: &str) -> Result<crate::secret::Secret, AlertError> {
+        self.vars.get(var).ok_or_else(|| {
+            AlertError::Config(format!(
+                "{}: environment variable {var} is not set (or empty)",
+                self.name
+            ))
+        })
+    }
+
+    /// An optional variable (a signing secret): none when no variable is named, an error when
+    /// one is named but unset.
+    pub fn secret_opt(
+        &self,
+        var: Option<&String>,
+    ) -> Result<Option<crate::secret::Secret>, AlertError> {
+        var.map(|v| self.secret(v)).transpose()
+    }
+}
+
+/// Builds every configured channel from the process environment, reading its variables now.
+/// Errors name the channel and the variable, never a value.
 pub fn channels(c: &Config) -> Result<Vec<Arc<dyn Notifier>>, AlertError> {
-    let http = http_client()?;
+    build_channels(c, &ProcessEnv, http_client()?)
+}
+
+/// Builds every configured channel, in the order `probeok alert test --channel N` counts them:
+/// dingtalk, feishu, email, webhook, wecom.
+pub fn build_channels(
+    c: &Config,
+    vars: &dyn Vars,
+    http: reqwest::Client,
+) -> Result<Vec<Arc<dyn Notifier>>, AlertError> {
+    let env = |name: String| ChannelEnv {
+        name,
+        vars,
+        http: http.clone(),
+    };
+    let a = &c.alert;
     let mut out: Vec<Arc<dyn Notifier>> = Vec::new();
-    for (i, r) in c.alert.dingtalk.iter().enumerate() {
-        out.push(Arc::new(dingtalk::DingTalk::from_config(
-            format!("dingtalk[{i}]"),
-            r,
-            http.clone(),
-        )?));
+    for (i, r) in a.dingtalk.iter().enumerate() {
+        let e = env(format!("dingtalk[{i}]"));
+        out.push(Arc::new(dingtalk::DingTalk::from_config(r, &e)?));
     }
-    for (i, r) in c.alert.feishu.iter().enumerate() {
-        out.push(Arc::new(feishu::Feishu::from_config(
-            format!("feishu[{i}]"),
-            r,
-            http.clone(),
-        )?));
+    for (i, r) in a.feishu.iter().enumerate() {
+        let e = env(format!("feishu[{i}]"));
+        out.push(Arc::new(feishu::Feishu::from_config(r, &e)?));
     }
-    for (i, e) in c.alert.email.iter().enumerate() {
-        out.push(Arc::new(email::Email::from_config(
-            format!("email[{i}]"),
-            e,
-        )?));
+    for (i, r) in a.email.iter().enumerate() {
+        let e = env(format!("email[{i}]"));
+        out.push(Arc::new(email::Email::from_config(r, &e)?));
     }
-    for (i, w) in c.alert.webhook.iter().enumerate() {
-        out.push(Arc::new(webhook::Webhook::from_config(
-            format!("webhook[{i}]"),
-            w,
-            http.clone(),
-        )?));
+    for (i, r) in a.webhook.iter().enumerate() {
+        let e = env(format!("webhook[{i}]"));
+        out.push(Arc::new(webhook::Webhook::from_config(r, &e)?));
+    }
+    for (i, r) in a.wecom.iter().enumerate() {
+        let e = env(format!("wecom[{i}]"));
+        out.push(Arc::new(wecom::Wecom::from_config(r, &e)?));
     }
     Ok(out)
 }
@@ -405,24 +533,6 @@ pub fn http_client() -> Result<reqwest::Client, AlertError> {
         .connect_timeout(std::time::Duration::from_secs(5))
         .build()
         .map_err(|e| AlertError::Config(format!("http client: {}", e.without_url())))
-}
-
-/// Reads a channel's variable; the error names the variable only.
-pub(crate) fn env_secret(channel: &str, var: &str) -> Result<crate::secret::Secret, AlertError> {
-    crate::secret::Secret::from_env(var).ok_or_else(|| {
-        AlertError::Config(format!(
-            "{channel}: environment variable {var} is not set (or empty)"
-        ))
-    })
-}
-
-/// The optional signing secret of a channel: none when no variable is named, an error when
-/// one is named but unset.
-pub(crate) fn env_secret_opt(
-    channel: &str,
-    var: Option<&String>,
-) -> Result<Option<crate::secret::Secret>, AlertError> {
-    var.map(|v| env_secret(channel, v)).transpose()
 }
 
 /// Posts JSON and returns the status and body; transport errors lose their URL.
@@ -502,7 +612,7 @@ pub fn test_message(now: DateTime<Utc>) -> Message {
 }
 
 /// `probeok alert test`: sends the test message to each channel (or channel `only`, 0-based
-/// over all channels in the order dingtalk, feishu, email, webhook) and returns each
+/// over all channels in the order dingtalk, feishu, email, webhook, wecom) and returns each
 /// channel's name and what its receiver answered.
 pub async fn send_test(
     c: &Config,

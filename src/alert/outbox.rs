@@ -27,6 +27,8 @@ pub const MAX_AGE: chrono::Duration = chrono::Duration::hours(24);
 pub const BACKOFF_BASE: chrono::Duration = chrono::Duration::seconds(5);
 /// …doubling per attempt up to this.
 pub const BACKOFF_CAP: chrono::Duration = chrono::Duration::minutes(10);
+/// The dedup-key suffix of a message's mention part (its own row, after the message's).
+pub const MENTION_PART: &str = "#mention";
 /// Rows read per round.
 const BATCH: usize = 200;
 
@@ -232,7 +234,12 @@ impl Outbox {
         };
         self.note_sent(channel.as_ref(), now);
         let ctx = self.ctx();
-        match channel.send(&message, &ctx, now).await {
+        let sent = if row.dedup_key.ends_with(MENTION_PART) {
+            channel.send_mention(&message, &ctx, now).await
+        } else {
+            channel.send(&message, &ctx, now).await
+        };
+        match sent {
             Ok(receipt) => {
                 tracing::info!(channel = %row.channel, key = %row.dedup_key, attempt = row.attempts + 1, status = receipt.status, "alert delivered");
                 self.metrics.add(&row.channel, "delivered");
@@ -246,7 +253,8 @@ impl Outbox {
             }
             Err(e) => {
                 let attempts = row.attempts + 1;
-                let next = now + backoff(attempts, rand::thread_rng().gen::<f64>());
+                let wait = backoff(attempts, rand::thread_rng().gen::<f64>());
+                let next = now + e.retry_after().map_or(wait, |asked| asked.max(wait));
                 tracing::warn!(channel = %row.channel, key = %row.dedup_key, attempt = attempts, error = %e, retry_at = %next, "alert delivery failed; will retry");
                 self.metrics.add(&row.channel, "failed");
                 round.failed += 1;

@@ -195,6 +195,15 @@ fn what(w: &Words, i: &RouteItem) -> String {
     }
 }
 
+/// `NORMAL → WARNING → DEGRADED`: every state the item went through inside its window.
+fn states(w: &Words, i: &RouteItem) -> String {
+    i.states()
+        .into_iter()
+        .map(|s| w.state(s))
+        .collect::<Vec<_>>()
+        .join(" → ")
+}
+
 fn evidence(w: &Words, i: &RouteItem) -> Option<String> {
     let e = i.evidence.as_ref()?;
     let mut parts = Vec::new();
@@ -294,21 +303,23 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
         },
         Subject::Provider { provider } => {
             let mode = first.map(|i| what(&w, i)).unwrap_or_default();
-            match lang {
-                Lang::En => format!("{provider}: {} routes {mode}", m.items.len()),
-                Lang::Zh => format!("{provider}：{} 条线路{mode}", m.items.len()),
+            let n = m.route_count();
+            match (lang, n) {
+                (Lang::En, 1) => format!("{provider}: 1 route {mode}"),
+                (Lang::En, n) => format!("{provider}: {n} routes {mode}"),
+                (Lang::Zh, n) => format!("{provider}：{n} 条线路{mode}"),
             }
         }
         Subject::Egress { providers } => match lang {
             Lang::En => format!(
                 "our own egress is failing ({} providers, {} routes)",
                 providers.len(),
-                m.items.len()
+                m.route_count()
             ),
             Lang::Zh => format!(
                 "本机出口网络故障({} 个服务商，{} 条线路)",
                 providers.len(),
-                m.items.len()
+                m.route_count()
             ),
         },
         Subject::RequestSide => {
@@ -486,7 +497,7 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
                 w.time(ctx, since),
             ));
             for i in items.iter().take(MAX_LISTED) {
-                let mut s = format!("{}: {} → {}", i.route, w.state(i.from), w.state(i.to));
+                let mut s = format!("{}: {}", i.route, states(&w, i));
                 if m.status == Status::Resolved {
                     if let (Some(o), Some(c)) = (i.opened_at, i.closed_at) {
                         s.push_str(&format!(
@@ -623,9 +634,9 @@ fn drift_lines(w: &Words, d: &super::DriftAlert, lines: &mut Vec<Line>) {
 
 fn item_lines(w: &Words, ctx: &RenderCtx, m: &Message, i: &RouteItem, lines: &mut Vec<Line>) {
     let what_happened = if m.status == Status::Resolved || i.reason_text.is_empty() {
-        format!("{} → {}", w.state(i.from), w.state(i.to))
+        states(w, i)
     } else {
-        format!("{} → {}: {}", w.state(i.from), w.state(i.to), i.reason_text)
+        format!("{}: {}", states(w, i), i.reason_text)
     };
     lines.push(Line::Field(
         w.t("What happened", "发生了什么").into(),

@@ -8,8 +8,8 @@ use futures_util::FutureExt;
 use serde_json::json;
 
 use super::{
-    cut, env_secret, env_secret_opt, hmac_sha256, post_json, render, AlertError, Message, Notifier,
-    Receipt, RenderCtx,
+    cut, hmac_sha256, post_json, render, AlertError, ChannelEnv, Message, Notifier, Receipt,
+    RenderCtx,
 };
 use crate::config::{ChannelOptions, WebhookConfig};
 use crate::secret::Secret;
@@ -34,30 +34,15 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    pub fn from_config(
-        name: String,
-        c: &WebhookConfig,
-        http: reqwest::Client,
-    ) -> Result<Self, AlertError> {
-        let url = env_secret(&name, &c.url_env)?;
-        let secret = env_secret_opt(&name, c.secret_env.as_ref())?;
-        Ok(Self::new(name, url, secret, c.options.clone(), http))
-    }
-
-    pub fn new(
-        name: String,
-        url: Secret,
-        secret: Option<Secret>,
-        options: ChannelOptions,
-        http: reqwest::Client,
-    ) -> Self {
-        Self {
-            name,
-            url,
-            secret,
-            options,
-            http,
-        }
+    /// The receiver of an `[[alert.webhook]]` table, its URL and secret read through `env`.
+    pub fn from_config(c: &WebhookConfig, env: &ChannelEnv<'_>) -> Result<Self, AlertError> {
+        Ok(Self {
+            url: env.secret(&c.url_env)?,
+            secret: env.secret_opt(c.secret_env.as_ref())?,
+            options: c.options.clone(),
+            http: env.http.clone(),
+            name: env.name.clone(),
+        })
     }
 }
 

@@ -18,8 +18,9 @@ use super::{
     AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
     ChannelOptions, Config, ConfigErrors, ConfirmAfter, ContractConfig, DetectionConfig,
     Diagnostic, DriftConfig, DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded,
-    MaintenanceConfig, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig,
-    RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
+    MaintenanceConfig, Mention, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig,
+    RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig,
+    WebhookConfig, WecomConfig,
 };
 use crate::alert::{Lang, Severity};
 use crate::route::{Capability, ProviderKind};
@@ -439,6 +440,9 @@ fn alert(ck: &mut Checker<'_>, r: RawAlert) -> AlertChannelsConfig {
             .enumerate()
             .map(|(i, x)| RobotConfig {
                 options: options(ck, &format!("alert.{kind}[{i}]"), x.options()),
+                mention: x
+                    .mention
+                    .map(|m| mention(ck, &format!("alert.{kind}[{i}].mention"), m)),
                 webhook_env: x.webhook_env,
                 secret_env: x.secret_env,
             })
@@ -468,21 +472,58 @@ fn alert(ck: &mut Checker<'_>, r: RawAlert) -> AlertChannelsConfig {
                 secret_env: x.secret_env,
             })
             .collect(),
+        wecom: r
+            .wecom
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| WecomConfig {
+                options: options(ck, &format!("alert.wecom[{i}]"), x.options()),
+                mention: x
+                    .mention
+                    .map(|m| mention(ck, &format!("alert.wecom[{i}].mention"), m)),
+                webhook_env: x.webhook_env,
+            })
+            .collect(),
+    }
+}
+
+fn severity(ck: &mut Checker<'_>, path: String, s: Option<&String>, d: Severity) -> Severity {
+    match s {
+        None => d,
+        Some(s) => Severity::parse(s).unwrap_or_else(|| {
+            ck.fail(
+                path,
+                format!("unknown severity {s:?}: expected \"info\", \"warning\" or \"critical\""),
+            );
+            d
+        }),
+    }
+}
+
+fn mention(ck: &mut Checker<'_>, p: &str, r: super::raw::RawMention) -> Mention {
+    let d = Mention::default();
+    Mention {
+        min_severity: severity(
+            ck,
+            format!("{p}.min_severity"),
+            r.min_severity.as_ref(),
+            d.min_severity,
+        ),
+        mobiles: r.mobiles,
+        user_ids: r.user_ids,
+        all: r.all.unwrap_or(d.all),
+        resolved: r.resolved.unwrap_or(d.resolved),
     }
 }
 
 fn options(ck: &mut Checker<'_>, p: &str, r: RawOptions<'_>) -> ChannelOptions {
     let d = ChannelOptions::default();
-    let min_severity = match r.min_severity {
-        None => d.min_severity,
-        Some(s) => Severity::parse(s).unwrap_or_else(|| {
-            ck.fail(
-                format!("{p}.min_severity"),
-                format!("unknown severity {s:?}: expected \"info\", \"warning\" or \"critical\""),
-            );
-            d.min_severity
-        }),
-    };
+    let min_severity = severity(
+        ck,
+        format!("{p}.min_severity"),
+        r.min_severity.as_ref(),
+        d.min_severity,
+    );
     let lang = match r.lang {
         None => d.lang,
         Some(s) => Lang::parse(s).unwrap_or_else(|| {
@@ -502,6 +543,7 @@ fn options(ck: &mut Checker<'_>, p: &str, r: RawOptions<'_>) -> ChannelOptions {
         lang,
         send_resolved: r.send_resolved.unwrap_or(d.send_resolved),
         repeat_interval,
+        routes: r.routes.clone().unwrap_or_default(),
     }
 }
 

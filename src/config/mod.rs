@@ -1,6 +1,6 @@
 //! The TOML config (SPEC.md, "Config file"): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
-//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
+//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
 //! [[contract]] [heartbeat] [drill]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
@@ -782,6 +782,11 @@ pub struct ChannelOptions {
     pub send_resolved: bool,
     /// Reminders while an alert still fires; off when `None` (the default).
     pub repeat_interval: Option<Duration>,
+    // --- Alert routing -------------------------------------------------------------------
+    /// `routes = ["qwen/*"]`: globs over route ids; the channel gets only alerts about matching
+    /// routes. Empty (the default): every route, and the cross-route alerts (egress, stale
+    /// heartbeats), which a filtered channel gets only when a glob is `"*"`.
+    pub routes: Vec<String>,
 }
 
 impl Default for ChannelOptions {
@@ -791,8 +796,48 @@ impl Default for ChannelOptions {
             lang: Lang::Zh,
             send_resolved: true,
             repeat_interval: None,
+            routes: Vec::new(),
         }
     }
+}
+
+// --- Alert mentions and the WeCom robot ------------------------------------------------------
+
+/// `mention = { mobiles = [...], user_ids = [...], all = false, min_severity = "critical" }` on
+/// a chat robot: who is @-mentioned on messages from `min_severity` up. Never on resolved
+/// messages unless `resolved = true`; never on `alert test`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mention {
+    /// Phone numbers (DingTalk `atMobiles`, WeCom `mentioned_mobile_list`).
+    pub mobiles: Vec<String>,
+    /// The app's user ids (DingTalk `atUserIds`, Feishu `<at id=…>`, WeCom `<@userid>`).
+    pub user_ids: Vec<String>,
+    /// Everyone in the group.
+    pub all: bool,
+    /// Default `critical`.
+    pub min_severity: Severity,
+    /// Mention on resolved messages too (default off).
+    pub resolved: bool,
+}
+
+impl Default for Mention {
+    fn default() -> Self {
+        Self {
+            mobiles: Vec::new(),
+            user_ids: Vec::new(),
+            all: false,
+            min_severity: Severity::Critical,
+            resolved: false,
+        }
+    }
+}
+
+/// `[[alert.wecom]]`: a WeCom (企业微信) group robot; its URL carries the key, no signing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WecomConfig {
+    pub webhook_env: String,
+    pub mention: Option<Mention>,
+    pub options: ChannelOptions,
 }
 
 /// `[[alert.dingtalk]]` (and `[[alert.feishu]]`, same keys): a custom robot.
@@ -803,6 +848,8 @@ pub struct RobotConfig {
     /// The variable holding the signing secret; unsigned when `None`.
     pub secret_env: Option<String>,
     pub options: ChannelOptions,
+    /// Who is @-mentioned, and from which severity.
+    pub mention: Option<Mention>,
 }
 
 /// `[[alert.email]]`.
@@ -832,12 +879,35 @@ pub struct AlertChannelsConfig {
     pub feishu: Vec<RobotConfig>,
     pub email: Vec<EmailConfig>,
     pub webhook: Vec<WebhookConfig>,
+    pub wecom: Vec<WecomConfig>,
 }
 
 impl AlertChannelsConfig {
     /// How many channels there are in all.
     pub fn len(&self) -> usize {
-        self.dingtalk.len() + self.feishu.len() + self.email.len() + self.webhook.len()
+        self.dingtalk.len()
+            + self.feishu.len()
+            + self.email.len()
+            + self.webhook.len()
+            + self.wecom.len()
+    }
+
+    /// `(name, options)` of every channel, in the order they are built and numbered by
+    /// `probeok alert test --channel N`: dingtalk, feishu, email, webhook, wecom.
+    pub fn options(&self) -> Vec<(String, &ChannelOptions)> {
+        fn named<'a>(
+            kind: &'a str,
+            opts: impl Iterator<Item = &'a ChannelOptions> + 'a,
+        ) -> impl Iterator<Item = (String, &'a ChannelOptions)> + 'a {
+            opts.enumerate()
+                .map(move |(i, o)| (format!("{kind}[{i}]"), o))
+        }
+        named("dingtalk", self.dingtalk.iter().map(|c| &c.options))
+            .chain(named("feishu", self.feishu.iter().map(|c| &c.options)))
+            .chain(named("email", self.email.iter().map(|c| &c.options)))
+            .chain(named("webhook", self.webhook.iter().map(|c| &c.options)))
+            .chain(named("wecom", self.wecom.iter().map(|c| &c.options)))
+            .collect()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -1019,6 +1089,12 @@ impl Config {
             if let Some(s) = &w.secret_env {
                 out.push((format!("alert.webhook[{i}].secret_env"), s.clone()));
             }
+        }
+        for (i, w) in a.wecom.iter().enumerate() {
+            out.push((
+                format!("alert.wecom[{i}].webhook_env"),
+                w.webhook_env.clone(),
+            ));
         }
         out
     }

@@ -284,6 +284,8 @@ pub(super) struct RawAlert {
     pub email: Vec<RawEmail>,
     #[serde(default)]
     pub webhook: Vec<RawWebhook>,
+    #[serde(default)]
+    pub wecom: Vec<RawWecom>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -291,12 +293,14 @@ pub(super) struct RawAlert {
 pub(super) struct RawRobot {
     pub webhook_env: String,
     pub secret_env: Option<String>,
+    pub mention: Option<RawMention>,
     // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
     // Words stay strings so a bad one is a located stage-two error.
     pub min_severity: Option<String>,
     pub lang: Option<String>,
     pub send_resolved: Option<bool>,
     pub repeat_interval: Option<String>,
+    pub routes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -311,6 +315,7 @@ pub(super) struct RawEmail {
     pub lang: Option<String>,
     pub send_resolved: Option<bool>,
     pub repeat_interval: Option<String>,
+    pub routes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -324,6 +329,34 @@ pub(super) struct RawWebhook {
     pub lang: Option<String>,
     pub send_resolved: Option<bool>,
     pub repeat_interval: Option<String>,
+    pub routes: Option<Vec<String>>,
+}
+
+/// `[[alert.wecom]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWecom {
+    pub webhook_env: String,
+    pub mention: Option<RawMention>,
+    // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
+    pub min_severity: Option<String>,
+    pub lang: Option<String>,
+    pub send_resolved: Option<bool>,
+    pub repeat_interval: Option<String>,
+    pub routes: Option<Vec<String>>,
+}
+
+/// A chat robot's `mention = { … }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMention {
+    #[serde(default)]
+    pub mobiles: Vec<String>,
+    #[serde(default)]
+    pub user_ids: Vec<String>,
+    pub all: Option<bool>,
+    pub min_severity: Option<String>,
+    pub resolved: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -341,6 +374,7 @@ pub(super) struct RawOptions<'a> {
     pub lang: &'a Option<String>,
     pub send_resolved: Option<bool>,
     pub repeat_interval: &'a Option<String>,
+    pub routes: &'a Option<Vec<String>>,
 }
 
 macro_rules! options_of {
@@ -352,6 +386,7 @@ macro_rules! options_of {
                     lang: &self.lang,
                     send_resolved: self.send_resolved,
                     repeat_interval: &self.repeat_interval,
+                    routes: &self.routes,
                 }
             }
         }
@@ -360,6 +395,7 @@ macro_rules! options_of {
 options_of!(RawRobot);
 options_of!(RawEmail);
 options_of!(RawWebhook);
+options_of!(RawWecom);
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

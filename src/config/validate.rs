@@ -229,8 +229,23 @@ impl<'a> Checker<'a> {
                 if let Some(v) = &r.secret_env {
                     self.env_name(&format!("{p}.secret_env"), v);
                 }
-                self.channel_options(&p, &r.options);
+                if let Some(m) = &r.mention {
+                    self.mention(&format!("{p}.mention"), m, kind == "feishu");
+                }
             }
+        }
+        for (i, w) in a.wecom.iter().enumerate() {
+            let p = format!("alert.wecom[{i}]");
+            self.env_name(&format!("{p}.webhook_env"), &w.webhook_env);
+            if let Some(m) = &w.mention {
+                self.mention(&format!("{p}.mention"), m, false);
+            }
+        }
+        let routes: Vec<String> = c.routes().iter().map(|r| r.id.to_string()).collect();
+        for (name, o) in a.options() {
+            let p = format!("alert.{name}");
+            self.channel_options(&p, o);
+            self.channel_routes(&p, &o.routes, &routes);
         }
         for (i, e) in a.email.iter().enumerate() {
             let p = format!("alert.email[{i}]");
@@ -252,7 +267,6 @@ impl<'a> Checker<'a> {
                     );
                 }
             }
-            self.channel_options(&p, &e.options);
         }
         for (i, w) in a.webhook.iter().enumerate() {
             let p = format!("alert.webhook[{i}]");
@@ -260,7 +274,65 @@ impl<'a> Checker<'a> {
             if let Some(v) = &w.secret_env {
                 self.env_name(&format!("{p}.secret_env"), v);
             }
-            self.channel_options(&p, &w.options);
+        }
+    }
+
+    /// A channel's `routes` globs: none empty; one that matches no configured route is a
+    /// warning (likely a typo: the channel would never hear of it).
+    fn channel_routes(&mut self, p: &str, globs: &[String], routes: &[String]) {
+        if globs.is_empty() {
+            return;
+        }
+        for (j, g) in globs.iter().enumerate() {
+            let path = format!("{p}.routes[{j}]");
+            if g.trim().is_empty() {
+                self.error(path, "must not be empty (use \"*\" for every route)");
+            } else if g.chars().any(char::is_whitespace) {
+                self.error(
+                    path,
+                    format!("glob {g:?} has whitespace: route ids have none"),
+                );
+            } else if !routes
+                .iter()
+                .any(|r| crate::alert::maintenance::glob_match(g, r))
+            {
+                self.warn(
+                    path,
+                    format!("glob {g:?} matches no configured route: this channel gets no alert from it"),
+                );
+            }
+        }
+    }
+
+    /// `mention`: numbers that are phone numbers, user ids that are ids, and somebody named.
+    fn mention(&mut self, p: &str, m: &super::Mention, feishu: bool) {
+        if m.mobiles.is_empty() && m.user_ids.is_empty() && !m.all {
+            self.error(
+                p.to_owned(),
+                "names nobody: add mobiles, user_ids or all = true",
+            );
+        }
+        for (j, mobile) in m.mobiles.iter().enumerate() {
+            let path = format!("{p}.mobiles[{j}]");
+            if feishu {
+                self.error(
+                    path,
+                    "Feishu bots mention by user id only (open_id ou_… or user_id): use user_ids",
+                );
+            } else if !is_mobile(mobile) {
+                self.error(
+                    path,
+                    format!("invalid mobile {mobile:?}: expected 6 to 15 digits, optionally after + (e.g. \"13800138000\")"),
+                );
+            }
+        }
+        for (j, id) in m.user_ids.iter().enumerate() {
+            if !is_user_id(id) {
+                self.error(
+                    format!("{p}.user_ids[{j}]"),
+                    format!("invalid user id {id:?}: 1 to 64 letters, digits or - _ . @ (no spaces, no <>\"')"),
+                );
+            }
         }
     }
 
@@ -846,4 +918,17 @@ fn is_address(s: &str) -> bool {
         }
         None => false,
     }
+}
+
+/// A phone number as the robots take it: digits, optionally after `+`.
+fn is_mobile(s: &str) -> bool {
+    let digits = s.strip_prefix('+').unwrap_or(s);
+    (6..=15).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A user id that can go into robot markup (`<at id=…>`, `<@…>`) as it is.
+fn is_user_id(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
 }
