@@ -32,7 +32,8 @@
 //! `switch_context`: trigger, from/to routes, automatic, dwell-until), stored in SQLite
 //! (`switch_events`), sent as [`HealthEvent::Switch`] (alerts: `critical` for a switch or a
 //! refusal, `warning` for an abort, `info` for canary stages and the return), and listed by
-//! `GET /api/v1/switches` with the current phase of every model and the budget.
+//! `GET /api/v1/switches` (served by the web layer) with the current phase of every model and
+//! the budget.
 //!
 //! **The driver** ([`spawn`]) is thin: on every health snapshot and every second it steps
 //! each machine, runs the pre-probe (the real probe client), sets `SWITCHED` through the
@@ -45,11 +46,6 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Query, State as AxState};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -908,52 +904,6 @@ pub fn spawn(d: Driver, shutdown: CancellationToken) -> Spawned {
         status: st_rx,
         task,
     }
-}
-
-#[derive(Clone)]
-struct ApiState {
-    status: SwitchRx,
-    store: Store,
-}
-
-#[derive(Debug, Deserialize)]
-struct ListQuery {
-    limit: Option<usize>,
-}
-
-/// The fragment: `GET /api/v1/switches?limit=N` → `{generated_at, models:[{serves, primaries,
-/// phase, backup?, since?, stage?, ratio?, dwell_until, switches_last_hour}], budget:{…},
-/// records:[…newest first]}`.
-pub fn router(status: SwitchRx, store: Store) -> Router {
-    Router::new()
-        .route("/api/v1/switches", get(list))
-        .with_state(ApiState { status, store })
-}
-
-async fn list(AxState(s): AxState<ApiState>, Query(q): Query<ListQuery>) -> Response {
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let store = s.store.clone();
-    let records = tokio::task::spawn_blocking(move || store.reader()?.switch_records(limit)).await;
-    let records = match records {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "cannot read switch records");
-            return (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response();
-        }
-        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    };
-    let status = s.status.borrow().clone();
-    #[derive(Serialize)]
-    struct Body<'a> {
-        #[serde(flatten)]
-        status: &'a SwitchStatus,
-        records: Vec<SwitchRecord>,
-    }
-    Json(Body {
-        status: &status,
-        records,
-    })
-    .into_response()
 }
 
 #[cfg(test)]

@@ -456,3 +456,12 @@ pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError
         .map_err(|e| ApiError::Internal(format!("encoding metrics: {e}")))?;
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response())
 }
+impl crate::reload::ReloadObserver for Metrics {
+    fn observe_reload(&self, ok: bool, at: chrono::DateTime<chrono::Utc>) {
+        Metrics::observe_reload(self, ok, at);
+    }
+
+    fn count_reload(&self, ok: bool) {
+        Metrics::count_reload(self, ok);
+    }
+}
