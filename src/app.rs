@@ -119,7 +119,7 @@ pub async fn start_with(
     options: StartOptions,
 ) -> Result<Running, AppError> {
     let started_at = clock.now();
-    // Hot reload (issue 12): the config in effect; consumers of live sections follow it.
+    // Hot reload: the config in effect; consumers of live sections follow it.
     let (live_tx, live_rx) = watch::channel(Arc::new(config.clone()));
     let live = crate::reload::LiveConfig::new(live_rx);
     // Loops that must not wait on the store beat in memory; the monitor persists them.
@@ -447,7 +447,7 @@ async fn record(
 }
 
 /// The proxy's view of the monitor's weights, kept current by a task that ends with the
-/// publisher. Both speak SPEC's JSON, so the in-process proxy reads what a remote one would.
+/// publisher. Both speak the feed's JSON (see `docs/http-api.md`), so the in-process proxy reads what a remote one would.
 fn follow_weights(
     mut monitor: watch::Receiver<Arc<crate::weights::WeightsSnapshot>>,
     routes: &[Route],

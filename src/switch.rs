@@ -1,6 +1,6 @@
-//! Layer 4: the switch controller — per logical model, move the traffic from its primaries to a
-//! backup when the primaries are `CRITICAL`, and bring it back gradually (seed 000 layer 4,
-//! seed 004's switching rules). Decisions come from `[switch]`, never improvised.
+//! The switch controller — per logical model, move the traffic from its primaries to a backup
+//! when the primaries are `CRITICAL`, and bring it back gradually. Decisions come from
+//! `[switch]`, never improvised.
 //!
 //! **The machine** ([`Machine`]) is pure: plain data, [`Machine::step`] is a function of
 //! (phase, [`Input`], `now`) returning [`Effect`]s; the pre-probe result comes back through
@@ -28,7 +28,7 @@
 //! backup, failed pre-probe, budget, dwell, cap) is a `blocked` record, once per cause per
 //! episode, retried after [`RETRY_BLOCKED`] (or the dwell's end).
 //!
-//! Every switch, canary stage, abort, return and refusal is a [`SwitchRecord`] (seed 004's
+//! Every switch, canary stage, abort, return and refusal is a [`SwitchRecord`] (its
 //! `switch_context`: trigger, from/to routes, automatic, dwell-until), stored in SQLite
 //! (`switch_events`), sent as [`HealthEvent::Switch`] (alerts: `critical` for a switch or a
 //! refusal, `warning` for an abort, `info` for canary stages and the return), and listed by
@@ -118,7 +118,7 @@ pub struct Episode {
     pub extra_cost: f64,
 }
 
-/// One switch, canary stage, abort, return or refusal (seed 004's `switch_context`).
+/// One switch, canary stage, abort, return or refusal, with its `switch_context`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SwitchRecord {
     /// The logical model.
@@ -143,7 +143,7 @@ pub struct SwitchRecord {
 }
 
 impl SwitchRecord {
-    /// Alert severity: a switch or a refusal is `critical` (SPEC: SWITCHED), an abort
+    /// Alert severity: a switch or a refusal is `critical` (traffic left the primaries), an abort
     /// `warning`, canary stages and the return `info`.
     pub fn severity(&self) -> &'static str {
         match self.action {
@@ -158,7 +158,7 @@ impl SwitchRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Input {
     pub now: DateTime<Utc>,
-    /// The best judged state among the model's primaries (the model's state, SPEC).
+    /// The best judged state among the model's primaries: the model's state.
     pub primary: State,
     /// The reason code of that primary (the switch's trigger).
     pub primary_reason: Option<String>,

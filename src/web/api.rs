@@ -186,7 +186,7 @@ struct StatusView<'a> {
     generated_at: String,
     overall: &'static str,
     routes: Vec<RouteView<'a>>,
-    /// The hourly extra-cost budget (layer 5), when the switch controller runs.
+    /// The hourly extra-cost budget, when the switch controller runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     budget: Option<crate::budget::BudgetSnapshot>,
 }
@@ -201,7 +201,7 @@ pub fn error_budget_remaining(counts: Option<&Counts>, target: f64) -> Option<f6
     Some(round(1.0 - (1.0 - good) / budget, 4))
 }
 
-/// SPEC's `overall`: `outage`, `degraded` or `operational` (see the module doc).
+/// The status's `overall`: `outage`, `degraded` or `operational` (see the module doc).
 pub fn overall(routes: &[Route], health: &HealthSnapshot) -> &'static str {
     let models = weights::compute(routes, health, &Policy::default());
     if models.values().any(|m| m.serving.all_unhealthy) {
