@@ -122,11 +122,6 @@ pub fn check_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(), Api
     }
 }
 
-/// [`check_admin`] with the refusal already rendered.
-pub fn authorize_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(), Box<Response>> {
-    check_admin(admin_token_env, headers).map_err(|e| Box::new(e.into_response()))
-}
-
 /// One endpoint of the router.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
