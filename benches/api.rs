@@ -283,6 +283,7 @@ async fn run() {
         ingest_token: Some(Secret::new("bench")),
         incidents: Arc::new(SnapshotIncidents),
         drift: None,
+        drills: None,
         figures: Default::default(),
         shutdown: shutdown.clone(),
     };

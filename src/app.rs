@@ -152,8 +152,8 @@ pub async fn start_with(
     let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
     let health_task = tokio::spawn(health.run(detect_rx, shutdown.clone()));
 
-    // Drift: regression sets on their own schedule, findings on a watch channel,
-    // `GET /api/v1/drift` merged into the web router below, heartbeat job "drift".
+    // Drift: regression sets on their own schedule, findings on a watch channel (read by
+    // `GET /api/v1/drift` and the weights), heartbeat job "drift".
     let drift = crate::drift::spawn(
         &config,
         &routes,
@@ -205,11 +205,11 @@ pub async fn start_with(
     let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
     let passive_task = tokio::spawn(record_passive(passive_rx, store.writer(), detect_tx));
 
-    // Publishing: weights follow health; metrics see every outcome; the ingest
-    // token is read once here.
-    // Switching: the hourly extra-cost budget (the proxy reserves against it), the
-    // switch controller (SWITCHED through detection's command channel, its overrides into
-    // the weights, `GET /api/v1/switches` merged into the web router below).
+    // Publishing: weights follow health; metrics see every outcome; the ingest token is read
+    // once here.
+    // The hourly extra-cost budget (the proxy reserves against it) and the switch controller
+    // (SWITCHED through detection's command channel, its overrides into the weights, its
+    // status on `/metrics`, the status page and `GET /api/v1/switches`).
     let budget = crate::budget::Budget::new(
         config.budget.clone(),
         &routes,
@@ -233,7 +233,6 @@ pub async fn start_with(
         },
         shutdown.clone(),
     );
-    let switch_router = crate::switch::router(switch.status.clone(), store.clone());
     let budget_task = tokio::spawn(budget.clone().keep_hours(
         Some(pulses.pulse(crate::heartbeat::BUDGET)),
         shutdown.clone(),
@@ -244,8 +243,8 @@ pub async fn start_with(
     // The in-process proxy's open breakers, disclosed in the weights' reasons (the proxy starts
     // below; without it the sender is dropped and the feed ends).
     let (breakers_tx, breakers_rx) = watch::channel(Arc::new(crate::weights::OpenBreakers::new()));
-    // Drills: active drills restored from the store, their caps into the weights,
-    // the admin API and `GET /api/v1/drills` merged into the web router below.
+    // Drills: active drills restored from the store, their caps into the weights, served by
+    // the admin API and `GET /api/v1/drills`.
     let drills = crate::drill::DrillService::restore(
         live.clone(),
         Arc::new(routes.clone()),
@@ -273,7 +272,6 @@ pub async fn start_with(
         shutdown.clone(),
     );
     metrics.attach_drills(drills.subscribe());
-    let drill_router = crate::drill::api::router(drills, Arc::new(routes.clone()));
 
     // The routing proxy, when enabled: its own listener, the shared shutdown, every attempt into
     // the passive queue, and the monitor's weights, in-process, through the same JSON a remote
@@ -351,6 +349,7 @@ pub async fn start_with(
         ingest_token,
         incidents: Arc::new(web::StoreIncidents),
         drift: Some(drift.rx.clone()),
+        drills: Some(drills),
         figures: Default::default(),
         shutdown: shutdown.clone(),
     };
@@ -373,9 +372,8 @@ pub async fn start_with(
     };
     let addr = listener.local_addr()?;
     let web_shutdown = shutdown.clone();
-    // `GET /api/v1/requests` (the proxy's metering) reads the store directly.
     let web_task = tokio::spawn(async move {
-        let app = web::router(state).merge(switch_router).merge(drill_router);
+        let app = web::router(state);
         axum::serve(listener, app)
             .with_graceful_shutdown(web_shutdown.cancelled_owned())
             .await
@@ -454,8 +452,7 @@ async fn record(
 }
 
 /// The proxy's view of the monitor's weights, kept current by a task that ends with the
-/// publisher. Both speak the feed's JSON (docs/http-api.md), so the in-process proxy reads
-/// what a remote one would.
+/// publisher. Both speak the feed's JSON (see `docs/http-api.md`), so the in-process proxy reads what a remote one would.
 fn follow_weights(
     mut monitor: watch::Receiver<Arc<crate::weights::WeightsSnapshot>>,
     routes: &[Route],

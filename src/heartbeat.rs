@@ -140,7 +140,7 @@ impl Stale {
     /// `job weights silent for 245s (last beat 2026-05-01T04:00:00.000Z)`.
     pub fn describe(&self) -> String {
         let last = match self.last_beat {
-            Some(t) => format!("last beat {}", crate::web::rfc3339(t)),
+            Some(t) => format!("last beat {}", crate::clock::rfc3339(t)),
             None => "no beat since start".to_owned(),
         };
         format!(

@@ -33,7 +33,7 @@
 //!   messages in zh/en; `probeok alert test`.
 //! - [`drift`]: offline regression sets (`probes/*.toml`) run per route on a schedule and
 //!   compared with the route's own history (Fisher's exact test, Mann–Whitney U): drift
-//!   findings with evidence, `GET /api/v1/drift`, the quality gate for backup routes.
+//!   findings with evidence (served at `GET /api/v1/drift`), the quality gate for backup routes.
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //! - [`proxy`]: the OpenAI-compatible routing proxy — candidates from the weights
@@ -58,16 +58,18 @@
 //!   in stages (`drill::plan`, pure), refused outside the off-peak windows unless forced,
 //!   persisted and ended by themselves (`drill::service`, caps into the weights), with a
 //!   report against the backup's own history (`drill::report`, pure, its text form in
-//!   `drill::report::text`); the admin API
-//!   (`drill::api`) and `probeok drill start|stop|report` (`drill::client`).
+//!   `drill::report::text`); `probeok drill start|stop|report` (`drill::client`).
 //! - [`budget`]: the extra cost of non-primary serving per clock hour — reserve the
 //!   estimated maximum before a request, settle with the metered usage; `degrade_at` stops
 //!   new switches.
-//! - [`web`]: the monitor's HTTP router — JSON API (status, probes, incidents, ingest), the
-//!   weights feed (ETag, long-poll, SSE), `/metrics` (OpenMetrics), `/api/openapi.json`,
-//!   `/healthz`, `/readyz`, and the public HTML pages (`web::pages`: `/`, `/routes/{id}`,
-//!   `/incidents`, askama templates in `templates/`, zh/en words in `web::i18n`, the
-//!   stylesheet `static/style.css` served at `/static/style.css`).
+//! - [`web`]: the monitor's whole HTTP surface, every endpoint one entry of `web::table`
+//!   (method, path, handler, OpenAPI operation) from which the router and `/api/openapi.json`
+//!   are built — JSON API (status, probes, incidents, ingest, drift, switches, requests), the
+//!   weights feed (ETag, long-poll, SSE), the admin API (drills, silences, reload; one file
+//!   each), `/metrics` (OpenMetrics), `/healthz`, `/readyz`, and the public HTML pages
+//!   (`web::pages`, one file per page and the SVG chart: `/`, `/routes/{id}`, `/incidents`,
+//!   askama templates in `templates/`, zh/en words in `web::i18n`, the stylesheet
+//!   `static/style.css` served at `/static/style.css`). Domain modules never import it.
 //! - [`heartbeat`]: which scheduled jobs the service expects and which are stale (pure), the
 //!   in-memory [`heartbeat::Pulse`] of loops that must not wait on the store, the monitor that
 //!   persists them with the store writer's own beat, and the dead-man's switch

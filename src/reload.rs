@@ -1,4 +1,5 @@
-//! Hot reload of the config file (SIGHUP in `probeok serve`, `POST /api/v1/admin/reload`).
+//! Hot reload of the config file (SIGHUP in `probeok serve`, and the admin endpoint
+//! `POST /api/v1/admin/reload`).
 //!
 //! The new file passes the same checks `serve` does at start ([`load_checked`]: parse and
 //! validate, regression sets, secrets, alert channels) or it is refused and the running config
@@ -23,17 +24,21 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::json;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::config::{Config, Diagnostic};
-use crate::web::AppState;
+
+/// Where reloads are counted (the `/metrics` families): the service's start counts as the
+/// first success.
+pub trait ReloadObserver: Send + Sync {
+    /// The latest reload's outcome at `at` (also called once at start).
+    fn observe_reload(&self, ok: bool, at: DateTime<Utc>);
+    /// One more reload with this outcome.
+    fn count_reload(&self, ok: bool);
+}
 
 /// The config in effect, following reloads, and (for the admin endpoint) the way to reload
 /// it. Cheap to clone; [`LiveConfig::current`] is a snapshot to read within one request or
@@ -203,7 +208,7 @@ pub struct Reloader {
     tx: watch::Sender<Arc<Config>>,
     /// Serialises reloads (a SIGHUP racing an API call).
     lock: tokio::sync::Mutex<()>,
-    metrics: Option<Arc<crate::web::Metrics>>,
+    metrics: Option<Arc<dyn ReloadObserver>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -212,7 +217,7 @@ impl Reloader {
     pub fn new(
         file: Option<PathBuf>,
         tx: watch::Sender<Arc<Config>>,
-        metrics: Option<Arc<crate::web::Metrics>>,
+        metrics: Option<Arc<dyn ReloadObserver>>,
         clock: Arc<dyn Clock>,
     ) -> Self {
         if let Some(m) = &metrics {
@@ -307,50 +312,6 @@ impl Reloader {
             restart_required: plan.restart_required,
             warnings,
         })
-    }
-}
-
-fn diagnostic_json(d: &Diagnostic) -> serde_json::Value {
-    json!({
-        "file": d.file,
-        "line": d.line,
-        "col": d.col,
-        "key": d.path,
-        "message": d.message,
-        "text": d.to_string(),
-    })
-}
-
-/// `POST /api/v1/admin/reload` (admin bearer token).
-pub async fn handler(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let token_env = state.config.current().server.admin_token_env.clone();
-    if let Err(r) = crate::web::authorize_admin(&token_env, &headers) {
-        return *r;
-    }
-    match state.config.reload().await {
-        Ok(report) => Json(report).into_response(),
-        Err(ReloadError::NoConfigFile) => crate::web::api_error(
-            StatusCode::CONFLICT,
-            "no_config_file",
-            "the service runs the built-in demo: there is no config file to reload",
-        ),
-        Err(ReloadError::Invalid(diags)) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Json(json!({"error": {
-                "code": "invalid_config",
-                "message": ReloadError::Invalid(diags.clone()).to_string(),
-                "diagnostics": diags.iter().map(diagnostic_json).collect::<Vec<_>>(),
-            }})),
-        )
-            .into_response(),
-        Err(e @ ReloadError::Internal(_)) => {
-            tracing::error!(error = %e, "reload failed");
-            crate::web::api_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error; see the server log",
-            )
-        }
     }
 }
 

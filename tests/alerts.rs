@@ -507,6 +507,7 @@ async fn maintenance_and_silences_suppress() {
         ingest_token: None,
         incidents: Arc::new(probeok::web::SnapshotIncidents),
         drift: None,
+        drills: None,
         figures: Default::default(),
         shutdown,
     };

@@ -533,7 +533,7 @@ async fn the_runner_records_runs_and_publishes_findings() {
             .unwrap();
     }
     // GET /api/v1/drift serves the snapshot.
-    let api = common::spawn(handle.router()).await;
+    let api = common::spawn(probeok::web::drift::router(handle.rx.clone())).await;
     let body: serde_json::Value = reqwest::get(format!("{}/api/v1/drift", api.base_url()))
         .await
         .unwrap()

@@ -1,5 +1,5 @@
 //! Drift: offline regression sets (`probes/*.toml`) that catch silent model changes per route
-//! (seed 004's "interface healthy, output changed", which no online signal shows).
+//! ("interface healthy, output changed", which no online signal shows).
 //!
 //! The `PROBE_OK` probe's mismatches are the fast signal; regression sets are the thorough one.
 //! Each set is run on each route it applies to on its schedule, and every route is compared
@@ -13,16 +13,15 @@
 //! - [`runner`]: runs sets (one run per route at a time, spread out, low priority), records
 //!   them, keeps [`History`] and publishes a [`DriftSnapshot`] on a `watch` channel.
 //! - [`compare`]: the statistics over a route's own history → [`DriftFinding`]s with evidence.
-//! - [`api`]: `GET /api/v1/drift`, a router fragment the web server merges.
+//! - The snapshot ([`DriftSnapshot`]) is what `GET /api/v1/drift` serves.
 //! - [`events`]: findings opened/closed as `HealthEvent::DriftFinding` for the alert engine.
 //! - [`report`]: the text report of `probeok regress`.
 //!
 //! Consumers (alerts, weights, status page) read the [`DriftSnapshot`]: its findings (each
 //! with a stable [`DriftFinding::id`] to track open/closed, see [`DriftSnapshot::diff`]) and
-//! the quality gate [`DriftSnapshot::eligible`] for backup and fallback routes (seed 003: a
+//! the quality gate [`DriftSnapshot::eligible`] for backup and fallback routes (a
 //! backup that answers in the wrong format is no backup).
 
-pub mod api;
 pub mod compare;
 pub mod events;
 pub mod report;
@@ -148,7 +147,7 @@ impl DriftKind {
     }
 }
 
-/// SPEC severities; drift findings are `warning`, model changes `info`.
+/// Alert severities; drift findings are `warning`, model changes `info`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
@@ -354,7 +353,7 @@ impl DriftSnapshot {
         self.route_findings(route).any(DriftFinding::is_drift)
     }
 
-    /// The quality gate (seed 003). Primary routes always pass (their drift is a finding that
+    /// The quality gate. Primary routes always pass (their drift is a finding that
     /// alerts and, with `on_drift = "deweight"`, lowers their weight). A `backup` or `fallback`
     /// route is not eligible for traffic share when, for some set, its latest runs (the last
     /// [`GATE_RUNS`], or the only one) all had failing cases: a backup that answers in the

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::sets::{Case, RegressionSet};
 use super::{
-    api, CaseResult, CompareOptions, DriftRx, DriftSnapshot, History, SetRun, ValidatorFailure,
+    CaseResult, CompareOptions, DriftRx, DriftSnapshot, History, SetRun, ValidatorFailure,
     MAX_OUTPUT_CHARS,
 };
 use crate::clock::Clock;
@@ -130,13 +130,6 @@ pub struct DriftHandle {
     pub task: JoinHandle<()>,
     /// The heartbeat jobs it keeps (`["drift"]` when any set applies to any route, else none).
     pub jobs: Vec<&'static str>,
-}
-
-impl DriftHandle {
-    /// `GET /api/v1/drift`, to merge into the web router.
-    pub fn router(&self) -> axum::Router {
-        api::router(self.rx.clone())
-    }
 }
 
 struct Ctx {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::api::DrillView;
 use super::report::{render_text, Report};
+use super::DrillView;
 use crate::cli::CliError;
 
 /// The variable the admin token is read from.

@@ -12,13 +12,12 @@
 //!   a restart.
 //! - [`report`]: pure summaries of the drill's window (proxy requests, probes, latency against
 //!   the baseline, regression sets) and the verdict line; its queries are in `store/drills.rs`.
-//! - [`api`]: `POST /api/v1/admin/drills`, `POST /api/v1/admin/drills/stop`,
-//!   `DELETE /api/v1/admin/drills/{id}`, `GET /api/v1/drills`, `GET /api/v1/drills/{id}`.
+//! - [`DrillView`]: a drill as the admin API (`/api/v1/admin/drills`, `/api/v1/drills`) and
+//!   the CLI show it.
 //! - [`client`]: `probeok drill start|stop|report` against a running monitor.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod api;
 pub mod client;
 pub mod plan;
 pub mod report;
@@ -102,5 +101,25 @@ impl Drill {
             return None;
         }
         plan::stage_at(&self.ramp, self.started_at, self.ends_at, now)
+    }
+}
+
+/// A drill as the API shows it: the record, whether it runs, and its stage now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DrillView {
+    #[serde(flatten)]
+    pub drill: Drill,
+    /// `active` or `ended`.
+    pub status: String,
+    pub stage: Option<Stage>,
+}
+
+impl DrillView {
+    pub fn new(drill: Drill, now: DateTime<Utc>) -> Self {
+        Self {
+            status: if drill.active() { "active" } else { "ended" }.to_owned(),
+            stage: drill.stage(now),
+            drill,
+        }
     }
 }

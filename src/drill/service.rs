@@ -1,4 +1,4 @@
-//! The drills' I/O shell: starts (checked by [`super::plan`]) and stops through the admin API,
+//! The drills' I/O shell: starts (checked by [`super::plan`]) and stops for the admin API,
 //! every change written to SQLite before it is answered, the active drills' caps published
 //! for the weights ([`DrillCaps`]), the automatic end at the end time, and the routes that
 //! took each drill's traffic noted from the published weights (the report's "backup").
@@ -11,18 +11,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::{watch, Mutex, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::plan::{self, OffPeak, Refusal, StartRequest};
+use super::report::{self, BackupInputs, Inputs, Report};
 use super::{Drill, EndedBy};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::probe::OutcomeKind;
 use crate::route::{Route, RouteId};
 use crate::store::drills::DrillOp;
-use crate::store::{Store, StoreError};
+use crate::store::{Granularity, Store, StoreError};
 use crate::weights::{DrillCap, DrillCaps, WeightsRx};
 
 /// The active drills as last published (for the status page), oldest first.
@@ -134,6 +136,75 @@ impl DrillService {
 
     pub fn now(&self) -> DateTime<Utc> {
         self.inner.clock.now()
+    }
+
+    /// The routes drills may run on.
+    pub fn routes(&self) -> &[Route] {
+        &self.inner.routes
+    }
+
+    /// The `limit` most recent drills, newest first.
+    pub async fn recent(&self, limit: usize) -> Result<Vec<Drill>, DrillError> {
+        let store = self.inner.store.clone();
+        Ok(tokio::task::spawn_blocking(move || store.reader()?.drills(limit)).await??)
+    }
+
+    /// One drill with its report as of now (figures so far while it runs); `None` when there
+    /// is no such drill. The report compares the drill's window with the backup's own
+    /// history: the routes that took its traffic, or the model's other routes when none was
+    /// noted yet.
+    pub async fn report(&self, id: i64) -> Result<Option<(Drill, Report)>, DrillError> {
+        let now = self.now();
+        let tz = self.config().detection.timezone;
+        let store = self.inner.store.clone();
+        let routes = self.inner.routes.clone();
+        let read = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+            let reader = store.reader()?;
+            let Some(drill) = reader.drill(id)? else {
+                return Ok(None);
+            };
+            let (from, to) = drill.window(now);
+            let mut backups: Vec<RouteId> = drill.receivers.clone();
+            if backups.is_empty() {
+                backups = routes
+                    .iter()
+                    .filter(|r| r.serves == drill.serves && r.id != drill.route)
+                    .map(|r| r.id.clone())
+                    .collect();
+            }
+            let baseline_until = Granularity::Hour.bucket_start(from);
+            let inputs = Inputs {
+                requests: reader.drill_requests(&drill.serves, from, to)?,
+                drilled: reader.drill_outcomes(&drill.route, OutcomeKind::Probe, from, to)?,
+                backups: backups
+                    .iter()
+                    .map(|b| {
+                        Ok(BackupInputs {
+                            route: b.clone(),
+                            probes: reader.drill_outcomes(b, OutcomeKind::Probe, from, to)?,
+                            history: reader.rollups(
+                                b,
+                                Granularity::Hour,
+                                baseline_until - TimeDelta::days(report::BASELINE_DAYS),
+                                baseline_until,
+                                &[OutcomeKind::Probe],
+                            )?,
+                            regression: reader.drift_run_totals(b, from, to)?,
+                            regression_history: reader.drift_run_totals(
+                                b,
+                                from - TimeDelta::days(report::HISTORY_DAYS),
+                                from,
+                            )?,
+                        })
+                    })
+                    .collect::<Result<_, StoreError>>()?,
+                drill: drill.clone(),
+                now,
+                tz,
+            };
+            Ok(Some((drill, report::build(&inputs))))
+        });
+        Ok(read.await??)
     }
 
     /// Checks and records a new drill; it takes effect at once.

@@ -41,13 +41,11 @@
 //!   steps each machine, runs the pre-probe (the real probe client), sets `SWITCHED` through
 //!   the health service's command channel, publishes the weights
 //!   [`Overrides`](crate::weights::Overrides), stores and announces the records;
-//! - [`view`]: the published [`SwitchStatus`] and [`list`], the body of
-//!   `GET /api/v1/switches`;
-//! - [`api`]: that endpoint's HTTP handler ([`router`]).
+//! - [`view`]: the published [`SwitchStatus`], which `GET /api/v1/switches` (in the web
+//!   layer) serves with the stored records.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod api;
 pub mod driver;
 pub mod view;
 
@@ -64,10 +62,9 @@ use crate::probe::ProbeOutcome;
 use crate::route::{Route, RouteId, Tier};
 use crate::weights::SwitchOverride;
 
-pub use api::router;
 pub use driver::{spawn, Driver, Spawned};
 use view::status_of;
-pub use view::{list, ModelSwitch, SwitchList, SwitchRx, SwitchStatus};
+pub use view::{ModelSwitch, SwitchRx, SwitchStatus};
 
 /// A refused switch is tried again after this long (a failed pre-probe, no healthy backup,
 /// the budget, the cap).

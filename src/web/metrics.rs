@@ -1,6 +1,6 @@
 //! `/metrics`: OpenMetrics text through `prometheus-client`, ending in `# EOF`.
 //!
-//! Families (SPEC "Metrics"):
+//! Families (listed in `docs/operations.md`):
 //! - from outcomes, as the recorder passes them to [`Metrics::observe_outcome`] (synthetic
 //!   kinds only — probe and throughput): `probeok_probe_success{provider,region,model}` (0/1,
 //!   last probe), `probeok_probe_duration_seconds` and `probeok_probe_ttfb_seconds`
@@ -434,7 +434,7 @@ impl Metrics {
     }
 }
 
-/// SPEC's state numbering.
+/// The states' numbering on `/metrics` (`probeok_route_state`).
 pub fn state_value(state: RouteState) -> i64 {
     match state {
         RouteState::Unknown => 0,
@@ -455,4 +455,13 @@ pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError
         .render(&health, &weights)
         .map_err(|e| ApiError::Internal(format!("encoding metrics: {e}")))?;
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response())
+}
+impl crate::reload::ReloadObserver for Metrics {
+    fn observe_reload(&self, ok: bool, at: chrono::DateTime<chrono::Utc>) {
+        Metrics::observe_reload(self, ok, at);
+    }
+
+    fn count_reload(&self, ok: bool) {
+        Metrics::count_reload(self, ok);
+    }
 }

@@ -1,33 +1,47 @@
 //! The monitor's HTTP surface on `server.listen`: the router, what handlers share
 //! ([`AppState`]), the JSON error shape ([`ApiError`]) and liveness/readiness.
 //!
+//! Every endpoint is one entry of [`table`] (method, path, handler, OpenAPI operation): the
+//! router is built from it alone and `/api/openapi.json`'s paths are generated from it, so
+//! nothing is served undocumented. One file per feature:
+//!
 //! - [`api`]: `/api/v1/status`, `/api/v1/routes/{id}/probes`, `/api/v1/incidents`.
 //! - [`ingest`]: `POST /api/v1/ingest` (passive outcomes, bearer token).
 //! - [`feed`]: the weights feed — `/api/v1/weights` (ETag, long-poll) and its SSE stream.
+//! - [`drift`]: `/api/v1/drift`; [`switches`]: `/api/v1/switches`; [`requests`]:
+//!   `/api/v1/requests` (the proxy's metering).
+//! - [`drills`]: `/api/v1/drills` and the drills admin API; [`silences`]: the silences admin
+//!   API; [`reload`]: `POST /api/v1/admin/reload`.
 //! - [`metrics`]: `/metrics` (OpenMetrics via `prometheus-client`).
-//! - [`openapi`]: `/api/openapi.json`, checked against [`endpoints`] by a test.
+//! - [`openapi`]: `/api/openapi.json` and the check of a table against a document.
 //! - [`pages`]: the public HTML pages `/`, `/routes/{id}`, `/incidents` (askama templates in
 //!   `templates/`, words in [`i18n`]) and `/static/style.css`.
 //!
-//! Every endpoint is listed once in [`endpoints`] (method, axum path, documented path), so the
-//! router and the OpenAPI document cannot drift apart unnoticed.
+//! See `docs/http-api.md` for the contract of each endpoint.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
+pub mod drift;
+pub mod drills;
 pub mod feed;
 pub mod i18n;
 pub mod ingest;
 pub mod metrics;
 pub mod openapi;
 pub mod pages;
+pub mod reload;
+pub mod requests;
+pub mod silences;
+pub mod switches;
+pub mod table;
 
 use std::sync::Arc;
 
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -73,8 +87,10 @@ pub struct AppState {
     /// Where `/api/v1/incidents` reads incidents from.
     pub incidents: Arc<dyn IncidentSource>,
     /// Drift's findings, when a drift runner runs: `/api/v1/status` shows a route with an open
-    /// drift finding as `behavior_changed`.
+    /// drift finding as `behavior_changed`; `/api/v1/drift` lists them.
     pub drift: Option<crate::drift::DriftRx>,
+    /// The drills, when they run in this process (`/api/v1/drills`, the drills admin API).
+    pub drills: Option<crate::drill::DrillService>,
     /// The store figures `/api/v1/status` reuses for a few seconds.
     pub figures: Arc<FiguresCache>,
     /// Cancelled at shutdown: long-polls and SSE streams end on it so graceful shutdown is
@@ -86,15 +102,11 @@ pub struct AppState {
 /// now, so a rotated token takes effect at once). Both sides are hashed first, so the
 /// comparison takes the same time whatever the lengths. Unset variable: 403 `admin_disabled`;
 /// a missing or wrong token: 401 with `WWW-Authenticate: Bearer`.
-pub fn authorize_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(), Box<Response>> {
+pub fn check_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(), ApiError> {
     use sha2::Digest;
     use subtle::ConstantTimeEq;
     let Some(token) = Secret::from_env(admin_token_env) else {
-        return Err(Box::new(api_error(
-            StatusCode::FORBIDDEN,
-            "admin_disabled",
-            "admin endpoints are off: the admin token variable is not set",
-        )));
+        return Err(ApiError::AdminDisabled);
     };
     let given = headers
         .get(header::AUTHORIZATION)
@@ -106,14 +118,7 @@ pub fn authorize_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(),
     if bool::from(a.as_slice().ct_eq(b.as_slice())) && !given.is_empty() {
         Ok(())
     } else {
-        let mut r = api_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong bearer token",
-        );
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        Err(Box::new(r))
+        Err(ApiError::Unauthorized)
     }
 }
 
@@ -127,102 +132,25 @@ pub struct Endpoint {
     pub doc_path: &'static str,
 }
 
-fn ep(method: Method, path: &'static str) -> Endpoint {
-    Endpoint {
-        method,
-        path,
-        doc_path: path,
-    }
-}
-
-/// Every endpoint with its handler. Route ids contain `/` (`qwen/cn/deepseek-ai/V3`), so the
-/// per-route endpoints use one wildcard and split the tail (`{id}/probes`) themselves.
-fn table() -> Vec<(Endpoint, MethodRouter<AppState>)> {
-    vec![
-        (ep(Method::GET, "/healthz"), get(healthz)),
-        (ep(Method::GET, "/readyz"), get(readyz)),
-        (ep(Method::GET, "/metrics"), get(metrics::handler)),
-        (ep(Method::GET, "/api/openapi.json"), get(openapi::handler)),
-        (ep(Method::GET, "/api/v1/status"), get(api::status)),
-        (
-            Endpoint {
-                method: Method::GET,
-                path: "/api/v1/routes/{*rest}",
-                doc_path: "/api/v1/routes/{id}/probes",
-            },
-            get(api::route_tail),
-        ),
-        (ep(Method::GET, "/api/v1/incidents"), get(api::incidents)),
-        (ep(Method::GET, "/api/v1/weights"), get(feed::weights)),
-        (ep(Method::GET, "/api/v1/weights/stream"), get(feed::stream)),
-        (ep(Method::POST, "/api/v1/ingest"), post(ingest::handler)),
-        // Re-reads the config file (`AppState.config`'s reloader; 409 without one).
-        (
-            ep(Method::POST, "/api/v1/admin/reload"),
-            post(crate::reload::handler),
-        ),
-        // The HTML pages (text/html; described in the OpenAPI document under the tag `pages`).
-        (ep(Method::GET, "/"), get(pages::status)),
-        (
-            Endpoint {
-                method: Method::GET,
-                path: "/routes/{*rest}",
-                doc_path: "/routes/{id}",
-            },
-            get(pages::route),
-        ),
-        (ep(Method::GET, "/incidents"), get(pages::incidents)),
-        (ep(Method::GET, "/static/style.css"), get(pages::stylesheet)),
-    ]
-}
-
-/// The endpoints of the router fragments [`router`] merges: the admin silences
-/// ([`crate::alert::silences::router`]) and `GET /api/v1/drift` ([`crate::drift::api`], merged
-/// when `AppState::drift` is set). Listed here so the OpenAPI test sees them too.
-fn merged() -> Vec<Endpoint> {
-    vec![
-        ep(Method::GET, "/api/v1/drift"),
-        ep(Method::GET, "/api/v1/requests"),
-        ep(Method::GET, "/api/v1/admin/silences"),
-        ep(Method::POST, "/api/v1/admin/silences"),
-        ep(Method::DELETE, "/api/v1/admin/silences/{id}"),
-    ]
-}
-
-/// Every endpoint the router serves (its own table and the merged fragments).
+/// Every endpoint the router serves, in table order.
 pub fn endpoints() -> Vec<Endpoint> {
-    table()
-        .into_iter()
-        .map(|(e, _)| e)
-        .chain(merged())
-        .collect()
+    table::table().into_iter().map(|e| e.endpoint).collect()
 }
 
+/// The monitor's router: [`table::table`] and the JSON 404 for every other path.
 pub fn router(state: AppState) -> Router {
-    let drift = state.drift.clone().map(crate::drift::api::router);
-    let requests = crate::proxy::requests_router(state.store.clone());
-    let router = table()
-        .into_iter()
-        .fold(Router::new(), |r, (e, handler)| r.route(e.path, handler))
-        .merge(crate::alert::silences::router())
-        .fallback(not_found)
-        .with_state(state)
-        .merge(requests);
-    match drift {
-        Some(d) => router.merge(d),
-        None => router,
-    }
+    table::router(table::table(), state)
 }
 
 /// The process is up and serving HTTP.
-async fn healthz() -> Json<serde_json::Value> {
+pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
 /// The store takes writes and no scheduled job has been silent for `[heartbeat] stale_after`
 /// (a job that never beat counts from the service's start). 503 names each problem, and the
 /// stale jobs with how long they have been silent.
-async fn readyz(State(state): State<AppState>) -> Response {
+pub async fn readyz(State(state): State<AppState>) -> Response {
     let mut problems = Vec::new();
     if let Err(e) = state.store.writer().check_writable().await {
         problems.push(format!("store not writable: {e}"));
@@ -262,11 +190,11 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn not_found() -> Response {
+pub async fn not_found() -> Response {
     api_error(StatusCode::NOT_FOUND, "not_found", "no such path")
 }
 
-/// The API's error shape (docs/http-api.md): `{"error":{"code","message"}}`.
+/// The API's error shape: `{"error":{"code","message"}}` (see `docs/http-api.md`).
 pub fn api_error(status: StatusCode, code: &str, message: &str) -> Response {
     (
         status,
@@ -287,6 +215,27 @@ pub enum ApiError {
     /// 401 `unauthorized`: no or a wrong bearer token.
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// 403 `admin_disabled`: the admin token variable is unset.
+    #[error("admin endpoints are off: the admin token variable is not set")]
+    AdminDisabled,
+    /// A feature refused the request with its own status and code (a drill outside the
+    /// off-peak windows: 409 `outside_off_peak`; no config file to reload: 409
+    /// `no_config_file`; …).
+    #[error("{message}")]
+    Refused {
+        status: StatusCode,
+        code: &'static str,
+        message: String,
+    },
+    /// 422 `invalid_config`, with every diagnostic of the refused file.
+    #[error("{message}")]
+    InvalidConfig {
+        message: String,
+        diagnostics: Vec<serde_json::Value>,
+    },
+    /// 503 `not_running`: the feature behind the endpoint does not run in this process.
+    #[error("{0} does not run in this process")]
+    NotRunning(&'static str),
     /// 404 `ingest_disabled`: `server.ingest_token_env` names an unset variable.
     #[error("ingest is disabled: the ingest token variable is not set")]
     IngestDisabled,
@@ -312,13 +261,37 @@ impl ApiError {
         }
     }
 
+    pub fn refused(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self::Refused {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A body that could not be read: 413 `payload_too_large` past `limit` bytes, else 400
+    /// `bad_body`.
+    pub fn from_body(e: &BytesRejection, limit: usize) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::TooLarge {
+                code: "payload_too_large",
+                message: format!("the body is larger than {limit} bytes"),
+            }
+        } else {
+            Self::bad_request("bad_body", e.body_text())
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NotFound(_) | Self::IngestDisabled => StatusCode::NOT_FOUND,
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::AdminDisabled => StatusCode::FORBIDDEN,
+            Self::Refused { status, .. } => *status,
+            Self::InvalidConfig { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ShuttingDown | Self::NotRunning(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Store(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -326,8 +299,13 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::NotFound(_) => "not_found",
-            Self::BadRequest { code, .. } | Self::TooLarge { code, .. } => code,
+            Self::BadRequest { code, .. }
+            | Self::TooLarge { code, .. }
+            | Self::Refused { code, .. } => code,
             Self::Unauthorized => "unauthorized",
+            Self::AdminDisabled => "admin_disabled",
+            Self::InvalidConfig { .. } => "invalid_config",
+            Self::NotRunning(_) => "not_running",
             Self::IngestDisabled => "ingest_disabled",
             Self::ShuttingDown => "shutting_down",
             Self::Store(_) => "store_error",
@@ -353,7 +331,18 @@ impl IntoResponse for ApiError {
             }
             other => other.to_string(),
         };
-        let mut response = api_error(status, self.code(), &message);
+        let mut response = match &self {
+            Self::InvalidConfig { diagnostics, .. } => (
+                status,
+                Json(json!({"error": {
+                    "code": self.code(),
+                    "message": message,
+                    "diagnostics": diagnostics,
+                }})),
+            )
+                .into_response(),
+            _ => api_error(status, self.code(), &message),
+        };
         if matches!(self, Self::Unauthorized) {
             response
                 .headers_mut()

@@ -1,6 +1,7 @@
-//! `/api/openapi.json`: the OpenAPI 3.0 description of the monitor's HTTP API, written by
-//! hand as JSON next to the handlers it describes. A test parses it with a real OpenAPI
-//! parser and checks that every endpoint of [`super::endpoints`] is described.
+//! `/api/openapi.json`: the OpenAPI 3.0 description of the monitor's HTTP API. Its `paths` are
+//! generated from the endpoint table ([`super::table`]), where each operation, written by hand
+//! as JSON, sits next to its handler; the schemas are here. [`check`] compares a table with a
+//! document, and tests parse the document with a real OpenAPI parser.
 
 use std::sync::OnceLock;
 
@@ -11,15 +12,16 @@ use serde_json::{json, Value};
 use super::api::MAX_LIMIT;
 use super::feed::MAX_WAIT;
 use super::ingest::{MAX_BODY, MAX_ITEMS};
+use super::table::{table, Entry};
 
-fn error_response(description: &str) -> Value {
+pub(super) fn error_response(description: &str) -> Value {
     json!({
         "description": description,
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     })
 }
 
-fn json_response(description: &str, schema: &str) -> Value {
+pub(super) fn json_response(description: &str, schema: &str) -> Value {
     json!({
         "description": description,
         "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}
@@ -60,8 +62,7 @@ fn schemas() -> Value {
             all.extend(more);
         }
     }
-    if let (Value::Object(all), Value::Object(more)) =
-        (&mut all, crate::drill::api::openapi_schemas())
+    if let (Value::Object(all), Value::Object(more)) = (&mut all, super::drills::openapi_schemas())
     {
         all.extend(more);
     }
@@ -309,173 +310,152 @@ fn core_schemas() -> Value {
     })
 }
 
-fn paths() -> Value {
-    json!({
-        "/healthz": {"get": {"summary": "Liveness", "operationId": "healthz",
-            "responses": {"200": json_response("Up", "Health")}}},
-        "/readyz": {"get": {"summary": "Readiness: store writable, every job's heartbeat fresh", "operationId": "readyz",
-            "responses": {"200": json_response("Ready", "Health"), "503": json_response("Not ready", "Health")}}},
-        "/metrics": {"get": {"summary": "OpenMetrics text", "operationId": "metrics",
-            "responses": {"200": {"description": "Metrics",
-                "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}}}}},
-        "/api/openapi.json": {"get": {"summary": "This document", "operationId": "openapi",
-            "responses": {"200": {"description": "OpenAPI 3.0", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
-        "/api/v1/status": {"get": {"summary": "Every route's state, recent latency, uptime and SLO", "operationId": "status",
-            "responses": {"200": json_response("Status", "Status"), "500": error_response("Store failure")}}},
-        "/api/v1/routes/{id}/probes": {"get": {
-            "summary": "Recent synthetic outcomes of one route, newest first", "operationId": "routeProbes",
-            "parameters": [
-                {"name": "id", "in": "path", "required": true,
-                 "description": "Route id provider/region/model; slashes raw or percent-encoded",
-                 "schema": {"type": "string"}},
-                limit_param()
-            ],
-            "responses": {"200": json_response("Outcomes", "Probes"), "400": error_response("Bad limit"),
-                          "404": error_response("Unknown route")}}},
-        "/api/v1/incidents": {"get": {"summary": "Incidents with transitions, newest first", "operationId": "incidents",
-            "parameters": [
-                limit_param(),
-                {"name": "route", "in": "query", "required": false,
-                 "description": "Only this route's incidents (provider/region/model)", "schema": {"type": "string"}},
-                {"name": "since", "in": "query", "required": false,
-                 "description": "Only incidents open at or after this time (still open, or closed since)",
-                 "schema": {"type": "string", "format": "date-time"}}
-            ],
-            "responses": {"200": json_response("Incidents", "Incidents"), "400": error_response("Bad limit or since"),
-                          "404": error_response("Unknown route")}}},
-        "/api/v1/weights": {"get": {
-            "summary": "Traffic weights per logical model", "operationId": "weights",
-            "parameters": [
-                {"name": "wait", "in": "query", "required": false,
-                 "description": format!("With If-None-Match naming the current version: hold the request until a newer version (200) or this long (304); at most {}s.", MAX_WAIT.as_secs()),
-                 "schema": {"type": "string", "example": "30s"}},
-                {"name": "If-None-Match", "in": "header", "required": false, "schema": {"type": "string"}}
-            ],
-            "responses": {
-                "200": {"description": "The current weights",
-                        "headers": {"ETag": {"schema": {"type": "string"}, "description": "\"<version>\""}},
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Weights"}}}},
-                "304": {"description": "Not modified (no newer version within the wait)"},
-                "400": error_response("Bad wait")}}},
-        "/api/v1/weights/stream": {"get": {
-            "summary": "Server-Sent Events: `event: weights`, `id: <version>`, data = the Weights JSON; `: heartbeat` every 15 s",
-            "operationId": "weightsStream",
-            "parameters": [{"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "string"}}],
-            "responses": {"200": {"description": "Event stream",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}}}}}},
-        "/api/v1/drift": {"get": {"summary": "Drift findings with evidence, and every (route, set)'s latest regression runs",
-            "operationId": "drift",
-            "responses": {"200": json_response("Drift findings", "Drift")}}},
-        "/api/v1/requests": {"get": {"summary": "Recent proxy requests with their attempts (metering), newest first",
-            "operationId": "requests",
-            "parameters": [
-                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
-                {"name": "route", "in": "query", "schema": {"type": "string"}},
-                {"name": "reason", "in": "query", "description": "Why an attempt moved on (e.g. timeout_before_first_byte)", "schema": {"type": "string"}},
-                {"name": "since", "in": "query", "description": "RFC 3339 time or a duration like 1h", "schema": {"type": "string"}}],
-            "responses": {"200": {"description": "Metered requests",
-                "content": {"application/json": {"schema": {"type": "object", "required": ["requests"],
-                    "properties": {"requests": {"type": "array", "items": {"type": "object"}}}}}}},
-                "400": error_response("Bad query")}}},
-        "/api/v1/admin/silences": {
-            "get": {"summary": "Silences not yet ended", "operationId": "listSilences",
-                "security": [{"adminToken": []}],
-                "responses": {"200": json_response("Silences", "Silences"),
-                    "401": error_response("Missing or wrong token"),
-                    "403": error_response("Admin endpoints off (token variable unset)")}},
-            "post": {"summary": "Silence alerts for routes matching globs, for a while", "operationId": "createSilence",
-                "security": [{"adminToken": []}],
-                "requestBody": {"required": true,
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewSilence"}}}},
-                "responses": {"201": json_response("Created", "Silence"),
-                    "400": error_response("Invalid silence"),
-                    "401": error_response("Missing or wrong token"),
-                    "403": error_response("Admin endpoints off (token variable unset)")}}},
-        "/api/v1/admin/reload": {"post": {"summary": "Re-read the config file (as SIGHUP): live sections apply now, the rest is named for a restart; an invalid file is refused and the running config kept",
-            "operationId": "reloadConfig",
-            "security": [{"adminToken": []}],
-            "responses": {"200": json_response("Reloaded", "Reloaded"),
-                "401": error_response("Missing or wrong token"),
-                "403": error_response("Admin endpoints off (token variable unset)"),
-                "409": error_response("No config file (the built-in demo)"),
-                "422": json_response("Invalid config; nothing changed", "InvalidConfig")}}},
-        "/api/v1/admin/silences/{id}": {"delete": {"summary": "End a silence now", "operationId": "deleteSilence",
-            "security": [{"adminToken": []}],
-            "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
-            "responses": {"204": {"description": "Deleted"},
-                "401": error_response("Missing or wrong token"),
-                "403": error_response("Admin endpoints off (token variable unset)"),
-                "404": error_response("No such silence")}}},
-        "/api/v1/ingest": {"post": {
-            "summary": "Passive outcomes from proxies and remote agents",
-            "operationId": "ingest",
-            "security": [{"ingestToken": []}],
-            "requestBody": {"required": true, "description": format!("At most {MAX_ITEMS} items and {MAX_BODY} bytes"),
-                "content": {"application/json": {"schema": {"type": "array", "maxItems": MAX_ITEMS,
-                    "items": {"$ref": "#/components/schemas/IngestItem"}}}}},
-            "responses": {
-                "200": json_response("Accepted and rejected items", "IngestResult"),
-                "400": error_response("Not a JSON array"),
-                "401": error_response("Missing or wrong token"),
-                "404": error_response("Ingest disabled (token variable unset)"),
-                "413": error_response("Body or item count too large"),
-                "503": error_response("Shutting down")}}}
-    })
+// The operations of the core endpoints, one function each; `super::table` pairs them with
+// their handlers.
+
+pub(super) fn healthz() -> Value {
+    json!({"summary": "Liveness", "operationId": "healthz",
+        "responses": {"200": json_response("Up", "Health")}})
 }
 
-fn html_page(summary: &str, id: &str, not_found: bool) -> Value {
+pub(super) fn readyz() -> Value {
+    json!({"summary": "Readiness: store writable, every job's heartbeat fresh", "operationId": "readyz",
+        "responses": {"200": json_response("Ready", "Health"), "503": json_response("Not ready", "Health")}})
+}
+
+pub(super) fn metrics() -> Value {
+    json!({"summary": "OpenMetrics text", "operationId": "metrics",
+        "responses": {"200": {"description": "Metrics",
+            "content": {"application/openmetrics-text": {"schema": {"type": "string"}}}}}})
+}
+
+pub(super) fn openapi() -> Value {
+    json!({"summary": "This document", "operationId": "openapi",
+        "responses": {"200": {"description": "OpenAPI 3.0", "content": {"application/json": {"schema": {"type": "object"}}}}}})
+}
+
+pub(super) fn status() -> Value {
+    json!({"summary": "Every route's state, recent latency, uptime and SLO", "operationId": "status",
+        "responses": {"200": json_response("Status", "Status"), "500": error_response("Store failure")}})
+}
+
+pub(super) fn route_probes() -> Value {
+    json!({
+        "summary": "Recent synthetic outcomes of one route, newest first", "operationId": "routeProbes",
+        "parameters": [
+            {"name": "id", "in": "path", "required": true,
+             "description": "Route id provider/region/model; slashes raw or percent-encoded",
+             "schema": {"type": "string"}},
+            limit_param()
+        ],
+        "responses": {"200": json_response("Outcomes", "Probes"), "400": error_response("Bad limit"),
+                      "404": error_response("Unknown route")}})
+}
+
+pub(super) fn incidents() -> Value {
+    json!({"summary": "Incidents with transitions, newest first", "operationId": "incidents",
+        "parameters": [
+            limit_param(),
+            {"name": "route", "in": "query", "required": false,
+             "description": "Only this route's incidents (provider/region/model)", "schema": {"type": "string"}},
+            {"name": "since", "in": "query", "required": false,
+             "description": "Only incidents open at or after this time (still open, or closed since)",
+             "schema": {"type": "string", "format": "date-time"}}
+        ],
+        "responses": {"200": json_response("Incidents", "Incidents"), "400": error_response("Bad limit or since"),
+                      "404": error_response("Unknown route")}})
+}
+
+pub(super) fn weights() -> Value {
+    json!({
+        "summary": "Traffic weights per logical model", "operationId": "weights",
+        "parameters": [
+            {"name": "wait", "in": "query", "required": false,
+             "description": format!("With If-None-Match naming the current version: hold the request until a newer version (200) or this long (304); at most {}s.", MAX_WAIT.as_secs()),
+             "schema": {"type": "string", "example": "30s"}},
+            {"name": "If-None-Match", "in": "header", "required": false, "schema": {"type": "string"}}
+        ],
+        "responses": {
+            "200": {"description": "The current weights",
+                    "headers": {"ETag": {"schema": {"type": "string"}, "description": "\"<version>\""}},
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Weights"}}}},
+            "304": {"description": "Not modified (no newer version within the wait)"},
+            "400": error_response("Bad wait")}})
+}
+
+pub(super) fn weights_stream() -> Value {
+    json!({
+        "summary": "Server-Sent Events: `event: weights`, `id: <version>`, data = the Weights JSON; `: heartbeat` every 15 s",
+        "operationId": "weightsStream",
+        "parameters": [{"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "Event stream",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}}}}})
+}
+
+pub(super) fn ingest() -> Value {
+    json!({
+        "summary": "Passive outcomes from proxies and remote agents",
+        "operationId": "ingest",
+        "security": [{"ingestToken": []}],
+        "requestBody": {"required": true, "description": format!("At most {MAX_ITEMS} items and {MAX_BODY} bytes"),
+            "content": {"application/json": {"schema": {"type": "array", "maxItems": MAX_ITEMS,
+                "items": {"$ref": "#/components/schemas/IngestItem"}}}}},
+        "responses": {
+            "200": json_response("Accepted and rejected items", "IngestResult"),
+            "400": error_response("Not a JSON array"),
+            "401": error_response("Missing or wrong token"),
+            "404": error_response("Ingest disabled (token variable unset)"),
+            "413": error_response("Body or item count too large"),
+            "503": error_response("Shutting down")}})
+}
+
+/// The responses every admin operation shares besides its own: a missing or wrong token, and
+/// the admin endpoints switched off.
+pub(super) fn admin_responses(mut own: Value) -> Value {
+    own["401"] = error_response("Missing or wrong token");
+    own["403"] = error_response("Admin endpoints off (token variable unset)");
+    own
+}
+
+/// An HTML page (see `super::pages`): not JSON, described so every endpoint is in the document.
+pub(super) fn html_page(summary: &str, id: &str, not_found: bool) -> Value {
     let mut responses = json!({
         "200": {"description": "HTML page (no JavaScript; `?lang=zh|en`, else Accept-Language)",
                 "content": {"text/html": {"schema": {"type": "string"}}}},
         "500": {"description": "Error page", "content": {"text/html": {"schema": {"type": "string"}}}}
     });
+    let mut parameters = vec![json!({"name": "lang", "in": "query", "required": false,
+        "schema": {"type": "string", "enum": ["zh", "en"]}})];
     if not_found {
         responses["404"] = json!({"description": "Error page: unknown route", "content": {"text/html": {"schema": {"type": "string"}}}});
-    }
-    json!({"get": {"summary": summary, "operationId": id, "tags": ["pages"],
-        "parameters": [{"name": "lang", "in": "query", "required": false,
-            "schema": {"type": "string", "enum": ["zh", "en"]}}],
-        "responses": responses}})
-}
-
-/// The HTML pages and their stylesheet (see `super::pages`): not JSON, described so every
-/// endpoint of the router is in the document.
-fn with_pages(mut paths: Value) -> Value {
-    paths["/"] = html_page("Public status page", "statusPage", false);
-    let mut route = html_page(
-        "One route: 24 h latency chart, state timeline, incidents",
-        "routePage",
-        true,
-    );
-    if let Some(p) = route["get"]["parameters"].as_array_mut() {
-        p.push(json!({"name": "id", "in": "path", "required": true,
+        parameters.push(json!({"name": "id", "in": "path", "required": true,
             "description": "Route id provider/region/model; slashes raw or percent-encoded",
             "schema": {"type": "string"}}));
     }
-    paths["/routes/{id}"] = route;
-    paths["/incidents"] = html_page(
-        "Incident history and where this month's error budget went",
-        "incidentsPage",
-        false,
-    );
-    paths["/static/style.css"] = json!({"get": {"summary": "The pages' stylesheet",
+    json!({"summary": summary, "operationId": id, "tags": ["pages"],
+        "parameters": parameters, "responses": responses})
+}
+
+pub(super) fn stylesheet() -> Value {
+    json!({"summary": "The pages' stylesheet",
         "operationId": "stylesheet", "tags": ["pages"],
-        "responses": {"200": {"description": "CSS", "content": {"text/css": {"schema": {"type": "string"}}}}}}});
-    paths
+        "responses": {"200": {"description": "CSS", "content": {"text/css": {"schema": {"type": "string"}}}}}})
 }
 
-/// The drill endpoints (`crate::drill::api`).
-fn with_drills(mut paths: Value) -> Value {
-    if let (Value::Object(all), Value::Object(more)) =
-        (&mut paths, crate::drill::api::openapi_paths())
-    {
-        all.extend(more);
+/// The `paths` object: every entry's operation under its documented path and method.
+pub fn paths(entries: &[Entry]) -> Value {
+    let mut paths = serde_json::Map::new();
+    for e in entries {
+        let item = paths
+            .entry(e.endpoint.doc_path.to_owned())
+            .or_insert_with(|| json!({}));
+        item[e.endpoint.method.as_str().to_ascii_lowercase()] = e.doc.clone();
     }
-    paths
+    Value::Object(paths)
 }
 
-/// The whole document.
-pub fn document() -> Value {
+/// The whole document, for the endpoints of `entries`.
+pub fn document_for(entries: &[Entry]) -> Value {
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -483,7 +463,7 @@ pub fn document() -> Value {
             "version": env!("CARGO_PKG_VERSION"),
             "description": "Status, incidents, the weights feed, passive ingest and metrics of a probeok monitor. Times are RFC 3339 UTC; errors are {\"error\":{\"code\",\"message\"}}."
         },
-        "paths": with_drills(with_pages(paths())),
+        "paths": paths(entries),
         "components": {
             "schemas": schemas(),
             "securitySchemes": {
@@ -493,6 +473,53 @@ pub fn document() -> Value {
             }
         }
     })
+}
+
+/// The document `GET /api/openapi.json` serves: the monitor's own table.
+pub fn document() -> Value {
+    document_for(&table())
+}
+
+/// Where `doc` and `entries` disagree, one line each: an entry whose operation is missing
+/// from the document or has no summary, description or responses, and an operation of the
+/// document no entry serves. Empty when they match.
+pub fn check(entries: &[Entry], doc: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut served = std::collections::HashSet::new();
+    for e in entries {
+        let method = e.endpoint.method.as_str().to_ascii_lowercase();
+        let path = e.endpoint.doc_path;
+        served.insert((method.clone(), path.to_owned()));
+        let op = &doc["paths"][path][&method];
+        let described = ["summary", "description"]
+            .iter()
+            .any(|k| op[k].as_str().is_some_and(|s| !s.trim().is_empty()));
+        let answers = op["responses"].as_object().is_some_and(|r| !r.is_empty());
+        if !op.is_object() {
+            problems.push(format!(
+                "{} {path} is not in the OpenAPI document",
+                e.endpoint.method
+            ));
+        } else if !described || !answers {
+            problems.push(format!(
+                "{} {path} has no summary or no responses in the OpenAPI document",
+                e.endpoint.method
+            ));
+        }
+    }
+    if let Some(paths) = doc["paths"].as_object() {
+        for (path, item) in paths {
+            for method in item.as_object().into_iter().flat_map(|o| o.keys()) {
+                if !served.contains(&(method.clone(), path.clone())) {
+                    problems.push(format!(
+                        "{} {path} is documented but not served",
+                        method.to_ascii_uppercase()
+                    ));
+                }
+            }
+        }
+    }
+    problems
 }
 
 /// `GET /api/openapi.json` (rendered once per process).

@@ -181,6 +181,7 @@ impl Harness {
             ingest_token: opts.ingest_token.map(Secret::new),
             incidents: Arc::new(SnapshotIncidents),
             drift: None,
+            drills: None,
             figures: Default::default(),
             shutdown: shutdown.clone(),
         };

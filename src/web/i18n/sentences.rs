@@ -1,0 +1,403 @@
+//! The sentences the pages build with numbers and names: reasons, evidence, findings, the
+//! switch, drill, budget and maintenance lines.
+
+use super::*;
+
+/// The numbers a reason sentence may use (all optional: a sentence leaves out what is missing).
+#[derive(Debug, Default, Clone)]
+pub struct ReasonFigures {
+    /// "p95 4.2 s" of the last hour.
+    pub p95: Option<String>,
+    /// "1.1 s ± 0.3 s".
+    pub normal: Option<String>,
+    /// "14:00-15:00".
+    pub bucket: Option<String>,
+    /// Success ratio in the error window, 0..=1.
+    pub success_ratio: Option<f64>,
+    /// Tokens/s now and normal.
+    pub tps: Option<f64>,
+    pub tps_normal: Option<f64>,
+}
+
+/// The reason in plain words, with the numbers the page has. `detail` (the detector's own
+/// English sentence, already scrubbed) is used when a code has no sentence of its own here.
+pub fn reason(lang: Lang, code: &str, f: &ReasonFigures, detail: &str) -> String {
+    let errors = f
+        .success_ratio
+        .map(|r| format!("{:.1}%", (1.0 - r) * 100.0));
+    let en = lang == Lang::En;
+    let bucket = |b: &Option<String>| match (b, en) {
+        (Some(b), true) => format!(" for {b}"),
+        (Some(b), false) => format!("（{b} 时段）"),
+        (None, _) => String::new(),
+    };
+    match code {
+        "latency_above_baseline" => match (&f.p95, &f.normal) {
+            (Some(p95), Some(normal)) if en => format!(
+                "p95 {p95} against a normal of {normal}{}",
+                bucket(&f.bucket)
+            ),
+            (Some(p95), Some(normal)) => {
+                format!("p95 为 {p95}，正常水平为 {normal}{}", bucket(&f.bucket))
+            }
+            _ if en => "slower than its baseline".into(),
+            _ => "比基线慢".into(),
+        },
+        "tps_below_baseline" => match (f.tps, f.tps_normal) {
+            (Some(now), Some(normal)) if en => {
+                format!("{now:.1} tokens/s against a normal of {normal:.1} tokens/s")
+            }
+            (Some(now), Some(normal)) => {
+                format!("每秒 {now:.1} 个 token，正常水平为每秒 {normal:.1} 个")
+            }
+            _ if en => "output is slower than normal (tokens/s)".into(),
+            _ => "输出速度（每秒 token 数）低于正常".into(),
+        },
+        "probe_failed" => match (&errors, en) {
+            (Some(e), true) => format!("probes are failing ({e} of recent calls failed)"),
+            (Some(e), false) => format!("探测失败（最近调用中 {e} 失败）"),
+            (None, true) => "probes are failing".into(),
+            (None, false) => "探测失败".into(),
+        },
+        "error_rate_high" => match (&errors, en) {
+            (Some(e), true) => format!("error rate {e} over the last minutes, above the 5% limit"),
+            (Some(e), false) => format!("最近几分钟错误率 {e}，超过 5% 上限"),
+            (None, true) => "error rate above its limit".into(),
+            (None, false) => "错误率超过上限".into(),
+        },
+        "degraded_too_long" if en => "degraded for too long without recovering".into(),
+        "degraded_too_long" => "降级持续过久且未恢复".into(),
+        "answer_changed" if en => "answers are no longer exactly PROBE_OK".into(),
+        "answer_changed" => "回答不再是 PROBE_OK".into(),
+        "recovered" if en => "recovered: recent observations are normal".into(),
+        "recovered" => "已恢复：最近的观测都正常".into(),
+        "baseline_ready" if en => "enough samples to judge latency".into(),
+        "baseline_ready" => "样本已足够，开始按基线判断延迟".into(),
+        _ => detail.to_owned(),
+    }
+}
+
+/// The uptime part of a day bar's tooltip: `100%`, `99.82%`, or "no data".
+pub fn day_uptime(lang: Lang, ratio: Option<f64>) -> std::borrow::Cow<'static, str> {
+    match ratio {
+        Some(r) if r >= 1.0 => "100%".into(),
+        Some(r) => percent(r).into(),
+        None => lang.text().no_data.into(),
+    }
+}
+
+/// `99.95%`: two decimals, three when it would round to 100% without being it.
+pub fn percent(ratio: f64) -> String {
+    let p = ratio * 100.0;
+    if p < 100.0 && format!("{p:.2}") == "100.00" {
+        format!("{p:.3}%")
+    } else {
+        format!("{p:.2}%")
+    }
+}
+
+fn num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e12 {
+        format!("{v:.0}")
+    } else if v.abs() < 1.0 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// The evidence of a transition as short lines (numbers only come from detection, never from
+/// a provider's text; the error is its stable kind).
+pub fn evidence(lang: Lang, e: &Evidence) -> Vec<String> {
+    let en = lang == Lang::En;
+    let mut out = Vec::new();
+    if let Some(o) = &e.observed {
+        let at = o.started_at.format("%H:%M:%S");
+        let kind = o.kind.as_str();
+        let took = fmt_ms(o.total_ms);
+        out.push(match (o.success, en) {
+            (true, true) => format!("{kind} at {at} UTC: succeeded in {took}"),
+            (true, false) => format!("{kind} {at} UTC：成功，耗时 {took}"),
+            (false, _) => {
+                let what = match (&o.error, o.http_status) {
+                    (Some(e), Some(s)) => format!("{e}, HTTP {s}"),
+                    (Some(e), None) => e.clone(),
+                    (None, Some(s)) => format!("HTTP {s}"),
+                    (None, None) => "error".into(),
+                };
+                if en {
+                    format!("{kind} at {at} UTC: failed ({what}) after {took}")
+                } else {
+                    format!("{kind} {at} UTC：失败（{what}），耗时 {took}")
+                }
+            }
+        });
+    }
+    if let Some(b) = &e.baseline {
+        let spread = fmt_spread(b.mean_ms, b.stddev_ms);
+        let thr = fmt_ms(b.threshold_ms);
+        out.push(if en {
+            format!(
+                "baseline {}: {spread} over {} samples; threshold {thr}",
+                b.bucket, b.samples
+            )
+        } else {
+            format!(
+                "基线 {}：{spread}，{} 个样本；阈值 {thr}",
+                b.bucket, b.samples
+            )
+        });
+    }
+    if let Some(t) = &e.tps_baseline {
+        out.push(if en {
+            format!(
+                "tokens/s baseline {}: {:.1}, floor {:.1}",
+                t.bucket, t.mean, t.floor
+            )
+        } else {
+            format!(
+                "每秒 token 基线 {}：{:.1}，下限 {:.1}",
+                t.bucket, t.mean, t.floor
+            )
+        });
+    }
+    for t in &e.thresholds {
+        out.push(if en {
+            format!("{}: {} (limit {})", t.name, num(t.observed), num(t.limit))
+        } else {
+            format!("{}：{}（界限 {}）", t.name, num(t.observed), num(t.limit))
+        });
+    }
+    let r = &e.error_rate;
+    if r.total > 0 {
+        let rate = r.rate * 100.0;
+        out.push(if en {
+            format!(
+                "errors {}/{} ({rate:.1}%) over {} s",
+                r.failures, r.total, r.window_s
+            )
+        } else {
+            format!(
+                "{} 秒内错误 {}/{}（{rate:.1}%）",
+                r.window_s, r.failures, r.total
+            )
+        });
+    }
+    if e.consecutive_abnormal > 0 {
+        out.push(if en {
+            format!(
+                "{} consecutive abnormal observations",
+                e.consecutive_abnormal
+            )
+        } else {
+            format!("连续 {} 次异常观测", e.consecutive_abnormal)
+        });
+    }
+    out
+}
+
+/// A finding in plain words, with the providers it names.
+pub fn finding(lang: Lang, kind: FindingKind, providers: &[String], routes: usize) -> String {
+    let t = lang.text();
+    let base = match kind {
+        FindingKind::Egress => t.finding_egress,
+        FindingKind::RequestSide => t.finding_request_side,
+    };
+    match lang {
+        Lang::En => format!(
+            "{base} ({routes} routes; providers: {})",
+            providers.join(", ")
+        ),
+        Lang::Zh => format!(
+            "{base}（{routes} 条线路；供应商：{}）",
+            providers.join("、")
+        ),
+    }
+}
+
+/// A logical model the switch controller moved, in a sentence; `None` while it is on its
+/// primaries.
+pub fn switch_line(
+    lang: Lang,
+    m: &crate::switch::ModelSwitch,
+    when: &dyn Fn(chrono::DateTime<chrono::Utc>) -> String,
+) -> Option<String> {
+    use crate::switch::Phase;
+    let s = &m.serves;
+    Some(match (&m.phase, lang) {
+        (Phase::Primary, _) => return None,
+        (Phase::Probing { backup, since }, Lang::En) => format!(
+            "{s}: primaries CRITICAL, checking backup {backup} before switching (since {})",
+            when(*since)
+        ),
+        (Phase::Probing { backup, since }, Lang::Zh) => format!(
+            "{s}：主线路严重故障，切换前正在检测备用线路 {backup}（自 {}）",
+            when(*since)
+        ),
+        (Phase::Switched { backup, since, .. }, Lang::En) => format!(
+            "{s}: traffic switched to backup {backup} since {}",
+            when(*since)
+        ),
+        (Phase::Switched { backup, since, .. }, Lang::Zh) => {
+            format!("{s}：流量已切换到备用线路 {backup}（自 {}）", when(*since))
+        }
+        (Phase::Canary { backup, ratio, .. }, Lang::En) => format!(
+            "{s}: returning to the primaries, canary at {:.0}% (the rest on backup {backup})",
+            ratio * 100.0
+        ),
+        (Phase::Canary { backup, ratio, .. }, Lang::Zh) => format!(
+            "{s}：正在灰度回切主线路，当前 {:.0}%（其余在备用线路 {backup}）",
+            ratio * 100.0
+        ),
+    })
+}
+
+/// One active drill: `Drill 3 on qwen/cn/qwen-max: traffic moving off, stage 2/3 (25% of the
+/// move to weight 0); reason: quarterly failover drill; ends at 2026-11-30 19:00 UTC`.
+pub fn drill_line(
+    lang: Lang,
+    d: &crate::drill::Drill,
+    now: chrono::DateTime<chrono::Utc>,
+    when: &dyn Fn(chrono::DateTime<chrono::Utc>) -> String,
+) -> String {
+    let stage = d.stage(now);
+    let ends = when(d.ends_at);
+    match (lang, stage) {
+        (Lang::En, Some(s)) => format!(
+            "Drill {} on {}: traffic moving off, stage {}/{} ({}% of the move to weight {}); reason: {}; ends at {ends}",
+            d.id, d.route, s.index, s.of, s.percent, d.weight, d.reason
+        ),
+        (Lang::En, None) => format!(
+            "Drill {} on {}: ending; reason: {}; ends at {ends}",
+            d.id, d.route, d.reason
+        ),
+        (Lang::Zh, Some(s)) => format!(
+            "演练 {}：线路 {} 的流量正在迁出，第 {}/{} 阶段（已完成 {}%，目标权重 {}）；原因：{}；结束于 {ends}",
+            d.id, d.route, s.index, s.of, s.percent, d.weight, d.reason
+        ),
+        (Lang::Zh, None) => format!(
+            "演练 {}：线路 {} 即将结束；原因：{}；结束于 {ends}",
+            d.id, d.route, d.reason
+        ),
+    }
+}
+
+/// The extra-cost budget line: `Extra cost of serving off the primaries this hour: 12.00 of
+/// 300.00 (4.0%); switching allowed`.
+pub fn budget(lang: Lang, b: &crate::budget::BudgetSnapshot) -> String {
+    let used = b.spent + b.reserved;
+    let pct = b.used_ratio * 100.0;
+    let max = b.max_extra_cost_per_hour;
+    match (lang, b.switching_allowed) {
+        (Lang::En, true) => format!(
+            "Extra cost of serving off the primaries this hour: {used:.2} of {max:.2} ({pct:.1}%); switching to backups allowed"
+        ),
+        (Lang::En, false) => format!(
+            "Extra cost of serving off the primaries this hour: {used:.2} of {max:.2} ({pct:.1}%); no new switch until the hour turns"
+        ),
+        (Lang::Zh, true) => format!(
+            "本小时非主线路额外成本：{used:.2} / {max:.2}（{pct:.1}%）；允许切换到备用线路"
+        ),
+        (Lang::Zh, false) => format!(
+            "本小时非主线路额外成本：{used:.2} / {max:.2}（{pct:.1}%）；本小时内不再切换"
+        ),
+    }
+}
+
+/// What a heartbeat job does, in `lang` ([`crate::heartbeat::what`]).
+pub fn job_what(lang: Lang, job: &str) -> Option<&'static str> {
+    crate::heartbeat::what(job).map(|(en, zh)| match lang {
+        Lang::En => en,
+        Lang::Zh => zh,
+    })
+}
+
+/// The status page's banner for a silent job: `monitoring job weights (weights publisher)
+/// silent for 4 min — figures may be stale`.
+pub fn stale_job(lang: Lang, s: &crate::heartbeat::Stale) -> String {
+    let min = s.silent.as_secs() / 60;
+    let job = match job_what(lang, &s.job) {
+        Some(what) if lang == Lang::Zh => format!("{}（{what}）", s.job),
+        Some(what) => format!("{} ({what})", s.job),
+        None => s.job.clone(),
+    };
+    match lang {
+        Lang::En => format!("Monitoring job {job} silent for {min} min — figures may be stale"),
+        Lang::Zh => format!("监控任务 {job} 已 {min} 分钟无心跳 —— 数据可能已过时"),
+    }
+}
+
+/// A maintenance window line: `in progress: qwen/* until 2026-05-01 04:00 UTC`.
+pub fn maintenance(lang: Lang, active: bool, routes: &str, start: &str, end: &str) -> String {
+    let t = lang.text();
+    match (lang, active) {
+        (Lang::En, true) => format!("{}: {routes} until {end}", t.maintenance_now),
+        (Lang::En, false) => format!("{}: {routes} from {start} to {end}", t.maintenance_next),
+        (Lang::Zh, true) => format!("{}：{routes}，至 {end}", t.maintenance_now),
+        (Lang::Zh, false) => format!("{}：{routes}，{start} 至 {end}", t.maintenance_next),
+    }
+}
+
+/// What an incident was, for the budget account: `CRITICAL, unavailable: … — probes are failing`.
+pub fn incident_what(lang: Lang, peak: State, mode: Option<FailureMode>, reason: &str) -> String {
+    let mut s = match lang {
+        Lang::En => format!("peak {}", state(lang, peak)),
+        Lang::Zh => format!("最严重 {}", state(lang, peak)),
+    };
+    if let Some(m) = mode {
+        s.push_str(" · ");
+        s.push_str(self::mode(lang, m));
+    }
+    if !reason.is_empty() {
+        s.push_str(" · ");
+        s.push_str(reason);
+    }
+    s
+}
+
+/// Budget left: `87.5% · 37.8 min of 43.2 min`. Overspent, the multiple of the budget spent
+/// (`0% · 2.5× the budget spent`): converting an overspent fraction into minutes of a 30-day
+/// window would claim thousands of minutes for a route with an hour of bad data.
+pub fn budget_left(lang: Lang, fraction: f64, budget_min: f64) -> String {
+    let left = fraction * budget_min;
+    if fraction < 0.0 {
+        let spent = 1.0 - fraction;
+        return match lang {
+            Lang::En => format!(
+                "0% · {spent:.1}× the budget spent (budget {})",
+                minutes(lang, budget_min)
+            ),
+            Lang::Zh => format!(
+                "0% · 已用预算的 {spent:.1} 倍（预算 {}）",
+                minutes(lang, budget_min)
+            ),
+        };
+    }
+    match lang {
+        Lang::En => format!(
+            "{:.1}% · {} of {}",
+            fraction * 100.0,
+            minutes(lang, left),
+            minutes(lang, budget_min)
+        ),
+        Lang::Zh => format!(
+            "{:.1}% · 剩 {}，共 {}",
+            fraction * 100.0,
+            minutes(lang, left),
+            minutes(lang, budget_min)
+        ),
+    }
+}
+
+/// An incident's spend in the month: `3 m 12 s` and its share `14.8%`.
+pub fn budget_spent(lang: Lang, spent_s: i64, budget_s: f64) -> String {
+    let share = if budget_s > 0.0 {
+        spent_s as f64 / budget_s * 100.0
+    } else {
+        0.0
+    };
+    match lang {
+        Lang::En => format!("{} ({share:.1}%)", duration(lang, spent_s)),
+        Lang::Zh => format!("{}（{share:.1}%）", duration(lang, spent_s)),
+    }
+}

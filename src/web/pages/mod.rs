@@ -1,0 +1,334 @@
+//! The public HTML pages (askama templates in `templates/`, rendered to `Html<String>` here):
+//!
+//! - `GET /`: the overall banner; active incidents, maintenance windows and network findings on
+//!   top; routes grouped by logical model (`serves`), each with its state (colour and text),
+//!   since when, the reason in plain words, the failure mode, 90 day bars, uptime 24h/7d/30d,
+//!   latency p50/p95 against the baseline, TTFT, tokens/s, SLO target and error budget left.
+//! - `GET /routes/{id}`: one route — a 24 h SVG latency chart from the 5-minute rollups with
+//!   the baseline band behind, the state timeline with each transition's evidence, the route's
+//!   incidents and its recent synthetic probe errors.
+//! - `GET /incidents`: 90 days of incidents and where this calendar month's error budget went.
+//! - `GET /static/style.css`: the one stylesheet (the CSP allows no inline style or script).
+//!
+//! One file per page (`status`, `route`, `incidents`) and the SVG chart (`chart`); what
+//! they share (the layout's [`Chrome`], the error page, state colours, the cached
+//! [`PageData`]) is here.
+//!
+//! **Figures.** The same store figures as `/api/v1/status` ([`super::api::Figures`], through
+//! the shared [`FiguresCache`]), plus [`PageData`] (daily rollups of 90 days for every route in
+//! one range scan, and the incidents of 90 days), cached the same way. Nothing scans raw
+//! outcomes but the route page's last 50 probes.
+//!
+//! **A day bar's state** (UTC days, the daily rollups' buckets) is the worst of: from the day's
+//! synthetic outcomes, `CRITICAL` when fewer than 95% succeeded (the detector's
+//! `critical_error_rate` default), `DEGRADED` below 99%, `WARNING` when the good-outcome ratio
+//! is below the route's SLO target (the day spent more than its share of the budget), else
+//! `NORMAL`; and the peak of every incident open during that day. A day without outcomes nor
+//! incidents has no state (grey).
+//!
+//! **Error budget of the month** (`/incidents`): a route's budget is
+//! `(1 − target)` of the calendar month (UTC); an incident spends the time its route was
+//! DEGRADED or worse inside the month.
+//!
+//! **Safety.** Every text is escaped by askama (no `|safe` anywhere); provider-controlled
+//! text (error messages, reported model names, reason details) is also scrubbed of key-like
+//! strings ([`scrub`]). Only synthetic outcomes (probe, throughput) are shown, never real
+//! traffic. Responses carry a CSP without inline script or style, `nosniff` and
+//! `Referrer-Policy: no-referrer`.
+
+mod chart;
+mod incidents;
+mod route;
+mod status;
+
+pub use chart::*;
+pub use incidents::*;
+pub use route::*;
+pub use status::*;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use askama::Template;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use chrono::{DateTime, Datelike, Duration as TimeDelta, NaiveDate, Utc};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use super::api::{self, Figures, FiguresCache, FIGURES_TTL, PROBE_KINDS, UPTIME_KINDS};
+use super::i18n::{self, Lang, ReasonFigures, Text};
+use super::AppState;
+use crate::alert::maintenance::window_active;
+use crate::config::MaintenanceConfig;
+use crate::health::{fmt_ms, fmt_spread, HealthSnapshot, Incident, RouteStatus, State as St};
+use crate::probe::outcome::scrub;
+use crate::route::{Route, RouteId, Tier};
+use crate::store::{quantile, Counts, DailyCounts, Granularity, Reader, Store, StoreError};
+
+/// Days of bars.
+pub const DAYS: i64 = 90;
+/// Most incidents the pages read (90 days, all routes).
+pub const MAX_INCIDENTS: usize = 2000;
+/// The stylesheet, compiled in.
+pub const STYLE: &str = include_str!("../../../static/style.css");
+/// The CSP of every page: no script at all, styles only from our own stylesheet.
+pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// Path-segment encoding for route ids in links (`/` becomes `%2F`).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// What the pages read beyond [`Figures`], for every route at once.
+#[derive(Debug, Default)]
+pub struct PageData {
+    /// Daily synthetic counts of the last [`DAYS`] days per route, oldest first.
+    pub days: DailyCounts,
+    /// Incidents open at some time in the last [`DAYS`] days, newest first.
+    pub incidents: Vec<Incident>,
+}
+
+impl PageData {
+    pub fn load(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {
+        let since = Granularity::Day.bucket_start(now) - TimeDelta::days(DAYS - 1);
+        Ok(Self {
+            days: reader.daily_counts_by_route(
+                since,
+                now + TimeDelta::milliseconds(1),
+                UPTIME_KINDS,
+            )?,
+            incidents: reader.incidents(None, since, MAX_INCIDENTS)?,
+        })
+    }
+}
+
+impl FiguresCache {
+    /// Fresh [`PageData`] (at most [`FIGURES_TTL`] old), one store read at a time.
+    pub async fn pages(
+        &self,
+        store: &Store,
+        now: DateTime<Utc>,
+    ) -> Result<Arc<PageData>, PageError> {
+        let mut last = self.pages.lock().await;
+        if let Some((at, data)) = last.as_ref() {
+            if at.elapsed() < FIGURES_TTL {
+                return Ok(data.clone());
+            }
+        }
+        let store = store.clone();
+        let data = tokio::task::spawn_blocking(move || PageData::load(&store.reader()?, now))
+            .await
+            .map_err(|e| PageError::Internal(format!("blocking task: {e}")))??;
+        let data = Arc::new(data);
+        *last = Some((Instant::now(), data.clone()));
+        Ok(data)
+    }
+}
+
+/// Why a page could not be shown; rendered as `error.html` with its status.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    #[error("not found")]
+    NotFound,
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<super::ApiError> for PageError {
+    fn from(e: super::ApiError) -> Self {
+        PageError::Internal(e.to_string())
+    }
+}
+
+/// A [`PageError`] in a language: what handlers return.
+#[derive(Debug)]
+pub struct AppError {
+    pub lang: Lang,
+    pub error: PageError,
+    pub title: String,
+    pub now: DateTime<Utc>,
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let t = self.lang.text();
+        let (status, heading, text) = match &self.error {
+            PageError::NotFound => (StatusCode::NOT_FOUND, t.not_found, t.not_found_text),
+            other => {
+                tracing::error!(error = %other, "page failed");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    t.server_error,
+                    t.server_error_text,
+                )
+            }
+        };
+        let page = ErrorPage {
+            c: Chrome::new(self.lang, heading, &self.title, "/", self.now),
+            heading,
+            text,
+        };
+        match page.render() {
+            Ok(body) => html(status, body),
+            // The error page has no fallible part; plain text if it ever fails.
+            Err(_) => (status, heading.to_owned()).into_response(),
+        }
+    }
+}
+
+/// `text/html` with the pages' security headers.
+pub fn html(status: StatusCode, body: String) -> Response {
+    let mut r = (status, Html(body)).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(header::VARY, HeaderValue::from_static("Accept-Language"));
+    r
+}
+
+/// `GET /static/style.css`.
+pub async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        STYLE,
+    )
+        .into_response()
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct LangQuery {
+    lang: Option<String>,
+}
+
+fn pick_lang(q: &Result<Query<LangQuery>, QueryRejection>, headers: &HeaderMap) -> Lang {
+    let accept = headers
+        .get(header::ACCEPT_LANGUAGE)
+        .and_then(|v| v.to_str().ok());
+    Lang::pick(q.as_ref().ok().and_then(|q| q.lang.as_deref()), accept)
+}
+
+fn route_href(id: &RouteId, lang: Lang) -> String {
+    format!(
+        "/routes/{}?lang={}",
+        utf8_percent_encode(id.as_str(), SEGMENT),
+        lang.code()
+    )
+}
+
+fn anchor(id: &RouteId) -> String {
+    let s: String = id
+        .as_str()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    format!("r-{s}")
+}
+
+fn when(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+/// What `_layout.html` needs.
+pub struct Chrome {
+    pub t: &'static Text,
+    pub html_lang: &'static str,
+    pub page_title: String,
+    pub site_title: String,
+    pub home: String,
+    pub incidents: String,
+    pub switch_href: String,
+    pub switch_code: &'static str,
+    pub generated: String,
+}
+
+impl Chrome {
+    fn new(lang: Lang, page_title: &str, site_title: &str, path: &str, now: DateTime<Utc>) -> Self {
+        let other = match lang {
+            Lang::En => Lang::Zh,
+            Lang::Zh => Lang::En,
+        };
+        Self {
+            t: lang.text(),
+            html_lang: lang.html_lang(),
+            page_title: page_title.to_owned(),
+            site_title: site_title.to_owned(),
+            home: format!("/?lang={}", lang.code()),
+            incidents: format!("/incidents?lang={}", lang.code()),
+            switch_href: format!("{path}?lang={}", other.code()),
+            switch_code: other.code(),
+            generated: when(now),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+pub struct ErrorPage {
+    pub c: Chrome,
+    pub heading: &'static str,
+    pub text: &'static str,
+}
+
+pub fn state_class(s: St) -> &'static str {
+    match s {
+        St::Unknown => "st-unknown",
+        St::Normal => "st-normal",
+        St::Warning => "st-warning",
+        St::Degraded => "st-degraded",
+        St::Critical => "st-critical",
+        St::Switched => "st-switched",
+    }
+}
+
+fn day_class(s: Option<St>) -> &'static str {
+    match s {
+        None | Some(St::Unknown) => "d-none",
+        Some(St::Normal) => "d-normal",
+        Some(St::Warning) => "d-warning",
+        Some(St::Degraded) => "d-degraded",
+        Some(St::Critical) => "d-critical",
+        Some(St::Switched) => "d-switched",
+    }
+}
+
+/// How bad a state is for "worst of": SWITCHED (traffic moved off) ranks with DEGRADED.
+fn severity(s: St) -> u8 {
+    match s {
+        St::Unknown => 0,
+        St::Normal => 1,
+        St::Warning => 2,
+        St::Degraded | St::Switched => 3,
+        St::Critical => 4,
+    }
+}
+
+fn worse(a: Option<St>, b: St) -> St {
+    match a {
+        Some(a) if severity(a) >= severity(b) => a,
+        _ => b,
+    }
+}

@@ -1,0 +1,180 @@
+//! `GET /routes/{id}`: one route — its card, the 24 h latency chart, the state timeline with
+//! each transition's evidence, its incidents and recent synthetic probe errors.
+
+use super::*;
+
+pub struct TimelineRow {
+    pub at: String,
+    pub from: &'static str,
+    pub from_class: &'static str,
+    pub to: &'static str,
+    pub to_class: &'static str,
+    pub reason: String,
+    pub evidence: Vec<String>,
+}
+
+pub struct ErrorRow {
+    pub at: String,
+    pub text: String,
+}
+
+#[derive(Template)]
+#[template(path = "route.html")]
+pub struct RoutePage {
+    pub c: Chrome,
+    pub r: RouteCard,
+    pub provider: String,
+    pub region: String,
+    pub model: String,
+    pub serves: String,
+    pub model_reported: String,
+    pub chart: Chart,
+    pub timeline: Vec<TimelineRow>,
+    pub incidents: Vec<IncidentLine>,
+    pub errors: Vec<ErrorRow>,
+    /// Active drills on this route.
+    pub drills: Vec<String>,
+}
+
+/// `GET /routes/{id}` (the id's slashes raw or percent-encoded).
+pub async fn route(
+    State(state): State<AppState>,
+    Path(raw): Path<String>,
+    q: Result<Query<LangQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, AppError> {
+    let lang = pick_lang(&q, &headers);
+    let now = state.clock.now();
+    let config = state.config.current();
+    let fail = |error: PageError| AppError {
+        lang,
+        error,
+        title: config.server.title.clone(),
+        now,
+    };
+    let Some(route) = RouteId::parse(&raw)
+        .and_then(|id| state.routes.iter().find(|r| r.id == id))
+        .cloned()
+    else {
+        return Err(fail(PageError::NotFound));
+    };
+    let health = state.health.borrow().clone();
+    let figures = state
+        .figures
+        .get(&state.store, now)
+        .await
+        .map_err(|e| fail(e.into()))?;
+    let data = state.figures.pages(&state.store, now).await.map_err(fail)?;
+    let store = state.store.clone();
+    let id = route.id.clone();
+    let read = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+        let reader = store.reader()?;
+        let since = now - TimeDelta::hours(24);
+        let until = now + TimeDelta::milliseconds(1);
+        let buckets = reader.rollups(
+            &id,
+            Granularity::FiveMinutes,
+            since,
+            until,
+            api::LATENCY_KINDS,
+        )?;
+        let transitions = reader.transitions(&id, now - TimeDelta::days(30), 100)?;
+        let incidents = reader.incidents(Some(&id), now - TimeDelta::days(DAYS), 100)?;
+        let recent = reader.recent_outcomes_of(&id, PROBE_KINDS, 50)?;
+        Ok((buckets, transitions, incidents, recent))
+    })
+    .await
+    .map_err(|e| fail(PageError::Internal(format!("blocking task: {e}"))))?
+    .map_err(|e| fail(e.into()))?;
+    let (buckets, transitions, incidents, recent) = read;
+    let status = health.route(&route.id);
+    let body = RoutePage {
+        c: Chrome::new(
+            lang,
+            route.id.as_str(),
+            &config.server.title,
+            &format!(
+                "/routes/{}",
+                utf8_percent_encode(route.id.as_str(), SEGMENT)
+            ),
+            now,
+        ),
+        r: route_card(
+            lang,
+            &route,
+            status,
+            &figures,
+            &data,
+            &data
+                .incidents
+                .iter()
+                .filter(|i| i.route == route.id)
+                .collect::<Vec<_>>(),
+            &day_dates(now),
+            now,
+        ),
+        provider: route.provider.clone(),
+        region: route.region.clone(),
+        model: route.model.clone(),
+        serves: route.serves.clone(),
+        model_reported: recent
+            .iter()
+            .find_map(|o| o.model_reported.as_deref())
+            .map_or_else(|| lang.text().no_data.to_owned(), scrub),
+        chart: chart(
+            lang,
+            &buckets
+                .iter()
+                .map(|b| (b.bucket_start, b.p50(), b.p95()))
+                .collect::<Vec<_>>(),
+            status.and_then(|s| s.baseline.as_ref()).map(|b| {
+                (
+                    b.mean_ms,
+                    b.stddev_ms,
+                    b.p95_ms.max(b.mean_ms + b.stddev_ms),
+                )
+            }),
+            now,
+        ),
+        timeline: transitions
+            .iter()
+            .map(|tr| TimelineRow {
+                at: when(tr.at),
+                from: i18n::state(lang, tr.from),
+                from_class: state_class(tr.from),
+                to: i18n::state(lang, tr.to),
+                to_class: state_class(tr.to),
+                reason: i18n::reason(
+                    lang,
+                    &tr.reason.code,
+                    &ReasonFigures::default(),
+                    &scrub(&tr.reason.text),
+                ),
+                evidence: i18n::evidence(lang, &tr.evidence),
+            })
+            .collect(),
+        incidents: incidents
+            .iter()
+            .map(|i| incident_line(lang, i, now))
+            .collect(),
+        errors: recent
+            .iter()
+            .filter(|o| !o.success)
+            .take(10)
+            .map(|o| ErrorRow {
+                at: o.started_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+                text: format!(
+                    "{} · {}",
+                    o.kind.as_str(),
+                    o.error
+                        .as_ref()
+                        .map_or_else(String::new, |e| scrub(&e.to_string()))
+                ),
+            })
+            .collect(),
+        drills: drill_lines(&state, lang, now, Some(&route.id)),
+    }
+    .render()
+    .map_err(|e| fail(PageError::Internal(format!("rendering a route page: {e}"))))?;
+    Ok(html(StatusCode::OK, body))
+}
