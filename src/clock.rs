@@ -3,12 +3,18 @@
 
 use std::sync::Mutex;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 
 /// Where "now" comes from. Timers and timeouts use `tokio::time` (pausable in tests); this is
 /// only for timestamps that are stored, compared with stored ones, or bucketed by time of day.
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> DateTime<Utc>;
+}
+
+/// RFC 3339 UTC with milliseconds: how every time in the API, the weights feed and messages
+/// is written.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// The real clock.

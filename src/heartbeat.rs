@@ -56,8 +56,9 @@ pub const SWITCH: &str = "switch";
 pub const BUDGET: &str = "budget";
 /// The store's writer thread (raw rows and the rollups written in the same transactions).
 pub const STORE: &str = "store";
-/// The proxy's async-job worker (only when the proxy runs).
-pub const ASYNC_JOBS: &str = crate::proxy::jobs::HEARTBEAT_JOB;
+/// The proxy's async-job worker (only when the proxy runs); the worker beats under the same
+/// name (`proxy::jobs::HEARTBEAT_JOB`, held equal by a test).
+pub const ASYNC_JOBS: &str = "async_jobs";
 /// The drill service's ticks (ramp stages, automatic ends).
 pub const DRILLS: &str = "drills";
 
@@ -140,7 +141,7 @@ impl Stale {
     /// `job weights silent for 245s (last beat 2026-05-01T04:00:00.000Z)`.
     pub fn describe(&self) -> String {
         let last = match self.last_beat {
-            Some(t) => format!("last beat {}", crate::web::rfc3339(t)),
+            Some(t) => format!("last beat {}", crate::clock::rfc3339(t)),
             None => "no beat since start".to_owned(),
         };
         format!(

@@ -77,25 +77,41 @@
 //!   weights (with drift and switch overrides) → feed and in-process proxy; health events →
 //!   alerts.
 
-pub mod alert;
-pub mod app;
-pub mod budget;
-pub mod cli;
+// Base: the shared nouns.
 pub mod clock;
+pub mod evidence;
+pub mod lang;
+pub mod outcome;
+pub mod records;
+pub mod route;
+pub mod secret;
+pub mod severity;
+pub mod silence;
+pub mod state;
+
+// Config and store.
 pub mod config;
+pub mod store;
+
+// Domain.
+pub mod budget;
 pub mod demo;
 pub mod drift;
 pub mod drill;
 pub mod health;
 pub mod heartbeat;
 pub mod probe;
-pub mod proxy;
 pub mod reload;
-pub mod route;
 pub mod scheduler;
-pub mod secret;
 pub mod sim;
-pub mod store;
 pub mod switch;
-pub mod web;
 pub mod weights;
+
+// Surfaces.
+pub mod alert;
+pub mod proxy;
+pub mod web;
+
+// Wiring.
+pub mod app;
+pub mod cli;

@@ -221,12 +221,17 @@ fn main() -> ExitCode {
                         started_by: by,
                     })
                     .await
+                    .map_err(Into::into)
                 }
                 DrillCommand::Stop { server, route } => {
-                    probeok::drill::client::stop(&server, route.as_deref()).await
+                    probeok::drill::client::stop(&server, route.as_deref())
+                        .await
+                        .map_err(Into::into)
                 }
                 DrillCommand::Report { server, id, json } => {
-                    probeok::drill::client::report(&server, &id, json).await
+                    probeok::drill::client::report(&server, &id, json)
+                        .await
+                        .map_err(Into::into)
                 }
             },
             Command::Simulate {

@@ -94,9 +94,25 @@ impl From<Config> for LiveConfig {
     }
 }
 
-/// Reads `path` and runs `serve`'s start checks. `Ok` carries the warnings; `Err` every
-/// problem found.
-pub fn load_checked(path: &Path) -> Result<(Config, Vec<Diagnostic>), Vec<Diagnostic>> {
+/// A start check that belongs to a layer above this one, run on every new file: building
+/// every alert channel (`crate::alert::channels`), so a bad SMTP URL and the like is refused
+/// now rather than alerting into the void. `Err` carries the message.
+pub type ChannelCheck = Arc<dyn Fn(&Config) -> Result<(), String> + Send + Sync>;
+
+/// Where the results of reloads are counted (the monitor's metrics).
+pub trait ReloadObserver: Send + Sync {
+    /// The latest result and its time (the start counts as the first success).
+    fn observe(&self, ok: bool, at: chrono::DateTime<chrono::Utc>);
+    /// One more reload, by result.
+    fn count(&self, ok: bool);
+}
+
+/// Reads `path` and runs `serve`'s start checks, `channels` last. `Ok` carries the warnings;
+/// `Err` every problem found.
+pub fn load_checked(
+    path: &Path,
+    channels: &dyn Fn(&Config) -> Result<(), String>,
+) -> Result<(Config, Vec<Diagnostic>), Vec<Diagnostic>> {
     let loaded = Config::load(path).map_err(|e| e.0)?;
     let config = loaded.config;
     let dir = config.drift_sets_dir();
@@ -107,14 +123,13 @@ pub fn load_checked(path: &Path) -> Result<(Config, Vec<Diagnostic>), Vec<Diagno
     if !missing.is_empty() {
         return Err(missing);
     }
-    // A bad SMTP URL and the like: refuse now rather than alert into the void.
-    if let Err(e) = crate::alert::channels(&config) {
+    if let Err(message) = channels(&config) {
         return Err(vec![Diagnostic {
             file: config.source.display().to_string(),
             line: 0,
             col: 0,
             path: "alert".into(),
-            message: e.to_string(),
+            message,
         }]);
     }
     Ok((config, loaded.warnings))
@@ -203,7 +218,8 @@ pub struct Reloader {
     tx: watch::Sender<Arc<Config>>,
     /// Serialises reloads (a SIGHUP racing an API call).
     lock: tokio::sync::Mutex<()>,
-    metrics: Option<Arc<crate::web::Metrics>>,
+    channels: ChannelCheck,
+    metrics: Option<Arc<dyn ReloadObserver>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -212,15 +228,17 @@ impl Reloader {
     pub fn new(
         file: Option<PathBuf>,
         tx: watch::Sender<Arc<Config>>,
-        metrics: Option<Arc<crate::web::Metrics>>,
+        channels: ChannelCheck,
+        metrics: Option<Arc<dyn ReloadObserver>>,
         clock: Arc<dyn Clock>,
     ) -> Self {
         if let Some(m) = &metrics {
-            m.observe_reload(true, clock.now());
+            m.observe(true, clock.now());
         }
         Self {
             file,
             tx,
+            channels,
             lock: tokio::sync::Mutex::new(()),
             metrics,
             clock,
@@ -242,7 +260,8 @@ impl Reloader {
             tracing::warn!("config reload asked, but the service runs the built-in demo (no file)");
             return Err(ReloadError::NoConfigFile);
         };
-        let checked = tokio::task::spawn_blocking(move || load_checked(&file))
+        let channels = self.channels.clone();
+        let checked = tokio::task::spawn_blocking(move || load_checked(&file, &*channels))
             .await
             .map_err(|e| ReloadError::Internal(e.to_string()));
         let result = match checked {
@@ -252,8 +271,8 @@ impl Reloader {
         };
         let ok = result.is_ok();
         if let Some(m) = &self.metrics {
-            m.observe_reload(ok, self.clock.now());
-            m.count_reload(ok);
+            m.observe(ok, self.clock.now());
+            m.count(ok);
         }
         match &result {
             Ok(r) => tracing::info!(

@@ -169,7 +169,7 @@ impl WeightsSnapshot {
         }
         let body = Body {
             version,
-            generated_at: crate::web::rfc3339(generated_at),
+            generated_at: crate::clock::rfc3339(generated_at),
             models: models
                 .iter()
                 .map(|(k, m)| (k.as_str(), m.entries.as_slice()))

@@ -296,7 +296,7 @@ async fn probes_drive_warning_then_degraded_and_everything_is_stored() {
     assert_eq!(stored.closed_at, None);
     assert_eq!(stored.peak, State::Degraded);
     assert_eq!(stored.transitions, vec![d.clone()]);
-    let states = reader.route_health_all().unwrap();
+    let states = reader.route_health_all::<RouteHealth>().unwrap();
     assert_eq!(states[0].health.state(), State::Degraded);
     assert!(reader
         .heartbeats()

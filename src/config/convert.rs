@@ -21,7 +21,8 @@ use super::{
     ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig, RobotConfig, RouteConfig, ServerConfig,
     SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
 };
-use crate::alert::{Lang, Severity};
+use crate::lang::Lang;
+use crate::severity::Severity;
 use crate::route::{Capability, ProviderKind};
 
 pub(super) fn parse(src: &str, label: &str) -> Result<Loaded, ConfigErrors> {

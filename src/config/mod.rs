@@ -26,7 +26,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveTime, Utc};
 
-use crate::alert::{Lang, Severity};
+use crate::lang::Lang;
+use crate::severity::Severity;
 use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteId, Tier};
 use crate::secret::Secret;
 

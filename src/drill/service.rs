@@ -151,7 +151,7 @@ impl DrillService {
                     "drill {} is already running on {} until {}; stop it first",
                     d.id,
                     d.route,
-                    crate::web::rfc3339(d.ends_at)
+                    crate::clock::rfc3339(d.ends_at)
                 ),
             }
             .into());
@@ -237,7 +237,7 @@ impl DrillService {
                     message: format!(
                         "drill {id} already ended ({}) at {}",
                         d.ended_by.map_or("?", EndedBy::as_str),
-                        d.ended_at.map(crate::web::rfc3339).unwrap_or_default()
+                        d.ended_at.map(crate::clock::rfc3339).unwrap_or_default()
                     ),
                 }
                 .into()),
@@ -424,7 +424,7 @@ pub fn caps_at(active: &[Drill], now: DateTime<Utc>) -> DrillCaps {
                         s.of,
                         s.percent,
                         d.weight,
-                        crate::web::rfc3339(d.ends_at),
+                        crate::clock::rfc3339(d.ends_at),
                         d.reason
                     ),
                 },

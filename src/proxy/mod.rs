@@ -59,8 +59,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
 use axum::body::Body;
@@ -526,11 +524,7 @@ fn authorized(keys: &[Secret], headers: &HeaderMap) -> Option<String> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)?;
-    let given_digest = Sha256::digest(given.as_bytes());
-    let matched = keys.iter().fold(subtle::Choice::from(0u8), |acc, k| {
-        acc | Sha256::digest(k.expose().as_bytes()).ct_eq(&given_digest)
-    });
-    bool::from(matched).then(|| given.to_owned())
+    crate::secret::matches_any(given, keys).then(|| given.to_owned())
 }
 
 /// Everything one request gathers on its way: what the headers disclose, what metering

@@ -456,3 +456,12 @@ pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError
         .map_err(|e| ApiError::Internal(format!("encoding metrics: {e}")))?;
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response())
 }
+
+impl crate::reload::ReloadObserver for Metrics {
+    fn observe(&self, ok: bool, at: chrono::DateTime<chrono::Utc>) {
+        self.observe_reload(ok, at);
+    }
+    fn count(&self, ok: bool) {
+        self.count_reload(ok);
+    }
+}

@@ -29,7 +29,6 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
-use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -39,7 +38,7 @@ use crate::health::{HealthEvent, HealthRx};
 use crate::probe::ProbeOutcome;
 use crate::reload::LiveConfig;
 use crate::route::Route;
-use crate::secret::Secret;
+use crate::secret::{AuthError, Secret};
 use crate::store::{Store, StoreError};
 use crate::weights::WeightsRx;
 
@@ -82,38 +81,28 @@ pub struct AppState {
     pub shutdown: CancellationToken,
 }
 
-/// Checks `Authorization: Bearer <token>` against the variable `admin_token_env` names (read
-/// now, so a rotated token takes effect at once). Both sides are hashed first, so the
-/// comparison takes the same time whatever the lengths. Unset variable: 403 `admin_disabled`;
-/// a missing or wrong token: 401 with `WWW-Authenticate: Bearer`.
+/// Checks `Authorization: Bearer <token>` against the variable `admin_token_env` names
+/// ([`crate::secret::check_bearer_env`]: read now, digests compared in constant time). Unset
+/// variable: 403 `admin_disabled`; a missing or wrong token: 401 with
+/// `WWW-Authenticate: Bearer`.
 pub fn authorize_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(), Box<Response>> {
-    use sha2::Digest;
-    use subtle::ConstantTimeEq;
-    let Some(token) = Secret::from_env(admin_token_env) else {
-        return Err(Box::new(api_error(
+    match crate::secret::check_bearer_env(admin_token_env, headers) {
+        Ok(()) => Ok(()),
+        Err(AuthError::Disabled) => Err(Box::new(api_error(
             StatusCode::FORBIDDEN,
             "admin_disabled",
             "admin endpoints are off: the admin token variable is not set",
-        )));
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let a = sha2::Sha256::digest(given.as_bytes());
-    let b = sha2::Sha256::digest(token.expose().as_bytes());
-    if bool::from(a.as_slice().ct_eq(b.as_slice())) && !given.is_empty() {
-        Ok(())
-    } else {
-        let mut r = api_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong bearer token",
-        );
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        Err(Box::new(r))
+        ))),
+        Err(AuthError::Unauthorized) => {
+            let mut r = api_error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong bearer token",
+            );
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            Err(Box::new(r))
+        }
     }
 }
 
@@ -363,7 +352,4 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// RFC 3339 UTC with milliseconds: how every time in the API is written.
-pub fn rfc3339(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
+pub use crate::clock::rfc3339;
