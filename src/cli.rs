@@ -355,9 +355,10 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     let (config, _demo) = match path {
         Some(path) => {
             // The same checks a reload runs (`reload::load_checked`).
-            let (config, warnings) = crate::reload::load_checked(path, &crate::app::check_channels).map_err(|errors| {
-                CliError::Invalid(errors.iter().map(ToString::to_string).collect())
-            })?;
+            let (config, warnings) = crate::reload::load_checked(path, &crate::app::check_channels)
+                .map_err(|errors| {
+                    CliError::Invalid(errors.iter().map(ToString::to_string).collect())
+                })?;
             warn_all(&warnings);
             (config, None)
         }

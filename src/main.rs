@@ -209,20 +209,18 @@ fn main() -> ExitCode {
                     ramp,
                     force,
                     by,
-                } => {
-                    probeok::drill::client::start(&probeok::drill::client::StartArgs {
-                        server,
-                        route,
-                        weight,
-                        duration,
-                        reason,
-                        ramp,
-                        force,
-                        started_by: by,
-                    })
-                    .await
-                    .map_err(Into::into)
-                }
+                } => probeok::drill::client::start(&probeok::drill::client::StartArgs {
+                    server,
+                    route,
+                    weight,
+                    duration,
+                    reason,
+                    ramp,
+                    force,
+                    started_by: by,
+                })
+                .await
+                .map_err(Into::into),
                 DrillCommand::Stop { server, route } => {
                     probeok::drill::client::stop(&server, route.as_deref())
                         .await

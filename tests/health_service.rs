@@ -18,7 +18,7 @@ use probeok::clock::{Clock, ManualClock};
 use probeok::config::Config;
 use probeok::health::findings::FindingKind;
 use probeok::health::service::{HealthOptions, HealthService, HEARTBEAT_JOB};
-use probeok::health::{FailureMode, HealthEvent, HealthRx, RouteStatus, State};
+use probeok::health::{FailureMode, HealthEvent, HealthRx, RouteHealth, RouteStatus, State};
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::route::RouteId;
 use probeok::store::{Store, StoreOptions};

@@ -202,7 +202,10 @@ async fn a_transition_its_incident_and_the_state_commit_together() {
         let stored = reader.incident(&incident.id).unwrap().unwrap();
         assert_eq!(stored.closed_at, None);
         assert_eq!(stored.transitions, vec![degraded.clone()]);
-        assert_eq!(reader.route_health_all::<RouteHealth>().unwrap()[0].health, *h);
+        assert_eq!(
+            reader.route_health_all::<RouteHealth>().unwrap()[0].health,
+            *h
+        );
     }
     store.close().await.unwrap();
 

@@ -8,9 +8,9 @@
 use chrono::{DateTime, Utc};
 
 use super::Message;
-pub use crate::silence::Silence;
 use crate::config::MaintenanceConfig;
 use crate::route::RouteId;
+pub use crate::silence::Silence;
 
 /// `*` matches any run of characters (including `/`), `?` exactly one; everything else itself.
 pub fn glob_match(pattern: &str, text: &str) -> bool {

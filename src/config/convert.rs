@@ -22,8 +22,8 @@ use super::{
     SloConfig, SourceMap, StorageConfig, SwitchConfig, WebhookConfig,
 };
 use crate::lang::Lang;
-use crate::severity::Severity;
 use crate::route::{Capability, ProviderKind};
+use crate::severity::Severity;
 
 pub(super) fn parse(src: &str, label: &str) -> Result<Loaded, ConfigErrors> {
     let (raw, map): (RawConfig, SourceMap) = parse_located(src, label)?;

@@ -27,9 +27,9 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveTime, Utc};
 
 use crate::lang::Lang;
-use crate::severity::Severity;
 use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteId, Tier};
 use crate::secret::Secret;
+use crate::severity::Severity;
 
 pub(crate) use convert::parse_located;
 pub use diag::{ConfigErrors, Diagnostic};

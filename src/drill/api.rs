@@ -288,7 +288,7 @@ async fn list(State(s): State<ApiState>, q: Result<Query<ListQuery>, QueryReject
     let views: Vec<DrillView> = drills.into_iter().map(|d| DrillView::new(d, now)).collect();
     let active: Vec<&DrillView> = views.iter().filter(|v| v.drill.active()).collect();
     Json(json!({
-        "generated_at": crate::web::rfc3339(now),
+        "generated_at": crate::clock::rfc3339(now),
         "off_peak": {
             "rule": match off_peak.rule {
                 Rule::Configured => "configured",

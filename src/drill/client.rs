@@ -22,6 +22,16 @@ pub enum ClientError {
     Runtime(String),
 }
 
+impl ClientError {
+    /// The CLI's exit code for it: 1 bad input or refused, 2 runtime.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ClientError::Invalid(_) => 1,
+            ClientError::Runtime(_) => 2,
+        }
+    }
+}
+
 /// The variable the admin token is read from.
 pub const TOKEN_ENV: &str = "PROBEOK_ADMIN_TOKEN";
 

@@ -23,8 +23,8 @@ use chrono::{DateTime, NaiveTime, Timelike, Utc};
 use serde::Serialize;
 use statrs::statistics::{Data, OrderStatistics, Statistics};
 
-pub use crate::evidence::{LatencyRef, TpsRef};
 use crate::config::{Buckets, DetectionConfig};
+pub use crate::evidence::{LatencyRef, TpsRef};
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 

@@ -41,11 +41,11 @@ use super::baseline::{Baseline, LatencyRef, TpsRef};
 use super::classify::{self, Dims, Signal};
 use super::window::{Counts, ErrorWindow};
 use super::{fmt_spread, FailureMode, Reason, State};
-pub use crate::evidence::{ErrorRateEvidence, Evidence, Observed, Threshold};
-pub use crate::state::{Incident, Transition};
 use crate::config::DetectionConfig;
+pub use crate::evidence::{ErrorRateEvidence, Evidence, Observed, Threshold};
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
+pub use crate::state::{Incident, Transition};
 
 /// The short error-rate window read first on busy routes.
 pub const FAST_WINDOW_S: u64 = 10;

@@ -33,13 +33,13 @@ pub mod service;
 pub mod status;
 pub mod window;
 
+pub use crate::evidence::{fmt_ms, fmt_spread};
+pub use crate::state::{FailureMode, Reason, State};
 pub use baseline::{Baseline, BaselineSnapshot, LatencyRef, TpsRef};
 pub use classify::{Dims, Judgement, Signal};
 pub use detector::{
     Detector, ErrorRateEvidence, Evidence, Incident, Observed, RouteHealth, Suppression, Threshold,
     Transition,
 };
-pub use crate::evidence::{fmt_ms, fmt_spread};
-pub use crate::state::{FailureMode, Reason, State};
 pub use findings::{Finding, FindingKind, RouteSummary};
 pub use status::{HealthEvent, HealthRx, HealthSnapshot, IncidentSummary, RouteStatus};

@@ -19,8 +19,8 @@ use serde::de::DeserializeOwned;
 use super::writer::Command;
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
 use crate::evidence::Evidence;
-use crate::state::{FailureMode, Incident, PersistedHealth, Reason, State, Transition};
 use crate::route::RouteId;
+use crate::state::{FailureMode, Incident, PersistedHealth, Reason, State, Transition};
 
 /// One route's state, encoded.
 #[derive(Debug)]
@@ -305,9 +305,7 @@ impl Reader {
     /// Every stored route state. A row that no longer decodes (written by an incompatible
     /// build) is left out with a warning: that route starts fresh rather than the service not
     /// starting at all.
-    pub fn route_health_all<H: PersistedHealth>(
-        &self,
-    ) -> Result<Vec<StoredHealth<H>>, StoreError> {
+    pub fn route_health_all<H: PersistedHealth>(&self) -> Result<Vec<StoredHealth<H>>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT r.name, h.health, h.updated_at_ms FROM route_health h
              JOIN routes r ON r.id = h.route_id ORDER BY r.name",

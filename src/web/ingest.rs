@@ -80,7 +80,8 @@ struct ItemError {
 /// Is the `Authorization` header `Bearer <expected>`? Digests compared in constant time
 /// ([`crate::secret::matches_any`]): neither the token's content nor its length leaks.
 fn authorized(headers: &HeaderMap, expected: &Secret) -> bool {
-    crate::secret::bearer(headers).is_some_and(|given| crate::secret::matches_any(given, [expected]))
+    crate::secret::bearer(headers)
+        .is_some_and(|given| crate::secret::matches_any(given, [expected]))
 }
 
 /// One item → an outcome, or why not.
