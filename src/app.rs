@@ -332,7 +332,8 @@ pub async fn start_with(
     let reloader = Arc::new(crate::reload::Reloader::new(
         options.config_file.clone(),
         live_tx,
-        Some(metrics.clone()),
+        Arc::new(check_channels),
+        Some(metrics.clone() as Arc<dyn crate::reload::ReloadObserver>),
         clock.clone(),
     ));
     let state = AppState {
@@ -564,4 +565,12 @@ async fn retention(
             tracing::error!(error = %e, "cannot write the retention heartbeat");
         }
     }
+}
+
+/// `serve`'s last start check on every config file: every alert channel builds (a bad SMTP
+/// URL and the like is refused rather than alerting into the void).
+pub fn check_channels(config: &Config) -> Result<(), String> {
+    crate::alert::channels(config)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }

@@ -28,6 +28,16 @@ pub enum CliError {
     Runtime(String),
 }
 
+impl From<crate::drill::client::ClientError> for CliError {
+    fn from(e: crate::drill::client::ClientError) -> Self {
+        use crate::drill::client::ClientError;
+        match e {
+            ClientError::Invalid(lines) => CliError::Invalid(lines),
+            ClientError::Runtime(s) => CliError::Runtime(s),
+        }
+    }
+}
+
 impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
@@ -411,9 +421,10 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     let (config, _demo) = match path {
         Some(path) => {
             // The same checks a reload runs (`reload::load_checked`).
-            let (config, warnings) = crate::reload::load_checked(path).map_err(|errors| {
-                CliError::Invalid(errors.iter().map(ToString::to_string).collect())
-            })?;
+            let (config, warnings) = crate::reload::load_checked(path, &crate::app::check_channels)
+                .map_err(|errors| {
+                    CliError::Invalid(errors.iter().map(ToString::to_string).collect())
+                })?;
             warn_all(&warnings);
             (config, None)
         }

@@ -5,16 +5,16 @@ use std::sync::Mutex;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
-/// RFC 3339 UTC with milliseconds (`2026-11-29T00:00:00.000Z`): how every time the product
-/// publishes (JSON API, weights feed, alert texts) is written.
-pub fn rfc3339(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
 /// Where "now" comes from. Timers and timeouts use `tokio::time` (pausable in tests); this is
 /// only for timestamps that are stored, compared with stored ones, or bucketed by time of day.
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> DateTime<Utc>;
+}
+
+/// RFC 3339 UTC with milliseconds: how every time in the API, the weights feed and messages
+/// is written.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// The real clock.

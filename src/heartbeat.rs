@@ -56,8 +56,9 @@ pub const SWITCH: &str = "switch";
 pub const BUDGET: &str = "budget";
 /// The store's writer thread (raw rows and the rollups written in the same transactions).
 pub const STORE: &str = "store";
-/// The proxy's async-job worker (only when the proxy runs).
-pub const ASYNC_JOBS: &str = crate::proxy::jobs::HEARTBEAT_JOB;
+/// The proxy's async-job worker (only when the proxy runs); the worker beats under the same
+/// name (`proxy::jobs::HEARTBEAT_JOB`, held equal by a test).
+pub const ASYNC_JOBS: &str = "async_jobs";
 /// The drill service's ticks (ramp stages, automatic ends).
 pub const DRILLS: &str = "drills";
 

@@ -5,21 +5,49 @@
 //! # Layout
 //!
 //! Data flows one way: outcomes come in (probes, passive traffic), are stored, judged and
-//! published.
+//! published. The modules sit in six layers; a module imports only modules of the layers
+//! below it, and of its own layer where that layer allows it (`tests/architecture.rs` reads
+//! `src/` and holds these rules).
+//!
+//! **Base** — the shared nouns every layer persists or passes; they import only each other.
+//!
+//! - [`route`]: `RouteId` (`provider/region/model`), `Route` with its effective probe settings,
+//!   tiers, capabilities, prices.
+//! - [`clock`]: the `Clock` trait, `SystemClock`, `ManualClock` for tests, and
+//!   [`clock::rfc3339`], how every time is written.
+//! - [`secret`]: `Secret`, an environment-sourced value that never prints, and the one bearer
+//!   token check (SHA-256 digests compared in constant time) for the admin token, the ingest
+//!   token and the proxy's client keys.
+//! - [`outcome`]: `ProbeOutcome`/`ProbeError`/`OutcomeKind`, the classified result of one call
+//!   (also `probe::outcome`).
+//! - [`state`]: route states, reasons, failure modes, transitions, incidents, and
+//!   [`state::PersistedHealth`], what the store needs of detection's per-route state.
+//! - [`evidence`]: what a transition was decided on (signals, baselines, thresholds, the
+//!   error-rate window).
+//! - [`severity`], [`lang`]: alert severity and message language (the config names both).
+//! - [`silence`]: an admin-created alert silence.
+//! - [`records`]: regression-set runs, drills and switch records as the store keeps them.
+//! - [`glob`]: the one route-id glob dialect (`*` any run, `?` one character).
+//! - [`slo`]: the error budget, one definition (time: bad outcomes × interval against
+//!   `(1 − target) × window`) for the route card, the API, the incidents page and the
+//!   burn-rate alerts.
+//!
+//! **Config** — imports base only.
 //!
 //! - [`config`]: the TOML config — serde structs, two-stage validation, errors located as
 //!   `file:line:col: key.path: message`; resolves [`route::Route`]s.
-//! - [`route`]: `RouteId` (`provider/region/model`), `Route` with its effective probe settings,
-//!   tiers, capabilities, prices.
-//! - [`clock`]: the `Clock` trait, `SystemClock` and `ManualClock` for tests.
-//! - [`glob`]: the one route-id glob dialect (`*` any run, `?` one character).
-//! - [`secret`]: `Secret`, an environment-sourced value that never prints.
-//! - [`probe`]: the streaming probe client (OpenAI-compatible and Anthropic) and
-//!   `ProbeOutcome`/`ProbeError`, the classified result of one call.
-//! - [`scheduler`]: fires each route's probe on its jittered interval, never stacking overruns.
+//!
+//! **Store** — imports base only: it keeps its own row types and converts them.
+//!
 //! - [`store`]: SQLite — migrations, the single batching writer thread, rollups, retention,
 //!   detection's route states, transitions and incidents, read queries on their own
 //!   connections.
+//!
+//! **Domain** — imports base, config, store and each other; never a surface or the wiring.
+//! Pure where possible, each with a thin I/O shell.
+//!
+//! - [`probe`]: the streaming probe client (OpenAI-compatible and Anthropic).
+//! - [`scheduler`]: fires each route's probe on its jittered interval, never stacking overruns.
 //! - [`health`]: the pure detection core — time-of-day baselines, the per-route state machine
 //!   (`UNKNOWN NORMAL WARNING DEGRADED CRITICAL` + `SWITCHED`), failure modes, incidents,
 //!   egress and request-side findings; functions of (state, outcome, baseline, config, now).
@@ -27,25 +55,9 @@
 //!   every outcome and a 1 s tick through the detector, persists transitions, incidents and
 //!   states, publishes the `HealthSnapshot` watch and `HealthEvent` broadcast) with
 //!   `health::control` (the `[egress] control_url` probe).
-//! - [`alert`]: alerts to DingTalk, Feishu/Lark, email and webhooks — grouping, egress
-//!   inhibition, flapping summaries, maintenance windows and silences (admin API), SLO
-//!   burn-rate alerts, a persisted SQLite outbox (at-least-once, dedup keys, backoff),
-//!   messages in zh/en; `probeok alert test`.
 //! - [`drift`]: offline regression sets (`probes/*.toml`) run per route on a schedule and
 //!   compared with the route's own history (Fisher's exact test, Mann–Whitney U): drift
 //!   findings with evidence (served at `GET /api/v1/drift`), the quality gate for backup routes.
-//! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
-//! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
-//! - [`proxy`]: the OpenAI-compatible routing proxy — candidates from the weights
-//!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
-//!   the failover classes (`proxy::attempt`), committed streams (`proxy::stream`), its own
-//!   view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
-//!   Circuit breakers and backoff (`proxy::breaker`), metering (`proxy::meter`), idempotency
-//!   keys (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`).
-//!   Degradation contracts: the pure decision (`proxy::contract`: feature header,
-//!   model state, cache keys, `user_message`), applying it (`proxy::degrade`), cached answers
-//!   (`proxy::cache`), async-queue jobs with their worker and `GET /v1/jobs/{id}`
-//!   (`proxy::jobs`); their tables in `store::contracts`.
 //! - [`weights`]: health (with drift, switch overrides, proxy breakers and drill caps: one
 //!   `weights::Inputs`) → integer traffic weights per logical model by tier (the pure
 //!   `weights::compute`), versioned only on real change, serialised once per version,
@@ -62,6 +74,25 @@
 //! - [`budget`]: the extra cost of non-primary serving per clock hour — reserve the
 //!   estimated maximum before a request, settle with the metered usage; `degrade_at` stops
 //!   new switches.
+//! - [`heartbeat`]: which scheduled jobs the service expects and which are stale (pure), the
+//!   in-memory [`heartbeat::Pulse`] of loops that must not wait on the store, the monitor that
+//!   persists them with the store writer's own beat, and the dead-man's switch
+//!   (`[heartbeat] ping_url_env`).
+//! - [`reload`]: hot reload (SIGHUP, `POST /api/v1/admin/reload`): `serve`'s checks on the new
+//!   file, the live sections published on the live-config `watch` channel
+//!   ([`reload::LiveConfig`]), the rest reported as `restart_required`. The checks and
+//!   counters of the layers above (alert channels, metrics) are handed in by the wiring.
+//! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
+//! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
+//!
+//! **Surfaces** — import every layer below. Among themselves only `web` imports the others
+//! (it mounts the proxy's request log and shows alert and proxy metrics); `alert` and `proxy`
+//! never import another surface.
+//!
+//! - [`alert`]: alerts to DingTalk, Feishu/Lark, email and webhooks — grouping, egress
+//!   inhibition, flapping summaries, maintenance windows and silences (admin API), SLO
+//!   burn-rate alerts, a persisted SQLite outbox (at-least-once, dedup keys, backoff),
+//!   messages in zh/en; `probeok alert test`.
 //! - [`web`]: the monitor's whole HTTP surface, every endpoint one entry of `web::table`
 //!   (method, path, handler, OpenAPI operation) from which the router and `/api/openapi.json`
 //!   are built — JSON API (status, probes, incidents, ingest, drift, switches, requests), the
@@ -70,41 +101,65 @@
 //!   (`web::pages`, one file per page and the SVG chart: `/`, `/routes/{id}`, `/incidents`,
 //!   askama templates in `templates/`, zh/en words in `web::i18n`, the stylesheet
 //!   `static/style.css` served at `/static/style.css`). Domain modules never import it.
-//! - [`heartbeat`]: which scheduled jobs the service expects and which are stale (pure), the
-//!   in-memory [`heartbeat::Pulse`] of loops that must not wait on the store, the monitor that
-//!   persists them with the store writer's own beat, and the dead-man's switch
-//!   (`[heartbeat] ping_url_env`).
-//! - [`reload`]: hot reload (SIGHUP, `POST /api/v1/admin/reload`): `serve`'s checks on the new
-//!   file, the live sections published on the live-config `watch` channel
-//!   ([`reload::LiveConfig`]), the rest reported as `restart_required`.
-//! - [`cli`]: the subcommands behind the binary (serve, check-config, probe, regress, alert
-//!   test, proxy, simulate).
+//! - [`proxy`]: the OpenAI-compatible routing proxy — candidates from the weights
+//!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
+//!   the documented failover classes (`proxy::attempt`), committed streams (`proxy::stream`),
+//!   its own view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
+//!   Circuit breakers and backoff (`proxy::breaker`), metering (`proxy::meter`), idempotency
+//!   keys (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`).
+//!   Degradation contracts: the pure decision (`proxy::contract`: feature header, model
+//!   state, cache keys, `user_message`), applying it (`proxy::degrade`), cached answers
+//!   (`proxy::cache`), async-queue jobs with their worker and `GET /v1/jobs/{id}`
+//!   (`proxy::jobs`); their tables in `store::contracts`.
+//!
+//! **Wiring** — may import anything; nothing imports it.
+//!
 //! - [`app`]: wires the tasks together under one `CancellationToken`: scheduler → recorder →
 //!   store → health service; passive queue (proxy, ingest) → store → health service; health →
 //!   weights (with drift and switch overrides) → feed and in-process proxy; health events →
 //!   alerts.
+//! - [`cli`]: the subcommands behind the binary (serve, check-config, probe, regress, alert
+//!   test, proxy, simulate).
+//!
+//! The library names itself `crate::`, never `probeok::` (that is the binary's name for it).
 
-pub mod alert;
-pub mod app;
-pub mod budget;
-pub mod cli;
+// Base: the shared nouns.
 pub mod clock;
+pub mod evidence;
+pub mod glob;
+pub mod lang;
+pub mod outcome;
+pub mod records;
+pub mod route;
+pub mod secret;
+pub mod severity;
+pub mod silence;
+pub mod slo;
+pub mod state;
+
+// Config and store.
 pub mod config;
+pub mod store;
+
+// Domain.
+pub mod budget;
 pub mod demo;
 pub mod drift;
 pub mod drill;
-pub mod glob;
 pub mod health;
 pub mod heartbeat;
 pub mod probe;
-pub mod proxy;
 pub mod reload;
-pub mod route;
 pub mod scheduler;
-pub mod secret;
 pub mod sim;
-pub mod slo;
-pub mod store;
 pub mod switch;
-pub mod web;
 pub mod weights;
+
+// Surfaces.
+pub mod alert;
+pub mod proxy;
+pub mod web;
+
+// Wiring.
+pub mod app;
+pub mod cli;

@@ -209,24 +209,27 @@ fn main() -> ExitCode {
                     ramp,
                     force,
                     by,
-                } => {
-                    probeok::drill::client::start(&probeok::drill::client::StartArgs {
-                        server,
-                        route,
-                        weight,
-                        duration,
-                        reason,
-                        ramp,
-                        force,
-                        started_by: by,
-                    })
-                    .await
-                }
+                } => probeok::drill::client::start(&probeok::drill::client::StartArgs {
+                    server,
+                    route,
+                    weight,
+                    duration,
+                    reason,
+                    ramp,
+                    force,
+                    started_by: by,
+                })
+                .await
+                .map_err(Into::into),
                 DrillCommand::Stop { server, route } => {
-                    probeok::drill::client::stop(&server, route.as_deref()).await
+                    probeok::drill::client::stop(&server, route.as_deref())
+                        .await
+                        .map_err(Into::into)
                 }
                 DrillCommand::Report { server, id, json } => {
-                    probeok::drill::client::report(&server, &id, json).await
+                    probeok::drill::client::report(&server, &id, json)
+                        .await
+                        .map_err(Into::into)
                 }
             },
             Command::Simulate {

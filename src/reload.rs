@@ -99,9 +99,17 @@ impl From<Config> for LiveConfig {
     }
 }
 
-/// Reads `path` and runs `serve`'s start checks. `Ok` carries the warnings; `Err` every
-/// problem found.
-pub fn load_checked(path: &Path) -> Result<(Config, Vec<Diagnostic>), Vec<Diagnostic>> {
+/// A start check that belongs to a layer above this one, run on every new file: building
+/// every alert channel (`crate::alert::channels`), so a bad SMTP URL and the like is refused
+/// now rather than alerting into the void. `Err` carries the message.
+pub type ChannelCheck = Arc<dyn Fn(&Config) -> Result<(), String> + Send + Sync>;
+
+/// Reads `path` and runs `serve`'s start checks, `channels` last. `Ok` carries the warnings;
+/// `Err` every problem found.
+pub fn load_checked(
+    path: &Path,
+    channels: &dyn Fn(&Config) -> Result<(), String>,
+) -> Result<(Config, Vec<Diagnostic>), Vec<Diagnostic>> {
     let loaded = Config::load(path).map_err(|e| e.0)?;
     let config = loaded.config;
     let dir = config.drift_sets_dir();
@@ -112,14 +120,13 @@ pub fn load_checked(path: &Path) -> Result<(Config, Vec<Diagnostic>), Vec<Diagno
     if !missing.is_empty() {
         return Err(missing);
     }
-    // A bad SMTP URL and the like: refuse now rather than alert into the void.
-    if let Err(e) = crate::alert::channels(&config) {
+    if let Err(message) = channels(&config) {
         return Err(vec![Diagnostic {
             file: config.source.display().to_string(),
             line: 0,
             col: 0,
             path: "alert".into(),
-            message: e.to_string(),
+            message,
         }]);
     }
     Ok((config, loaded.warnings))
@@ -208,6 +215,7 @@ pub struct Reloader {
     tx: watch::Sender<Arc<Config>>,
     /// Serialises reloads (a SIGHUP racing an API call).
     lock: tokio::sync::Mutex<()>,
+    channels: ChannelCheck,
     metrics: Option<Arc<dyn ReloadObserver>>,
     clock: Arc<dyn Clock>,
 }
@@ -217,6 +225,7 @@ impl Reloader {
     pub fn new(
         file: Option<PathBuf>,
         tx: watch::Sender<Arc<Config>>,
+        channels: ChannelCheck,
         metrics: Option<Arc<dyn ReloadObserver>>,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -226,6 +235,7 @@ impl Reloader {
         Self {
             file,
             tx,
+            channels,
             lock: tokio::sync::Mutex::new(()),
             metrics,
             clock,
@@ -247,7 +257,8 @@ impl Reloader {
             tracing::warn!("config reload asked, but the service runs the built-in demo (no file)");
             return Err(ReloadError::NoConfigFile);
         };
-        let checked = tokio::task::spawn_blocking(move || load_checked(&file))
+        let channels = self.channels.clone();
+        let checked = tokio::task::spawn_blocking(move || load_checked(&file, &*channels))
             .await
             .map_err(|e| ReloadError::Internal(e.to_string()));
         let result = match checked {

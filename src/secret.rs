@@ -1,7 +1,57 @@
 //! Secrets read from environment variables. They print as `***` so a stray `{:?}` in a log
 //! line or an error can never leak them.
+//!
+//! Bearer tokens (the admin token, the ingest token, the proxy's client keys) are checked
+//! here, one way for all: the given token's and each secret's SHA-256 digests are compared in
+//! constant time, so neither a secret's content nor its length leaks through timing.
 
 use std::fmt;
+
+use axum::http::{header, HeaderMap};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// Why a bearer token was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// The variable that holds the token is unset or empty: the endpoints it guards are off.
+    #[error("the token variable is not set")]
+    Disabled,
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+}
+
+/// The token of an `Authorization: Bearer <token>` header, trimmed; `None` for no header,
+/// another scheme or an empty token.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether `given` is one of `secrets`. Every secret is compared, matched or not.
+pub fn matches_any<'a>(given: &str, secrets: impl IntoIterator<Item = &'a Secret>) -> bool {
+    let given = Sha256::digest(given.as_bytes());
+    let matched = secrets
+        .into_iter()
+        .fold(subtle::Choice::from(0u8), |acc, s| {
+            acc | Sha256::digest(s.expose().as_bytes()).ct_eq(&given)
+        });
+    bool::from(matched)
+}
+
+/// Checks the request's bearer token against the variable `env` names, read now so a rotated
+/// token takes effect at once.
+pub fn check_bearer_env(env: &str, headers: &HeaderMap) -> Result<(), AuthError> {
+    let expected = Secret::from_env(env).ok_or(AuthError::Disabled)?;
+    match bearer(headers) {
+        Some(given) if matches_any(given, [&expected]) => Ok(()),
+        _ => Err(AuthError::Unauthorized),
+    }
+}
 
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -43,5 +93,41 @@ mod tests {
         let s = Secret::new("sk-very-secret");
         assert_eq!(format!("{s} {s:?}"), "*** Secret(***)");
         assert_eq!(s.expose(), "sk-very-secret");
+    }
+
+    fn auth(value: &'static str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, value.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn bearer_reads_only_the_bearer_scheme() {
+        assert_eq!(bearer(&HeaderMap::new()), None);
+        assert_eq!(bearer(&auth("Bearer s3cret")), Some("s3cret"));
+        assert_eq!(bearer(&auth("Basic s3cret")), None);
+        assert_eq!(bearer(&auth("Bearer ")), None);
+        assert_eq!(bearer(&auth("bearer s3cret")), None);
+    }
+
+    #[test]
+    fn tokens_match_exactly_whatever_their_lengths() {
+        let keys = [Secret::new("s3cret"), Secret::new("other-key")];
+        assert!(matches_any("s3cret", &keys));
+        assert!(matches_any("other-key", &keys));
+        assert!(!matches_any("s3cre", &keys));
+        assert!(!matches_any("s3cret!", &keys));
+        assert!(!matches_any("", &keys));
+        assert!(!matches_any("s3cret", []));
+    }
+
+    #[test]
+    fn an_unset_variable_disables_the_check() {
+        // A variable name no test or environment sets.
+        let var = "PROBEOK_TEST_SECRET_NEVER_SET_9F2C";
+        assert_eq!(
+            check_bearer_env(var, &auth("Bearer x")),
+            Err(AuthError::Disabled)
+        );
     }
 }

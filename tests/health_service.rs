@@ -18,7 +18,7 @@ use probeok::clock::{Clock, ManualClock};
 use probeok::config::Config;
 use probeok::health::findings::FindingKind;
 use probeok::health::service::{HealthOptions, HealthService, HEARTBEAT_JOB};
-use probeok::health::{FailureMode, HealthEvent, HealthRx, RouteStatus, State};
+use probeok::health::{FailureMode, HealthEvent, HealthRx, RouteHealth, RouteStatus, State};
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::route::RouteId;
 use probeok::store::{Store, StoreOptions};
@@ -296,7 +296,7 @@ async fn probes_drive_warning_then_degraded_and_everything_is_stored() {
     assert_eq!(stored.closed_at, None);
     assert_eq!(stored.peak, State::Degraded);
     assert_eq!(stored.transitions, vec![d.clone()]);
-    let states = reader.route_health_all().unwrap();
+    let states = reader.route_health_all::<RouteHealth>().unwrap();
     assert_eq!(states[0].health.state(), State::Degraded);
     assert!(reader
         .heartbeats()

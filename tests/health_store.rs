@@ -146,7 +146,7 @@ async fn states_transitions_and_incidents_round_trip() {
     // Reopened: everything reads back exactly.
     let store = Store::open(&path, StoreOptions::default()).unwrap();
     let reader = store.reader().unwrap();
-    let states = reader.route_health_all().unwrap();
+    let states = reader.route_health_all::<RouteHealth>().unwrap();
     assert_eq!(states.len(), 1);
     assert_eq!(states[0].route, route());
     assert_eq!(states[0].health, last);
@@ -202,7 +202,10 @@ async fn a_transition_its_incident_and_the_state_commit_together() {
         let stored = reader.incident(&incident.id).unwrap().unwrap();
         assert_eq!(stored.closed_at, None);
         assert_eq!(stored.transitions, vec![degraded.clone()]);
-        assert_eq!(reader.route_health_all().unwrap()[0].health, *h);
+        assert_eq!(
+            reader.route_health_all::<RouteHealth>().unwrap()[0].health,
+            *h
+        );
     }
     store.close().await.unwrap();
 
@@ -234,7 +237,7 @@ async fn a_transition_its_incident_and_the_state_commit_together() {
     let reader = store.reader().unwrap();
     assert!(reader.transitions(&route(), at(0), 10).unwrap().is_empty());
     assert!(reader.incident(&incident.id).unwrap().is_none());
-    let states = reader.route_health_all().unwrap();
+    let states = reader.route_health_all::<RouteHealth>().unwrap();
     assert_eq!(states.len(), 1);
     assert_eq!(states[0].route, other);
     drop(reader);

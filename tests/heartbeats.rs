@@ -326,6 +326,11 @@ fn webhook(addr: SocketAddr) -> Arc<dyn Notifier> {
     Arc::new(Webhook::from_config(&c, &env).unwrap())
 }
 
+#[test]
+fn the_async_job_worker_beats_under_the_expected_name() {
+    assert_eq!(heartbeat::ASYNC_JOBS, probeok::proxy::jobs::HEARTBEAT_JOB);
+}
+
 #[tokio::test]
 async fn a_stalled_job_raises_a_critical_alert_per_stale_after_and_resolves() {
     let (hook, got) = receiver().await;

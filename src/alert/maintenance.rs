@@ -6,13 +6,13 @@
 //! (a stale heartbeat, a test) only by a silence whose globs include `*`.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use super::Message;
 use crate::config::MaintenanceConfig;
 /// The product's one glob dialect (`*` any run, `?` one character), kept at this path.
 pub use crate::glob::glob_match;
 use crate::route::RouteId;
+pub use crate::silence::Silence;
 
 fn any_match(globs: &[String], route: &RouteId) -> bool {
     globs.iter().any(|g| glob_match(g, route.as_str()))
@@ -35,25 +35,6 @@ pub fn window_active(m: &MaintenanceConfig, now: DateTime<Utc>) -> bool {
         _ => elapsed,
     };
     into < duration
-}
-
-/// A silence: alerts for matching routes are dropped from `starts_at` until `ends_at`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Silence {
-    pub id: String,
-    /// Globs over route ids; `*` silences everything, route-less alerts included.
-    pub routes: Vec<String>,
-    pub starts_at: DateTime<Utc>,
-    pub ends_at: DateTime<Utc>,
-    pub comment: String,
-    pub created_by: String,
-    pub created_at: DateTime<Utc>,
-}
-
-impl Silence {
-    pub fn active(&self, now: DateTime<Utc>) -> bool {
-        self.starts_at <= now && now < self.ends_at
-    }
 }
 
 /// Why a message was suppressed (for the log line).

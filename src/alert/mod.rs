@@ -50,70 +50,9 @@ use crate::config::{ChannelOptions, Config};
 use crate::health::{FailureMode, State};
 use crate::route::RouteId;
 
+pub use crate::lang::Lang;
+pub use crate::severity::Severity;
 pub use engine::{run, AlertService};
-
-/// How urgent a message is (SPEC "Severities"): `info` WARNING; `warning` DEGRADED, drift,
-/// burn-rate tickets; `critical` CRITICAL, SWITCHED, egress, stale heartbeats, burn-rate pages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    Info,
-    Warning,
-    Critical,
-}
-
-impl Severity {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "info" => Some(Self::Info),
-            "warning" => Some(Self::Warning),
-            "critical" => Some(Self::Critical),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Severity::Info => "info",
-            Severity::Warning => "warning",
-            Severity::Critical => "critical",
-        }
-    }
-
-    /// The severity a route reaching `state` carries (`None`: nothing to alert).
-    pub fn of_state(state: State) -> Option<Self> {
-        match state {
-            State::Warning => Some(Severity::Info),
-            State::Degraded => Some(Severity::Warning),
-            State::Critical | State::Switched => Some(Severity::Critical),
-            State::Unknown | State::Normal => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Severity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The language a channel's messages are written in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Lang {
-    Zh,
-    En,
-}
-
-impl Lang {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "zh" => Some(Self::Zh),
-            "en" => Some(Self::En),
-            _ => None,
-        }
-    }
-}
 
 /// Firing, resolved, a reminder of something still firing, or `alert test`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -22,8 +22,9 @@ use super::{
     RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig,
     WebhookConfig, WecomConfig,
 };
-use crate::alert::{Lang, Severity};
+use crate::lang::Lang;
 use crate::route::{Capability, ProviderKind};
+use crate::severity::Severity;
 
 pub(super) fn parse(src: &str, label: &str) -> Result<Loaded, ConfigErrors> {
     let (raw, map): (RawConfig, SourceMap) = parse_located(src, label)?;

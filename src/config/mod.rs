@@ -27,9 +27,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveTime, Utc};
 
-use crate::alert::{Lang, Severity};
+use crate::lang::Lang;
 use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteId, Tier};
 use crate::secret::Secret;
+use crate::severity::Severity;
 
 pub(crate) use convert::parse_located;
 pub use diag::{ConfigErrors, Diagnostic};

@@ -10,7 +10,27 @@ use serde_json::json;
 
 use super::report::{render_text, Report};
 use super::DrillView;
-use crate::cli::CliError;
+
+/// Why a drill command failed, shaped like the CLI's own error (which it converts into):
+/// bad input or a refusal by the server (exit 1), or a runtime failure (exit 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// Every problem, one line each.
+    #[error("{}", .0.join("\n"))]
+    Invalid(Vec<String>),
+    #[error("error: {0}")]
+    Runtime(String),
+}
+
+impl ClientError {
+    /// The CLI's exit code for it: 1 bad input or refused, 2 runtime.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ClientError::Invalid(_) => 1,
+            ClientError::Runtime(_) => 2,
+        }
+    }
+}
 
 /// The variable the admin token is read from.
 pub const TOKEN_ENV: &str = "PROBEOK_ADMIN_TOKEN";
@@ -30,11 +50,11 @@ pub struct StartArgs {
     pub started_by: Option<String>,
 }
 
-fn invalid(s: impl Into<String>) -> CliError {
-    CliError::Invalid(vec![s.into()])
+fn invalid(s: impl Into<String>) -> ClientError {
+    ClientError::Invalid(vec![s.into()])
 }
 
-fn token() -> Result<String, CliError> {
+fn token() -> Result<String, ClientError> {
     match std::env::var(TOKEN_ENV) {
         Ok(t) if !t.is_empty() => Ok(t),
         _ => Err(invalid(format!(
@@ -43,14 +63,14 @@ fn token() -> Result<String, CliError> {
     }
 }
 
-fn url(server: &str, path: &str) -> Result<reqwest::Url, CliError> {
+fn url(server: &str, path: &str) -> Result<reqwest::Url, ClientError> {
     let base = server.trim_end_matches('/');
     reqwest::Url::parse(&format!("{base}{path}"))
         .map_err(|e| invalid(format!("error: --server {server:?}: {e}")))
 }
 
 /// `--ramp 5,25,100` → `[5, 25, 100]` (the server checks the rest).
-pub fn parse_ramp(s: &str) -> Result<Vec<i64>, CliError> {
+pub fn parse_ramp(s: &str) -> Result<Vec<i64>, ClientError> {
     s.split(',')
         .map(|p| {
             p.trim().parse::<i64>().map_err(|_| {
@@ -64,21 +84,21 @@ pub fn parse_ramp(s: &str) -> Result<Vec<i64>, CliError> {
 
 /// Sends the request; 2xx → the JSON body, 4xx → exit 1 with the server's message, the rest
 /// → exit 2.
-async fn call(req: reqwest::RequestBuilder, what: &str) -> Result<serde_json::Value, CliError> {
+async fn call(req: reqwest::RequestBuilder, what: &str) -> Result<serde_json::Value, ClientError> {
     let resp = req
         .timeout(TIMEOUT)
         .send()
         .await
-        .map_err(|e| CliError::Runtime(format!("{what}: cannot reach the server: {e}")))?;
+        .map_err(|e| ClientError::Runtime(format!("{what}: cannot reach the server: {e}")))?;
     let status = resp.status();
     let body = resp
         .bytes()
         .await
-        .map_err(|e| CliError::Runtime(format!("{what}: reading the answer: {e}")))?;
+        .map_err(|e| ClientError::Runtime(format!("{what}: reading the answer: {e}")))?;
     let value: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
     if status.is_success() {
         return value.ok_or_else(|| {
-            CliError::Runtime(format!(
+            ClientError::Runtime(format!(
                 "{what}: the server's answer is not JSON ({status})"
             ))
         });
@@ -106,16 +126,16 @@ async fn call(req: reqwest::RequestBuilder, what: &str) -> Result<serde_json::Va
     if status.is_client_error() {
         Err(invalid(line))
     } else {
-        Err(CliError::Runtime(
+        Err(ClientError::Runtime(
             line.trim_start_matches("error: ").to_owned(),
         ))
     }
 }
 
-fn client() -> Result<reqwest::Client, CliError> {
+fn client() -> Result<reqwest::Client, ClientError> {
     reqwest::Client::builder()
         .build()
-        .map_err(|e| CliError::Runtime(format!("http client: {e}")))
+        .map_err(|e| ClientError::Runtime(format!("http client: {e}")))
 }
 
 fn when(t: chrono::DateTime<chrono::Utc>) -> String {
@@ -123,7 +143,7 @@ fn when(t: chrono::DateTime<chrono::Utc>) -> String {
 }
 
 /// `probeok drill start`.
-pub async fn start(a: &StartArgs) -> Result<(), CliError> {
+pub async fn start(a: &StartArgs) -> Result<(), ClientError> {
     let ramp = a.ramp.as_deref().map(parse_ramp).transpose()?;
     let token = token()?;
     let body = json!({
@@ -144,7 +164,7 @@ pub async fn start(a: &StartArgs) -> Result<(), CliError> {
     )
     .await?;
     let d: DrillView = serde_json::from_value(v)
-        .map_err(|e| CliError::Runtime(format!("drill start: unexpected answer: {e}")))?;
+        .map_err(|e| ClientError::Runtime(format!("drill start: unexpected answer: {e}")))?;
     let ramp: Vec<String> = d.drill.ramp.iter().map(|p| format!("{p}%")).collect();
     println!(
         "drill {} started on {} ({}): weight → {} in {} stage(s) ({}), ends {}{}",
@@ -161,7 +181,7 @@ pub async fn start(a: &StartArgs) -> Result<(), CliError> {
 }
 
 /// `probeok drill stop`.
-pub async fn stop(server: &str, route: Option<&str>) -> Result<(), CliError> {
+pub async fn stop(server: &str, route: Option<&str>) -> Result<(), ClientError> {
     let token = token()?;
     let body = json!({"route": route, "by": std::env::var("USER").ok()});
     let v = call(
@@ -177,7 +197,7 @@ pub async fn stop(server: &str, route: Option<&str>) -> Result<(), CliError> {
         drills: Vec<DrillView>,
     }
     let s: Stopped = serde_json::from_value(v)
-        .map_err(|e| CliError::Runtime(format!("drill stop: unexpected answer: {e}")))?;
+        .map_err(|e| ClientError::Runtime(format!("drill stop: unexpected answer: {e}")))?;
     if s.drills.is_empty() {
         println!("no drill was running");
     }
@@ -193,7 +213,7 @@ pub async fn stop(server: &str, route: Option<&str>) -> Result<(), CliError> {
 }
 
 /// `probeok drill report`: the report for people, or the server's JSON with `--json`.
-pub async fn report(server: &str, id: &str, json: bool) -> Result<(), CliError> {
+pub async fn report(server: &str, id: &str, json: bool) -> Result<(), ClientError> {
     if id.parse::<u64>().is_err() {
         return Err(invalid(format!("error: drill id {id:?} is not a number")));
     }
@@ -215,7 +235,7 @@ pub async fn report(server: &str, id: &str, json: bool) -> Result<(), CliError> 
         report: Report,
     }
     let a: Answer = serde_json::from_value(v)
-        .map_err(|e| CliError::Runtime(format!("drill report: unexpected answer: {e}")))?;
+        .map_err(|e| ClientError::Runtime(format!("drill report: unexpected answer: {e}")))?;
     print!("{}", render_text(&a.drill.drill, &a.report));
     Ok(())
 }

@@ -26,83 +26,9 @@ pub mod service;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::route::RouteId;
-
+pub use crate::records::drill::{Drill, EndedBy};
 pub use plan::{OffPeak, Stage};
 pub use service::{DrillRx, DrillService};
-
-/// How a drill ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EndedBy {
-    /// At its end time (or found past it after a restart).
-    Auto,
-    /// An operator stopped it.
-    Stop,
-}
-
-impl EndedBy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EndedBy::Auto => "auto",
-            EndedBy::Stop => "stop",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "auto" => Some(EndedBy::Auto),
-            "stop" => Some(EndedBy::Stop),
-            _ => None,
-        }
-    }
-}
-
-/// One drill as recorded.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Drill {
-    pub id: i64,
-    /// The route whose traffic moves.
-    pub route: RouteId,
-    /// Its logical model.
-    pub serves: String,
-    /// The route's weight at 100 % of the ramp (0: all its traffic moves away).
-    pub weight: u8,
-    /// Percentages of the move, one per stage of equal length; `[100]` moves at once.
-    pub ramp: Vec<u8>,
-    pub reason: String,
-    pub started_by: Option<String>,
-    /// Started outside the off-peak windows on purpose.
-    pub forced: bool,
-    pub started_at: DateTime<Utc>,
-    pub ends_at: DateTime<Utc>,
-    pub ended_at: Option<DateTime<Utc>>,
-    pub ended_by: Option<EndedBy>,
-    /// Who asked for the stop, when they said.
-    pub stopped_by: Option<String>,
-    /// The routes of the model that carried traffic while it ran (the report's "backup").
-    pub receivers: Vec<RouteId>,
-}
-
-impl Drill {
-    pub fn active(&self) -> bool {
-        self.ended_at.is_none()
-    }
-
-    /// The window the report covers: start → end (or `now` while it runs).
-    pub fn window(&self, now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
-        let end = self.ended_at.unwrap_or_else(|| now.min(self.ends_at));
-        (self.started_at, end.max(self.started_at))
-    }
-
-    /// The stage in force at `now` (`None` once the drill's time is up or it ended).
-    pub fn stage(&self, now: DateTime<Utc>) -> Option<Stage> {
-        if !self.active() {
-            return None;
-        }
-        plan::stage_at(&self.ramp, self.started_at, self.ends_at, now)
-    }
-}
 
 /// A drill as the API shows it: the record, whether it runs, and its stage now.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -231,49 +231,7 @@ pub fn parse_ramp(raw: Option<&[i64]>) -> Result<Vec<u8>, Refusal> {
     Ok(out)
 }
 
-/// One stage of a running drill.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Stage {
-    /// 1-based.
-    pub index: usize,
-    pub of: usize,
-    /// How much of the move is done in this stage.
-    pub percent: u8,
-    pub from: DateTime<Utc>,
-    pub until: DateTime<Utc>,
-}
-
-/// The stage in force at `now` for a drill over `[start, end)`; `None` before the start and
-/// from the end on.
-pub fn stage_at(
-    ramp: &[u8],
-    start: DateTime<Utc>,
-    end: DateTime<Utc>,
-    now: DateTime<Utc>,
-) -> Option<Stage> {
-    if ramp.is_empty() || now < start || now >= end {
-        return None;
-    }
-    let n = ramp.len() as i64;
-    let total = (end - start).num_milliseconds().max(1);
-    let bound = |i: i64| start + TimeDelta::milliseconds(total * i / n);
-    let i = (((now - start).num_milliseconds() * n) / total).clamp(0, n - 1);
-    // Integer division can put `now` a stage off at a boundary; the bounds decide.
-    let mut i = i;
-    while i > 0 && now < bound(i) {
-        i -= 1;
-    }
-    while i < n - 1 && now >= bound(i + 1) {
-        i += 1;
-    }
-    Some(Stage {
-        index: i as usize + 1,
-        of: ramp.len(),
-        percent: ramp[i as usize],
-        from: bound(i),
-        until: bound(i + 1),
-    })
-}
+pub use crate::records::drill::{stage_at, Stage};
 
 /// The drilled route's weight: `normal × (1 − p/100) + target × p/100`, rounded.
 pub fn drill_weight(normal: u8, target: u8, percent: u8) -> u8 {

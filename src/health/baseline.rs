@@ -20,10 +20,11 @@
 use std::collections::VecDeque;
 
 use chrono::{DateTime, NaiveTime, Timelike, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use statrs::statistics::{Data, OrderStatistics, Statistics};
 
 use crate::config::{Buckets, DetectionConfig};
+pub use crate::evidence::{LatencyRef, TpsRef};
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 
@@ -146,28 +147,6 @@ enum Scheme {
     None,
     Hour(chrono_tz::Tz),
     Windows(chrono_tz::Tz, Vec<(NaiveTime, NaiveTime)>),
-}
-
-/// The latency baseline an observation is judged against.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LatencyRef {
-    /// `"14:00-15:00"`, `"peak 09:00-12:00"`, `"off-peak"` or `"all-day"` (fallback).
-    pub bucket: String,
-    pub samples: usize,
-    pub mean_ms: f64,
-    pub stddev_ms: f64,
-    /// mean + max(sigma·σ, latency_floor_ratio·mean, latency_floor).
-    pub threshold_ms: f64,
-}
-
-/// The tokens/s baseline an observation is judged against.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TpsRef {
-    pub bucket: String,
-    pub samples: usize,
-    pub mean: f64,
-    /// `tps_floor` × mean: below it is abnormal.
-    pub floor: f64,
 }
 
 /// The baseline in force for one bucket, for the status API.

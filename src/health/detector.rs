@@ -38,15 +38,16 @@ use chrono::{DateTime, Utc};
 
 use super::baseline::{Baseline, LatencyRef, TpsRef};
 use super::classify::{self, Dims, Signal};
-use super::evidence::{ErrorRateEvidence, Evidence, Incident, Observed, Threshold, Transition};
 use super::reasons::{failure_mode, lead_code, reason_text, signals_text, streak_threshold};
 use super::route_health::{ModeCounts, RouteHealth, Suppression};
 use super::split::{Split, TpsCheck};
 use super::window::Counts;
 use super::{fmt_spread, Reason, State};
 use crate::config::DetectionConfig;
+pub use crate::evidence::{ErrorRateEvidence, Evidence, Observed, Threshold};
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
+pub use crate::state::{Incident, Transition};
 
 /// The short error-rate window read first on busy routes.
 pub const FAST_WINDOW_S: u64 = 10;
@@ -74,6 +75,18 @@ fn refresh_split_reason(h: &mut RouteHealth, obs: &Obs, core: Dims) {
     }
     let text = reason_text(&obs.signals, core, &h.split);
     h.reason = Some(Reason::new(code, text));
+}
+
+impl crate::state::PersistedHealth for RouteHealth {
+    fn route(&self) -> &RouteId {
+        &self.route
+    }
+    fn state(&self) -> State {
+        self.state
+    }
+    fn incident(&self) -> Option<&Incident> {
+        self.incident.as_ref()
+    }
 }
 
 /// One observation, as the state machine sees it.

@@ -177,7 +177,7 @@ impl HealthService {
         let wanted = ids.clone();
         let (stored, baselines) = tokio::task::spawn_blocking(move || {
             let reader = reading.reader()?;
-            let stored = reader.route_health_all()?;
+            let stored = reader.route_health_all::<RouteHealth>()?;
             let mut baselines = Vec::with_capacity(wanted.len());
             for id in &wanted {
                 let outcomes = reader.outcomes_since(id, since, ALL_KINDS)?;

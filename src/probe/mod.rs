@@ -2,7 +2,8 @@
 //!
 //! - [`client`]: `ProbeClient` — HTTP, timeouts, timing, outcome assembly; `chat` sends any
 //!   conversation (regression sets) through the same code.
-//! - [`outcome`]: `ProbeOutcome` and the `ProbeError` classification.
+//! - [`outcome`]: `ProbeOutcome` and the `ProbeError` classification (defined in
+//!   [`crate::outcome`], below the store).
 //! - [`measure`]: answer verification, token estimate, tokens/s (pure).
 //! - `openai`, `anthropic`: request bodies and decoders for each wire dialect (pure).
 //! - `sse`: body reading under the stall and deadline clocks; SSE framing.
@@ -15,10 +16,13 @@ mod anthropic;
 pub mod client;
 pub mod measure;
 pub(crate) mod openai;
-pub mod outcome;
 pub(crate) mod sse;
 pub(crate) mod upstream;
 pub(crate) mod wire;
+
+/// The outcome types live in the base layer ([`crate::outcome`]) so the store can keep them;
+/// this path stays for callers that know them as the probe's.
+pub use crate::outcome;
 
 pub use client::{
     probe_json, ChatMessage, ChatOutcome, ChatRequest, ProbeClient, ProbeSetupError, Role,

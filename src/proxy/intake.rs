@@ -11,8 +11,6 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use super::reject::Reject;
 use super::select::Needs;
@@ -43,17 +41,8 @@ impl ClientKeys {
         let Some(keys) = &self.0 else {
             return Ok(String::new());
         };
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or(Reject::Unauthorized)?;
-        let given_digest = Sha256::digest(given.as_bytes());
-        let matched = keys.iter().fold(subtle::Choice::from(0u8), |acc, k| {
-            acc | Sha256::digest(k.expose().as_bytes()).ct_eq(&given_digest)
-        });
-        if bool::from(matched) {
+        let given = crate::secret::bearer(headers).ok_or(Reject::Unauthorized)?;
+        if crate::secret::matches_any(given, keys.iter()) {
             Ok(given.to_owned())
         } else {
             Err(Reject::Unauthorized)

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{from_ms, to_ms, Reader, StoreError};
-use crate::alert::maintenance::Silence;
+use crate::silence::Silence;
 
 /// One message for one channel, to be written.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use rusqlite::{params, Connection};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, outcomes, to_ms, Reader, StoreError, Writer};
-use crate::drift::{CaseResult, SetRun, ValidatorFailure};
+use crate::records::drift::{CaseResult, SetRun, ValidatorFailure};
 use crate::route::RouteId;
 
 /// Inserts one run and its cases (inside the writer's transaction).

@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
-use crate::drill::{Drill, EndedBy};
-use crate::probe::OutcomeKind;
+use crate::outcome::OutcomeKind;
+use crate::records::drill::{Drill, EndedBy};
 use crate::route::RouteId;
 
 /// Success latencies read per route and window at most (the newest); percentiles of more

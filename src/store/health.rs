@@ -18,8 +18,9 @@ use serde::de::DeserializeOwned;
 
 use super::writer::Command;
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
-use crate::health::{Evidence, FailureMode, Incident, Reason, RouteHealth, State, Transition};
+use crate::evidence::Evidence;
 use crate::route::RouteId;
+use crate::state::{FailureMode, Incident, PersistedHealth, Reason, State, Transition};
 
 /// One route's state, encoded.
 #[derive(Debug)]
@@ -67,7 +68,7 @@ fn encode<T: serde::Serialize>(what: &str, v: &T) -> Result<String, StoreError> 
     serde_json::to_string(v).map_err(|e| StoreError::Invalid(format!("{what}: {e}")))
 }
 
-fn state_row(h: &RouteHealth, at: DateTime<Utc>) -> Result<StateRow, StoreError> {
+fn state_row<H: PersistedHealth>(h: &H, at: DateTime<Utc>) -> Result<StateRow, StoreError> {
     Ok(StateRow {
         route: h.route().clone(),
         state: h.state().as_str(),
@@ -170,9 +171,9 @@ impl Writer {
 
     /// Saves each route's state, and its open incident when it has one (its failure mode may
     /// have moved without a transition), in one transaction; `at` is the save time.
-    pub async fn save_health(
+    pub async fn save_health<H: PersistedHealth>(
         &self,
-        states: &[RouteHealth],
+        states: &[H],
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         if states.is_empty() {
@@ -190,11 +191,11 @@ impl Writer {
 
     /// Stores a transition, the incident it opened, changed or closed (if any) and the route's
     /// state after it — atomically.
-    pub async fn record_transition(
+    pub async fn record_transition<H: PersistedHealth>(
         &self,
         t: &Transition,
         incident: Option<&Incident>,
-        health: &RouteHealth,
+        health: &H,
     ) -> Result<(), StoreError> {
         let mut w = HealthWrite::default();
         w.transitions.push(transition_row(t)?);
@@ -214,11 +215,11 @@ impl Writer {
     }
 }
 
-/// A route's stored state.
+/// A route's stored state (`H` is detection's `RouteHealth`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct StoredHealth {
+pub struct StoredHealth<H> {
     pub route: RouteId,
-    pub health: RouteHealth,
+    pub health: H,
     pub updated_at: DateTime<Utc>,
 }
 
@@ -304,7 +305,7 @@ impl Reader {
     /// Every stored route state. A row that no longer decodes (written by an incompatible
     /// build) is left out with a warning: that route starts fresh rather than the service not
     /// starting at all.
-    pub fn route_health_all(&self) -> Result<Vec<StoredHealth>, StoreError> {
+    pub fn route_health_all<H: PersistedHealth>(&self) -> Result<Vec<StoredHealth<H>>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT r.name, h.health, h.updated_at_ms FROM route_health h
              JOIN routes r ON r.id = h.route_id ORDER BY r.name",
@@ -319,7 +320,7 @@ impl Reader {
         let mut out = Vec::new();
         for row in rows {
             let (name, json, at) = row?;
-            match decode::<RouteHealth>("route health", &json) {
+            match decode::<H>("route health", &json) {
                 Ok(health) => out.push(StoredHealth {
                     route: health.route().clone(),
                     health,

@@ -6,7 +6,7 @@ use rusqlite::{params, Connection};
 
 use super::rollups::Granularity;
 use super::{from_ms, to_ms, Reader, StoreError};
-use crate::probe::outcome::OutcomeKind;
+use crate::outcome::OutcomeKind;
 use crate::route::RouteId;
 
 pub(crate) fn insert_skip(

@@ -57,7 +57,7 @@ pub use rollups::{Granularity, Rollup};
 pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
 pub use writer::{Writer, RETENTION_BATCH};
 
-use crate::probe::outcome::OutcomeKind;
+use crate::outcome::OutcomeKind;
 use crate::route::RouteId;
 
 /// Most outcomes committed in one transaction. Larger batches amortise the commit further but

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{from_ms, kind_filter_sql, parse_kind, to_ms, Reader, StoreError};
-use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
+use crate::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::RouteId;
 
 pub(crate) fn lookup_route(conn: &Connection, route: &RouteId) -> Result<Option<i64>, StoreError> {

@@ -12,7 +12,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::histogram::LatencyHistogram;
 use super::{from_ms, kind_filter_sql, parse_kind, to_ms, Reader, StoreError};
-use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
+use crate::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 
 /// Rollup bucket sizes. Buckets are aligned to the unix epoch, i.e. to UTC hours and days.

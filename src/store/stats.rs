@@ -15,7 +15,7 @@ use rusqlite::params;
 
 use super::rollups::Figures;
 use super::{from_ms, kind_filter_sql, to_ms, Granularity, Reader, Rollup, StoreError};
-use crate::probe::outcome::OutcomeKind;
+use crate::outcome::OutcomeKind;
 use crate::route::RouteId;
 
 /// Outcome counts over a window (see [`Rollup`] for what each means).

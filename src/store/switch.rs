@@ -6,8 +6,8 @@ use rusqlite::{params, Connection};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
+use crate::records::switch::{Action, Episode, SwitchRecord};
 use crate::route::RouteId;
-use crate::switch::{Action, Episode, SwitchRecord};
 
 fn json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
     serde_json::to_string(v).map_err(|e| StoreError::Invalid(format!("switch record: {e}")))

@@ -17,7 +17,7 @@ use super::jobs::{self, RetentionReport, Target};
 use super::outcomes;
 use super::rollups::{Granularity, RollupCache};
 use super::{to_ms, StoreError, StoreOptions, BATCH_CAP};
-use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
+use crate::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 
 /// Rows deleted per retention step. Each step is one command, so queued inserts get their turn
@@ -66,7 +66,7 @@ pub(crate) enum Command {
     },
     /// One regression set run (`store/drift.rs`).
     DriftRun {
-        run: Box<crate::drift::SetRun>,
+        run: Box<crate::records::drift::SetRun>,
         ack: Ack<()>,
     },
     /// One metered proxy request (`store/requests.rs`).
@@ -82,7 +82,7 @@ pub(crate) enum Command {
     },
     /// One switch controller record (`store/switch.rs`).
     Switch {
-        record: Box<crate::switch::SwitchRecord>,
+        record: Box<crate::records::switch::SwitchRecord>,
         ack: Ack<()>,
     },
     /// A write to the degradation contracts' tables (`store/contracts.rs`).

@@ -1,7 +1,7 @@
 //! `POST /api/v1/ingest`: passive outcomes from remote proxies and agents.
 //!
 //! - **Auth**: `Authorization: Bearer <token>`, the token read at startup from the variable
-//!   named by `server.ingest_token_env`, compared in constant time (`subtle`). Missing or
+//!   named by `server.ingest_token_env`, compared as SHA-256 digests in constant time. Missing or
 //!   wrong → 401. With the variable unset the endpoint is off: 404 `ingest_disabled` (the
 //!   same answer whatever the request, so nothing is learnt by probing it).
 //! - **Bounds**: at most [`MAX_BODY`] bytes (413 `payload_too_large`), at most [`MAX_ITEMS`]
@@ -25,11 +25,11 @@ use axum::Json;
 use chrono::{DateTime, Duration as TimeDelta, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use subtle::ConstantTimeEq;
 
 use super::{ApiError, AppState};
 use crate::probe::outcome::{scrub, truncate_chars, OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::RouteId;
+use crate::secret::Secret;
 
 /// Largest accepted body.
 pub const MAX_BODY: usize = 1024 * 1024;
@@ -77,16 +77,11 @@ struct ItemError {
     retry_after_ms: Option<u64>,
 }
 
-/// Is the `Authorization` header `Bearer <expected>`? Constant time in the token's content.
-fn authorized(headers: &HeaderMap, expected: &str) -> bool {
-    let Some(given) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    bool::from(given.trim().as_bytes().ct_eq(expected.as_bytes()))
+/// Is the `Authorization` header `Bearer <expected>`? Digests compared in constant time
+/// ([`crate::secret::matches_any`]): neither the token's content nor its length leaks.
+fn authorized(headers: &HeaderMap, expected: &Secret) -> bool {
+    crate::secret::bearer(headers)
+        .is_some_and(|given| crate::secret::matches_any(given, [expected]))
 }
 
 /// One item → an outcome, or why not.
@@ -173,7 +168,7 @@ pub async fn handler(
     let Some(token) = state.ingest_token.as_ref() else {
         return Err(ApiError::IngestDisabled);
     };
-    if !authorized(&headers, token.expose()) {
+    if !authorized(&headers, token) {
         return Err(ApiError::Unauthorized);
     }
     let too_large = || ApiError::TooLarge {
@@ -230,18 +225,19 @@ mod tests {
     #[test]
     fn bearer_tokens_compare_exactly() {
         let mut h = HeaderMap::new();
-        assert!(!authorized(&h, "s3cret"));
+        let s3cret = Secret::new("s3cret");
+        assert!(!authorized(&h, &s3cret));
         h.insert(
             header::AUTHORIZATION,
             HeaderValue::from_static("Bearer s3cret"),
         );
-        assert!(authorized(&h, "s3cret"));
-        assert!(!authorized(&h, "s3cre"));
-        assert!(!authorized(&h, "s3cret!"));
+        assert!(authorized(&h, &s3cret));
+        assert!(!authorized(&h, &Secret::new("s3cre")));
+        assert!(!authorized(&h, &Secret::new("s3cret!")));
         h.insert(
             header::AUTHORIZATION,
             HeaderValue::from_static("Basic s3cret"),
         );
-        assert!(!authorized(&h, "s3cret"));
+        assert!(!authorized(&h, &s3cret));
     }
 }

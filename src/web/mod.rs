@@ -43,7 +43,6 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use chrono::{DateTime, Utc};
 use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -103,23 +102,10 @@ pub struct AppState {
 /// comparison takes the same time whatever the lengths. Unset variable: 403 `admin_disabled`;
 /// a missing or wrong token: 401 with `WWW-Authenticate: Bearer`.
 pub fn check_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(), ApiError> {
-    use sha2::Digest;
-    use subtle::ConstantTimeEq;
-    let Some(token) = Secret::from_env(admin_token_env) else {
-        return Err(ApiError::AdminDisabled);
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let a = sha2::Sha256::digest(given.as_bytes());
-    let b = sha2::Sha256::digest(token.expose().as_bytes());
-    if bool::from(a.as_slice().ct_eq(b.as_slice())) && !given.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
-    }
+    crate::secret::check_bearer_env(admin_token_env, headers).map_err(|e| match e {
+        crate::secret::AuthError::Disabled => ApiError::AdminDisabled,
+        crate::secret::AuthError::Unauthorized => ApiError::Unauthorized,
+    })
 }
 
 /// One endpoint of the router.
@@ -352,8 +338,4 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// RFC 3339 UTC with milliseconds: how every time in the API is written
-/// ([`crate::clock::rfc3339`]).
-pub fn rfc3339(t: DateTime<Utc>) -> String {
-    crate::clock::rfc3339(t)
-}
+pub use crate::clock::rfc3339;

@@ -147,7 +147,7 @@ impl ProbeError {
         }
     }
 
-    /// The JSON shape of SPEC's `probe --json`: `{"kind","status","message","retry_after_ms"}`.
+    /// The JSON shape `probe --json` prints: `{"kind","status","message","retry_after_ms"}`.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "kind": self.kind(),
