@@ -1,4 +1,4 @@
-//! Layer 5: the extra cost of serving from non-primary routes, per **clock hour**.
+//! The extra cost of serving from non-primary routes, per **clock hour**.
 //!
 //! A non-primary route's *extra price* is the difference of its price to the model's primary
 //! price, per dimension (input, output), only where positive: a cheaper backup costs nothing
@@ -6,7 +6,7 @@
 //! (so the extra is never under-counted). Routes without a price, or models without a priced
 //! primary, have no extra price (nothing can be accounted for them).
 //!
-//! **Reserve before spending** (seed 002's "abacus"): before the proxy sends a request to a
+//! **Reserve before spending** (the billing abacus): before the proxy sends a request to a
 //! non-primary route, [`Budget::reserve`] books the request's *estimated maximum* extra cost
 //! (prompt tokens × input extra + `max_tokens` × output extra) under one mutex, refusing it
 //! when `spent + reserved + estimate` would pass `max_extra_cost_per_hour`; so concurrent
@@ -15,8 +15,8 @@
 //! released whole when the attempt produced nothing. A reservation dropped without either
 //! (a client that hung up mid-stream) keeps its whole amount: the upstream kept generating.
 //!
-//! The hour is a clock hour (UTC), reset on the hour — never per incident (seed 000's
-//! pitfall 4). Reservations still open at the turn of the hour stay booked, and settle into
+//! The hour is a clock hour (UTC), reset on the hour — never per incident (a budget per
+//! incident would reset with every new one). Reservations still open at the turn of the hour stay booked, and settle into
 //! the hour they end in.
 //!
 //! Past `degrade_at` × `max_extra_cost_per_hour` (spent + reserved) no new switch happens

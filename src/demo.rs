@@ -67,7 +67,7 @@ fn scenario_for(provider: &str, region: &str, model: &str) -> Scenario {
     }
 }
 
-/// The demo's `default` contract (layer 3).
+/// The demo's `default` degradation contract.
 pub fn demo_contract() -> ContractConfig {
     ContractConfig {
         feature: crate::config::DEFAULT_FEATURE.to_owned(),

@@ -1,4 +1,4 @@
-//! Heartbeats of the scheduled jobs (seed 002: every scheduled job has one; missed heartbeats
+//! Heartbeats of the scheduled jobs (every scheduled job has one; missed heartbeats
 //! caught more incidents than alerts did).
 //!
 //! - Which jobs the service expects ([`expected`], kept as [`Jobs`] with the start time) and

@@ -48,7 +48,7 @@ impl std::fmt::Debug for SmtpTarget {
     }
 }
 
-/// Parses an SMTP URL per SPEC. Errors never echo the URL (it holds a password).
+/// Parses an SMTP URL (the forms docs/configuration.md lists). Errors never echo the URL (it holds a password).
 pub fn parse_smtp_url(s: &str) -> Result<SmtpTarget, String> {
     let url = reqwest::Url::parse(s).map_err(|e| format!("not a URL ({e})"))?;
     let host = url

@@ -388,7 +388,7 @@ fn classify(t: &Transition, incident: Option<&Incident>) -> Kind {
             let Some(mut sev) = Severity::of_state(to) else {
                 return Kind::Nothing;
             };
-            // A behaviour change is a drift signal: `warning` per SPEC, though it stays WARNING.
+            // A behaviour change is a drift signal: `warning` by the severity rules, though it stays WARNING.
             if t.failure_mode == Some(FailureMode::BehaviorChanged) {
                 sev = sev.max(Severity::Warning);
             }

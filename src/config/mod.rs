@@ -1,4 +1,4 @@
-//! The TOML config (SPEC.md, "Config file"): `[server] [storage] [probe] [detection] [egress]
+//! The TOML config (docs/configuration.md): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
 //! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
 //! [[contract]] [heartbeat] [drill]`. Other sections are rejected as unknown
@@ -11,7 +11,7 @@
 //! (`route[0]` is the first `[[route]]`), and columns point at the value (for an absent key, at
 //! its table's header). No message ever contains a secret: only variable names.
 //!
-//! Every section struct implements `Default` with SPEC's defaults, so a config can also be built
+//! Every section struct implements `Default` with the documented defaults, so a config can also be built
 //! in code (the demo) and checked with [`Config::validate`].
 
 mod convert;
@@ -62,9 +62,9 @@ pub struct Config {
     pub drift: DriftConfig,
     /// `[proxy]`: the bundled routing proxy (off unless `enabled`).
     pub proxy: ProxyConfig,
-    /// `[switch]`: the switch controller (layer 4).
+    /// `[switch]`: the switch controller.
     pub switch: SwitchConfig,
-    /// `[budget]`: the hourly extra-cost budget of non-primary serving (layer 5).
+    /// `[budget]`: the hourly extra-cost budget of non-primary serving.
     pub budget: BudgetConfig,
     /// `[[contract]]`: what a feature's requests get while their model is DEGRADED or CRITICAL.
     pub contracts: Vec<ContractConfig>,
@@ -185,7 +185,7 @@ impl Default for ProbeConfig {
             interval: Duration::from_secs(30),
             first_byte_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(10),
-            // SPEC says 30s, equal to the interval: such probes overrun and are skipped, so
+            // 30s would equal the interval: such probes overrun and are skipped, so
             // every default config warned. 20s leaves a third of the interval spare.
             timeout: Duration::from_secs(20),
             jitter: 0.1,
@@ -516,7 +516,7 @@ impl Default for AlertingConfig {
     }
 }
 
-/// `[proxy]`: the OpenAI-compatible routing proxy (SPEC.md, "HTTP API of the proxy").
+/// `[proxy]`: the OpenAI-compatible routing proxy (docs/http-api.md).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyConfig {
     /// Off by default: a real config opts in (the built-in demo turns it on).
@@ -561,7 +561,7 @@ impl Default for ProxyConfig {
 }
 
 /// `[switch]`: when the switch controller moves a logical model's traffic from its primaries
-/// to a backup, and how it comes back (SPEC.md, layer 4).
+/// to a backup, and how it comes back (docs/configuration.md).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SwitchConfig {
     /// No other move for this long after a switch or a completed return.
@@ -609,7 +609,7 @@ impl Default for BudgetConfig {
     }
 }
 
-/// `[[contract]]`: a feature's degradation contract (seed 000, layer 3). Requests name their
+/// `[[contract]]`: a feature's degradation contract. Requests name their
 /// feature with `x-probeok-feature`; a contract with `feature = "default"` covers the rest.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContractConfig {
@@ -682,7 +682,7 @@ impl Default for HeartbeatConfig {
     }
 }
 
-/// `[drill]`: planned, time-limited traffic moves (seed 004).
+/// `[drill]`: planned, time-limited traffic moves.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DrillConfig {
     /// Local `[start, end)` windows in `detection.timezone` when drills may start without
@@ -702,7 +702,7 @@ impl Default for DrillConfig {
     }
 }
 
-/// What a drift finding does besides alerting (SPEC `[drift] on_drift`).
+/// What a drift finding does besides alerting (`[drift] on_drift`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnDrift {

@@ -1,5 +1,5 @@
 //! A route against ITS OWN history, one regression set at a time — never route against route:
-//! different providers differ by design (seed 003), and a backup's style is not a defect.
+//! different providers differ by design, and a backup's style is not a defect.
 //!
 //! For the latest `m` runs `R` of a (route, set) — `m` from 2 to [`CompareOptions::max_recent`],
 //! so a change that started a few runs ago is still compared with the runs before it — and

@@ -1,6 +1,6 @@
 //! What "normal" looks like for one route: total latency and time to first token of the last
 //! `baseline_window` successful `PROBE_OK` probes per time-of-day bucket (peak hours have their
-//! own normal, seed 000's pitfall 5), plus an all-day rolling window that a thin bucket falls
+//! own normal), plus an all-day rolling window that a thin bucket falls
 //! back to; tokens/s from throughput probes and real streams.
 //!
 //! Only [`OutcomeKind::Probe`] outcomes feed latency: they use one fixed prompt, while passive
@@ -350,7 +350,7 @@ impl Baseline {
         })
     }
 
-    /// The tokens/s baseline (never a latency figure: seed 000's sample code compared tokens/s
+    /// The tokens/s baseline (never a latency figure: comparing tokens/s
     /// with a latency percentile).
     pub fn tps_ref(&self, at: DateTime<Utc>) -> Option<TpsRef> {
         let (label, s) = self.pick(at, |b| &b.tps)?;

@@ -34,7 +34,7 @@ pub struct Judgement {
 }
 
 /// The client's own fault never counts against a route: 400/413/422 and content-policy
-/// refusals (SPEC: they are returned as they are and never retried elsewhere).
+/// refusals (they are returned as they are and never retried elsewhere).
 pub fn is_client_fault(e: &ProbeError) -> bool {
     matches!(
         e,

@@ -1,4 +1,4 @@
-//! The egress control probe (seed 004): a plain GET of `[egress] control_url`, a URL that
+//! The egress control probe: a plain GET of `[egress] control_url`, a URL that
 //! involves no LLM provider, every probe interval. When it fails while routes of two or more
 //! providers fail too, the fault is our own network, not theirs ([`super::findings`]).
 //!

@@ -1,4 +1,4 @@
-//! The per-route state machine (seed 000 layer 2, with seed 004's hysteresis):
+//! The per-route state machine, with hysteresis:
 //!
 //! - `NORMAL`/`UNKNOWN` → `WARNING` on one abnormal observation; `WARNING` → `NORMAL` on the
 //!   next normal one.

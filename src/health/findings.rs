@@ -1,5 +1,5 @@
 //! Findings across routes: is it the provider, our own egress, or the requests themselves?
-//! (seed 004: "准备一个不经过业务逻辑的最小探测请求" — a minimal control request tells our
+//! (a minimal control request that bypasses business logic tells our
 //! network from theirs; probes fine while real traffic fails points at the requests.)
 //!
 //! Pure: the shell builds one [`RouteSummary`] per route ([`RouteSummary::of`]) and passes the

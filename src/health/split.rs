@@ -1,4 +1,4 @@
-//! Which latency signal moved: seed 000 names two faults that look alike from outside —
+//! Which latency signal moved: two faults look alike from outside —
 //! queueing (the first token is late, tokens/s stay normal) and soft throttling (no 429,
 //! tokens/s fall) — whose right responses differ (wait or shed load vs. move traffic). A
 //! `PROBE_OK` probe cannot tell them apart (2–5 tokens), so after an abnormal latency the

@@ -616,7 +616,7 @@ fn assemble(
     }
 }
 
-/// One line of `probeok probe --json` (SPEC): `{"route","provider","region","model","success",
+/// One line of `probeok probe --json` (docs/http-api.md): `{"route","provider","region","model","success",
 /// "verified","ttfb_ms","ttft_ms","total_ms","output_tokens","tokens_per_second",
 /// "model_reported","error":null|{"kind","status","message","retry_after_ms"}}`.
 pub fn probe_json(outcome: &ProbeOutcome) -> serde_json::Value {

@@ -3,7 +3,7 @@
 
 use super::outcome::MIN_TOKENS_FOR_TPS;
 
-/// The throughput probe asks for the numbers 1..=this, in order (SPEC `[probe]
+/// The throughput probe asks for the numbers 1..=this, in order (`[probe]
 /// throughput_prompt`). A custom `throughput_prompt` must ask for the same sequence, or every
 /// throughput answer reads as drift.
 pub const THROUGHPUT_COUNT_TO: u32 = 40;

@@ -2,7 +2,7 @@
 //! (already scaled by `time_scale`) and a random source, what one request experiences.
 //! The HTTP handlers only act the answer out, so every number here is unit-testable.
 //!
-//! Numbers come from the field reports the project starts from (seed 000/004): a healthy
+//! Numbers come from field reports of real provider incidents: a healthy
 //! route answers the probe in ~1.1 s; a capacity event lifts p95 to ~14 s for ~23 minutes
 //! with errors under 0.5%; soft rate limiting drops tokens/s from ~50 to ~8 with no error;
 //! a region failover has a 2–5 minute window of high error rate.
@@ -39,7 +39,7 @@ impl Scenario {
         Scenario::Flapping,
     ];
 
-    /// The SPEC's kebab-case name.
+    /// The documented kebab-case name.
     pub fn as_str(self) -> &'static str {
         match self {
             Scenario::Healthy => "healthy",
@@ -200,9 +200,9 @@ impl Behaviour {
 /// Token count of the probe answer (`PROBE_OK` in 3 chunks at most), for timing estimates.
 pub const PROBE_TOKENS: usize = 3;
 
-/// Healthy error rate (seed 000: providers run near 99.9%).
+/// Healthy error rate (providers run near 99.9%).
 const HEALTHY_ERROR_RATE: f64 = 0.001;
-/// Seed 000: "error_rate 始终低于 0.5%" during the capacity event.
+/// During a capacity event the error rate stays below 0.5%.
 const SPIKE_ERROR_RATE: f64 = 0.003;
 /// Share of failed requests in a failing region's window.
 const FAILOVER_ERROR_RATE: f64 = 0.7;

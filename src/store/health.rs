@@ -227,7 +227,7 @@ fn decode<T: DeserializeOwned>(what: &str, s: &str) -> Result<T, StoreError> {
     serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
 
-/// A SPEC state string back to [`State`].
+/// A state string back to [`State`].
 fn state(s: &str) -> Result<State, StoreError> {
     decode(
         "state",
