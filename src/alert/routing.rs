@@ -7,9 +7,9 @@
 
 use std::borrow::Cow;
 
-use super::maintenance::glob_match;
 use super::{group, Message, Status, Subject};
 use crate::config::Mention;
+use crate::glob::glob_match;
 use crate::route::RouteId;
 
 /// Alerts about the monitor or the whole fleet rather than particular routes.

@@ -80,10 +80,7 @@ impl Checker<'_> {
                     path,
                     format!("glob {g:?} has whitespace: route ids have none"),
                 );
-            } else if !routes
-                .iter()
-                .any(|r| crate::alert::maintenance::glob_match(g, r))
-            {
+            } else if !routes.iter().any(|r| crate::glob::glob_match(g, r)) {
                 self.warn(
                     path,
                     format!("glob {g:?} matches no configured route: this channel gets no alert from it"),
