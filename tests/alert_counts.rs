@@ -1,9 +1,9 @@
 //! Alert messages count routes, not state changes: a route that goes WARNING → DEGRADED inside
 //! one `group_wait` is one route at its latest state (with its path in one line), in grouped,
 //! resolved and reminder messages, in every channel and both languages. The receivers are the
-//! real-HTTP fakes (and the SMTP dialogue) of `alert_support`.
+//! real-HTTP fakes (and the SMTP dialogue) of `common::alerts`.
 
-mod alert_support;
+mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,7 +21,7 @@ use probeok::clock::ManualClock;
 use probeok::config::{ChannelOptions, EmailConfig, RobotConfig, WebhookConfig};
 use probeok::health::{HealthEvent, State as S};
 
-use alert_support::*;
+use common::alerts::*;
 
 /// One fake receiver of each kind, and a channel of each kind in each language pointing at it.
 struct Receivers {

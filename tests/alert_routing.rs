@@ -4,7 +4,7 @@
 //! `text` message with `mentioned_mobile_list`), a WeCom robot answering 45009 once still gets
 //! the message exactly once, and `probeok alert test` / `check-config` know the WeCom channel.
 
-mod alert_support;
+mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,7 +21,7 @@ use probeok::config::{ChannelOptions, Config, Mention, RobotConfig, WebhookConfi
 use probeok::health::{Finding, FindingKind, HealthEvent, State as S};
 use probeok::route::RouteId;
 
-use alert_support::*;
+use common::alerts::*;
 
 fn vars(pairs: &[(&str, String)]) -> HashMap<String, String> {
     pairs

@@ -3,7 +3,7 @@
 //! receiver that checks the HMAC header, and a tiny SMTP server speaking a real SMTP dialogue.
 //! Time is a `ManualClock`: retries "an hour later" are an `advance`, not a sleep.
 
-mod alert_support;
+mod common;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use probeok::health::{Finding, FindingKind, HealthEvent, State as S};
 use probeok::route::RouteId;
 use probeok::store::{Store, StoreOptions};
 
-use alert_support::*;
+use common::alerts::*;
 
 // ---------------------------------------------------------------------------------------------
 // Tests

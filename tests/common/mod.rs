@@ -6,11 +6,14 @@
 //!   Re-exported here, so `common::{fake, json, openai, …}` reads as before.
 //! - [`app`]: the monitor's web surface around a real store with hand-fed health and weights,
 //!   served on `127.0.0.1:0`, and builders for configs, outcomes and route statuses.
+//! - [`alerts`]: fake alert receivers (DingTalk, Feishu, WeCom, webhook, SMTP) that verify
+//!   signatures and answer the services' real bodies, and the alert tests' rig.
 //! - [`pages`]: a served monitor with routes in every state and 90 days of history, for the
 //!   page and browser tests.
 
 #![allow(dead_code, unused_imports)]
 
+pub mod alerts;
 pub mod app;
 pub mod pages;
 pub mod upstream;

@@ -4,7 +4,6 @@
 //! config, events and service rig the tests share.
 
 // Each test binary compiles this module and uses a different subset of it.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
