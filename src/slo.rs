@@ -13,6 +13,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::outcome::OutcomeKind;
+
+/// The outcomes the budget counts: the regular probe, the same call at the same interval on
+/// every route (throughput checks and real traffic have their own rhythm and sizes).
+pub const KINDS: &[OutcomeKind] = &[OutcomeKind::Probe];
+
 /// A route's error budget over one window.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ErrorBudget {
