@@ -26,9 +26,11 @@
 //! `NORMAL`; and the peak of every incident open during that day. A day without outcomes nor
 //! incidents has no state (grey).
 //!
-//! **Error budget of the month** (`/incidents`): a route's budget is
-//! `(1 − target)` of the calendar month (UTC); an incident spends the time its route was
-//! DEGRADED or worse inside the month.
+//! **Error budget** ([`crate::slo`], the same figures as `/api/v1/status` and the burn-rate
+//! alerts): bad probe outcomes × the route's probe interval against `(1 − target)` of the
+//! window. The card's window is the last 30 days; `/incidents` accounts the calendar month
+//! (UTC) from the rollups, gives each incident the bad probes inside its span (raw outcomes,
+//! while kept) and shows the rest as "outside incidents".
 //!
 //! **Safety.** Every text is escaped by askama (no `|safe` anywhere); provider-controlled
 //! text (error messages, reported model names, reason details) is also scrubbed of key-like
