@@ -155,6 +155,7 @@ fn health(routes: &[Route], now: DateTime<Utc>, critical_every: usize) -> Health
                     failure_mode: None,
                     baseline: None,
                     success_ratio: Some(if bad { 0.5 } else { 0.99 }),
+                    success_judged: true,
                     behavior_changed: false,
                     incident: None,
                 }

@@ -16,7 +16,7 @@ use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::store::{Store, StoreOptions};
 use probeok::web::api::Figures;
 use probeok::web::i18n::Lang;
-use probeok::web::pages::{status_page, PageData};
+use probeok::web::pages::{status_page, BudgetSource, PageData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -166,6 +166,7 @@ async fn main() {
                         tps_mean: Some(40.0),
                     }),
                     success_ratio: Some(0.99),
+                    success_judged: true,
                     behavior_changed: false,
                     incident: None,
                 }
@@ -178,7 +179,7 @@ async fn main() {
         let reader = store.reader().expect("reader");
         (
             Figures::load(&reader, now).expect("figures"),
-            PageData::load(&reader, now).expect("page data"),
+            PageData::load(&reader, now, BudgetSource::from_config(&config)).expect("page data"),
         )
     };
     let render = |lang: Lang, figures: &Figures, data: &PageData| {

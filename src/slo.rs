@@ -13,6 +13,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::outcome::OutcomeKind;
+
+/// The outcomes the budget counts: the regular probe, the same call at the same interval on
+/// every route (throughput checks and real traffic have their own rhythm and sizes).
+pub const KINDS: &[OutcomeKind] = &[OutcomeKind::Probe];
+
 /// A route's error budget over one window.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ErrorBudget {
@@ -65,9 +71,11 @@ pub fn bad_time(bad_outcomes: u64, interval: Duration) -> f64 {
     bad_outcomes as f64 * interval.as_secs_f64()
 }
 
-/// `(1 − target) × window`, in seconds; never negative.
+/// `(1 − target) × window`, in seconds to the millisecond (`1 − 0.999` is not exact in
+/// binary); never negative.
 pub fn budget_seconds(target: f64, window: Duration) -> f64 {
-    ((1.0 - target) * window.as_secs_f64()).max(0.0)
+    let s = ((1.0 - target) * window.as_secs_f64()).max(0.0);
+    (s * 1000.0).round() / 1000.0
 }
 
 /// The burn rate over a window: bad time against the time the window's outcomes cover, over

@@ -562,3 +562,76 @@ async fn egress_finding_then_a_provider_incident() {
     svc.stop().await;
     store.close().await.unwrap();
 }
+
+/// The weights of model `chat` from the service's current snapshot, in config order.
+fn chat_weights(cfg: &Config, svc: &Svc) -> Vec<(u8, String)> {
+    let routes = cfg.routes();
+    let snap = svc.rx.borrow().clone();
+    let models = probeok::weights::compute(&probeok::weights::Inputs::new(&routes, &snap));
+    models["chat"]
+        .entries
+        .iter()
+        .map(|e| (e.weight, e.reason.clone()))
+        .collect()
+}
+
+/// One 529 on a fresh primary is below the detector's floors: its weight stays at its
+/// configured share. Once the error window holds `min_error_samples` outcomes with
+/// `min_failures` failures, the weight follows the success ratio (and says why).
+#[tokio::test(start_paused = true)]
+async fn one_failed_call_keeps_the_share_until_the_window_is_over_the_floors() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    let (a, b) = (rid("qwen", "bj"), rid("qwen", "sh"));
+    let cfg = config(&db, &[("qwen", "bj"), ("qwen", "sh")], None);
+    let store = Store::open(&db, StoreOptions::default()).unwrap();
+    let clock = TokioClock::new();
+    let svc = Svc::start(&cfg, &store, clock.clone(), opts()).await;
+
+    let mut o = passive_503(&a, clock.now());
+    o.http_status = Some(529);
+    o.error = Some(ProbeError::Http {
+        status: 529,
+        message: "overloaded_error".into(),
+    });
+    svc.send(o).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let s = svc.route(&a);
+    assert_eq!(s.success_ratio, Some(0.0), "the ratio is still published");
+    assert!(!s.success_judged, "one outcome is below the floors");
+    assert_eq!(
+        chat_weights(&cfg, &svc),
+        vec![(50, "unjudged".into()), (50, "unjudged".into())]
+    );
+
+    // 16 successes and 3 more failures: 20 outcomes, 4 failures, success 0.8.
+    for i in 0..19 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let mut o = probe(&a, clock.now(), 1000.0);
+        o.kind = OutcomeKind::Passive;
+        svc.send(if i < 3 { failed(o) } else { o }).await;
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let s = svc.route(&a);
+    assert_eq!(s.success_ratio, Some(0.8));
+    assert!(
+        s.success_judged,
+        "20 outcomes with 4 failures are over the floors"
+    );
+    let w = chat_weights(&cfg, &svc);
+    assert!(
+        w[0].0 < 50 && w[0].1 != "unjudged" && w[0].1 != "healthy",
+        "{w:?} {s:?}"
+    );
+    if matches!(s.state, State::Unknown | State::Normal) {
+        // 100 × 0.8 against 100: 44 / 56.
+        assert_eq!(w[0], (44, "success_ratio_low".into()), "{s:?}");
+    }
+    assert_eq!(u32::from(w[0].0) + u32::from(w[1].0), 100);
+    assert_eq!(
+        svc.route(&b).success_ratio,
+        None,
+        "the other route saw nothing"
+    );
+    svc.stop().await;
+}

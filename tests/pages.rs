@@ -130,7 +130,10 @@ async fn status_page_shows_every_route_in_both_languages() {
             );
             assert!(b.contains("unavailable: errors or timeouts"));
             assert!(b.contains("Error budget left"));
-            assert!(b.contains(" min of 43.2 min"));
+            // The budget is time: QWEN has no bad probe in 30 days.
+            assert!(b.contains("100.0% · 0 s bad of 43.2 min"), "budget");
+            // OPENAI: 7 bad probes (6 on May 10, one 20 s ago) × 30 s = 210 s of 2,592 s.
+            assert!(b.contains("91.9% · 3 m 30 s bad of 43.2 min"), "budget");
         } else {
             assert!(b.contains("部分线路性能下降"));
             assert!(b.contains("进行中的事故"));
@@ -198,15 +201,27 @@ async fn incidents_page_accounts_for_the_months_budget() {
         assert!(b.contains("2026-05"));
         if lang == "en" {
             assert!(b.contains("Where this month&#39;s error budget went"));
-            // The closed CLAUDE incident lasted 3 m 12 s: 192 s of 2678.4 s (0.999 of May).
+            // OPENAI's month: 7 bad probes × 30 s = 210 s of 2,678.4 s (0.999 of May). Its
+            // open incident (30 min) holds one of them; the other 6 are outside incidents.
+            assert!(b.contains("3 m 30 s (7.8%)"), "the route's month");
             assert!(
-                b.contains("<strong>3 m 12 s</strong>"),
-                "the budget account names the closed incident's duration"
+                b.contains("<strong>30 s</strong>"),
+                "the open incident's bad time"
             );
-            assert!(b.contains("7.2% of the route"));
+            assert!(b.contains("1.1% of the route"));
+            assert!(b.contains("<strong>3 m</strong>"), "the rest");
+            assert!(b.contains("bad probes outside incidents"));
+            assert!(b.contains("6.7% of the route"));
+            // The closed CLAUDE incident (May 3) is older than the raw results kept (14 days).
+            assert!(b.contains("older than the raw results kept"));
+            assert!(
+                !b.contains("<strong>3 m 12 s</strong>"),
+                "no longer its duration"
+            );
         } else {
             assert!(b.contains("本月错误预算花在了哪里"));
-            assert!(b.contains("<strong>3 分 12 秒</strong>"));
+            assert!(b.contains("<strong>30 秒</strong>"));
+            assert!(b.contains("事故之外的坏探测"));
         }
     }
     f.h.shutdown.cancel();

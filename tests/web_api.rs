@@ -228,9 +228,13 @@ async fn status_reports_state_latency_uptime_and_slo_from_the_store() {
         &q["uptime"]["30d"],
         (27.0f64 / 33.0 * 1e6).round() / 1e6
     ));
-    // SLO: 26 of 33 good (the 12 s success is not), target 0.999.
+    // SLO: the budget is time over probe outcomes only. 7 bad probes (failed, or the 12 s
+    // success over the latency threshold) × the 30 s interval = 210 s of bad time against
+    // (1 − 0.999) × 30 days = 2,592 s.
     assert_eq!(q["slo"]["target"], 0.999);
-    let expected = ((1.0 - (1.0 - 26.0 / 33.0) / (1.0 - 0.999)) * 1e4f64).round() / 1e4;
+    assert_eq!(q["slo"]["bad_seconds"], 210.0, "{}", q["slo"]);
+    assert_eq!(q["slo"]["budget_seconds"], 2592.0, "{}", q["slo"]);
+    let expected = ((1.0 - 210.0 / 2592.0) * 1e4f64).round() / 1e4;
     assert!(
         close(&q["slo"]["error_budget_remaining"], expected),
         "{}",
@@ -257,6 +261,8 @@ async fn status_reports_state_latency_uptime_and_slo_from_the_store() {
     );
     assert_eq!(l["uptime"], json!({"24h": null, "7d": null, "30d": null}));
     assert_eq!(l["slo"]["error_budget_remaining"], Value::Null);
+    assert_eq!(l["slo"]["bad_seconds"], 0.0, "no history is no bad time");
+    assert_eq!(l["slo"]["budget_seconds"], 2592.0);
     assert_eq!(l["baseline"], Value::Null);
 }
 

@@ -479,3 +479,72 @@ async fn the_publisher_follows_switch_overrides_and_drills_even_after_health_sto
     assert_eq!(w.weight(&id("qwen/sh/qwen-max")), Some(100));
     shutdown.cancel();
 }
+
+#[test]
+fn the_success_ratio_counts_only_over_the_detectors_floors() {
+    // A fresh route whose one call failed: ratio 0 but below the floors, full share.
+    let mut s = all_normal();
+    s[0] = with_state(s[0].clone(), State::Unknown, "baseline_building");
+    s[0].success_ratio = Some(0.0);
+    s[0].success_judged = false;
+    let (w, reasons, ..) = weights_of(s.clone());
+    assert_eq!(w[..2], [60, 40]);
+    assert_eq!(reasons[0], "unjudged");
+    // Over the floors the same ratio takes it out of rotation, and says why.
+    s[0].success_judged = true;
+    let (w, reasons, ..) = weights_of(s);
+    assert_eq!(w[..2], [0, 100]);
+    assert_eq!(reasons[0], "success_ratio_low");
+}
+
+#[test]
+fn every_weight_below_its_configured_share_carries_a_reason() {
+    let (configured, ..) = weights_of(all_normal());
+    let states = [
+        (State::Unknown, "baseline_building"),
+        (State::Normal, "baseline_ready"),
+        (State::Warning, "latency_above_baseline"),
+        (State::Degraded, "error_rate_high"),
+        (State::Critical, "probe_failed"),
+        (State::Switched, "switched"),
+    ];
+    let mut checked = 0;
+    for (i, _) in ROUTES.iter().enumerate() {
+        for (state, code) in states {
+            for ratio in [None, Some(0.0), Some(0.5), Some(1.0)] {
+                for judged in [false, true] {
+                    for changed in [false, true] {
+                        let mut s = all_normal();
+                        s[i] = with_state(s[i].clone(), state, code);
+                        s[i].success_ratio = ratio;
+                        s[i].success_judged = judged;
+                        s[i].behavior_changed = changed;
+                        let routes = routes();
+                        let health = snapshot(at("2026-03-04T12:00:00Z"), s);
+                        let deweight = policy("deweight");
+                        for p in [Policy::ALERT, deweight] {
+                            let models = compute(&Inputs {
+                                policy: &p,
+                                ..Inputs::new(&routes, &health)
+                            });
+                            for (k, e) in models["chat"].entries.iter().enumerate() {
+                                if e.weight < configured[k] {
+                                    checked += 1;
+                                    assert!(
+                                        !matches!(e.reason.as_str(), "healthy" | "unjudged" | ""),
+                                        "{} at {} (configured {}) says {:?}",
+                                        e.route,
+                                        e.weight,
+                                        configured[k],
+                                        e.reason
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "{checked}");
+}

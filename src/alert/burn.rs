@@ -11,8 +11,10 @@
 //! at one probe a minute and 99.9 %, one failure in 60 is already 16.7× — noise, not a page.
 //!
 //! [`evaluate`] is pure over counts; [`read_windows`] is the I/O around it (the store's
-//! 5-minute rollups for windows up to 6 h, hourly ones for 3 d; "bad" = not good per
-//! `[slo] latency_threshold`, as the rollups count it).
+//! 5-minute rollups for windows up to 6 h, hourly ones for 3 d, of **probe** outcomes as
+//! [`crate::slo`] counts them — the same bad outcomes the route card, `/api/v1/status` and
+//! the incidents page spend the budget with; "bad" = not good per `[slo] latency_threshold`,
+//! as the rollups count it).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -32,13 +34,9 @@ impl Counts {
         Self { total, bad }
     }
 
-    /// Error ratio over the budget; 0 with no outcome.
+    /// Error ratio over the budget ([`crate::slo::burn_rate`]); 0 with no outcome.
     pub fn burn_rate(self, slo: f64) -> f64 {
-        let budget = 1.0 - slo;
-        if self.total == 0 || budget <= 0.0 {
-            return 0.0;
-        }
-        (self.bad as f64 / self.total as f64) / budget
+        crate::slo::burn_rate(self.bad, self.total, slo).unwrap_or(0.0)
     }
 }
 
@@ -148,7 +146,7 @@ pub fn read_windows(
             g,
             since,
             now + chrono::Duration::milliseconds(1),
-            &[],
+            crate::slo::KINDS,
         )?;
         Ok(Counts::new(r.count, r.count.saturating_sub(r.good)))
     };

@@ -613,12 +613,15 @@ fn fingerprint(
     )
 }
 
-/// Successful share of counted outcomes over the error window, to 0.01.
-fn success_ratio(h: &RouteHealth, detector: &Detector, now: DateTime<Utc>) -> Option<f64> {
-    let c = h
-        .window()
-        .counts(now, detector.config().error_window.as_secs());
-    (c.total > 0).then(|| ((1.0 - c.rate()) * 100.0).round() / 100.0)
+/// Successful share of counted outcomes over the error window, to 0.01, and whether the
+/// window is over the detector's floors (`min_error_samples` outcomes, `min_failures`
+/// failures) so the weights may follow it.
+fn success_ratio(h: &RouteHealth, detector: &Detector, now: DateTime<Utc>) -> (Option<f64>, bool) {
+    let cfg = detector.config();
+    let c = h.window().counts(now, cfg.error_window.as_secs());
+    let ratio = (c.total > 0).then(|| ((1.0 - c.rate()) * 100.0).round() / 100.0);
+    let judged = c.total >= cfg.min_error_samples && c.failures >= cfg.min_failures;
+    (ratio, judged)
 }
 
 /// The route as published. `baseline`: the one already shown (refreshed on its own timer),
@@ -630,6 +633,7 @@ fn status(
     now: DateTime<Utc>,
     baseline: Option<Option<BaselineSnapshot>>,
 ) -> RouteStatus {
+    let (success_ratio, success_judged) = success_ratio(h, detector, now);
     RouteStatus {
         route: h.route().clone(),
         state: h.display_state(),
@@ -638,7 +642,8 @@ fn status(
         reason: h.reason().cloned(),
         failure_mode: h.failure_mode(),
         baseline: baseline.unwrap_or_else(|| b.snapshot(now)),
-        success_ratio: success_ratio(h, detector, now),
+        success_ratio,
+        success_judged,
         behavior_changed: h.behavior_changed(),
         incident: h.incident().map(IncidentSummary::from),
     }
@@ -652,6 +657,7 @@ fn same_view(a: &RouteStatus, b: &RouteStatus) -> bool {
         && a.reason.as_ref().map(|r| &r.code) == b.reason.as_ref().map(|r| &r.code)
         && a.failure_mode == b.failure_mode
         && a.success_ratio == b.success_ratio
+        && a.success_judged == b.success_judged
         && a.behavior_changed == b.behavior_changed
         && a.incident == b.incident
 }

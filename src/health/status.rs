@@ -31,6 +31,13 @@ pub struct RouteStatus {
     /// Successful share of probe and passive outcomes over `error_window`, rounded to 0.01 so
     /// consumers that publish it (weights) do not change on every probe; `None` with no outcome.
     pub success_ratio: Option<f64>,
+    /// The error window holds enough evidence to act on `success_ratio`: at least
+    /// `[detection] min_error_samples` outcomes with at least `min_failures` failures, the
+    /// floors the detector judges the error rate by. Until then the weights keep the route's
+    /// configured share: a single failed call is what the proxy's breaker and `Retry-After`
+    /// rests react to, not a reason to take a route out of rotation.
+    #[serde(default)]
+    pub success_judged: bool,
     /// The latest `PROBE_OK` answers were not `PROBE_OK`.
     pub behavior_changed: bool,
     /// The open incident (DEGRADED or worse), if any.
@@ -81,6 +88,7 @@ impl HealthSnapshot {
                     failure_mode: None,
                     baseline: None,
                     success_ratio: None,
+                    success_judged: false,
                     behavior_changed: false,
                     incident: None,
                 })

@@ -202,4 +202,31 @@ impl Reader {
         ))?;
         collect(route, &mut stmt, params![id, to_ms(since)])
     }
+
+    /// Bad outcomes of `kinds` (failed, or slower than `threshold_ms`, as the rollups count
+    /// "good") of the route that started in `[since, until)`: the error budget an incident
+    /// spent, while its raw rows are kept. One indexed range count.
+    pub fn bad_outcomes_between(
+        &self,
+        route: &RouteId,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        kinds: &[OutcomeKind],
+        threshold_ms: f64,
+    ) -> Result<u64, StoreError> {
+        let Some(id) = self.route_id(route)? else {
+            return Ok(0);
+        };
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT COUNT(*) FROM outcomes
+             WHERE route_id = ?1 AND started_at_ms >= ?2 AND started_at_ms < ?3
+               AND (success = 0 OR total_ms > ?4) AND {}",
+            kind_filter_sql("kind", kinds)
+        ))?;
+        let n: i64 = stmt
+            .query_row(params![id, to_ms(since), to_ms(until), threshold_ms], |r| {
+                r.get(0)
+            })?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
 }

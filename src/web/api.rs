@@ -12,9 +12,11 @@
 //! - `uptime` (24h/7d/30d): success ratio of the **synthetic** outcomes (probe + throughput),
 //!   from hourly/daily rollups. Passive outcomes are left out on purpose: a client's bad
 //!   requests would count against the provider, and the public page shows synthetic evidence.
-//! - `slo.error_budget_remaining`: over 30 days of the same synthetic outcomes,
-//!   `1 − (1 − good_ratio) / (1 − target)` — 1 untouched, 0 spent, negative overspent; `null`
-//!   without outcomes. "Good" is a success within `[slo] latency_threshold`.
+//! - `slo`: the error budget of [`crate::slo`] over 30 days of **probe** outcomes (hourly and
+//!   daily rollups; `count − good` bad outcomes, each standing for the route's probe
+//!   interval): `bad_seconds`, `budget_seconds` (`(1 − target) × 30 days`) and
+//!   `error_budget_remaining` (`1 − bad / budget`: 1 untouched, 0 spent, negative overspent;
+//!   `null` without outcomes). "Good" is a success within `[slo] latency_threshold`.
 //! - `breaker` (`closed` | `half_open` | `open`): the in-process proxy's circuit breaker of the
 //!   route; absent when no proxy runs here.
 //! - `overall`: `outage` when some logical model has no usable route (weights'
@@ -39,6 +41,7 @@ use super::{rfc3339, ApiError, AppState};
 use crate::health::{HealthSnapshot, Incident, State as RouteState};
 use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::{Route, RouteId, Tier};
+use crate::slo::{self, ErrorBudget};
 use crate::store::{quantile, Counts, Granularity, Reader, Rollup, Samples, Store, StoreError};
 use crate::weights;
 
@@ -65,6 +68,8 @@ pub struct Figures {
     pub uptime_24h: HashMap<RouteId, Counts>,
     pub uptime_7d: HashMap<RouteId, Counts>,
     pub uptime_30d: HashMap<RouteId, Counts>,
+    /// Probe outcomes of the error budget's window ([`crate::slo::WINDOW`]).
+    pub slo_30d: HashMap<RouteId, Counts>,
 }
 
 impl Figures {
@@ -82,6 +87,7 @@ impl Figures {
             uptime_24h: reader.counts_by_route(now - TimeDelta::days(1), until, UPTIME_KINDS)?,
             uptime_7d: reader.counts_by_route(now - TimeDelta::days(7), until, UPTIME_KINDS)?,
             uptime_30d: reader.counts_by_route(now - TimeDelta::days(30), until, UPTIME_KINDS)?,
+            slo_30d: reader.counts_by_route(now - slo_window(), until, slo::KINDS)?,
         })
     }
 }
@@ -148,6 +154,8 @@ struct Uptime {
 struct Slo {
     target: f64,
     error_budget_remaining: Option<f64>,
+    bad_seconds: f64,
+    budget_seconds: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -191,14 +199,21 @@ struct StatusView<'a> {
     budget: Option<crate::budget::BudgetSnapshot>,
 }
 
-/// `1 − (1 − good_ratio) / (1 − target)`, rounded to 1e-4; `None` without outcomes.
-pub fn error_budget_remaining(counts: Option<&Counts>, target: f64) -> Option<f64> {
-    let good = counts?.good_ratio()?;
-    let budget = 1.0 - target;
-    if budget <= 0.0 {
-        return Some(if good >= 1.0 { 1.0 } else { 0.0 });
-    }
-    Some(round(1.0 - (1.0 - good) / budget, 4))
+fn slo_window() -> TimeDelta {
+    TimeDelta::from_std(slo::WINDOW).unwrap_or(TimeDelta::days(30))
+}
+
+/// A route's error budget from its probe counts over `window` (rollups): `count − good` bad
+/// outcomes, each standing for the route's probe interval. No outcome is no bad time.
+pub fn route_budget(route: &Route, counts: Option<&Counts>, window: Duration) -> ErrorBudget {
+    let bad = counts.map_or(0, |c| c.count.saturating_sub(c.good));
+    ErrorBudget::new(bad, route.probe.interval, route.slo, window)
+}
+
+/// The route's budget over the last 30 days, `None` without a probe outcome in them.
+pub fn budget_30d(route: &Route, figures: &Figures) -> Option<ErrorBudget> {
+    let counts = figures.slo_30d.get(&route.id).filter(|c| c.count > 0);
+    counts.map(|c| route_budget(route, Some(c), slo::WINDOW))
 }
 
 /// The status's `overall`: `outage`, `degraded` or `operational` (see the module doc).
@@ -303,12 +318,15 @@ fn status_view<'a>(
                     d7: ratio(&figures.uptime_7d),
                     d30: ratio(&figures.uptime_30d),
                 },
-                slo: Slo {
-                    target: r.slo,
-                    error_budget_remaining: error_budget_remaining(
-                        figures.uptime_30d.get(&r.id),
-                        r.slo,
-                    ),
+                slo: {
+                    let b = route_budget(r, figures.slo_30d.get(&r.id), slo::WINDOW);
+                    Slo {
+                        target: r.slo,
+                        error_budget_remaining: budget_30d(r, figures)
+                            .map(|b| b.error_budget_remaining),
+                        bad_seconds: b.bad_seconds,
+                        budget_seconds: b.budget_seconds,
+                    }
                 },
                 behavior_changed: s.is_some_and(|s| s.behavior_changed),
                 incident: s.and_then(|s| s.incident.as_ref()).map(|i| IncidentRef {
@@ -618,36 +636,4 @@ pub async fn incidents(
     let list =
         tokio::task::spawn_blocking(move || source.incidents(&store, &health, &query)).await??;
     Ok(Json(json!({ "incidents": list })))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn error_budget() {
-        let c = |count, good| Counts {
-            count,
-            successes: count,
-            good,
-        };
-        assert_eq!(error_budget_remaining(None, 0.999), None);
-        assert_eq!(
-            error_budget_remaining(Some(&c(1000, 1000)), 0.999),
-            Some(1.0)
-        );
-        assert_eq!(
-            error_budget_remaining(Some(&c(1000, 999)), 0.999),
-            Some(0.0)
-        );
-        assert_eq!(
-            error_budget_remaining(Some(&c(2000, 1999)), 0.999),
-            Some(0.5)
-        );
-        assert_eq!(
-            error_budget_remaining(Some(&c(1000, 998)), 0.999),
-            Some(-1.0)
-        );
-        assert_eq!(error_budget_remaining(Some(&c(10, 9)), 1.0), Some(0.0));
-    }
 }

@@ -194,10 +194,15 @@ fn core_schemas() -> Value {
                 "uptime": {"type": "object", "properties": {
                     "24h": {"type": "number", "nullable": true}, "7d": {"type": "number", "nullable": true},
                     "30d": {"type": "number", "nullable": true}}},
-                "slo": {"type": "object", "properties": {
+                "slo": {"type": "object",
+                    "required": ["target", "error_budget_remaining", "bad_seconds", "budget_seconds"],
+                    "description": "The error budget over 30 days: each bad probe outcome (failed, or slower than [slo] latency_threshold) is one probe interval of bad time",
+                    "properties": {
                     "target": {"type": "number"},
                     "error_budget_remaining": {"type": "number", "nullable": true,
-                        "description": "1 untouched, 0 spent, negative overspent (30 days)"}}},
+                        "description": "1 - bad_seconds / budget_seconds: 1 untouched, 0 spent, negative overspent; null without probe outcomes"},
+                    "bad_seconds": {"type": "number", "description": "Bad probe outcomes × the route's probe interval, in the last 30 days"},
+                    "budget_seconds": {"type": "number", "description": "(1 - target) × 30 days"}}},
                 "behavior_changed": {"type": "boolean"},
                 "incident": {"type": "object", "nullable": true, "properties": {
                     "id": {"type": "string"}, "opened_at": {"type": "string", "format": "date-time"}, "peak": state_enum()}},

@@ -403,7 +403,12 @@ fn score_as(
     state: State,
 ) -> (u64, State, String) {
     let health = health_tenths(state);
-    let success = success_tenths(status.and_then(|s| s.success_ratio));
+    // The success factor applies only over the detector's floors (`success_judged`).
+    let success = success_tenths(
+        status
+            .filter(|s| s.success_judged)
+            .and_then(|s| s.success_ratio),
+    );
     let gated = drift.is_some_and(|d| d.eligible(route).is_err());
     let drifted = status.is_some_and(|s| s.behavior_changed)
         || drift.is_some_and(|d| d.behavior_changed(&route.id));

@@ -14,7 +14,11 @@
 //! - health factor: NORMAL 1, WARNING 0.5, DEGRADED 0.1, CRITICAL and SWITCHED 0, UNKNOWN 1
 //!   (flagged with the reason code `unjudged`);
 //! - success factor: the route's rolling success ratio (probes and passive, from detection)
-//!   rounded to 0.1; no outcome yet counts as 1;
+//!   rounded to 0.1, once the error window is over the detector's floors
+//!   (`[detection] min_error_samples` outcomes with at least `min_failures` failures:
+//!   `RouteStatus::success_judged`); below them it counts as 1, so one failed call never
+//!   takes a route out of rotation (the proxy's breaker and `Retry-After` rests handle that);
+//!   reason `success_ratio_low` when it lowers the score;
 //! - drift factor: with `[drift] on_drift = "deweight"` ([`Policy::from_config`]) a route
 //!   whose behaviour changed — an open drift finding (regression sets) or `PROBE_OK`
 //!   mismatches of the regular probe — keeps [`DEWEIGHT_TENTHS`] (0.1) of its score, reason

@@ -87,7 +87,7 @@ fn baseline() -> BaselineSnapshot {
     }
 }
 
-fn evidence(ms: f64, ok: bool) -> Evidence {
+pub fn evidence(ms: f64, ok: bool) -> Evidence {
     Evidence {
         observed: Some(Observed {
             kind: OutcomeKind::Probe,

@@ -150,6 +150,8 @@ pub struct Text {
     pub budget_spent: &'static str,
     pub budget_of_route: &'static str,
     pub budget_nothing: &'static str,
+    pub budget_outside: &'static str,
+    pub budget_unretained: &'static str,
     pub when: &'static str,
     pub change: &'static str,
     pub back: &'static str,
@@ -290,12 +292,14 @@ mod tests {
 
     #[test]
     fn an_overspent_budget_is_a_multiple_not_a_pile_of_minutes() {
-        // 25% bad against a 99.9% target: 250× the budget, not "10,756 minutes overspent".
-        let fraction = 1.0 - 0.25 / 0.001;
-        let en = budget_left(Lang::En, fraction, 43.2);
-        assert!(en.starts_with("0% · 250.0× the budget spent"), "{en}");
-        let zh = budget_left(Lang::Zh, fraction, 43.2);
-        assert!(zh.contains("250.0 倍"), "{zh}");
-        assert!(budget_left(Lang::En, 0.5, 43.2).starts_with("50.0% · "));
+        use crate::slo::{ErrorBudget, WINDOW};
+        // 2.5× the 43.2 min budget: 108 min of bad time.
+        let b = ErrorBudget::from_bad_seconds(2.5 * 2592.0, 0.999, WINDOW);
+        let en = budget_left(Lang::En, &b);
+        assert_eq!(en, "0% · 1 h 48 m bad, 2.5× the budget of 43.2 min");
+        let zh = budget_left(Lang::Zh, &b);
+        assert!(zh.contains("2.5 倍"), "{zh}");
+        let half = ErrorBudget::from_bad_seconds(1296.0, 0.999, WINDOW);
+        assert!(budget_left(Lang::En, &half).starts_with("50.0% · 21 m 36 s bad of 43.2 min"));
     }
 }

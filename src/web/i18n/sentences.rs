@@ -355,37 +355,23 @@ pub fn incident_what(lang: Lang, peak: State, mode: Option<FailureMode>, reason:
     s
 }
 
-/// Budget left: `87.5% · 37.8 min of 43.2 min`. Overspent, the multiple of the budget spent
-/// (`0% · 2.5× the budget spent`): converting an overspent fraction into minutes of a 30-day
-/// window would claim thousands of minutes for a route with an hour of bad data.
-pub fn budget_left(lang: Lang, fraction: f64, budget_min: f64) -> String {
-    let left = fraction * budget_min;
+/// Budget left with the bad time it was measured by: `96.5% · 1 m 30 s bad of 43.2 min`.
+/// Overspent, the multiple of the budget spent (`0% · 1 h 48 m bad, 2.5× the budget of
+/// 43.2 min`): the bad time is what was measured, the multiple says how far past it that is.
+pub fn budget_left(lang: Lang, b: &crate::slo::ErrorBudget) -> String {
+    let bad = duration(lang, b.bad_seconds.round() as i64);
+    let budget = minutes(lang, b.budget_seconds / 60.0);
+    let fraction = b.error_budget_remaining;
     if fraction < 0.0 {
-        let spent = 1.0 - fraction;
+        let spent = b.spent();
         return match lang {
-            Lang::En => format!(
-                "0% · {spent:.1}× the budget spent (budget {})",
-                minutes(lang, budget_min)
-            ),
-            Lang::Zh => format!(
-                "0% · 已用预算的 {spent:.1} 倍（预算 {}）",
-                minutes(lang, budget_min)
-            ),
+            Lang::En => format!("0% · {bad} bad, {spent:.1}× the budget of {budget}"),
+            Lang::Zh => format!("0% · 不可用 {bad}，为预算 {budget} 的 {spent:.1} 倍"),
         };
     }
     match lang {
-        Lang::En => format!(
-            "{:.1}% · {} of {}",
-            fraction * 100.0,
-            minutes(lang, left),
-            minutes(lang, budget_min)
-        ),
-        Lang::Zh => format!(
-            "{:.1}% · 剩 {}，共 {}",
-            fraction * 100.0,
-            minutes(lang, left),
-            minutes(lang, budget_min)
-        ),
+        Lang::En => format!("{:.1}% · {bad} bad of {budget}", fraction * 100.0),
+        Lang::Zh => format!("{:.1}% · 不可用 {bad}，预算 {budget}", fraction * 100.0),
     }
 }
 

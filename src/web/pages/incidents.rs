@@ -44,7 +44,22 @@ pub fn month_bounds(now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
     (at(first), at(next))
 }
 
-/// The `/incidents` view model.
+/// The part of incident `i` inside the month `[m0, m1)` and before `now`.
+pub fn span_in_month(
+    i: &Incident,
+    m0: DateTime<Utc>,
+    m1: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> (DateTime<Utc>, DateTime<Utc>) {
+    let from = i.opened_at.max(m0);
+    let to = i.closed_at.unwrap_or(now).min(now).min(m1);
+    (from, to)
+}
+
+/// The `/incidents` view model. Every figure is bad time in the sense of [`crate::slo`]:
+/// bad probe outcomes × the route's probe interval. A route's month comes from the rollups;
+/// an incident's share from the raw outcomes inside its span; what the route's incidents do
+/// not account for is shown as its own line ("outside incidents").
 pub fn incidents_page(
     lang: Lang,
     title: &str,
@@ -54,19 +69,36 @@ pub fn incidents_page(
 ) -> IncidentsPage {
     let t = lang.text();
     let (m0, m1) = month_bounds(now);
-    let month_s = (m1 - m0).num_seconds() as f64;
-    let target: HashMap<&RouteId, f64> = routes.iter().map(|r| (&r.id, r.slo)).collect();
-    let mut spends: Vec<(i64, Spend)> = Vec::new();
-    let mut per_route: Vec<(RouteId, f64, i64)> = Vec::new();
+    let month = (m1 - m0).to_std().unwrap_or(slo::WINDOW);
+    let by_id: HashMap<&RouteId, &Route> = routes.iter().map(|r| (&r.id, r)).collect();
+    let mut spends: Vec<(f64, Spend)> = Vec::new();
+    // Per route: budget, the month's bad seconds, the seconds its incidents account for.
+    let mut per_route: Vec<(&Route, slo::ErrorBudget, f64)> = routes
+        .iter()
+        .filter_map(|r| {
+            let b = api::route_budget(r, data.month.get(&r.id), month);
+            (b.bad_seconds > 0.0).then_some((r, b, 0.0))
+        })
+        .collect();
+    let share = |spent: f64, budget_s: f64| {
+        format!(
+            "{:.1}%",
+            if budget_s > 0.0 {
+                spent / budget_s * 100.0
+            } else {
+                100.0
+            }
+        )
+    };
     for i in &data.incidents {
-        let from = i.opened_at.max(m0);
-        let to = i.closed_at.unwrap_or(now).min(now).min(m1);
-        let spent = (to - from).num_seconds();
-        if spent <= 0 {
+        let (from, to) = span_in_month(i, m0, m1, now);
+        let Some(route) = by_id.get(&i.route).copied() else {
+            continue;
+        };
+        if to <= from {
             continue;
         }
-        let slo = target.get(&i.route).copied().unwrap_or(0.999);
-        let budget_s = (1.0 - slo) * month_s;
+        let budget_s = slo::budget_seconds(route.slo, month);
         let opening = i.transitions.first().map_or_else(String::new, |tr| {
             i18n::reason(
                 lang,
@@ -75,45 +107,71 @@ pub fn incidents_page(
                 &scrub(&tr.reason.text),
             )
         });
+        let what = format!(
+            "{} · {}",
+            when(i.opened_at),
+            i18n::incident_what(lang, i.peak, i.failure_mode, &opening)
+        );
+        let Some(bad) = data.incident_bad.get(&i.id).copied() else {
+            // Older than the raw outcomes kept: its bad time stays in the route's remainder.
+            spends.push((
+                0.0,
+                Spend {
+                    route: i.route.as_str().to_owned(),
+                    href: route_href(&i.route, lang),
+                    spent: t.no_data.to_owned(),
+                    share: String::new(),
+                    what: format!("{what} · {}", t.budget_unretained),
+                },
+            ));
+            continue;
+        };
+        let spent = slo::bad_time(bad, route.probe.interval);
+        if spent <= 0.0 {
+            continue;
+        }
+        if let Some((_, _, inside)) = per_route.iter_mut().find(|(r, ..)| r.id == i.route) {
+            *inside += spent;
+        }
         spends.push((
             spent,
             Spend {
                 route: i.route.as_str().to_owned(),
                 href: route_href(&i.route, lang),
-                spent: i18n::duration(lang, spent),
-                share: format!(
-                    "{:.1}%",
-                    if budget_s > 0.0 {
-                        spent as f64 / budget_s * 100.0
-                    } else {
-                        100.0
-                    }
-                ),
-                what: format!(
-                    "{} · {}",
-                    when(i.opened_at),
-                    i18n::incident_what(lang, i.peak, i.failure_mode, &opening)
-                ),
+                spent: i18n::duration(lang, spent.round() as i64),
+                share: share(spent, budget_s),
+                what,
             },
         ));
-        match per_route.iter_mut().find(|(r, ..)| r == &i.route) {
-            Some((_, _, s)) => *s += spent,
-            None => per_route.push((i.route.clone(), budget_s, spent)),
+    }
+    for (r, b, inside) in &per_route {
+        let rest = b.bad_seconds - inside;
+        if rest > 0.0 {
+            spends.push((
+                rest,
+                Spend {
+                    route: r.id.as_str().to_owned(),
+                    href: route_href(&r.id, lang),
+                    spent: i18n::duration(lang, rest.round() as i64),
+                    share: share(rest, b.budget_seconds),
+                    what: t.budget_outside.to_owned(),
+                },
+            ));
         }
     }
-    spends.sort_by_key(|(s, _)| std::cmp::Reverse(*s));
-    per_route.sort_by_key(|(_, _, s)| std::cmp::Reverse(*s));
+    spends.sort_by(|a, b| b.0.total_cmp(&a.0));
+    per_route.sort_by(|a, b| b.1.bad_seconds.total_cmp(&a.1.bad_seconds));
     IncidentsPage {
         c: Chrome::new(lang, t.nav_incidents, title, "/incidents", now),
         month: m0.format("%Y-%m").to_string(),
         spends: spends.into_iter().map(|(_, s)| s).collect(),
         budgets: per_route
             .iter()
-            .map(|(r, budget_s, spent)| BudgetRow {
-                route: r.as_str().to_owned(),
-                href: route_href(r, lang),
-                budget: i18n::duration(lang, *budget_s as i64),
-                spent: i18n::budget_spent(lang, *spent, *budget_s),
+            .map(|(r, b, _)| BudgetRow {
+                route: r.id.as_str().to_owned(),
+                href: route_href(&r.id, lang),
+                budget: i18n::duration(lang, b.budget_seconds as i64),
+                spent: i18n::budget_spent(lang, b.bad_seconds.round() as i64, b.budget_seconds),
             })
             .collect(),
         incidents: data
@@ -139,7 +197,11 @@ pub async fn incidents(
         title: config.server.title.clone(),
         now,
     };
-    let data = state.figures.pages(&state.store, now).await.map_err(fail)?;
+    let data = state
+        .figures
+        .pages(&state.store, now, BudgetSource::from_config(&config))
+        .await
+        .map_err(fail)?;
     let body = incidents_page(lang, &config.server.title, &state.routes, &data, now)
         .render()
         .map_err(|e| fail(PageError::Internal(format!("rendering /incidents: {e}"))))?;

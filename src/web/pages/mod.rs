@@ -26,9 +26,11 @@
 //! `NORMAL`; and the peak of every incident open during that day. A day without outcomes nor
 //! incidents has no state (grey).
 //!
-//! **Error budget of the month** (`/incidents`): a route's budget is
-//! `(1 − target)` of the calendar month (UTC); an incident spends the time its route was
-//! DEGRADED or worse inside the month.
+//! **Error budget** ([`crate::slo`], the same figures as `/api/v1/status` and the burn-rate
+//! alerts): bad probe outcomes × the route's probe interval against `(1 − target)` of the
+//! window. The card's window is the last 30 days; `/incidents` accounts the calendar month
+//! (UTC) from the rollups, gives each incident the bad probes inside its span (raw outcomes,
+//! while kept) and shows the rest as "outside incidents".
 //!
 //! **Safety.** Every text is escaped by askama (no `|safe` anywhere); provider-controlled
 //! text (error messages, reported model names, reason details) is also scrubbed of key-like
@@ -68,6 +70,7 @@ use crate::config::MaintenanceConfig;
 use crate::health::{fmt_ms, fmt_spread, HealthSnapshot, Incident, RouteStatus, State as St};
 use crate::probe::outcome::scrub;
 use crate::route::{Route, RouteId, Tier};
+use crate::slo;
 use crate::store::{quantile, Counts, DailyCounts, Granularity, Reader, Store, StoreError};
 
 /// Days of bars.
@@ -93,18 +96,58 @@ pub struct PageData {
     pub days: DailyCounts,
     /// Incidents open at some time in the last [`DAYS`] days, newest first.
     pub incidents: Vec<Incident>,
+    /// Probe counts of this calendar month per route (rollups): the month's error budget.
+    pub month: HashMap<RouteId, Counts>,
+    /// Bad probe outcomes inside each incident's span within this month, by incident id,
+    /// counted on the raw outcomes; absent for an incident whose span in the month starts
+    /// before the raw outcomes kept (`[storage] retention_days`).
+    pub incident_bad: HashMap<String, u64>,
+}
+
+/// What the pages' error-budget figures depend on in the config.
+#[derive(Debug, Clone, Copy)]
+pub struct BudgetSource {
+    /// `[slo] latency_threshold`: a slower success is bad time.
+    pub latency_threshold: std::time::Duration,
+    /// `[storage] retention_days`: how far back raw outcomes answer per-incident figures.
+    pub retention_days: u32,
+}
+
+impl BudgetSource {
+    pub fn from_config(c: &crate::config::Config) -> Self {
+        Self {
+            latency_threshold: c.slo.latency_threshold,
+            retention_days: c.storage.retention_days,
+        }
+    }
 }
 
 impl PageData {
-    pub fn load(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {
+    pub fn load(
+        reader: &Reader,
+        now: DateTime<Utc>,
+        src: BudgetSource,
+    ) -> Result<Self, StoreError> {
         let since = Granularity::Day.bucket_start(now) - TimeDelta::days(DAYS - 1);
+        let until = now + TimeDelta::milliseconds(1);
+        let incidents = reader.incidents(None, since, MAX_INCIDENTS)?;
+        let (m0, m1) = incidents::month_bounds(now);
+        let raw_since = now - TimeDelta::days(i64::from(src.retention_days));
+        let threshold_ms = src.latency_threshold.as_secs_f64() * 1000.0;
+        let mut incident_bad = HashMap::new();
+        for i in &incidents {
+            let (from, to) = incidents::span_in_month(i, m0, m1, now);
+            if to <= from || from < raw_since {
+                continue;
+            }
+            let bad = reader.bad_outcomes_between(&i.route, from, to, slo::KINDS, threshold_ms)?;
+            incident_bad.insert(i.id.clone(), bad);
+        }
         Ok(Self {
-            days: reader.daily_counts_by_route(
-                since,
-                now + TimeDelta::milliseconds(1),
-                UPTIME_KINDS,
-            )?,
-            incidents: reader.incidents(None, since, MAX_INCIDENTS)?,
+            days: reader.daily_counts_by_route(since, until, UPTIME_KINDS)?,
+            incidents,
+            month: reader.counts_by_route(m0, until, slo::KINDS)?,
+            incident_bad,
         })
     }
 }
@@ -115,6 +158,7 @@ impl FiguresCache {
         &self,
         store: &Store,
         now: DateTime<Utc>,
+        src: BudgetSource,
     ) -> Result<Arc<PageData>, PageError> {
         let mut last = self.pages.lock().await;
         if let Some((at, data)) = last.as_ref() {
@@ -123,7 +167,7 @@ impl FiguresCache {
             }
         }
         let store = store.clone();
-        let data = tokio::task::spawn_blocking(move || PageData::load(&store.reader()?, now))
+        let data = tokio::task::spawn_blocking(move || PageData::load(&store.reader()?, now, src))
             .await
             .map_err(|e| PageError::Internal(format!("blocking task: {e}")))??;
         let data = Arc::new(data);

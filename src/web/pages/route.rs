@@ -64,7 +64,11 @@ pub async fn route(
         .get(&state.store, now)
         .await
         .map_err(|e| fail(e.into()))?;
-    let data = state.figures.pages(&state.store, now).await.map_err(fail)?;
+    let data = state
+        .figures
+        .pages(&state.store, now, BudgetSource::from_config(&config))
+        .await
+        .map_err(fail)?;
     let store = state.store.clone();
     let id = route.id.clone();
     let read = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {

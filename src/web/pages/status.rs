@@ -217,11 +217,8 @@ pub fn route_card(
         incidents,
         route.slo,
     );
-    let budget_min = (1.0 - route.slo) * 30.0 * 24.0 * 60.0;
-    let budget = api::error_budget_remaining(figures.uptime_30d.get(id), route.slo).map_or_else(
-        || t.no_data.to_owned(),
-        |f| i18n::budget_left(lang, f, budget_min),
-    );
+    let budget = api::budget_30d(route, figures)
+        .map_or_else(|| t.no_data.to_owned(), |b| i18n::budget_left(lang, &b));
     let since = status.map_or_else(
         || t.no_data.to_owned(),
         |s| {
@@ -471,7 +468,11 @@ pub async fn status(
         .get(&state.store, now)
         .await
         .map_err(|e| fail(e.into()))?;
-    let data = state.figures.pages(&state.store, now).await.map_err(fail)?;
+    let data = state
+        .figures
+        .pages(&state.store, now, BudgetSource::from_config(&config))
+        .await
+        .map_err(fail)?;
     let mut page = status_page(
         lang,
         &config.server.title,
