@@ -96,6 +96,8 @@ fn outcome(
             message: "busy".into(),
         }),
         answer: None,
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 
@@ -157,6 +159,7 @@ fn health(routes: &[Route], now: DateTime<Utc>, critical_every: usize) -> Health
                     success_ratio: Some(if bad { 0.5 } else { 0.99 }),
                     behavior_changed: false,
                     incident: None,
+                    split: Default::default(),
                 }
             })
             .collect(),

@@ -98,6 +98,8 @@ async fn main() {
                     message: "busy".into(),
                 }),
                 answer: None,
+                first_answer_ms: None,
+                max_tokens_exhausted: false,
             });
         };
         for d in 0..90 {
@@ -168,6 +170,7 @@ async fn main() {
                     success_ratio: Some(0.99),
                     behavior_changed: false,
                     incident: None,
+                    split: Default::default(),
                 }
             })
             .collect(),

@@ -458,6 +458,8 @@ fn overrun(
         http_status: None,
         error: Some(ProbeError::Timeout),
         answer: None,
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 

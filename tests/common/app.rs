@@ -73,6 +73,7 @@ pub fn normal(route: &str, since: DateTime<Utc>) -> RouteStatus {
         success_ratio: Some(1.0),
         behavior_changed: false,
         incident: None,
+        split: Default::default(),
     }
 }
 
@@ -118,6 +119,8 @@ pub fn outcome(
             message: "busy".into(),
         }),
         answer: None,
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 
