@@ -98,7 +98,10 @@ async fn the_first_answer_token_comes_after_the_reasoning() {
     assert!(!o.max_tokens_exhausted, "{o:?}");
     let (ttft, answer) = (o.ttft_ms.unwrap(), o.first_answer_ms.unwrap());
     // Six reasoning deltas 40 ms apart stand between the first token and the answer.
-    assert!(answer - ttft >= 180.0, "ttft {ttft} ms, first answer {answer} ms");
+    assert!(
+        answer - ttft >= 180.0,
+        "ttft {ttft} ms, first answer {answer} ms"
+    );
     assert!(answer <= o.total_ms, "{o:?}");
     let v = probe_json(&o);
     assert_eq!(v["first_answer_ms"].as_f64(), Some(answer), "{v}");
@@ -152,7 +155,11 @@ async fn max_tokens_spent_reasoning_is_its_own_reason_not_a_changed_answer() {
     assert_eq!(transitions.len(), 1, "{transitions:?}");
     let t = &transitions[0];
     assert_eq!(t.reason.code, "max_tokens_exhausted");
-    assert!(t.reason.text.contains("raise max_tokens"), "{}", t.reason.text);
+    assert!(
+        t.reason.text.contains("raise max_tokens"),
+        "{}",
+        t.reason.text
+    );
     assert_eq!(t.failure_mode, None, "our config is not a behaviour change");
     assert!(!h.behavior_changed());
 

@@ -249,7 +249,6 @@ impl Detector {
                     }
                     // An on-time first token is no evidence of normal latency: the doubt came
                     // from a `PROBE_OK` total, and only `PROBE_OK` probes clear it.
-
                 }
             }
         }

@@ -11,9 +11,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    BaselineSnapshot, FailureMode, Finding, Incident, Reason, Split, State, Transition,
-};
+use super::{BaselineSnapshot, FailureMode, Finding, Incident, Reason, Split, State, Transition};
 use crate::route::RouteId;
 
 /// One route as detection judges it now.
