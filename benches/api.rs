@@ -96,6 +96,8 @@ fn outcome(
             message: "busy".into(),
         }),
         answer: None,
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 
@@ -158,6 +160,7 @@ fn health(routes: &[Route], now: DateTime<Utc>, critical_every: usize) -> Health
                     success_judged: true,
                     behavior_changed: false,
                     incident: None,
+                    split: Default::default(),
                 }
             })
             .collect(),

@@ -98,6 +98,8 @@ async fn main() {
                     message: "busy".into(),
                 }),
                 answer: None,
+                first_answer_ms: None,
+                max_tokens_exhausted: false,
             });
         };
         for d in 0..90 {
@@ -169,6 +171,7 @@ async fn main() {
                     success_judged: true,
                     behavior_changed: false,
                     incident: None,
+                    split: Default::default(),
                 }
             })
             .collect(),

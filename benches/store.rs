@@ -74,6 +74,8 @@ fn realistic(rng: &mut StdRng, route: RouteId, started_at: DateTime<Utc>) -> Pro
                 "PROBE_OK".into()
             }
         }),
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 

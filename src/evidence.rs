@@ -72,6 +72,9 @@ pub enum Signal {
     },
     /// Transport healthy, answer not what the probe expects.
     AnswerChanged { answer: Option<String> },
+    /// `max_tokens` ran out before any answer token (a reasoning model spent it thinking):
+    /// the route's configuration, not the provider's behaviour.
+    MaxTokensExhausted { output_tokens: Option<u32> },
     /// The error-rate window (probes and passive) is above `critical_error_rate`.
     ErrorRateHigh {
         failures: u32,
@@ -88,6 +91,7 @@ impl Signal {
             Signal::TtftAboveBaseline { .. } => "ttft_above_baseline",
             Signal::TpsBelowBaseline { .. } => "tps_below_baseline",
             Signal::AnswerChanged { .. } => "answer_changed",
+            Signal::MaxTokensExhausted { .. } => "max_tokens_exhausted",
             Signal::ErrorRateHigh { .. } => "error_rate_high",
         }
     }
@@ -139,6 +143,14 @@ impl Signal {
                 Some(a) => format!("answer changed: {a:?} instead of the expected text"),
                 None => "answer changed".to_owned(),
             },
+            Signal::MaxTokensExhausted { output_tokens } => match output_tokens {
+                Some(n) => format!(
+                    "max_tokens ran out after {n} tokens before any answer: \
+                     raise max_tokens for this route"
+                ),
+                None => "max_tokens ran out before any answer: raise max_tokens for this route"
+                    .to_owned(),
+            },
             Signal::ErrorRateHigh {
                 failures,
                 total,
@@ -156,7 +168,7 @@ impl Signal {
             Signal::ProbeFailed { .. } | Signal::ErrorRateHigh { .. } => Dims::AVAILABILITY,
             Signal::LatencyAboveBaseline { .. } | Signal::TtftAboveBaseline { .. } => Dims::LATENCY,
             Signal::TpsBelowBaseline { .. } => Dims::THROUGHPUT,
-            Signal::AnswerChanged { .. } => Dims::BEHAVIOR,
+            Signal::AnswerChanged { .. } | Signal::MaxTokensExhausted { .. } => Dims::BEHAVIOR,
         }
     }
 }

@@ -172,8 +172,12 @@ pub struct ProbeOutcome {
     pub verified: Option<bool>,
     /// Response headers received.
     pub ttfb_ms: Option<f64>,
-    /// First content token received.
+    /// First generated token received (reasoning included).
     pub ttft_ms: Option<f64>,
+    /// First *answer* token received: later than `ttft_ms` on a reasoning model, equal
+    /// otherwise; `None` when no answer arrived.
+    #[serde(default)]
+    pub first_answer_ms: Option<f64>,
     pub total_ms: f64,
     pub output_tokens: Option<u32>,
     /// `output_tokens` was counted by us, not reported by the API's usage.
@@ -187,6 +191,11 @@ pub struct ProbeOutcome {
     pub error: Option<ProbeError>,
     /// The answer, trimmed and bounded to [`MAX_ANSWER_CHARS`]: evidence for drift findings.
     pub answer: Option<String>,
+    /// The call ended because `max_tokens` ran out (`finish_reason: "length"`, Anthropic
+    /// `stop_reason: "max_tokens"`) before any answer token: a reasoning model spent the
+    /// budget thinking. Our configuration, not a changed answer.
+    #[serde(default)]
+    pub max_tokens_exhausted: bool,
 }
 
 /// Fewer output tokens than this give no tokens/s figure: 2–5 tokens over a few ms is noise.

@@ -60,8 +60,10 @@ pub trait Prober: Send + Sync + 'static {
     fn probe<'a>(&'a self, route: &'a Route, kind: OutcomeKind) -> BoxFuture<'a, ProbeOutcome>;
 }
 
-/// What the scheduler reports, in the order it happens per route.
+/// What the scheduler reports, in the order it happens per route. Outcomes are nearly every
+/// event, so boxing them would allocate on the common path to shrink the rare one.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum SchedulerEvent {
     Outcome(ProbeOutcome),
     /// A tick found the route's previous probe still running (or waiting for a permit).
@@ -458,6 +460,8 @@ fn overrun(
         http_status: None,
         error: Some(ProbeError::Timeout),
         answer: None,
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 

@@ -76,7 +76,8 @@ impl FailureMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reason {
     /// `latency_above_baseline`, `tps_below_baseline`, `probe_failed`, `error_rate_high`,
-    /// `answer_changed`, `degraded_too_long`, `recovered`, `baseline_ready`.
+    /// `answer_changed`, `max_tokens_exhausted`, `degraded_too_long`, `recovered`,
+    /// `baseline_ready`.
     pub code: String,
     pub text: String,
 }

@@ -199,6 +199,8 @@ impl Prober for Upstream {
                         message: "overloaded".into(),
                     }),
                     answer: None,
+                    first_answer_ms: None,
+                    max_tokens_exhausted: false,
                 }
             } else {
                 let total = b.total(tokens);
@@ -220,6 +222,8 @@ impl Prober for Upstream {
                     http_status: Some(200),
                     error: None,
                     answer: Some("PROBE_OK".into()),
+                    first_answer_ms: None,
+                    max_tokens_exhausted: false,
                 }
             };
             *self.in_flight.lock().unwrap().get_mut(&route.id).unwrap() -= 1;
@@ -265,6 +269,8 @@ fn warmed(det: &Detector, cfg: &DetectionConfig, id: &RouteId) -> (RouteHealth, 
             http_status: Some(200),
             error: None,
             answer: Some("PROBE_OK".into()),
+            first_answer_ms: None,
+            max_tokens_exhausted: false,
         };
         det.ingest(&mut h, &mut b, &o, when);
     }

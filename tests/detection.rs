@@ -45,6 +45,8 @@ fn outcome(route: &RouteId, kind: OutcomeKind, when: DateTime<Utc>) -> ProbeOutc
         http_status: Some(200),
         error: None,
         answer: Some("PROBE_OK".into()),
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 

@@ -100,6 +100,8 @@ fn probe(route: &RouteId, when: DateTime<Utc>, total_ms: f64) -> ProbeOutcome {
         http_status: Some(200),
         error: None,
         answer: Some("PROBE_OK".into()),
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 

@@ -43,6 +43,8 @@ fn probe(route: &RouteId, when: DateTime<Utc>, ok: bool) -> ProbeOutcome {
             message: "overloaded".into(),
         }),
         answer: ok.then(|| "PROBE_OK".into()),
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 

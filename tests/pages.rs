@@ -144,6 +144,53 @@ async fn status_page_shows_every_route_in_both_languages() {
     f.h.shutdown.cancel();
 }
 
+/// Which signal moved, both against their normals: on the route page (zh/en) and in the status
+/// API; a healthy route shows none.
+#[tokio::test]
+async fn route_page_and_status_api_show_both_signals_against_their_baselines() {
+    let f = serve().await;
+    let en = get(&f.s.url(&format!("/routes/{DEEPSEEK}?lang=en")), None).await;
+    assert!(
+        en.body
+            .contains("first token 13.0 s against a normal of 900 ms · tokens/s 48 against 50"),
+        "{}",
+        en.body
+    );
+    let zh = get(&f.s.url(&format!("/routes/{DEEPSEEK}?lang=zh")), None).await;
+    assert!(
+        zh.body
+            .contains("首 token 13.0 s，正常水平为 900 ms · 每秒 token 48，正常为 50"),
+        "{}",
+        zh.body
+    );
+    let healthy = get(&f.s.url(&format!("/routes/{QWEN}?lang=en")), None).await;
+    assert!(!healthy.body.contains("class=\"why signals\""));
+
+    let status: serde_json::Value = reqwest::get(f.s.url("/api/v1/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let route = |id: &str| {
+        status["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .cloned()
+            .unwrap()
+    };
+    let split = &route(DEEPSEEK)["split"];
+    assert_eq!(split["code"], "ttft_above_baseline", "{split}");
+    assert_eq!(split["ttft"]["observed_ms"], 13_000.0);
+    assert_eq!(split["ttft"]["late"], true);
+    assert_eq!(split["tps"]["observed"], 48.2);
+    assert_eq!(split["tps"]["low"], false);
+    assert!(route(QWEN)["split"].is_null());
+    f.h.shutdown.cancel();
+}
+
 #[tokio::test]
 async fn route_page_has_chart_timeline_and_incidents() {
     let f = serve().await;

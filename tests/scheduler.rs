@@ -135,6 +135,8 @@ impl Prober for Recorder {
                 http_status: Some(200),
                 error: None,
                 answer: Some("PROBE_OK".into()),
+                first_answer_ms: None,
+                max_tokens_exhausted: false,
             }
         })
     }

@@ -55,6 +55,8 @@ fn outcome(
         http_status: Some(200),
         error: None,
         answer: Some("PROBE_OK".into()),
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 
@@ -585,6 +587,8 @@ async fn a_resolved_record_is_readable_at_once_from_a_fresh_reader() {
             message: "too many requests".into(),
         }),
         answer: Some("1 2 3".into()),
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     };
     let bare = ProbeOutcome {
         route: r.clone(),
@@ -605,6 +609,8 @@ async fn a_resolved_record_is_readable_at_once_from_a_fresh_reader() {
             message: "connection refused".into(),
         }),
         answer: None,
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     };
     for o in [full.clone(), bare.clone()] {
         writer.record(o.clone()).await.unwrap();

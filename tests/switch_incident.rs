@@ -55,6 +55,8 @@ fn outcome(route: &RouteId, kind: OutcomeKind, when: DateTime<Utc>, ms: f64) -> 
         http_status: Some(200),
         error: None,
         answer: Some("PROBE_OK".into()),
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 

@@ -509,6 +509,8 @@ mod tests {
             http_status: Some(200),
             error: None,
             answer: None,
+            first_answer_ms: None,
+            max_tokens_exhausted: false,
         }
     }
 

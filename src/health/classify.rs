@@ -122,6 +122,12 @@ pub fn judge(o: &ProbeOutcome, baseline: &Baseline) -> Judgement {
         }
     }
     match o.verified {
+        // No answer at all because the budget ran out: our config, not a changed answer.
+        Some(false) if o.kind != OutcomeKind::Passive && o.max_tokens_exhausted => {
+            j.signals.push(Signal::MaxTokensExhausted {
+                output_tokens: o.output_tokens,
+            })
+        }
         Some(false) if o.kind != OutcomeKind::Passive => j.signals.push(Signal::AnswerChanged {
             answer: o.answer.clone(),
         }),

@@ -246,9 +246,9 @@ impl Detector {
                             samples: bucket.1,
                         });
                         j.abnormal = j.abnormal.union(Dims::LATENCY);
-                    } else {
-                        j.fine = j.fine.union(Dims::LATENCY);
                     }
+                    // An on-time first token is no evidence of normal latency: the doubt came
+                    // from a `PROBE_OK` total, and only `PROBE_OK` probes clear it.
                 }
             }
         }
@@ -413,7 +413,13 @@ impl Detector {
             core = core.without(Dims::AVAILABILITY);
         }
         let behavior_bad = obs.abnormal.contains(Dims::BEHAVIOR);
-        if behavior_bad {
+        // An exhausted `max_tokens` holds the route at WARNING like a changed answer, but it is
+        // our configuration: it never marks the route `behavior_changed` (nor its failure mode).
+        let exhausted = obs
+            .signals
+            .iter()
+            .any(|s| matches!(s, Signal::MaxTokensExhausted { .. }));
+        if behavior_bad && !exhausted {
             h.behavior = true;
         } else if obs.fine.contains(Dims::BEHAVIOR) {
             h.behavior = false;
@@ -466,8 +472,12 @@ impl Detector {
                         Some((State::Warning, r))
                     }
                 } else if behavior_bad {
-                    let r =
-                        Reason::new("answer_changed", signals_text(&obs.signals, Dims::BEHAVIOR));
+                    let code = if exhausted {
+                        "max_tokens_exhausted"
+                    } else {
+                        "answer_changed"
+                    };
+                    let r = Reason::new(code, signals_text(&obs.signals, Dims::BEHAVIOR));
                     Some((State::Warning, r))
                 } else {
                     None
@@ -765,6 +775,8 @@ mod tests {
                 message: "overloaded".into(),
             }),
             answer: None,
+            first_answer_ms: None,
+            max_tokens_exhausted: false,
         }
     }
 

@@ -22,8 +22,8 @@
 //!   applied to the routes and their openings and closings sent as [`HealthEvent`]s.
 //! - **Publishing**: a new [`HealthSnapshot`] only when something consumers act on changed —
 //!   a route's display or judged state, `since`, reason code, failure mode, incident,
-//!   `behavior_changed` or rounded success ratio, or the set of findings — never merely
-//!   because a probe arrived (weights versions, ETags and SSE depend on it). Baselines in the
+//!   `behavior_changed`, rounded success ratio, the split's verdicts while in trouble, or
+//!   the set of findings — never merely because a probe arrived (weights versions, ETags and SSE depend on it). Baselines in the
 //!   snapshot are refreshed at most every [`HealthOptions::baselines_every`]. A transition's
 //!   snapshot is published before its event is sent, so whoever reacts to the event reads
 //!   the new state from the watch.
@@ -646,11 +646,22 @@ fn status(
         success_judged,
         behavior_changed: h.behavior_changed(),
         incident: h.incident().map(IncidentSummary::from),
+        split: h.split().clone(),
     }
 }
 
-/// Equal for consumers: everything but the reason's text and the baseline.
+/// Equal for consumers: everything but the reason's text, the baseline and the split's
+/// figures. The split's verdicts count while the route is in trouble (which signal moved is
+/// news then); on a healthy route a lone late first token is not worth a new snapshot.
 fn same_view(a: &RouteStatus, b: &RouteStatus) -> bool {
+    let verdicts = |s: &RouteStatus| {
+        (!matches!(s.judged, State::Normal | State::Unknown)).then(|| {
+            (
+                s.split.ttft.as_ref().map(|t| t.late),
+                s.split.tps.as_ref().map(|t| t.low),
+            )
+        })
+    };
     a.state == b.state
         && a.judged == b.judged
         && a.since == b.since
@@ -660,6 +671,7 @@ fn same_view(a: &RouteStatus, b: &RouteStatus) -> bool {
         && a.success_judged == b.success_judged
         && a.behavior_changed == b.behavior_changed
         && a.incident == b.incident
+        && verdicts(a) == verdicts(b)
 }
 
 /// The same finding over time: one egress finding, one request-side finding per route.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{BaselineSnapshot, FailureMode, Finding, Incident, Reason, State, Transition};
+use super::{BaselineSnapshot, FailureMode, Finding, Incident, Reason, Split, State, Transition};
 use crate::route::RouteId;
 
 /// One route as detection judges it now.
@@ -42,6 +42,20 @@ pub struct RouteStatus {
     pub behavior_changed: bool,
     /// The open incident (DEGRADED or worse), if any.
     pub incident: Option<IncidentSummary>,
+    /// The latest first-token and tokens/s verdicts against their baselines since the route
+    /// was last NORMAL: which signal moved (queueing or throttling).
+    #[serde(default)]
+    pub split: Split,
+}
+
+impl RouteStatus {
+    /// The split while the route is judged in trouble (WARNING or worse) and at least one
+    /// signal was measured: on a healthy route there is nothing to tell apart.
+    pub fn open_split(&self) -> Option<&Split> {
+        let troubled = !matches!(self.judged, State::Normal | State::Unknown);
+        let measured = self.split.ttft.is_some() || self.split.tps.is_some();
+        (troubled && measured).then_some(&self.split)
+    }
 }
 
 /// The open incident in brief; the full record with transitions is in the store.
@@ -91,6 +105,7 @@ impl HealthSnapshot {
                     success_judged: false,
                     behavior_changed: false,
                     incident: None,
+                    split: Split::default(),
                 })
                 .collect(),
             findings: Vec::new(),

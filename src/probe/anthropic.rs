@@ -122,6 +122,7 @@ impl StreamDecoder for AnthropicStream {
             "message_delta" => {
                 let delta = v.get("delta").ok_or_else(|| malformed(kind))?;
                 if let Some(r) = delta.get("stop_reason").and_then(Value::as_str) {
+                    self.c.length_cut = r == "max_tokens";
                     self.stop_reason = Some(r.to_owned());
                 }
                 if let Some(n) = as_u32(v.get("usage").and_then(|u| u.get("output_tokens"))) {
@@ -191,9 +192,11 @@ pub(crate) fn parse_body(body: &[u8]) -> Result<Collected, ProbeError> {
         }
     }
     c.usage_output_tokens = as_u32(v.get("usage").and_then(|u| u.get("output_tokens")));
-    if let Some(e) = refused(v.get("stop_reason").and_then(Value::as_str)) {
+    let stop_reason = v.get("stop_reason").and_then(Value::as_str);
+    if let Some(e) = refused(stop_reason) {
         return Err(e);
     }
+    c.length_cut = stop_reason == Some("max_tokens");
     Ok(c)
 }
 
@@ -264,6 +267,15 @@ mod tests {
             run(&[json!({"no":"type"})]),
             Err(ProbeError::Malformed { .. })
         ));
+    }
+
+    #[test]
+    fn a_max_tokens_stop_is_remembered() {
+        assert!(run(&happy("max_tokens")).unwrap().length_cut);
+        assert!(!run(&happy("end_turn")).unwrap().length_cut);
+        let body = br#"{"type":"message","content":[{"type":"thinking","thinking":"hmm"}],"stop_reason":"max_tokens"}"#;
+        let c = parse_body(body).unwrap();
+        assert!(c.length_cut && c.text.is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! A slow but complete answer inside `timeout` is a slow *success* with its latency recorded:
 //! slowness is the detector's call, made against a baseline, not the client's.
 //!
-//! Every outcome guarantees `ttfb_ms <= ttft_ms <= total_ms` where present. The API key is
+//! Every outcome guarantees `ttfb_ms <= ttft_ms <= first_answer_ms <= total_ms` where present. The API key is
 //! read once at construction, sent as a sensitive header, and never appears in an outcome or a
 //! log line (upstream messages go through [`scrub`](super::outcome::scrub)).
 
@@ -463,6 +463,9 @@ impl ProbeClient {
                     if c.has_content() {
                         run.ttft = Some(read_at);
                     }
+                    if !c.text.is_empty() {
+                        run.first_answer = Some(read_at);
+                    }
                     (c, Ok(()))
                 }
                 Err(e) => (Collected::default(), Err(e)),
@@ -586,6 +589,10 @@ fn assemble(
     let ttft_ms = run
         .ttft
         .map(|t| t.max(ttfb_ms.unwrap_or(0.0)).min(total_ms));
+    // The first answer token is a generated token too: never before `ttft`.
+    let first_answer_ms = run
+        .first_answer
+        .map(|t| t.max(ttft_ms.unwrap_or(0.0)).min(total_ms));
     let tokens = collected.output_tokens();
     let tokens_per_second = match (success, tokens, ttft_ms) {
         (true, Some((n, _)), Some(ttft)) => tokens_per_second(n, ttft, total_ms),
@@ -613,12 +620,15 @@ fn assemble(
         http_status: run.status,
         error: result.err(),
         answer: (!answer.is_empty()).then(|| truncate_chars(answer, MAX_ANSWER_CHARS)),
+        first_answer_ms,
+        max_tokens_exhausted: success && collected.length_cut && answer.is_empty(),
     }
 }
 
 /// One line of `probeok probe --json` (docs/http-api.md): `{"route","provider","region","model","success",
-/// "verified","ttfb_ms","ttft_ms","total_ms","output_tokens","tokens_per_second",
-/// "model_reported","error":null|{"kind","status","message","retry_after_ms"}}`.
+/// "verified","ttfb_ms","ttft_ms","first_answer_ms","total_ms","output_tokens",
+/// "tokens_per_second","model_reported","max_tokens_exhausted",
+/// "error":null|{"kind","status","message","retry_after_ms"}}`.
 pub fn probe_json(outcome: &ProbeOutcome) -> serde_json::Value {
     let (provider, region, model) = outcome.route.split();
     serde_json::json!({
@@ -630,10 +640,12 @@ pub fn probe_json(outcome: &ProbeOutcome) -> serde_json::Value {
         "verified": outcome.verified,
         "ttfb_ms": outcome.ttfb_ms,
         "ttft_ms": outcome.ttft_ms,
+        "first_answer_ms": outcome.first_answer_ms,
         "total_ms": outcome.total_ms,
         "output_tokens": outcome.output_tokens,
         "tokens_per_second": outcome.tokens_per_second,
         "model_reported": outcome.model_reported,
+        "max_tokens_exhausted": outcome.max_tokens_exhausted,
         "error": outcome.error.as_ref().map(ProbeError::to_json),
     })
 }

@@ -129,6 +129,7 @@ impl StreamDecoder for OpenAiStream {
                 }
             }
             if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.c.length_cut = f == "length";
                 self.finish_reason = Some(f.to_owned());
             }
         }
@@ -196,12 +197,11 @@ pub(crate) fn parse_body(body: &[u8]) -> Result<Collected, ProbeError> {
             .unwrap_or(""),
     );
     let refusal_text = message.get("refusal").and_then(Value::as_str).unwrap_or("");
-    if let Some(e) = refusal(
-        choice.get("finish_reason").and_then(Value::as_str),
-        refusal_text,
-    ) {
+    let finish_reason = choice.get("finish_reason").and_then(Value::as_str);
+    if let Some(e) = refusal(finish_reason, refusal_text) {
         return Err(e);
     }
+    c.length_cut = finish_reason == Some("length");
     Ok(c)
 }
 
@@ -282,6 +282,18 @@ mod tests {
         let c = run(&[r, HELLO, STOP, "[DONE]"]).unwrap();
         assert_eq!(c.text, "PROBE_OK");
         assert_eq!(c.content_events, 2);
+    }
+
+    #[test]
+    fn a_length_finish_is_remembered() {
+        let r = r#"{"choices":[{"index":0,"delta":{"reasoning_content":"hmm"}}]}"#;
+        let length = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#;
+        let c = run(&[r, length, "[DONE]"]).unwrap();
+        assert!(c.length_cut);
+        assert!(c.text.is_empty());
+        assert!(!run(&[HELLO, STOP, "[DONE]"]).unwrap().length_cut);
+        let body = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"","reasoning_content":"hmm"},"finish_reason":"length"}]}"#;
+        assert!(parse_body(body).unwrap().length_cut);
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub(crate) struct Collected {
     pub usage_output_tokens: Option<u32>,
     pub model: Option<String>,
     pub system_fingerprint: Option<String>,
+    /// The provider stopped because `max_tokens` ran out (`finish_reason: "length"`,
+    /// `stop_reason: "max_tokens"`).
+    pub length_cut: bool,
 }
 
 impl Collected {

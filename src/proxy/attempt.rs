@@ -217,6 +217,8 @@ impl Timing {
             error,
             // Real answers are the client's data: never kept.
             answer: None,
+            first_answer_ms: None,
+            max_tokens_exhausted: false,
         }
     }
 }

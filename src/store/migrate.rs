@@ -42,6 +42,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0009_drills",
         include_str!("../../migrations/0009_drills.sql"),
     ),
+    (
+        "0010_first_answer",
+        include_str!("../../migrations/0010_first_answer.sql"),
+    ),
 ];
 
 /// The schema version this build expects.

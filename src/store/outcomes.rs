@@ -44,6 +44,7 @@ pub(crate) fn validate(o: &ProbeOutcome) -> Result<(), StoreError> {
     for (what, v) in [
         ("ttfb_ms", o.ttfb_ms),
         ("ttft_ms", o.ttft_ms),
+        ("first_answer_ms", o.first_answer_ms),
         ("tokens_per_second", o.tokens_per_second),
     ] {
         if let Some(v) = v {
@@ -59,8 +60,9 @@ pub(crate) fn insert(conn: &Connection, route_id: i64, o: &ProbeOutcome) -> Resu
         "INSERT INTO outcomes (route_id, kind, started_at_ms, success, verified, ttfb_ms, ttft_ms,
              total_ms, output_tokens, tokens_estimated, tokens_per_second, model_reported,
              system_fingerprint, http_status, error_kind, error_status, error_message,
-             retry_after_ms, answer)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+             retry_after_ms, answer, first_answer_ms, max_tokens_exhausted)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+                 ?20, ?21)",
     )?
     .execute(params![
         route_id,
@@ -84,13 +86,16 @@ pub(crate) fn insert(conn: &Connection, route_id: i64, o: &ProbeOutcome) -> Resu
         err.and_then(ProbeError::retry_after_ms)
             .map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
         o.answer,
+        o.first_answer_ms,
+        o.max_tokens_exhausted,
     ])?;
     Ok(())
 }
 
 const COLUMNS: &str = "kind, started_at_ms, success, verified, ttfb_ms, ttft_ms, total_ms,
     output_tokens, tokens_estimated, tokens_per_second, model_reported, system_fingerprint,
-    http_status, error_kind, error_status, error_message, retry_after_ms, answer";
+    http_status, error_kind, error_status, error_message, retry_after_ms, answer, first_answer_ms,
+    max_tokens_exhausted";
 
 /// Reads a row selected with [`COLUMNS`]. Conversion problems surface as rusqlite errors so
 /// they can be raised from inside `query_map`.
@@ -126,6 +131,8 @@ fn from_row(route: &RouteId, r: &Row<'_>) -> rusqlite::Result<Result<ProbeOutcom
             http_status: r.get(12)?,
             error,
             answer: r.get(17)?,
+            first_answer_ms: r.get(18)?,
+            max_tokens_exhausted: r.get(19)?,
         })
     })();
     Ok(outcome)

@@ -165,6 +165,15 @@ struct IncidentRef<'a> {
     peak: RouteState,
 }
 
+/// Which latency signal moved, each against its baseline (`code`: `ttft_above_baseline`,
+/// `tps_below_baseline`, `ttft_and_tps_off_baseline`, or null while it does not tell yet).
+#[derive(Debug, Serialize)]
+struct SplitView<'a> {
+    code: Option<&'static str>,
+    ttft: Option<&'a crate::health::TtftCheck>,
+    tps: Option<&'a crate::health::TpsCheck>,
+}
+
 #[derive(Debug, Serialize)]
 struct RouteView<'a> {
     id: &'a RouteId,
@@ -184,6 +193,8 @@ struct RouteView<'a> {
     uptime: Uptime,
     slo: Slo,
     behavior_changed: bool,
+    /// While WARNING or worse: the first token and tokens/s against their baselines.
+    split: Option<SplitView<'a>>,
     incident: Option<IncidentRef<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     breaker: Option<&'static str>,
@@ -329,6 +340,11 @@ fn status_view<'a>(
                     }
                 },
                 behavior_changed: s.is_some_and(|s| s.behavior_changed),
+                split: s.and_then(|s| s.open_split()).map(|x| SplitView {
+                    code: x.code(),
+                    ttft: x.ttft.as_ref(),
+                    tps: x.tps.as_ref(),
+                }),
                 incident: s.and_then(|s| s.incident.as_ref()).map(|i| IncidentRef {
                     id: &i.id,
                     opened_at: rfc3339(i.opened_at),
@@ -488,10 +504,12 @@ pub fn outcome_json(o: &ProbeOutcome) -> Value {
         "verified": o.verified,
         "ttfb_ms": o.ttfb_ms,
         "ttft_ms": o.ttft_ms,
+        "first_answer_ms": o.first_answer_ms,
         "total_ms": o.total_ms,
         "output_tokens": o.output_tokens,
         "tokens_per_second": o.tokens_per_second,
         "model_reported": o.model_reported,
+        "max_tokens_exhausted": o.max_tokens_exhausted,
         "http_status": o.http_status,
         "error": o.error.as_ref().map(ProbeError::to_json),
     })

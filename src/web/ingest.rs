@@ -7,7 +7,7 @@
 //! - **Bounds**: at most [`MAX_BODY`] bytes (413 `payload_too_large`), at most [`MAX_ITEMS`]
 //!   items (413 `too_many_items`). Auth is checked before the body is read.
 //! - **Body**: a JSON array of `{route, started_at, success, total_ms, ttfb_ms?, ttft_ms?,
-//!   output_tokens?, tokens_estimated?, tokens_per_second?, model_reported?, http_status?,
+//!   first_answer_ms?, output_tokens?, tokens_estimated?, tokens_per_second?, model_reported?, http_status?,
 //!   error?: {kind, status?, message?, retry_after_ms?}}`. Unknown fields are ignored; `kind`
 //!   is always `passive`. Each item is validated on its own (route configured, numbers finite
 //!   and ≥ 0, `started_at` not more than [`MAX_FUTURE`] ahead nor [`MAX_AGE`] old, error kind
@@ -60,6 +60,9 @@ struct Item {
     total_ms: f64,
     ttfb_ms: Option<f64>,
     ttft_ms: Option<f64>,
+    /// The first answer token, when the sender tells it from the first reasoning token.
+    #[serde(default)]
+    first_answer_ms: Option<f64>,
     output_tokens: Option<u32>,
     #[serde(default)]
     tokens_estimated: bool,
@@ -93,6 +96,7 @@ fn validate(state: &AppState, item: Item, now: DateTime<Utc>) -> Result<ProbeOut
         ("total_ms", Some(item.total_ms)),
         ("ttfb_ms", item.ttfb_ms),
         ("ttft_ms", item.ttft_ms),
+        ("first_answer_ms", item.first_answer_ms),
         ("tokens_per_second", item.tokens_per_second),
     ];
     for (name, v) in numbers {
@@ -156,6 +160,8 @@ fn validate(state: &AppState, item: Item, now: DateTime<Utc>) -> Result<ProbeOut
         http_status: item.http_status,
         error,
         answer: None,
+        first_answer_ms: item.first_answer_ms,
+        max_tokens_exhausted: false,
     })
 }
 

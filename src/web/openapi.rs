@@ -28,6 +28,21 @@ pub(super) fn json_response(description: &str, schema: &str) -> Value {
     })
 }
 
+/// A route's queueing/throttling split (its own function: one `json!` cannot nest this deep).
+fn split_schema() -> Value {
+    json!({"type": "object", "nullable": true,
+        "description": "While WARNING or worse: the first token and tokens/s against their baselines (queueing vs. throttling)",
+        "properties": {
+            "code": {"type": "string", "nullable": true,
+                "enum": ["ttft_above_baseline", "tps_below_baseline", "ttft_and_tps_off_baseline", null]},
+            "ttft": {"type": "object", "nullable": true, "properties": {
+                "observed_ms": {"type": "number"}, "mean_ms": {"type": "number"}, "stddev_ms": {"type": "number"},
+                "threshold_ms": {"type": "number"}, "late": {"type": "boolean"}}},
+            "tps": {"type": "object", "nullable": true, "properties": {
+                "observed": {"type": "number"}, "mean": {"type": "number"}, "floor": {"type": "number"},
+                "low": {"type": "boolean"}}}}})
+}
+
 fn percentiles() -> Value {
     json!({
         "type": "object",
@@ -204,6 +219,7 @@ fn core_schemas() -> Value {
                     "bad_seconds": {"type": "number", "description": "Bad probe outcomes × the route's probe interval, in the last 30 days"},
                     "budget_seconds": {"type": "number", "description": "(1 - target) × 30 days"}}},
                 "behavior_changed": {"type": "boolean"},
+                "split": split_schema(),
                 "incident": {"type": "object", "nullable": true, "properties": {
                     "id": {"type": "string"}, "opened_at": {"type": "string", "format": "date-time"}, "peak": state_enum()}},
                 "breaker": {"type": "string", "enum": ["closed", "half_open", "open"],
@@ -224,10 +240,13 @@ fn core_schemas() -> Value {
                 "started_at": {"type": "string", "format": "date-time"},
                 "kind": {"type": "string", "enum": ["probe", "throughput", "passive"]},
                 "success": {"type": "boolean"}, "verified": {"type": "boolean", "nullable": true},
-                "ttfb_ms": {"type": "number", "nullable": true}, "ttft_ms": {"type": "number", "nullable": true},
+                "ttfb_ms": {"type": "number", "nullable": true},
+                "ttft_ms": {"type": "number", "nullable": true, "description": "First generated token, reasoning included"},
+                "first_answer_ms": {"type": "number", "nullable": true, "description": "First answer token (after a reasoning model's reasoning)"},
                 "total_ms": {"type": "number"}, "output_tokens": {"type": "integer", "nullable": true},
                 "tokens_per_second": {"type": "number", "nullable": true},
                 "model_reported": {"type": "string", "nullable": true},
+                "max_tokens_exhausted": {"type": "boolean", "description": "max_tokens ran out before any answer token"},
                 "http_status": {"type": "integer", "nullable": true},
                 "error": {"allOf": [{"$ref": "#/components/schemas/OutcomeError"}], "nullable": true}
             }
@@ -293,6 +312,7 @@ fn core_schemas() -> Value {
                 "route": {"type": "string"}, "started_at": {"type": "string", "format": "date-time"},
                 "success": {"type": "boolean"}, "total_ms": {"type": "number", "minimum": 0},
                 "ttfb_ms": {"type": "number", "minimum": 0}, "ttft_ms": {"type": "number", "minimum": 0},
+                "first_answer_ms": {"type": "number", "minimum": 0},
                 "output_tokens": {"type": "integer", "minimum": 0}, "tokens_estimated": {"type": "boolean"},
                 "tokens_per_second": {"type": "number", "minimum": 0},
                 "model_reported": {"type": "string"}, "http_status": {"type": "integer"},

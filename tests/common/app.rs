@@ -75,6 +75,7 @@ pub fn normal(route: &str, since: DateTime<Utc>) -> RouteStatus {
         success_judged: true,
         behavior_changed: false,
         incident: None,
+        split: Default::default(),
     }
 }
 
@@ -120,6 +121,8 @@ pub fn outcome(
             message: "busy".into(),
         }),
         answer: None,
+        first_answer_ms: None,
+        max_tokens_exhausted: false,
     }
 }
 

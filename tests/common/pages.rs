@@ -342,6 +342,22 @@ pub async fn serve() -> Fixture {
             DEEPSEEK => {
                 s.failure_mode = Some(FailureMode::Degraded);
                 s.incident = Some(IncidentSummary::from(&deep));
+                // Queueing: the first token late, tokens/s normal.
+                s.split = probeok::health::Split {
+                    ttft: Some(probeok::health::TtftCheck {
+                        observed_ms: 13_000.0,
+                        mean_ms: 900.0,
+                        stddev_ms: 100.0,
+                        threshold_ms: 1_200.0,
+                        late: true,
+                    }),
+                    tps: Some(probeok::health::TpsCheck {
+                        observed: 48.2,
+                        mean: 50.0,
+                        floor: 15.0,
+                        low: false,
+                    }),
+                };
             }
             OPENAI => {
                 s.failure_mode = Some(FailureMode::Unavailable);

@@ -118,6 +118,10 @@ pub struct Text {
     pub slo: &'static str,
     pub budget_left: &'static str,
     pub budget_rolling: &'static str,
+    /// Which latency signal moved (first token, tokens/s), each against its normal.
+    pub signals: &'static str,
+    /// The latest probe's first generated token and first answer token.
+    pub first_answer: &'static str,
     pub no_data: &'static str,
     pub details: &'static str,
     pub last_hour: &'static str,

@@ -69,12 +69,41 @@ pub fn reason(lang: Lang, code: &str, f: &ReasonFigures, detail: &str) -> String
         "degraded_too_long" => "降级持续过久且未恢复".into(),
         "answer_changed" if en => "answers are no longer exactly PROBE_OK".into(),
         "answer_changed" => "回答不再是 PROBE_OK".into(),
+        "max_tokens_exhausted" if en => {
+            "max_tokens ran out before any answer (the model spent it reasoning): raise max_tokens for this route".into()
+        }
+        "max_tokens_exhausted" => "max_tokens 在给出回答前耗尽（模型用在了推理上）：请调高该线路的 max_tokens".into(),
         "recovered" if en => "recovered: recent observations are normal".into(),
         "recovered" => "已恢复：最近的观测都正常".into(),
         "baseline_ready" if en => "enough samples to judge latency".into(),
         "baseline_ready" => "样本已足够，开始按基线判断延迟".into(),
         _ => detail.to_owned(),
     }
+}
+
+/// Both latency signals against their normals, the one that moved named by what it reads:
+/// "first token 13.0 s against a normal of 0.9 s · tokens/s 48 against 50". `None` when
+/// neither was measured.
+pub fn split(lang: Lang, s: &crate::health::Split) -> Option<String> {
+    let en = lang == Lang::En;
+    let ttft = s.ttft.as_ref().map(|t| {
+        let (now, normal) = (fmt_ms(t.observed_ms), fmt_ms(t.mean_ms));
+        if en {
+            format!("first token {now} against a normal of {normal}")
+        } else {
+            format!("首 token {now}，正常水平为 {normal}")
+        }
+    });
+    let tps = s.tps.as_ref().map(|t| {
+        let (now, normal) = (t.observed.round(), t.mean.round());
+        if en {
+            format!("tokens/s {now:.0} against {normal:.0}")
+        } else {
+            format!("每秒 token {now:.0}，正常为 {normal:.0}")
+        }
+    });
+    let parts: Vec<String> = ttft.into_iter().chain(tps).collect();
+    (!parts.is_empty()).then(|| parts.join(" · "))
 }
 
 /// The uptime part of a day bar's tooltip: `100%`, `99.82%`, or "no data".

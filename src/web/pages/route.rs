@@ -2,6 +2,7 @@
 //! each transition's evidence, its incidents and recent synthetic probe errors.
 
 use super::*;
+use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 
 pub struct TimelineRow {
     pub at: String,
@@ -34,6 +35,22 @@ pub struct RoutePage {
     pub errors: Vec<ErrorRow>,
     /// Active drills on this route.
     pub drills: Vec<String>,
+    /// While in trouble: the first token and tokens/s against their normals.
+    pub signals: Option<String>,
+    /// The latest probe's first token and first answer token ("1.2 s / 4.8 s").
+    pub first_answer: String,
+}
+
+/// "0.4 s / 3.9 s": a reasoning model answers well after its first (reasoning) token; a
+/// probe whose `max_tokens` ran out says so instead of an answer time.
+fn first_answer_text(lang: Lang, o: &ProbeOutcome) -> String {
+    let first = o.ttft_ms.map_or_else(|| "-".to_owned(), fmt_ms);
+    let answer = match (o.first_answer_ms, o.max_tokens_exhausted) {
+        (_, true) => i18n::reason(lang, "max_tokens_exhausted", &ReasonFigures::default(), ""),
+        (Some(ms), false) => fmt_ms(ms),
+        (None, false) => "-".to_owned(),
+    };
+    format!("{first} / {answer}")
 }
 
 /// `GET /routes/{id}` (the id's slashes raw or percent-encoded).
@@ -177,6 +194,16 @@ pub async fn route(
             })
             .collect(),
         drills: drill_lines(&state, lang, now, Some(&route.id)),
+        signals: status
+            .and_then(|s| s.open_split())
+            .and_then(|s| i18n::split(lang, s)),
+        first_answer: recent
+            .iter()
+            .find(|o| o.kind == OutcomeKind::Probe && o.success)
+            .map_or_else(
+                || lang.text().no_data.to_owned(),
+                |o| first_answer_text(lang, o),
+            ),
     }
     .render()
     .map_err(|e| fail(PageError::Internal(format!("rendering a route page: {e}"))))?;
