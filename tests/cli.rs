@@ -127,7 +127,12 @@ fn a_keyless_proxy_on_a_public_address_is_refused_unless_allowed() {
     assert_eq!(check(&open, Some(" , ")).status.code(), Some(1));
     // With client keys it is fine.
     let out = check(&open, Some("client-a"));
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // Allowed explicitly: accepted, with a warning.
     let allowed = write(
@@ -139,7 +144,9 @@ fn a_keyless_proxy_on_a_public_address_is_refused_unless_allowed() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
-        stderr.lines().any(|l| l.starts_with("warning:") && l.contains("answers anyone")),
+        stderr
+            .lines()
+            .any(|l| l.starts_with("warning:") && l.contains("answers anyone")),
         "{stderr}"
     );
 

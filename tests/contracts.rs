@@ -302,7 +302,11 @@ async fn reject_answers_503_with_the_message_and_retry_after_without_an_upstream
     assert_eq!(main.reqs.all().len(), 1, "no upstream call");
 
     // Metered with the behaviour, shown by GET /api/v1/requests, counted.
-    let api = common::spawn(probeok::web::requests::router(store.clone(), probeok::secret::Secret::new("adm"))).await;
+    let api = common::spawn(probeok::web::requests::router(
+        store.clone(),
+        probeok::secret::Secret::new("adm"),
+    ))
+    .await;
     let url = format!("{}/api/v1/requests", api.base_url());
     let listed: Value = eventually("the metered reject", || async {
         let v: Value = reqwest::Client::new()

@@ -196,7 +196,9 @@ mod tests {
         }
         let res = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
         let status = res.status();
-        let body = axum::body::to_bytes(res.into_body(), 1 << 20).await.unwrap();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
         (status, serde_json::from_slice(&body).unwrap())
     }
 
@@ -212,16 +214,17 @@ mod tests {
         let (status, body) = get(app.clone(), PATH, Some("adm")).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body["requests"], json!([]));
-        let (status, body) =
-            get(app.clone(), &format!("{PATH}?since=1000000y"), Some("adm")).await;
+        let (status, body) = get(app.clone(), &format!("{PATH}?since=1000000y"), Some("adm")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert_eq!(body["error"]["code"], "invalid_since");
 
-        let off = Router::new().route(PATH, get_route()).with_state(RequestsState {
-            store: Store::open(&dir.path().join("u.db"), Default::default()).unwrap(),
-            clock: Arc::new(SystemClock),
-            admin: AdminToken::Given(None),
-        });
+        let off = Router::new()
+            .route(PATH, get_route())
+            .with_state(RequestsState {
+                store: Store::open(&dir.path().join("u.db"), Default::default()).unwrap(),
+                clock: Arc::new(SystemClock),
+                admin: AdminToken::Given(None),
+            });
         let (status, body) = get(off, PATH, Some("adm")).await;
         assert_eq!(status, StatusCode::FORBIDDEN);
         assert_eq!(body["error"]["code"], "admin_disabled");
