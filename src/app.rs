@@ -375,9 +375,14 @@ pub async fn start_with(
     let web_shutdown = shutdown.clone();
     let web_task = tokio::spawn(async move {
         let app = web::router(state);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(web_shutdown.cancelled_owned())
-            .await
+        crate::listen::serve(
+            listener,
+            app,
+            crate::listen::Limits::default(),
+            web_shutdown,
+            "monitor",
+        )
+        .await
     });
     tracing::info!(%addr, routes = routes.len(), store = %config.storage.path.display(), "probeok serving");
 

@@ -91,6 +91,19 @@ fn refuse_missing_secrets(config: &Config) -> Result<(), CliError> {
     }
 }
 
+/// A proxy that would answer anyone on a non-loopback address is refused unless the config
+/// allows it explicitly; an allowed one adds a warning.
+fn refuse_open_proxy(config: &Config, warnings: &mut Vec<Diagnostic>) -> Result<(), CliError> {
+    match config.open_proxy_now() {
+        Some(crate::config::OpenProxy::Refused(d)) => Err(CliError::Invalid(vec![d.to_string()])),
+        Some(crate::config::OpenProxy::Allowed(d)) => {
+            warnings.push(d);
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
 fn warn_all(warnings: &[Diagnostic]) {
     for w in warnings {
         eprintln!("warning: {w}");
@@ -102,7 +115,9 @@ pub fn check_config(path: &Path) -> Result<(), CliError> {
     let (config, mut warnings) = load(path)?;
     let sets = load_sets(&config)?;
     warnings.extend(config.missing_secrets());
+    let open = refuse_open_proxy(&config, &mut warnings);
     warn_all(&warnings);
+    open?;
     let routes = config.routes();
     println!("{}: ok, {} route(s)", path.display(), routes.len());
     print!("{}", routes_table(&routes));
@@ -601,8 +616,13 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
 
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
-    let (config, warnings) = load(path)?;
+    let (config, mut warnings) = load(path)?;
+    // This command runs the proxy whatever `proxy.enabled` says.
+    let mut as_run = config.clone();
+    as_run.proxy.enabled = true;
+    let open = refuse_open_proxy(&as_run, &mut warnings);
     warn_all(&warnings);
+    open?;
     refuse_missing_secrets(&config)?;
     let store_path = config.storage.path.clone();
     let opts = StoreOptions {

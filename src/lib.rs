@@ -28,6 +28,9 @@
 //! - [`silence`]: an admin-created alert silence.
 //! - [`records`]: regression-set runs, drills and switch records as the store keeps them.
 //! - [`glob`]: the one route-id glob dialect (`*` any run, `?` one character).
+//! - [`listen`]: serving a router on a TCP listener, one way for the monitor and the proxy
+//!   (header read timeout, 431 past a 32 KiB head, bounded open connections, graceful
+//!   shutdown).
 //! - [`slo`]: the error budget, one definition (time: bad outcomes × interval against
 //!   `(1 − target) × window`) for the route card, the API, the incidents page and the
 //!   burn-rate alerts.
@@ -128,6 +131,7 @@ pub mod clock;
 pub mod evidence;
 pub mod glob;
 pub mod lang;
+pub mod listen;
 pub mod outcome;
 pub mod records;
 pub mod route;

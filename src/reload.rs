@@ -29,7 +29,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
-use crate::config::{Config, Diagnostic};
+use crate::config::{Config, Diagnostic, OpenProxy};
 
 /// Where reloads are counted (the `/metrics` families): the service's start counts as the
 /// first success.
@@ -129,7 +129,13 @@ pub fn load_checked(
             message,
         }]);
     }
-    Ok((config, loaded.warnings))
+    let mut warnings = loaded.warnings;
+    match config.open_proxy_now() {
+        Some(OpenProxy::Refused(d)) => return Err(vec![d]),
+        Some(OpenProxy::Allowed(d)) => warnings.push(d),
+        None => {}
+    }
+    Ok((config, warnings))
 }
 
 /// What a reload does with a new config, section by section.

@@ -37,6 +37,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("silence", Layer::Base),
     ("records", Layer::Base),
     ("glob", Layer::Base),
+    ("listen", Layer::Base),
     ("slo", Layer::Base),
     ("config", Layer::Config),
     ("store", Layer::Store),

@@ -93,6 +93,76 @@ fn serve_refuses_to_start_without_its_api_key() {
     assert!(stderr.contains("PROBEOK_TEST_UNSET_KEY"), "{stderr}");
 }
 
+fn open_proxy_toml(extra: &str) -> String {
+    format!(
+        "[proxy]\nenabled = true\nlisten = \"0.0.0.0:0\"\nclient_keys_env = \"PROBEOK_TEST_OPEN_PROXY_KEYS\"\n{extra}\n{}",
+        route_toml("http://127.0.0.1:1/v1")
+    )
+}
+
+#[test]
+fn a_keyless_proxy_on_a_public_address_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = write(&dir, "open.toml", &open_proxy_toml(""));
+    let check = |path: &std::path::Path, keys: Option<&str>| {
+        let mut cmd = probeok();
+        cmd.args(["check-config", "--config"]).arg(path);
+        match keys {
+            Some(k) => cmd.env("PROBEOK_TEST_OPEN_PROXY_KEYS", k),
+            None => cmd.env_remove("PROBEOK_TEST_OPEN_PROXY_KEYS"),
+        };
+        cmd.output().unwrap()
+    };
+    let out = check(&open, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("proxy.listen"))
+        .unwrap_or_else(|| panic!("no located refusal in {stderr}"));
+    assert!(line.starts_with(&format!("{}:", open.display())), "{line}");
+    assert!(line.contains("allow_unauthenticated"), "{line}");
+    assert!(line.contains("PROBEOK_TEST_OPEN_PROXY_KEYS"), "{line}");
+    // Blank keys are no keys.
+    assert_eq!(check(&open, Some(" , ")).status.code(), Some(1));
+    // With client keys it is fine.
+    let out = check(&open, Some("client-a"));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Allowed explicitly: accepted, with a warning.
+    let allowed = write(
+        &dir,
+        "allowed.toml",
+        &open_proxy_toml("allow_unauthenticated = true"),
+    );
+    let out = check(&allowed, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("warning:") && l.contains("answers anyone")),
+        "{stderr}"
+    );
+
+    // serve refuses it too, before it listens anywhere.
+    let out = probeok()
+        .args(["serve", "--config"])
+        .arg(&open)
+        .env("PROBEOK_TEST_UNSET_KEY", "sk-test")
+        .env_remove("PROBEOK_TEST_OPEN_PROXY_KEYS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("allow_unauthenticated"), "{stderr}");
+}
+
 #[test]
 fn bad_arguments_exit_1_and_help_exits_0() {
     let out = probeok().arg("no-such-command").output().unwrap();

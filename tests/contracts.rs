@@ -302,10 +302,22 @@ async fn reject_answers_503_with_the_message_and_retry_after_without_an_upstream
     assert_eq!(main.reqs.all().len(), 1, "no upstream call");
 
     // Metered with the behaviour, shown by GET /api/v1/requests, counted.
-    let api = common::spawn(probeok::web::requests::router(store.clone())).await;
+    let api = common::spawn(probeok::web::requests::router(
+        store.clone(),
+        probeok::secret::Secret::new("adm"),
+    ))
+    .await;
     let url = format!("{}/api/v1/requests", api.base_url());
     let listed: Value = eventually("the metered reject", || async {
-        let v: Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
+        let v: Value = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth("adm")
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
         (v["requests"].as_array()?.len() == 2).then_some(v)
     })
     .await;

@@ -285,8 +285,15 @@ async fn same_route_retries_back_off_within_max_retry_wait() {
 }
 
 async fn requests_api(px: &Px, query: &str) -> Vec<Value> {
-    let server = common::spawn(probeok::web::requests::router(px.store.clone().unwrap())).await;
-    let v: Value = reqwest::get(format!("{}/api/v1/requests{query}", server.base_url()))
+    let server = common::spawn(probeok::web::requests::router(
+        px.store.clone().unwrap(),
+        probeok::secret::Secret::new("adm"),
+    ))
+    .await;
+    let v: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/requests{query}", server.base_url()))
+        .bearer_auth("adm")
+        .send()
         .await
         .unwrap()
         .json()
@@ -370,8 +377,15 @@ async fn metering_records_attempts_cost_and_filters() {
         requests_api(&px, "?since=2999-01-01T00:00:00Z").await.len(),
         0
     );
-    let server = common::spawn(probeok::web::requests::router(px.store.clone().unwrap())).await;
-    let bad = reqwest::get(format!("{}/api/v1/requests?limit=x", server.base_url()))
+    let server = common::spawn(probeok::web::requests::router(
+        px.store.clone().unwrap(),
+        probeok::secret::Secret::new("adm"),
+    ))
+    .await;
+    let bad = reqwest::Client::new()
+        .get(format!("{}/api/v1/requests?limit=x", server.base_url()))
+        .bearer_auth("adm")
+        .send()
         .await
         .unwrap();
     assert_eq!(bad.status(), 400);

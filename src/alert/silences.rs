@@ -58,13 +58,12 @@ impl NewSilence {
         let starts_at = self.starts_at.unwrap_or(now);
         let ends_at = match (self.ends_at, self.duration.as_deref()) {
             (Some(end), None) => end,
-            (None, Some(d)) => {
-                let d = humantime::parse_duration(d)
-                    .ok()
-                    .and_then(|d| chrono::Duration::from_std(d).ok())
-                    .ok_or(SilenceError::Duration)?;
-                starts_at + d
-            }
+            // A duration past the calendar's end is an invalid duration, not an overflow.
+            (None, Some(d)) => humantime::parse_duration(d)
+                .ok()
+                .and_then(|d| chrono::Duration::from_std(d).ok())
+                .and_then(|d| starts_at.checked_add_signed(d))
+                .ok_or(SilenceError::Duration)?,
             _ => return Err(SilenceError::EndOrDuration),
         };
         if self.routes.is_empty() || self.routes.iter().any(|r| r.trim().is_empty()) {
@@ -139,10 +138,32 @@ mod tests {
                 serde_json::json!({"routes": ["a"], "duration": "31d"}),
                 "invalid_silence",
             ),
+            // Past the calendar's end: refused, never an overflow.
+            (
+                serde_json::json!({"routes": ["a"], "duration": "1000000y"}),
+                "invalid_duration",
+            ),
+            (
+                serde_json::json!({"routes": ["a"], "duration": "1y",
+                    "starts_at": "+262142-12-31T00:00:00Z"}),
+                "invalid_duration",
+            ),
         ];
         for (body, code) in cases {
             let e = req(body.clone()).build(now).unwrap_err();
             assert_eq!(e.code(), code, "{body}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn any_duration_is_a_silence_or_a_refusal(d in ".{0,24}", n in proptest::prelude::any::<u64>()) {
+            let now = t("2026-03-04T10:00:00Z");
+            for text in [d.clone(), format!("{n}s"), format!("{n}y")] {
+                let _ = req(serde_json::json!({"routes": ["a"], "duration": text})).build(now);
+            }
         }
     }
 }

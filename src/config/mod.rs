@@ -539,6 +539,9 @@ pub struct ProxyConfig {
     pub idempotency_ttl: Duration,
     /// Comma-separated client keys; while the variable is unset, clients need no key.
     pub client_keys_env: String,
+    /// A proxy on a non-loopback address with no client keys spends the provider keys for
+    /// anyone who can reach it: refused unless this is set (then warned at every start).
+    pub allow_unauthenticated: bool,
     pub breaker: BreakerConfig,
 }
 
@@ -555,6 +558,7 @@ impl Default for ProxyConfig {
             max_body: 10 * 1024 * 1024,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             client_keys_env: "PROBEOK_CLIENT_KEYS".into(),
+            allow_unauthenticated: false,
             breaker: BreakerConfig::default(),
         }
     }
@@ -927,6 +931,16 @@ pub struct MaintenanceConfig {
     pub every: Option<Duration>,
 }
 
+/// A proxy that answers clients without a key on a non-loopback address
+/// ([`Config::open_proxy`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OpenProxy {
+    /// Not allowed: `check-config` and `serve` refuse the config.
+    Refused(Diagnostic),
+    /// `[proxy] allow_unauthenticated = true`: a warning at every start.
+    Allowed(Diagnostic),
+}
+
 /// A config that passed validation, with the warnings it raised (e.g. probes that overrun).
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -1062,6 +1076,49 @@ impl Config {
             });
         }
         out
+    }
+
+    /// Whether the proxy would answer anyone: enabled, on a non-loopback `proxy.listen`, and
+    /// `client_keys_set` false. `Refused` unless `[proxy] allow_unauthenticated` says so, then
+    /// `Allowed` (a warning). Both located at `proxy.listen`.
+    pub fn open_proxy(&self, client_keys_set: bool) -> Option<OpenProxy> {
+        let p = &self.proxy;
+        if !p.enabled || client_keys_set || p.listen.ip().is_loopback() {
+            return None;
+        }
+        let path = "proxy.listen".to_owned();
+        let (line, col) = self.source_map.locate(&path);
+        let mut d = Diagnostic {
+            file: self.source.display().to_string(),
+            line,
+            col,
+            path,
+            message: String::new(),
+        };
+        if p.allow_unauthenticated {
+            d.message = format!(
+                "the proxy on {} answers anyone without a client key ({} is not set) and spends \
+                 the provider keys for them: allowed by proxy.allow_unauthenticated",
+                p.listen, p.client_keys_env
+            );
+            Some(OpenProxy::Allowed(d))
+        } else {
+            d.message = format!(
+                "the proxy on non-loopback {} has no client keys ({} is not set): anyone who \
+                 reaches it spends the provider keys. Set client keys, listen on 127.0.0.1, \
+                 or set proxy.allow_unauthenticated = true",
+                p.listen, p.client_keys_env
+            );
+            Some(OpenProxy::Refused(d))
+        }
+    }
+
+    /// [`Self::open_proxy`] with the client keys variable as it is now (set and naming at
+    /// least one key).
+    pub fn open_proxy_now(&self) -> Option<OpenProxy> {
+        let set = Secret::from_env(&self.proxy.client_keys_env)
+            .is_some_and(|v| v.expose().split(',').any(|k| !k.trim().is_empty()));
+        self.open_proxy(set)
     }
 
     /// `(key path, variable)` of every variable an alert channel reads.

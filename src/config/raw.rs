@@ -269,6 +269,7 @@ pub(super) struct RawProxy {
     pub max_body: Option<String>,
     pub idempotency_ttl: Option<String>,
     pub client_keys_env: Option<String>,
+    pub allow_unauthenticated: Option<bool>,
     #[serde(default)]
     pub breaker: RawBreaker,
 }

@@ -47,7 +47,10 @@ impl Cache {
         now: DateTime<Utc>,
         max_age: Duration,
     ) -> Option<CachedAnswer> {
-        let since = now - chrono::Duration::from_std(max_age).unwrap_or(chrono::Duration::MAX);
+        let since = chrono::Duration::from_std(max_age)
+            .ok()
+            .and_then(|d| now.checked_sub_signed(d))
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
         let store = self.store.clone();
         let key = key.to_owned();
         match tokio::task::spawn_blocking(move || store.reader()?.cached_answer(&key, since)).await

@@ -1,8 +1,7 @@
 //! Metering: one [`RequestRecord`] per request with its attempts, written through the store's
 //! writer by a background task fed over a bounded queue ([`Meter`]) — the request path only
 //! does a `try_send`, never waits for SQLite. A full queue drops the record, counted and
-//! logged. Readable at `GET /api/v1/requests` ([`requests_router`], merged into the monitor's
-//! web router).
+//! logged. Readable at `GET /api/v1/requests` (`web::requests`, admin token).
 //!
 //! [`ProxyCounters`] keeps `probeok_proxy_requests_total{serves,route,outcome}` and
 //! `probeok_proxy_failovers_total{reason}` and `probeok_contract_uses_total{feature,contract}`
@@ -15,24 +14,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::route::Price;
-use crate::store::{RequestFilter, RequestRecord, Store, Writer};
+use crate::store::{RequestRecord, Writer};
 
 /// Records waiting for the writer.
 pub const METER_QUEUE: usize = 4096;
-/// `GET /api/v1/requests`: default and largest `limit`.
-pub const DEFAULT_LIMIT: usize = 100;
-pub const MAX_LIMIT: usize = 1000;
 /// Distinct label sets per counter family, at most.
 pub const MAX_LABEL_SETS: usize = 4096;
 
@@ -195,91 +184,6 @@ impl ProxyCounters {
             meter_dropped: 0,
             passive_dropped: 0,
         }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct RequestsQuery {
-    limit: Option<usize>,
-    route: Option<String>,
-    reason: Option<String>,
-    /// RFC 3339, or a duration back from now (`1h`, `30m`).
-    since: Option<String>,
-}
-
-/// `GET /api/v1/requests?limit=N&route=&reason=&since=`: metered requests, newest first.
-pub fn requests_router(store: Store) -> Router {
-    Router::new()
-        .route("/api/v1/requests", get(list_requests))
-        .with_state(store)
-}
-
-fn api_error(status: StatusCode, code: &str, message: &str) -> Response {
-    (
-        status,
-        Json(json!({"error": {"code": code, "message": message}})),
-    )
-        .into_response()
-}
-
-fn parse_since(s: &str, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
-        return Some(t.with_timezone(&Utc));
-    }
-    let d = humantime::parse_duration(s).ok()?;
-    Some(now - chrono::Duration::from_std(d).ok()?)
-}
-
-async fn list_requests(
-    State(store): State<Store>,
-    query: Result<Query<RequestsQuery>, axum::extract::rejection::QueryRejection>,
-) -> Response {
-    let Ok(Query(q)) = query else {
-        return api_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            "limit must be a number; route, reason and since are strings",
-        );
-    };
-    let since = match q.since.as_deref() {
-        None => None,
-        Some(s) => match parse_since(s, Utc::now()) {
-            Some(t) => Some(t),
-            None => {
-                return api_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_since",
-                    "since is an RFC 3339 time or a duration like 1h",
-                )
-            }
-        },
-    };
-    let filter = RequestFilter {
-        limit: q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT),
-        route: q.route.filter(|s| !s.is_empty()),
-        reason: q.reason.filter(|s| !s.is_empty()),
-        since,
-    };
-    let read = tokio::task::spawn_blocking(move || {
-        let reader = store.reader()?;
-        reader.proxy_requests(&filter)
-    })
-    .await;
-    match read {
-        Ok(Ok(requests)) => Json(json!({ "requests": requests })).into_response(),
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "cannot read metered requests");
-            api_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "store_error",
-                "cannot read the requests",
-            )
-        }
-        Err(_) => api_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "the read task failed",
-        ),
     }
 }
 

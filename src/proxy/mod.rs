@@ -68,7 +68,7 @@ pub use breaker::{BreakerSnapshot, BreakerState};
 pub use export::ProxyStats;
 pub use failover::DEFAULT_MAX_TOKENS;
 use intake::ClientKeys;
-pub use meter::{requests_router, CountersSnapshot, Meter, ProxyCounters};
+pub use meter::{CountersSnapshot, Meter, ProxyCounters};
 pub use server::{router, serve, HEADER_READ_TIMEOUT};
 pub use weights::{FeedStatus, WeightsRx, WeightsView};
 

@@ -1,8 +1,6 @@
 //! The proxy's HTTP surface: [`router`] (`POST /v1/chat/completions`, `GET /v1/models`,
-//! `GET /v1/jobs/{id}`) and [`serve`], which runs it on a listener with a header read timeout
-//! and graceful shutdown.
-
-use std::time::Duration;
+//! `GET /v1/jobs/{id}`) and [`serve`], which runs it on a listener with a header read timeout,
+//! a head limit, bounded connections and graceful shutdown.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -19,11 +17,7 @@ use super::reject::Reject;
 use super::request::{finish, request_id, Answer, RequestCtx};
 use super::{degrade, failover, jobs, select, Proxy};
 
-/// A request's head (request line and headers) must arrive within this, or the connection is
-/// closed: a slow-loris client cannot hold a connection open by trickling its headers.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// After an accept error other than a peer's reset (e.g. out of file descriptors).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+pub use crate::listen::HEADER_READ_TIMEOUT;
 
 /// The proxy's HTTP surface.
 pub fn router(proxy: Proxy) -> Router {
@@ -35,60 +29,18 @@ pub fn router(proxy: Proxy) -> Router {
         .with_state(proxy)
 }
 
-/// Serves the proxy on `listener` until `shutdown`: HTTP/1.1 (keep-alive) and HTTP/2, with a
-/// header read timeout on HTTP/1 connections (axum's own `serve` sets none). At shutdown it
-/// stops accepting, closes idle connections and waits for in-flight requests.
+/// Serves the proxy on `listener` until `shutdown` ([`crate::listen::serve`]: header read
+/// timeout, 431 past a 32 KiB head, bounded connections, graceful shutdown).
 pub async fn serve(
     listener: TcpListener,
     proxy: Proxy,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    use hyper_util::server::conn::auto;
-    use hyper_util::server::graceful::GracefulShutdown;
-    use hyper_util::service::TowerToHyperService;
-
-    let header_read_timeout = proxy.inner.header_read_timeout;
-    let service = TowerToHyperService::new(router(proxy));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
-        .keep_alive(true);
-    let graceful = GracefulShutdown::new();
-    loop {
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionRefused
-                        | std::io::ErrorKind::ConnectionAborted
-                        | std::io::ErrorKind::ConnectionReset
-                ) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "proxy cannot accept a connection");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "proxy connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
-    Ok(())
+    let limits = crate::listen::Limits {
+        header_read_timeout: proxy.inner.header_read_timeout,
+        ..Default::default()
+    };
+    crate::listen::serve(listener, router(proxy), limits, shutdown, "proxy").await
 }
 
 async fn not_found() -> Response {

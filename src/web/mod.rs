@@ -102,10 +102,16 @@ pub struct AppState {
 /// comparison takes the same time whatever the lengths. Unset variable: 403 `admin_disabled`;
 /// a missing or wrong token: 401 with `WWW-Authenticate: Bearer`.
 pub fn check_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(), ApiError> {
-    crate::secret::check_bearer_env(admin_token_env, headers).map_err(|e| match e {
-        crate::secret::AuthError::Disabled => ApiError::AdminDisabled,
-        crate::secret::AuthError::Unauthorized => ApiError::Unauthorized,
-    })
+    crate::secret::check_bearer_env(admin_token_env, headers).map_err(ApiError::from)
+}
+
+impl From<crate::secret::AuthError> for ApiError {
+    fn from(e: crate::secret::AuthError) -> Self {
+        match e {
+            crate::secret::AuthError::Disabled => ApiError::AdminDisabled,
+            crate::secret::AuthError::Unauthorized => ApiError::Unauthorized,
+        }
+    }
 }
 
 /// One endpoint of the router.
