@@ -175,6 +175,8 @@ struct RouteView<'a> {
     baseline: Option<BaselineView<'a>>,
     uptime: Uptime,
     slo: Slo,
+    /// What probing the route costs per month (`crate::probe::cost`).
+    probe_cost: crate::probe::cost::ProbeCostView,
     behavior_changed: bool,
     incident: Option<IncidentRef<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -310,6 +312,7 @@ fn status_view<'a>(
                         r.slo,
                     ),
                 },
+                probe_cost: crate::probe::cost::ProbeCostView::new(&r.probe, r.price.as_ref()),
                 behavior_changed: s.is_some_and(|s| s.behavior_changed),
                 incident: s.and_then(|s| s.incident.as_ref()).map(|i| IncidentRef {
                     id: &i.id,

@@ -177,7 +177,7 @@ fn core_schemas() -> Value {
         },
         "RouteStatus": {
             "type": "object",
-            "required": ["id", "provider", "region", "model", "serves", "tier", "state", "latency_ms", "ttfb_ms", "tokens_per_second", "uptime", "slo"],
+            "required": ["id", "provider", "region", "model", "serves", "tier", "state", "latency_ms", "ttfb_ms", "tokens_per_second", "uptime", "slo", "probe_cost"],
             "properties": {
                 "id": {"type": "string", "description": "provider/region/model"},
                 "provider": {"type": "string"}, "region": {"type": "string"}, "model": {"type": "string"},
@@ -198,6 +198,12 @@ fn core_schemas() -> Value {
                     "target": {"type": "number"},
                     "error_budget_remaining": {"type": "number", "nullable": true,
                         "description": "1 untouched, 0 spent, negative overspent (30 days)"}}},
+                "probe_cost": {"type": "object", "required": ["tokens_per_month", "cost_per_month", "currency"],
+                    "description": "Probe, throughput-probe and confirmation-probe tokens per 30 days (output at max_tokens: an upper bound) and their cost at the route's price",
+                    "properties": {
+                        "tokens_per_month": {"type": "integer"},
+                        "cost_per_month": {"type": "number", "nullable": true, "description": "null without a price"},
+                        "currency": {"type": "string", "nullable": true}}},
                 "behavior_changed": {"type": "boolean"},
                 "incident": {"type": "object", "nullable": true, "properties": {
                     "id": {"type": "string"}, "opened_at": {"type": "string", "format": "date-time"}, "peak": state_enum()}},
