@@ -122,8 +122,95 @@ pub fn check_config(path: &Path) -> Result<(), CliError> {
     println!("{}: ok, {} route(s)", path.display(), routes.len());
     print!("{}", routes_table(&routes));
     print!("{}", sets_summary(&config, &sets, &routes));
+    print!("{}", cost_summary(&sets, &routes));
     print!("{}", alert_channels_summary(&config, &routes));
     Ok(())
+}
+
+/// What probing and the regression sets will cost per month, per route and in total, before
+/// any of it is spent (see [`crate::probe::cost`] for what is counted).
+fn cost_summary(sets: &[drift::RegressionSet], routes: &[Route]) -> String {
+    use crate::probe::cost::{self, CallTokens};
+    let mut rows = vec![[
+        "ROUTE".to_owned(),
+        "PROBES/MO".to_owned(),
+        "PROBE TOKENS".to_owned(),
+        "THROUGHPUT TOKENS".to_owned(),
+        "CONFIRM TOKENS".to_owned(),
+        "SET TOKENS".to_owned(),
+        "TOTAL TOKENS".to_owned(),
+        "COST/MO".to_owned(),
+    ]];
+    let fmt_cost = |c: Option<f64>, currency: Option<&str>| match c {
+        Some(c) => format!("{c:.2} {}", currency.unwrap_or_default()),
+        None => "no price".to_owned(),
+    };
+    let mut tokens = 0.0;
+    let mut costs: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    for r in routes {
+        let c = cost::probe_cost(&r.probe);
+        let sets_month =
+            sets.iter()
+                .filter(|s| s.applies(r))
+                .fold(cost::Monthly::default(), |m, s| {
+                    let cases: Vec<CallTokens> = s
+                        .cases
+                        .iter()
+                        .map(|c| {
+                            CallTokens::of(
+                                c.messages.iter().map(|m| m.content.as_str()),
+                                s.params.max_tokens,
+                            )
+                        })
+                        .collect();
+                    let one = cost::set_cost(s.every, &cases);
+                    cost::Monthly {
+                        calls: m.calls + one.calls,
+                        input_tokens: m.input_tokens + one.input_tokens,
+                        output_tokens: m.output_tokens + one.output_tokens,
+                    }
+                });
+        let total = c.total();
+        let price = r.price.as_ref();
+        let all = total.tokens() + sets_month.tokens();
+        let money = total
+            .cost(price)
+            .zip(sets_month.cost(price))
+            .map(|(a, b)| a + b);
+        tokens += all;
+        if let (Some(m), Some(p)) = (money, price) {
+            *costs.entry(p.currency.clone()).or_default() += m;
+        }
+        rows.push([
+            r.id.to_string(),
+            format!(
+                "{:.0}",
+                c.probes.calls + c.throughput.calls + c.confirmations.calls
+            ),
+            format!("{:.0}", c.probes.tokens()),
+            format!("{:.0}", c.throughput.tokens()),
+            format!("{:.0}", c.confirmations.tokens()),
+            format!("{:.0}", sets_month.tokens()),
+            format!("{all:.0}"),
+            fmt_cost(money, price.map(|p| p.currency.as_str())),
+        ]);
+    }
+    let total_cost = if costs.is_empty() {
+        "no price".to_owned()
+    } else {
+        costs
+            .iter()
+            .map(|(cur, c)| format!("{c:.2} {cur}"))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    format!(
+        "probe cost per month (30 days; output counted at max_tokens, an upper bound; \
+         confirmation probes at {:.0}% of probes, the abnormal-outcome rate of a healthy jittery day):\n{}\
+         total: {tokens:.0} tokens, {total_cost} per month\n",
+        cost::CONFIRM_RATE * 100.0,
+        format_table(&rows),
+    )
 }
 
 /// Which routes each alert channel will get (its `routes` globs), and who it mentions.

@@ -242,3 +242,51 @@ async fn probe_json_prints_one_object_per_route() {
     );
     assert!(ttfb <= ttft && ttft <= total, "{v}");
 }
+
+/// The cost table against a hand computation (in `probe::cost`'s unit test): the default probe
+/// at 30 s, a throughput probe every 5 min and confirmations at 3% make 4,224,096 tokens a
+/// month, ¥23.63 at ¥2 / ¥8 per million input / output tokens.
+#[test]
+fn check_config_prints_the_probe_cost_per_route_and_in_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut toml = route_toml("http://127.0.0.1:1/v1");
+    toml.push_str("price = { input_per_mtok = 2.0, output_per_mtok = 8.0, currency = \"CNY\" }\n");
+    toml.push_str(
+        "\n[[route]]\nprovider = \"sim\"\nregion = \"r1\"\nmodel = \"sim-small\"\nserves = \"chat\"\n\
+         tier = \"backup\"\nweight = 100\n",
+    );
+    let path = write(&dir, "cost.toml", &toml);
+    let out = probeok()
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("probe cost per month"), "{stdout}");
+    assert!(stdout.contains("confirmation probes at 3%"), "{stdout}");
+    let table = stdout
+        .split("probe cost per month")
+        .nth(1)
+        .unwrap_or_default();
+    let line = |id: &str| {
+        table
+            .lines()
+            .find(|l| l.trim_start().starts_with(id))
+            .unwrap_or_else(|| panic!("no cost line for {id}: {stdout}"))
+            .to_owned()
+    };
+    let large = line("sim/r1/sim-large ");
+    let cols: Vec<&str> = large.split_whitespace().collect();
+    // probes + throughput + confirmations, probe tokens, throughput, confirm, sets, total, cost
+    assert_eq!(
+        cols[1..],
+        ["97632", "2851200", "1287360", "85536", "0", "4224096", "23.63", "CNY"],
+        "{large}"
+    );
+    assert!(line("sim/r1/sim-small ").contains("no price"), "{stdout}");
+    assert!(
+        stdout.contains("total: 8448192 tokens, 23.63 CNY per month"),
+        "{stdout}"
+    );
+}

@@ -557,6 +557,7 @@ async fn egress_finding_then_a_provider_incident() {
             HealthEvent::Transition { .. }
             | HealthEvent::DriftFinding { .. }
             | HealthEvent::Switch { .. }
+            | HealthEvent::RouteFault { .. }
             | HealthEvent::BudgetCrossed { .. } => {}
         }
     }

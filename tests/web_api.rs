@@ -240,6 +240,11 @@ async fn status_reports_state_latency_uptime_and_slo_from_the_store() {
         "{}",
         q["slo"]
     );
+    // Probe cost of the default probe settings (hand computation in `probe::cost`); no price.
+    assert_eq!(
+        q["probe_cost"],
+        json!({"tokens_per_month": 4_224_096, "cost_per_month": null, "currency": null})
+    );
 
     let d = &routes[1];
     assert_eq!(d["id"], DS);

@@ -211,6 +211,13 @@ impl AlertService {
                     resolve.push(k);
                 }
             } else {
+                // A route fault is announced once until the route answers normally, even when
+                // the detection restarted and saw it anew.
+                if matches!(message.subject, Subject::RouteFault { .. })
+                    && key.as_ref().is_some_and(|k| firing_now.contains(k))
+                {
+                    continue;
+                }
                 message = match suppressor.filter(message) {
                     Ok(m) => m,
                     Err(why) => {

@@ -263,6 +263,9 @@ impl Grouper {
                         None,
                     ));
                 }
+                HealthEvent::RouteFault { route, status, at } => {
+                    drafts.push(route_fault_draft(route, status, at));
+                }
                 HealthEvent::FindingClosed { finding, at } => {
                     if finding.kind == FindingKind::Egress {
                         self.egress = None;
@@ -577,4 +580,36 @@ fn drift_draft(f: &crate::drift::DriftFinding, opened: bool, at: DateTime<Utc>) 
         Vec::new(),
         Some(format!("drift:{}", f.id)),
     )
+}
+
+/// The alert for a route fault: keyed per route, so it fires once until the route answers
+/// normally (the engine drops a second firing while the first is open) and then resolves.
+fn route_fault_draft(route: RouteId, status: Option<u16>, at: DateTime<Utc>) -> Draft {
+    let tag = status.map_or_else(|| "resolved".to_owned(), |s| s.to_string());
+    Draft::new(
+        Message {
+            key: format!("route_fault:{route}:{tag}@{}", at.timestamp_millis()),
+            severity: Severity::Critical,
+            status: if status.is_some() {
+                Status::Firing
+            } else {
+                Status::Resolved
+            },
+            subject: Subject::RouteFault {
+                route: route.clone(),
+                status,
+            },
+            at,
+            items: Vec::new(),
+            related: vec![route.clone()],
+            note: None,
+        },
+        Vec::new(),
+        Some(route_fault_key(&route)),
+    )
+}
+
+/// The firing-state key of a route's fault.
+pub fn route_fault_key(route: &RouteId) -> String {
+    format!("route_fault:{route}")
 }

@@ -87,6 +87,9 @@ pub enum Subject {
     /// The switch controller moved a logical model's traffic, or could not
     /// (`crate::switch`; `note` has the record's sentence).
     Switch { serves: String, action: String },
+    /// An upstream 401/403/404 on one route (`related` names it): our key, account or model
+    /// name is wrong there. `status` is the upstream's; `None` on the resolved message.
+    RouteFault { route: RouteId, status: Option<u16> },
     /// The hourly extra-cost budget passed `degrade_at` (`crate::budget`).
     Budget { used: f64, limit: f64 },
     /// `probeok alert test`.

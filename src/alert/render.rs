@@ -399,6 +399,18 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
             (Lang::En, _) => format!("{serves}: canary return in progress"),
             (Lang::Zh, _) => format!("{serves}：灰度回切中"),
         },
+        Subject::RouteFault { route, status } => {
+            match (lang, status) {
+                (Lang::En, Some(s)) => {
+                    format!("{route}: upstream answers HTTP {s} — our key, account or model name is wrong")
+                }
+                (Lang::Zh, Some(s)) => {
+                    format!("{route}：上游返回 HTTP {s} —— 我方密钥、账户或模型名有误")
+                }
+                (Lang::En, None) => format!("{route}: answers normally again"),
+                (Lang::Zh, None) => format!("{route}：已恢复正常应答"),
+            }
+        }
         Subject::Budget { used, limit } => match lang {
             Lang::En => {
                 format!("extra-cost budget at {used:.2} of {limit:.2} this hour: no new switch")

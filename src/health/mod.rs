@@ -21,6 +21,8 @@
 //!   [`evidence`]: transitions, their evidence and incidents; [`reasons`]: reason codes,
 //!   sentences and failure modes; [`split`]: queueing vs. throttling (first token vs.
 //!   tokens/s); [`confirm`]: which confirmation probe an observation calls for.
+//! - [`fault`]: route faults (401/403/404: our key or model name), opened once, cleared by a
+//!   normal answer.
 //! - [`findings`]: egress and request-side findings over all routes.
 //! - [`status`]: the published view (`HealthSnapshot`, `HealthEvent`) other modules consume.
 //! - [`service`]: the shell — owns every route's state, feeds it outcomes and ticks, persists
@@ -33,6 +35,7 @@ pub mod confirm;
 pub mod control;
 pub mod detector;
 pub mod evidence;
+pub mod fault;
 pub mod findings;
 pub mod reasons;
 pub mod route_health;

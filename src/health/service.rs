@@ -119,6 +119,8 @@ struct Tracked {
     shown: RouteStatus,
     /// Changed since it was last saved.
     unsaved: bool,
+    /// A 401/403/404 seen and not yet answered normally ([`super::fault`]).
+    fault: super::fault::Fault,
 }
 
 /// What the persister writes, in the order the service decided it.
@@ -214,6 +216,7 @@ impl HealthService {
                 baseline,
                 shown,
                 unsaved: false,
+                fault: super::fault::Fault::Unknown,
             });
         }
         tracing::info!(
@@ -394,6 +397,20 @@ impl HealthService {
             .detector
             .ingest(&mut r.health, &mut r.baseline, &o, now);
         r.unsaved = true;
+        if let Some(change) = super::fault::observe(&mut r.fault, &o) {
+            let status = match change {
+                super::fault::FaultChange::Opened(s) => {
+                    tracing::warn!(route = %o.route, status = s, "route fault: our key, account or model name is wrong at this route");
+                    Some(s)
+                }
+                super::fault::FaultChange::Cleared => None,
+            };
+            let _ = self.events.send(HealthEvent::RouteFault {
+                route: o.route.clone(),
+                status,
+                at: now,
+            });
+        }
         if let Some(tx) = &self.confirms {
             if let Some(kind) = confirm::confirmation(&r.health, &o, self.detector.config()) {
                 let asked = Confirm {

@@ -142,6 +142,14 @@ pub enum HealthEvent {
     Switch {
         record: Box<crate::switch::SwitchRecord>,
     },
+    /// An upstream 401/403/404 on a route (our key, account or model name is wrong), from a
+    /// probe or real traffic: once per fault with its `status`, then once with `None` when the
+    /// route answers normally ([`super::fault`]).
+    RouteFault {
+        route: RouteId,
+        status: Option<u16>,
+        at: DateTime<Utc>,
+    },
     /// The hourly extra-cost budget passed `degrade_at` (`crate::budget`): no new switch this
     /// hour.
     BudgetCrossed {

@@ -4,6 +4,7 @@
 //!   conversation (regression sets) through the same code.
 //! - [`outcome`]: `ProbeOutcome` and the `ProbeError` classification (defined in
 //!   [`crate::outcome`], below the store).
+//! - [`cost`]: probe and regression-set tokens and cost per month, before they are spent.
 //! - [`measure`]: answer verification, token estimate, tokens/s (pure).
 //! - `openai`, `anthropic`: request bodies and decoders for each wire dialect (pure).
 //! - `sse`: body reading under the stall and deadline clocks; SSE framing.
@@ -14,6 +15,7 @@
 
 mod anthropic;
 pub mod client;
+pub mod cost;
 pub mod measure;
 pub(crate) mod openai;
 pub(crate) mod sse;

@@ -192,6 +192,8 @@ struct RouteView<'a> {
     baseline: Option<BaselineView<'a>>,
     uptime: Uptime,
     slo: Slo,
+    /// What probing the route costs per month (`crate::probe::cost`).
+    probe_cost: crate::probe::cost::ProbeCostView,
     behavior_changed: bool,
     /// While WARNING or worse: the first token and tokens/s against their baselines.
     split: Option<SplitView<'a>>,
@@ -339,6 +341,7 @@ fn status_view<'a>(
                         budget_seconds: b.budget_seconds,
                     }
                 },
+                probe_cost: crate::probe::cost::ProbeCostView::new(&r.probe, r.price.as_ref()),
                 behavior_changed: s.is_some_and(|s| s.behavior_changed),
                 split: s.and_then(|s| s.open_split()).map(|x| SplitView {
                     code: x.code(),

@@ -192,7 +192,7 @@ fn core_schemas() -> Value {
         },
         "RouteStatus": {
             "type": "object",
-            "required": ["id", "provider", "region", "model", "serves", "tier", "state", "latency_ms", "ttfb_ms", "tokens_per_second", "uptime", "slo"],
+            "required": ["id", "provider", "region", "model", "serves", "tier", "state", "latency_ms", "ttfb_ms", "tokens_per_second", "uptime", "slo", "probe_cost"],
             "properties": {
                 "id": {"type": "string", "description": "provider/region/model"},
                 "provider": {"type": "string"}, "region": {"type": "string"}, "model": {"type": "string"},
@@ -218,6 +218,12 @@ fn core_schemas() -> Value {
                         "description": "1 - bad_seconds / budget_seconds: 1 untouched, 0 spent, negative overspent; null without probe outcomes"},
                     "bad_seconds": {"type": "number", "description": "Bad probe outcomes × the route's probe interval, in the last 30 days"},
                     "budget_seconds": {"type": "number", "description": "(1 - target) × 30 days"}}},
+                "probe_cost": {"type": "object", "required": ["tokens_per_month", "cost_per_month", "currency"],
+                    "description": "Probe, throughput-probe and confirmation-probe tokens per 30 days (output at max_tokens: an upper bound) and their cost at the route's price",
+                    "properties": {
+                        "tokens_per_month": {"type": "integer"},
+                        "cost_per_month": {"type": "number", "nullable": true, "description": "null without a price"},
+                        "currency": {"type": "string", "nullable": true}}},
                 "behavior_changed": {"type": "boolean"},
                 "split": split_schema(),
                 "incident": {"type": "object", "nullable": true, "properties": {

@@ -1,0 +1,239 @@
+//! What probing costs, before it is spent (pure): tokens per month and their price, per route,
+//! from the route's probe settings — the `PROBE_OK` probe on its interval, the throughput probe
+//! on `throughput_every`, confirmation probes at an assumed rate of abnormal outcomes — and
+//! regression sets on their schedule. `check-config` prints it; the status API carries it.
+//!
+//! Input tokens are the [`super::measure::estimate_tokens`] count of each message plus
+//! [`MESSAGE_OVERHEAD`]; output tokens are counted at `max_tokens`, the most a call may use, so
+//! the figure is an upper bound (a healthy `PROBE_OK` answer is about 3 tokens).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::measure::estimate_tokens;
+use crate::route::{Price, ProbeSettings};
+
+/// A month, for these figures: 30 days.
+pub const MONTH: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Confirmation probes assumed per regular probe: on a healthy but jittery day about 3% of a
+/// route's probes come out abnormal and call for one more.
+pub const CONFIRM_RATE: f64 = 0.03;
+
+/// Tokens a chat template adds around each message (role markers, separators).
+pub const MESSAGE_OVERHEAD: u64 = 4;
+
+/// The tokens of one call: its messages' estimate and its `max_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallTokens {
+    pub input: u64,
+    pub output: u64,
+}
+
+impl CallTokens {
+    /// A call with these message texts (empty ones are not sent) and `max_tokens`.
+    pub fn of<'a>(messages: impl IntoIterator<Item = &'a str>, max_tokens: u32) -> Self {
+        let input = messages
+            .into_iter()
+            .filter(|m| !m.is_empty())
+            .map(|m| u64::from(estimate_tokens(m)) + MESSAGE_OVERHEAD)
+            .sum();
+        Self {
+            input,
+            output: u64::from(max_tokens),
+        }
+    }
+
+    pub fn total(self) -> u64 {
+        self.input + self.output
+    }
+}
+
+/// A month of one kind of call.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Monthly {
+    pub calls: f64,
+    pub input_tokens: f64,
+    pub output_tokens: f64,
+}
+
+impl Monthly {
+    /// `calls` calls of `tokens` each.
+    pub fn of(calls: f64, tokens: CallTokens) -> Self {
+        Self {
+            calls,
+            input_tokens: calls * tokens.input as f64,
+            output_tokens: calls * tokens.output as f64,
+        }
+    }
+
+    pub fn tokens(&self) -> f64 {
+        self.input_tokens + self.output_tokens
+    }
+
+    /// At `price` (per million tokens); `None` without a price.
+    pub fn cost(&self, price: Option<&Price>) -> Option<f64> {
+        price.map(|p| {
+            (self.input_tokens * p.input_per_mtok + self.output_tokens * p.output_per_mtok) / 1e6
+        })
+    }
+
+    fn plus(self, o: Monthly) -> Monthly {
+        Monthly {
+            calls: self.calls + o.calls,
+            input_tokens: self.input_tokens + o.input_tokens,
+            output_tokens: self.output_tokens + o.output_tokens,
+        }
+    }
+}
+
+/// How many times something every `every` runs in a month (never: zero).
+pub fn per_month(every: Duration) -> f64 {
+    if every.is_zero() {
+        0.0
+    } else {
+        MONTH.as_secs_f64() / every.as_secs_f64()
+    }
+}
+
+/// One route's probing for a month.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ProbeCost {
+    pub probes: Monthly,
+    pub throughput: Monthly,
+    /// Confirmation probes at [`CONFIRM_RATE`] (counted at the `PROBE_OK` probe's tokens).
+    pub confirmations: Monthly,
+}
+
+impl ProbeCost {
+    pub fn total(&self) -> Monthly {
+        self.probes.plus(self.throughput).plus(self.confirmations)
+    }
+}
+
+/// The month of probing `s` describes.
+pub fn probe_cost(s: &ProbeSettings) -> ProbeCost {
+    let probe = CallTokens::of([s.system.as_str(), s.user.as_str()], s.max_tokens);
+    let throughput = CallTokens::of([s.throughput_prompt.as_str()], s.throughput_max_tokens);
+    let probes = per_month(s.interval);
+    let confirmations = if s.confirm_after.is_some() {
+        probes * CONFIRM_RATE
+    } else {
+        0.0
+    };
+    ProbeCost {
+        probes: Monthly::of(probes, probe),
+        throughput: Monthly::of(per_month(s.throughput_every), throughput),
+        confirmations: Monthly::of(confirmations, probe),
+    }
+}
+
+/// A month of one regression set on one route: every case on each run.
+pub fn set_cost(every: Duration, cases: &[CallTokens]) -> Monthly {
+    let runs = per_month(every);
+    cases
+        .iter()
+        .fold(Monthly::default(), |m, c| m.plus(Monthly::of(runs, *c)))
+}
+
+/// The status API's `probe_cost` of a route.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProbeCostView {
+    pub tokens_per_month: u64,
+    /// `null` when the route has no `price`.
+    pub cost_per_month: Option<f64>,
+    pub currency: Option<String>,
+}
+
+impl ProbeCostView {
+    pub fn new(s: &ProbeSettings, price: Option<&Price>) -> Self {
+        let m = probe_cost(s).total();
+        Self {
+            tokens_per_month: m.tokens().round() as u64,
+            cost_per_month: m.cost(price).map(|c| (c * 10_000.0).round() / 10_000.0),
+            currency: price.map(|p| p.currency.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> ProbeSettings {
+        let c = crate::config::ProbeConfig::default();
+        ProbeSettings {
+            interval: Duration::from_secs(30),
+            first_byte_timeout: c.first_byte_timeout,
+            stall_timeout: c.stall_timeout,
+            timeout: c.timeout,
+            jitter: c.jitter,
+            stream: true,
+            max_tokens: 16,
+            throughput_every: Duration::from_secs(300),
+            throughput_prompt: c.throughput_prompt,
+            throughput_max_tokens: 128,
+            system: "Reply with exactly: PROBE_OK".into(),
+            user: "health check".into(),
+            expect: "PROBE_OK".into(),
+            confirm_after: Some(Duration::from_secs(5)),
+        }
+    }
+
+    /// By hand, for the default probe at 30 s and ¥2 / ¥8 per million input / output tokens:
+    /// - probe: "Reply with exactly: PROBE_OK" = Reply, with, exactly, `:`, PROBE, `_`, OK =
+    ///   7 tokens, "health check" = 2; + 4 per message → 17 in, 16 out = 33 per probe;
+    ///   2,592,000 s / 30 s = 86,400 probes → 1,468,800 in + 1,382,400 out.
+    /// - confirmations: 3% of 86,400 = 2,592 probes → 44,064 in + 41,472 out.
+    /// - throughput: "Count from 1 to 40, separated by single spaces. Reply with the numbers
+    ///   only." = 17 + 4 = 21 in, 128 out; 2,592,000 / 300 = 8,640 → 181,440 in + 1,105,920
+    ///   out.
+    /// - total: 1,694,304 in + 2,529,792 out = 4,224,096 tokens;
+    ///   1.694304 × 2 + 2.529792 × 8 = 3.388608 + 20.238336 = ¥23.626944.
+    #[test]
+    fn the_default_probe_at_30s_matches_the_hand_computation() {
+        let s = settings();
+        let c = probe_cost(&s);
+        assert_eq!(c.probes.calls, 86_400.0);
+        assert_eq!(c.probes.input_tokens, 1_468_800.0);
+        assert_eq!(c.probes.output_tokens, 1_382_400.0);
+        assert!((c.confirmations.calls - 2_592.0).abs() < 1e-6);
+        assert_eq!(c.throughput.calls, 8_640.0);
+        assert_eq!(c.throughput.input_tokens, 181_440.0);
+        assert_eq!(c.throughput.output_tokens, 1_105_920.0);
+        let t = c.total();
+        assert!((t.tokens() - 4_224_096.0).abs() < 1e-3, "{}", t.tokens());
+        let price = Price {
+            input_per_mtok: 2.0,
+            output_per_mtok: 8.0,
+            currency: "CNY".into(),
+        };
+        let cost = t.cost(Some(&price)).unwrap();
+        assert!((cost - 23.626944).abs() < 1e-6, "{cost}");
+        let v = ProbeCostView::new(&s, Some(&price));
+        assert_eq!(v.tokens_per_month, 4_224_096);
+        assert_eq!(v.cost_per_month, Some(23.6269));
+        assert_eq!(v.currency.as_deref(), Some("CNY"));
+        assert_eq!(ProbeCostView::new(&s, None).cost_per_month, None);
+    }
+
+    #[test]
+    fn off_means_none() {
+        let mut s = settings();
+        s.confirm_after = None;
+        s.throughput_every = Duration::ZERO;
+        let c = probe_cost(&s);
+        assert_eq!(c.confirmations.calls, 0.0);
+        assert_eq!(c.throughput, Monthly::default());
+        let m = set_cost(
+            Duration::from_secs(24 * 3600),
+            &[CallTokens {
+                input: 10,
+                output: 90,
+            }; 2],
+        );
+        assert_eq!(m.calls, 60.0);
+        assert_eq!(m.tokens(), 6_000.0);
+    }
+}
