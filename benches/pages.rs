@@ -190,6 +190,7 @@ async fn main() {
             &health,
             figures,
             data,
+            "",
             now,
         )
         .render()

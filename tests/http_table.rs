@@ -9,11 +9,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::routing::get;
+use common::app::*;
 use probeok::web::openapi;
 use probeok::web::table::{self, Entry};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use common::app::*;
 
 const QWEN: &str = "qwen/cn-beijing/qwen-max";
 

@@ -38,11 +38,13 @@
 
 mod chart;
 mod incidents;
+mod lines;
 mod route;
 mod status;
 
 pub use chart::*;
 pub use incidents::*;
+pub use lines::*;
 pub use route::*;
 pub use status::*;
 
@@ -77,7 +79,7 @@ pub const MAX_INCIDENTS: usize = 2000;
 /// The stylesheet, compiled in.
 pub const STYLE: &str = include_str!("../../../static/style.css");
 /// The CSP of every page: no script at all, styles only from our own stylesheet.
-pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// Path-segment encoding for route ids in links (`/` becomes `%2F`).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -137,6 +139,8 @@ impl FiguresCache {
 pub enum PageError {
     #[error("not found")]
     NotFound,
+    #[error("bad request: {0}")]
+    BadRequest(String),
     #[error("store: {0}")]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -163,6 +167,9 @@ impl IntoResponse for AppError {
         let t = self.lang.text();
         let (status, heading, text) = match &self.error {
             PageError::NotFound => (StatusCode::NOT_FOUND, t.not_found, t.not_found_text),
+            PageError::BadRequest(_) => {
+                (StatusCode::BAD_REQUEST, t.bad_request, t.bad_request_text)
+            }
             other => {
                 tracing::error!(error = %other, "page failed");
                 (
@@ -222,6 +229,8 @@ pub async fn stylesheet() -> Response {
 #[derive(Debug, Default, Deserialize)]
 pub struct LangQuery {
     lang: Option<String>,
+    /// `/`'s route filter.
+    q: Option<String>,
 }
 
 fn pick_lang(q: &Result<Query<LangQuery>, QueryRejection>, headers: &HeaderMap) -> Lang {
@@ -263,6 +272,12 @@ pub struct Chrome {
     pub switch_href: String,
     pub switch_code: &'static str,
     pub generated: String,
+    /// This page's language code, for the filter form.
+    pub code: &'static str,
+    /// The incident feed in this language.
+    pub atom: String,
+    /// A badge to show as the footer's example (a route's state badge), when there is one.
+    pub badge: Option<String>,
 }
 
 impl Chrome {
@@ -281,6 +296,9 @@ impl Chrome {
             switch_href: format!("{path}?lang={}", other.code()),
             switch_code: other.code(),
             generated: when(now),
+            code: lang.code(),
+            atom: format!("/incidents.atom?lang={}", lang.code()),
+            badge: None,
         }
     }
 }
