@@ -240,7 +240,7 @@ fn pick_lang(q: &Result<Query<LangQuery>, QueryRejection>, headers: &HeaderMap) 
     Lang::pick(q.as_ref().ok().and_then(|q| q.lang.as_deref()), accept)
 }
 
-fn route_href(id: &RouteId, lang: Lang) -> String {
+pub fn route_href(id: &RouteId, lang: Lang) -> String {
     format!(
         "/routes/{}?lang={}",
         utf8_percent_encode(id.as_str(), SEGMENT),
@@ -257,7 +257,7 @@ fn anchor(id: &RouteId) -> String {
     format!("r-{s}")
 }
 
-fn when(t: DateTime<Utc>) -> String {
+pub fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M UTC").to_string()
 }
 
