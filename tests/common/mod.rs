@@ -8,11 +8,13 @@
 //!   served on `127.0.0.1:0`, and builders for configs, outcomes and route statuses.
 //! - [`pages`]: a served monitor with routes in every state and 90 days of history, for the
 //!   page and browser tests.
+//! - [`scale`]: a served monitor with a thousand routes and 90 days of history.
 
 #![allow(dead_code, unused_imports)]
 
 pub mod app;
 pub mod pages;
+pub mod scale;
 pub mod upstream;
 
 pub use upstream::*;

@@ -1,18 +1,18 @@
 //! The public HTML pages (askama templates in `templates/`, rendered to `Html<String>` here):
 //!
-//! - `GET /`: the overall banner; active incidents, maintenance windows and network findings on
-//!   top; routes grouped by logical model (`serves`), each with its state (colour and text),
-//!   since when, the reason in plain words, the failure mode, 90 day bars, uptime 24h/7d/30d,
-//!   latency p50/p95 against the baseline, TTFT, tokens/s, SLO target and error budget left.
+//! - `GET /`: the overall banner; active incidents, maintenance windows, network findings and
+//!   the budget on top, with the count of routes per state; routes grouped by logical model
+//!   (`serves`), models and routes worst first, one compact line per route (state, 90-day
+//!   bar, uptime 24h/30d, latency p50, the reason when not normal; `lines`); `?q=` filters.
 //! - `GET /routes/{id}`: one route — a 24 h SVG latency chart from the 5-minute rollups with
 //!   the baseline band behind, the state timeline with each transition's evidence, the route's
 //!   incidents and its recent synthetic probe errors.
 //! - `GET /incidents`: 90 days of incidents and where this calendar month's error budget went.
 //! - `GET /static/style.css`: the one stylesheet (the CSP allows no inline style or script).
 //!
-//! One file per page (`status`, `route`, `incidents`) and the SVG chart (`chart`); what
-//! they share (the layout's [`Chrome`], the error page, state colours, the cached
-//! [`PageData`]) is here.
+//! One file per page (`status`, `route`, `incidents`), `/`'s route lines (`lines`) and the
+//! SVG chart (`chart`); what they share (the layout's [`Chrome`], the error page, state
+//! colours, the cached [`PageData`]) is here.
 //!
 //! **Figures.** The same store figures as `/api/v1/status` ([`super::api::Figures`], through
 //! the shared [`FiguresCache`]), plus [`PageData`] (daily rollups of 90 days for every route in
