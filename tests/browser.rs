@@ -188,7 +188,12 @@ async fn chromium_renders_a_thousand_routes() {
         assert!(dom.contains(id.as_str()), "{id} missing from the DOM");
     }
     screenshot(&s.url("/?lang=en"), "status-1000-en.png", "1280,2000").await;
-    screenshot(&s.url("/?lang=zh&q=p3%2F"), "status-1000-zh-filtered.png", "1280,2000").await;
+    screenshot(
+        &s.url("/?lang=zh&q=p3%2F"),
+        "status-1000-zh-filtered.png",
+        "1280,2000",
+    )
+    .await;
     screenshot(&s.url("/?lang=en"), "status-1000-en-phone.png", "390,1600").await;
     h.shutdown.cancel();
 }

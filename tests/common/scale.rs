@@ -97,4 +97,3 @@ pub async fn fixture() -> (Harness, Served, Vec<String>) {
     let s = h.serve().await;
     (h, s, ids)
 }
-
