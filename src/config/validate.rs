@@ -294,7 +294,7 @@ impl<'a> Checker<'a> {
                 );
             } else if !routes
                 .iter()
-                .any(|r| crate::alert::maintenance::glob_match(g, r))
+                .any(|r| crate::glob::glob_match(g, r))
             {
                 self.warn(
                     path,
