@@ -194,6 +194,7 @@ async fn main() {
             &health,
             figures,
             data,
+            "",
             now,
         )
         .render()

@@ -103,7 +103,9 @@
 //!   each), `/metrics` (OpenMetrics), `/healthz`, `/readyz`, and the public HTML pages
 //!   (`web::pages`, one file per page and the SVG chart: `/`, `/routes/{id}`, `/incidents`,
 //!   askama templates in `templates/`, zh/en words in `web::i18n`, the stylesheet
-//!   `static/style.css` served at `/static/style.css`). Domain modules never import it.
+//!   `static/style.css` served at `/static/style.css`; `/`'s compact route lines in
+//!   `web::pages::lines`), the SVG badges (`web::badges`) and the incident Atom feed
+//!   (`web::atom`). Domain modules never import it.
 //! - [`proxy`]: the OpenAI-compatible routing proxy — candidates from the weights
 //!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
 //!   the documented failover classes (`proxy::attempt`), committed streams (`proxy::stream`),

@@ -22,6 +22,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
+pub mod atom;
+pub mod badges;
 pub mod drift;
 pub mod drills;
 pub mod feed;

@@ -10,8 +10,8 @@ use axum::Router;
 use serde_json::Value;
 
 use super::{
-    api, drift, drills, feed, ingest, metrics, openapi, pages, reload, requests, silences,
-    switches, AppState, Endpoint,
+    api, atom, badges, drift, drills, feed, ingest, metrics, openapi, pages, reload, requests,
+    silences, switches, AppState, Endpoint,
 };
 
 /// One endpoint: where it is, what serves it, and how the OpenAPI document describes it.
@@ -206,6 +206,23 @@ pub fn table() -> Vec<Entry> {
                 "incidentsPage",
                 false,
             ),
+        ),
+        Entry::new(M::GET, "/incidents.atom", get(atom::handler), atom::doc()),
+        // Badges (image/svg+xml, tagged `pages`): a route's (one wildcard, the tail names the
+        // badge) and a logical model's.
+        Entry::documented_as(
+            M::GET,
+            "/badges/{*rest}",
+            "/badges/{id}/{badge}",
+            get(badges::route),
+            badges::route_doc(),
+        ),
+        Entry::documented_as(
+            M::GET,
+            "/badges/model/{*rest}",
+            "/badges/model/{serves}/state.svg",
+            get(badges::model),
+            badges::model_doc(),
         ),
         Entry::new(
             M::GET,

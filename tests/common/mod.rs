@@ -10,12 +10,14 @@
 //!   signatures and answer the services' real bodies, and the alert tests' rig.
 //! - [`pages`]: a served monitor with routes in every state and 90 days of history, for the
 //!   page and browser tests.
+//! - [`scale`]: a served monitor with a thousand routes and 90 days of history.
 
 #![allow(dead_code, unused_imports)]
 
 pub mod alerts;
 pub mod app;
 pub mod pages;
+pub mod scale;
 pub mod upstream;
 
 pub use upstream::*;

@@ -164,6 +164,21 @@ pub struct Text {
     pub server_error: &'static str,
     pub server_error_text: &'static str,
     pub days_note: &'static str,
+    pub bad_request: &'static str,
+    pub bad_request_text: &'static str,
+    /// `/`'s filter form.
+    pub filter_label: &'static str,
+    pub filter_hint: &'static str,
+    pub filter_button: &'static str,
+    pub filter_clear: &'static str,
+    pub routes_word: &'static str,
+    pub no_match: &'static str,
+    /// The short note under the filter: what a line shows.
+    pub lines_note: &'static str,
+    pub col_state: &'static str,
+    pub col_days: &'static str,
+    pub feed: &'static str,
+    pub badges: &'static str,
 }
 
 /// A state as the page names it: the state code, with the Chinese word in front in Chinese.

@@ -1,18 +1,18 @@
 //! The public HTML pages (askama templates in `templates/`, rendered to `Html<String>` here):
 //!
-//! - `GET /`: the overall banner; active incidents, maintenance windows and network findings on
-//!   top; routes grouped by logical model (`serves`), each with its state (colour and text),
-//!   since when, the reason in plain words, the failure mode, 90 day bars, uptime 24h/7d/30d,
-//!   latency p50/p95 against the baseline, TTFT, tokens/s, SLO target and error budget left.
+//! - `GET /`: the overall banner; active incidents, maintenance windows, network findings and
+//!   the budget on top, with the count of routes per state; routes grouped by logical model
+//!   (`serves`), models and routes worst first, one compact line per route (state, 90-day
+//!   bar, uptime 24h/30d, latency p50, the reason when not normal; `lines`); `?q=` filters.
 //! - `GET /routes/{id}`: one route — a 24 h SVG latency chart from the 5-minute rollups with
 //!   the baseline band behind, the state timeline with each transition's evidence, the route's
 //!   incidents and its recent synthetic probe errors.
 //! - `GET /incidents`: 90 days of incidents and where this calendar month's error budget went.
 //! - `GET /static/style.css`: the one stylesheet (the CSP allows no inline style or script).
 //!
-//! One file per page (`status`, `route`, `incidents`) and the SVG chart (`chart`); what
-//! they share (the layout's [`Chrome`], the error page, state colours, the cached
-//! [`PageData`]) is here.
+//! One file per page (`status`, `route`, `incidents`), `/`'s route lines (`lines`) and the
+//! SVG chart (`chart`); what they share (the layout's [`Chrome`], the error page, state
+//! colours, the cached [`PageData`]) is here.
 //!
 //! **Figures.** The same store figures as `/api/v1/status` ([`super::api::Figures`], through
 //! the shared [`FiguresCache`]), plus [`PageData`] (daily rollups of 90 days for every route in
@@ -40,11 +40,13 @@
 
 mod chart;
 mod incidents;
+mod lines;
 mod route;
 mod status;
 
 pub use chart::*;
 pub use incidents::*;
+pub use lines::*;
 pub use route::*;
 pub use status::*;
 
@@ -80,7 +82,7 @@ pub const MAX_INCIDENTS: usize = 2000;
 /// The stylesheet, compiled in.
 pub const STYLE: &str = include_str!("../../../static/style.css");
 /// The CSP of every page: no script at all, styles only from our own stylesheet.
-pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// Path-segment encoding for route ids in links (`/` becomes `%2F`).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -181,6 +183,8 @@ impl FiguresCache {
 pub enum PageError {
     #[error("not found")]
     NotFound,
+    #[error("bad request: {0}")]
+    BadRequest(String),
     #[error("store: {0}")]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -207,6 +211,9 @@ impl IntoResponse for AppError {
         let t = self.lang.text();
         let (status, heading, text) = match &self.error {
             PageError::NotFound => (StatusCode::NOT_FOUND, t.not_found, t.not_found_text),
+            PageError::BadRequest(_) => {
+                (StatusCode::BAD_REQUEST, t.bad_request, t.bad_request_text)
+            }
             other => {
                 tracing::error!(error = %other, "page failed");
                 (
@@ -266,6 +273,8 @@ pub async fn stylesheet() -> Response {
 #[derive(Debug, Default, Deserialize)]
 pub struct LangQuery {
     lang: Option<String>,
+    /// `/`'s route filter.
+    q: Option<String>,
 }
 
 fn pick_lang(q: &Result<Query<LangQuery>, QueryRejection>, headers: &HeaderMap) -> Lang {
@@ -275,7 +284,7 @@ fn pick_lang(q: &Result<Query<LangQuery>, QueryRejection>, headers: &HeaderMap) 
     Lang::pick(q.as_ref().ok().and_then(|q| q.lang.as_deref()), accept)
 }
 
-fn route_href(id: &RouteId, lang: Lang) -> String {
+pub fn route_href(id: &RouteId, lang: Lang) -> String {
     format!(
         "/routes/{}?lang={}",
         utf8_percent_encode(id.as_str(), SEGMENT),
@@ -292,7 +301,7 @@ fn anchor(id: &RouteId) -> String {
     format!("r-{s}")
 }
 
-fn when(t: DateTime<Utc>) -> String {
+pub fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M UTC").to_string()
 }
 
@@ -307,6 +316,12 @@ pub struct Chrome {
     pub switch_href: String,
     pub switch_code: &'static str,
     pub generated: String,
+    /// This page's language code, for the filter form.
+    pub code: &'static str,
+    /// The incident feed in this language.
+    pub atom: String,
+    /// A badge to show as the footer's example (a route's state badge), when there is one.
+    pub badge: Option<String>,
 }
 
 impl Chrome {
@@ -325,6 +340,9 @@ impl Chrome {
             switch_href: format!("{path}?lang={}", other.code()),
             switch_code: other.code(),
             generated: when(now),
+            code: lang.code(),
+            atom: format!("/incidents.atom?lang={}", lang.code()),
+            badge: None,
         }
     }
 }

@@ -44,11 +44,21 @@ pub struct RouteCard {
     pub budget: String,
 }
 
+/// A logical model on `/`: its state and the lines of its routes (those the filter kept).
 pub struct Group {
     pub name: String,
     pub state_class: &'static str,
     pub state_text: &'static str,
-    pub routes: Vec<RouteCard>,
+    pub routes: Vec<RouteLine>,
+    /// For the ordering: how bad the model's state is.
+    pub(super) rank: u8,
+}
+
+/// How many routes are in one state (the summary line on top).
+pub struct StateCount {
+    pub state_class: &'static str,
+    pub state_text: &'static str,
+    pub count: usize,
 }
 
 pub struct IncidentLine {
@@ -71,6 +81,12 @@ pub struct StatusPage {
     pub maintenance: Vec<String>,
     pub findings: Vec<String>,
     pub groups: Vec<Group>,
+    /// Routes per state, worst first (all routes, whatever the filter).
+    pub counts: Vec<StateCount>,
+    /// `?q=` as given (trimmed), and how many routes it kept of how many.
+    pub q: String,
+    pub shown: usize,
+    pub total: usize,
     /// The hourly extra-cost budget of serving off the primaries, when it is in force.
     pub budget: Option<String>,
     /// Logical models whose traffic the switch controller moved (switched, canary, probing).
@@ -170,7 +186,7 @@ fn opt_ms(v: Option<f64>, t: &Text) -> String {
     v.map_or_else(|| t.no_data.to_owned(), fmt_ms)
 }
 
-fn ratio(m: &HashMap<RouteId, Counts>, id: &RouteId, t: &Text) -> String {
+pub(super) fn ratio(m: &HashMap<RouteId, Counts>, id: &RouteId, t: &Text) -> String {
     m.get(id)
         .and_then(Counts::success_ratio)
         .map_or_else(|| t.no_data.to_owned(), i18n::percent)
@@ -321,7 +337,8 @@ fn next_window(
     (end > now && start < now + TimeDelta::days(7)).then_some((start, end))
 }
 
-/// The `/` page's view model (a pure function of its inputs: the benchmark calls it).
+/// The `/` page's view model (a pure function of its inputs: the benchmark calls it). `q`
+/// keeps the routes whose id matches ([`matches`]); empty keeps all.
 #[allow(clippy::too_many_arguments)] // each input is a different source; a struct would only rename them
 pub fn status_page(
     lang: Lang,
@@ -331,6 +348,7 @@ pub fn status_page(
     health: &HealthSnapshot,
     figures: &Figures,
     data: &PageData,
+    q: &str,
     now: DateTime<Utc>,
 ) -> StatusPage {
     let t = lang.text();
@@ -340,50 +358,63 @@ pub fn status_page(
     for i in &data.incidents {
         incidents_of.entry(&i.route).or_default().push(i);
     }
+    let state_of = |r: &Route| by_id.get(&r.id).map_or(St::Unknown, |s| s.state);
     let dates = day_dates(now);
     let mut groups: Vec<Group> = Vec::new();
+    let mut members: Vec<Vec<(Tier, St)>> = Vec::new();
     let mut group_of: HashMap<&str, usize> = HashMap::new();
+    let mut per_state: HashMap<St, usize> = HashMap::new();
+    let mut shown = 0;
     for r in routes {
-        let status = by_id.get(&r.id).copied();
-        let incidents = incidents_of.get(&r.id).map_or(&[][..], Vec::as_slice);
-        let card = route_card(lang, r, status, figures, data, incidents, &dates, now);
+        let state = state_of(r);
+        *per_state.entry(state).or_default() += 1;
         let gi = *group_of.entry(r.serves.as_str()).or_insert_with(|| {
             groups.push(Group {
                 name: r.serves.clone(),
                 state_class: "",
                 state_text: "",
                 routes: Vec::new(),
+                rank: 0,
             });
+            members.push(Vec::new());
             groups.len() - 1
         });
-        groups[gi].routes.push(card);
+        members[gi].push((r.tier, state));
+        if !q.is_empty() && !matches(&r.id, q) {
+            continue;
+        }
+        shown += 1;
+        let status = by_id.get(&r.id).copied();
+        let incidents = incidents_of.get(&r.id).map_or(&[][..], Vec::as_slice);
+        let line = route_line(lang, r, status, figures, data, incidents, &dates, now);
+        groups[gi].routes.push(line);
     }
-    // A logical model's state: the best among its primary routes, judged ones first.
-    for g in &mut groups {
-        let members: Vec<(Tier, St)> = routes
-            .iter()
-            .filter(|r| r.serves == g.name)
-            .map(|r| (r.tier, by_id.get(&r.id).map_or(St::Unknown, |s| s.state)))
-            .collect();
-        let primaries: Vec<St> = members
-            .iter()
-            .filter(|(t, _)| *t == Tier::Primary)
-            .map(|(_, s)| *s)
-            .collect();
-        let pool = if primaries.is_empty() {
-            members.iter().map(|(_, s)| *s).collect()
-        } else {
-            primaries
-        };
-        let best = pool
-            .iter()
-            .copied()
-            .filter(|s| *s != St::Unknown)
-            .min_by_key(|s| severity(*s))
-            .unwrap_or(St::Unknown);
-        g.state_class = state_class(best);
-        g.state_text = i18n::state(lang, best);
+    for (g, m) in groups.iter_mut().zip(members) {
+        let state = model_state(m);
+        g.state_class = state_class(state);
+        g.state_text = i18n::state(lang, state);
+        g.rank = severity(state);
     }
+    groups.retain(|g| !g.routes.is_empty());
+    order(&mut groups);
+    let counts = [
+        St::Critical,
+        St::Switched,
+        St::Degraded,
+        St::Warning,
+        St::Normal,
+        St::Unknown,
+    ]
+    .into_iter()
+    .filter_map(|s| {
+        let count = per_state.get(&s).copied().filter(|n| *n > 0)?;
+        Some(StateCount {
+            state_class: state_class(s),
+            state_text: i18n::state(lang, s),
+            count,
+        })
+    })
+    .collect();
     let (overall_class, overall_text) = match api::overall(routes, health) {
         "outage" => ("outage", t.overall_outage),
         "degraded" => ("degraded", t.overall_degraded),
@@ -433,13 +464,22 @@ pub fn status_page(
         .map(|f| i18n::finding(lang, f.kind, &f.providers, f.routes.len()))
         .collect();
     StatusPage {
-        c: Chrome::new(lang, t.nav_status, title, "/", now),
+        c: Chrome {
+            badge: routes
+                .first()
+                .map(|r| format!("/badges/{}/state.svg", r.id.as_str())),
+            ..Chrome::new(lang, t.nav_status, title, "/", now)
+        },
         overall_class,
         overall_text,
         incidents,
         maintenance,
         findings,
         groups,
+        counts,
+        q: q.to_owned(),
+        shown,
+        total: routes.len(),
         budget: None,
         switches: Vec::new(),
         stale_jobs: Vec::new(),
@@ -462,6 +502,18 @@ pub async fn status(
         title: config.server.title.clone(),
         now,
     };
+    let filter = q
+        .as_ref()
+        .ok()
+        .and_then(|q| q.q.as_deref())
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    if filter.chars().count() > MAX_QUERY {
+        return Err(fail(PageError::BadRequest(format!(
+            "q is longer than {MAX_QUERY} characters"
+        ))));
+    }
     let health = state.health.borrow().clone();
     let figures = state
         .figures
@@ -481,6 +533,7 @@ pub async fn status(
         &health,
         &figures,
         &data,
+        &filter,
         now,
     );
     page.stale_jobs = stale_jobs(&state, config.heartbeat.stale_after, now)

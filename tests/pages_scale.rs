@@ -1,0 +1,117 @@
+//! The status page at a thousand routes over real sockets: one compact line per route under
+//! the size bound, models and routes worst first, and the `?q=` filter.
+
+mod common;
+
+use common::app::*;
+use common::scale::{fixture, ROUTES};
+use reqwest::StatusCode;
+
+/// The page's weight bound at a thousand routes × 90 days.
+const MAX_BYTES: usize = 1_500_000;
+
+async fn page(s: &Served, path: &str) -> (StatusCode, String) {
+    let r = reqwest::get(s.url(path)).await.unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+fn href(id: &str, lang: &str) -> String {
+    format!("href=\"/routes/{}?lang={lang}\"", id.replace('/', "%2F"))
+}
+
+/// How bad a state class is, as the page orders it.
+fn rank(class: &str) -> u8 {
+    match class {
+        "st-critical" => 4,
+        "st-degraded" | "st-switched" => 3,
+        "st-warning" => 2,
+        "st-normal" => 1,
+        _ => 0,
+    }
+}
+
+/// The state class right after `marker` for every occurrence, in page order.
+fn classes_after<'a>(body: &'a str, marker: &str) -> Vec<&'a str> {
+    body.split(marker)
+        .skip(1)
+        .map(|rest| {
+            let rest = &rest[rest.find("class=\"badge ").unwrap() + 13..];
+            &rest[..rest.find('"').unwrap()]
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_thousand_routes_fit_in_the_bound_worst_first() {
+    let (h, s, ids) = fixture().await;
+    for lang in ["en", "zh"] {
+        let (status, body) = page(&s, &format!("/?lang={lang}")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.len() < MAX_BYTES,
+            "{lang}: {} bytes at {ROUTES} routes",
+            body.len()
+        );
+        for id in &ids {
+            assert!(body.contains(&href(id, lang)), "{id} missing ({lang})");
+        }
+        assert_eq!(body.matches("class=\"bar\"").count(), ROUTES);
+        assert_eq!(body.matches("<tr><td class=\"rt\">").count(), ROUTES);
+        assert!(body.contains(&format!("{ROUTES} ")), "the route count");
+        // Models worst first, and the routes of each model worst first.
+        let groups = classes_after(&body, "<h2 class=\"group\"");
+        assert_eq!(groups.len(), 100);
+        assert!(
+            groups.windows(2).all(|w| rank(w[0]) >= rank(w[1])),
+            "{groups:?}"
+        );
+        for section in body.split("<h2 class=\"group\"").skip(1) {
+            let rows = classes_after(section, "<tr><td class=\"rt\">");
+            assert_eq!(rows.len(), 10);
+            assert!(
+                rows.windows(2).all(|w| rank(w[0]) >= rank(w[1])),
+                "{rows:?}"
+            );
+        }
+        // The bad days stand out with their own tooltip.
+        assert!(body.contains("d-critical s1\" title=\"2026-05-17 0.00% · "));
+    }
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn the_filter_keeps_matching_routes_only() {
+    let (h, s, ids) = fixture().await;
+    // A provider: `p3/…` (50 routes); a substring is case-insensitive.
+    let (status, body) = page(&s, "/?lang=en&q=P3%2F").await;
+    assert_eq!(status, StatusCode::OK);
+    let kept: Vec<&String> = ids.iter().filter(|i| i.starts_with("p3/")).collect();
+    assert_eq!(kept.len(), 50);
+    assert_eq!(body.matches("<tr><td class=\"rt\">").count(), 50);
+    for id in &ids {
+        assert_eq!(
+            body.contains(&href(id, "en")),
+            id.starts_with("p3/"),
+            "{id}"
+        );
+    }
+    assert!(body.contains("50 / 1000 routes"), "the filter's count");
+    assert!(body.contains("value=\"P3/\""), "the form keeps the filter");
+    // A glob over the route id: every route of region r2 (200 routes).
+    let (_, body) = page(&s, "/?lang=en&q=*%2Fr2%2F*").await;
+    assert_eq!(body.matches("<tr><td class=\"rt\">").count(), 200);
+    // One route by its whole id.
+    let (_, body) = page(&s, "/?lang=zh&q=p7%2Fr1%2Fm27").await;
+    assert_eq!(body.matches("<tr><td class=\"rt\">").count(), 1);
+    assert!(body.contains(&href("p7/r1/m27", "zh")));
+    // Nothing matches: said so, in the language.
+    let (status, body) = page(&s, "/?lang=zh&q=nosuchprovider").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("id=\"no-match\""));
+    assert!(body.contains("没有线路符合此筛选条件"));
+    // A filter too long is a 400 error page, not a slow scan.
+    let (status, body) = page(&s, &format!("/?q={}", "x".repeat(201))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("Bad request"));
+    h.shutdown.cancel();
+}
