@@ -119,11 +119,15 @@ pub fn check_config(path: &Path) -> Result<(), CliError> {
     warn_all(&warnings);
     open?;
     let routes = config.routes();
-    println!("{}: ok, {} route(s)", path.display(), routes.len());
-    print!("{}", routes_table(&routes));
-    print!("{}", sets_summary(&config, &sets, &routes));
-    print!("{}", cost_summary(&sets, &routes));
-    print!("{}", alert_channels_summary(&config, &routes));
+    crate::stdout::println(format_args!(
+        "{}: ok, {} route(s)",
+        path.display(),
+        routes.len()
+    ));
+    crate::stdout::print(format_args!("{}", routes_table(&routes)));
+    crate::stdout::print(format_args!("{}", sets_summary(&config, &sets, &routes)));
+    crate::stdout::print(format_args!("{}", cost_summary(&sets, &routes)));
+    crate::stdout::print(format_args!("{}", alert_channels_summary(&config, &routes)));
     Ok(())
 }
 
@@ -375,9 +379,9 @@ pub async fn regress(path: &Path, only: Option<&str>, json: bool) -> Result<(), 
     .await;
     let runs: Vec<drift::SetRun> = per_route.into_iter().flatten().collect();
     if json {
-        print!("{}", drift::report::json_lines(&runs));
+        crate::stdout::print(format_args!("{}", drift::report::json_lines(&runs)));
     } else {
-        print!("{}", drift::report::text(&runs));
+        crate::stdout::print(format_args!("{}", drift::report::text(&runs)));
     }
     Ok(())
 }
@@ -453,10 +457,10 @@ pub async fn probe(
             .await;
     if json {
         for o in &outcomes {
-            println!("{}", probe_json(o));
+            crate::stdout::println(format_args!("{}", probe_json(o)));
         }
     } else {
-        print!("{}", outcomes_table(&outcomes));
+        crate::stdout::print(format_args!("{}", outcomes_table(&outcomes)));
     }
     if record {
         let store = Store::open(
@@ -616,7 +620,7 @@ pub async fn alert_test(path: &Path, only: Option<usize>) -> Result<(), CliError
         };
         rows.push([name.clone(), result, answer.replace('\n', " ")]);
     }
-    print!("{}", format_table(&rows));
+    crate::stdout::print(format_args!("{}", format_table(&rows)));
     if failed > 0 {
         return Err(CliError::Runtime(format!(
             "{failed} of {} channel(s) failed",
@@ -647,18 +651,23 @@ pub async fn simulate(listen: SocketAddr, scenario: &str, time_scale: f64) -> Re
     let mut config = SimConfig::standalone(scenario);
     config.time_scale = time_scale;
     let mut seen = std::collections::BTreeSet::new();
-    println!("scenario {scenario} at {time_scale}x; OpenAI-compatible base URLs:");
+    crate::stdout::println(format_args!(
+        "scenario {scenario} at {time_scale}x; OpenAI-compatible base URLs:"
+    ));
     for r in &config.routes {
         if seen.insert((r.provider.clone(), r.region.clone())) {
-            println!("  {}", sim::base_url(addr, &r.provider, &r.region));
+            crate::stdout::println(format_args!(
+                "  {}",
+                sim::base_url(addr, &r.provider, &r.region)
+            ));
         }
     }
     for r in &config.routes {
-        println!(
+        crate::stdout::println(format_args!(
             "  route {} ({})",
             RouteId::new(&r.provider, &r.region, &r.model),
             r.scenario
-        );
+        ));
     }
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());

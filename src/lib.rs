@@ -34,6 +34,7 @@
 //! - [`slo`]: the error budget, one definition (time: bad outcomes × interval against
 //!   `(1 − target) × window`) for the route card, the API, the incidents page and the
 //!   burn-rate alerts.
+//! - [`stdout`]: the command line's own output (a closed pipe ends it quietly).
 //!
 //! **Config** — imports base only.
 //!
@@ -142,6 +143,7 @@ pub mod severity;
 pub mod silence;
 pub mod slo;
 pub mod state;
+pub mod stdout;
 
 // Config and store.
 pub mod config;

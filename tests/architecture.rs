@@ -39,6 +39,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("glob", Layer::Base),
     ("listen", Layer::Base),
     ("slo", Layer::Base),
+    ("stdout", Layer::Base),
     ("config", Layer::Config),
     ("store", Layer::Store),
     ("probe", Layer::Domain),

@@ -290,3 +290,42 @@ fn check_config_prints_the_probe_cost_per_route_and_in_total() {
         "{stdout}"
     );
 }
+
+/// `probeok check-config … | head`: a reader that closes the pipe early ends the command
+/// quietly with success (as `grep` does), never with a panic and a backtrace.
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let mut body = route_toml("http://127.0.0.1:1/v1");
+    // Enough routes that the report is far larger than a pipe's buffer (64 KiB on Linux).
+    for i in 0..3000 {
+        body.push_str(&format!(
+            "\n[[route]]\nprovider = \"sim\"\nregion = \"r1\"\nmodel = \"model-with-a-long-name-{i:05}\"\nserves = \"chat\"\ntier = \"backup\"\n"
+        ));
+    }
+    let path = write(&dir, "big.toml", &body);
+    let mut child = probeok()
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 64];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout); // `head` is done: the pipe closes.
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}

@@ -166,7 +166,7 @@ pub async fn start(a: &StartArgs) -> Result<(), ClientError> {
     let d: DrillView = serde_json::from_value(v)
         .map_err(|e| ClientError::Runtime(format!("drill start: unexpected answer: {e}")))?;
     let ramp: Vec<String> = d.drill.ramp.iter().map(|p| format!("{p}%")).collect();
-    println!(
+    crate::stdout::println(format_args!(
         "drill {} started on {} ({}): weight → {} in {} stage(s) ({}), ends {}{}",
         d.drill.id,
         d.drill.route,
@@ -176,7 +176,7 @@ pub async fn start(a: &StartArgs) -> Result<(), ClientError> {
         ramp.join(", "),
         when(d.drill.ends_at),
         if d.drill.forced { " (forced)" } else { "" }
-    );
+    ));
     Ok(())
 }
 
@@ -199,15 +199,15 @@ pub async fn stop(server: &str, route: Option<&str>) -> Result<(), ClientError> 
     let s: Stopped = serde_json::from_value(v)
         .map_err(|e| ClientError::Runtime(format!("drill stop: unexpected answer: {e}")))?;
     if s.drills.is_empty() {
-        println!("no drill was running");
+        crate::stdout::println(format_args!("no drill was running"));
     }
     for d in s.drills {
-        println!(
+        crate::stdout::println(format_args!(
             "drill {} on {} stopped at {}",
             d.drill.id,
             d.drill.route,
             d.drill.ended_at.map(when).unwrap_or_default()
-        );
+        ));
     }
     Ok(())
 }
@@ -223,10 +223,10 @@ pub async fn report(server: &str, id: &str, json: bool) -> Result<(), ClientErro
     )
     .await?;
     if json {
-        println!(
+        crate::stdout::println(format_args!(
             "{}",
             serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
-        );
+        ));
         return Ok(());
     }
     #[derive(Deserialize)]
@@ -236,7 +236,7 @@ pub async fn report(server: &str, id: &str, json: bool) -> Result<(), ClientErro
     }
     let a: Answer = serde_json::from_value(v)
         .map_err(|e| ClientError::Runtime(format!("drill report: unexpected answer: {e}")))?;
-    print!("{}", render_text(&a.drill.drill, &a.report));
+    crate::stdout::print(format_args!("{}", render_text(&a.drill.drill, &a.report)));
     Ok(())
 }
 
