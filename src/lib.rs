@@ -32,7 +32,7 @@
 //!   (header read timeout, 431 past a 32 KiB head, bounded open connections, graceful
 //!   shutdown).
 //! - [`slo`]: the error budget, one definition (time: bad outcomes × interval against
-//!   `(1 − target) × window`) for the route card, the API, the incidents page and the
+//!   `(1 − target) × window`) for the route page, the API, the incidents page and the
 //!   burn-rate alerts.
 //! - [`stdout`]: the command line's own output (a closed pipe ends it quietly).
 //!

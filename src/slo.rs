@@ -6,7 +6,7 @@
 //! window does not have yet is not counted as bad, so a fresh route starts with its whole
 //! budget instead of "43× spent" after one failed probe.
 //!
-//! The route card, `/api/v1/status` (`slo`), the incidents page's monthly account and the
+//! The route page, `/api/v1/status` (`slo`), the incidents page's monthly account and the
 //! burn-rate alerts all read their figures from here, so they agree to the second.
 
 use std::time::Duration;

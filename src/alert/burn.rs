@@ -12,7 +12,7 @@
 //!
 //! [`evaluate`] is pure over counts; [`read_windows`] is the I/O around it (the store's
 //! 5-minute rollups for windows up to 6 h, hourly ones for 3 d, of **probe** outcomes as
-//! [`crate::slo`] counts them — the same bad outcomes the route card, `/api/v1/status` and
+//! [`crate::slo`] counts them — the same bad outcomes the route page, `/api/v1/status` and
 //! the incidents page spend the budget with; "bad" = not good per `[slo] latency_threshold`,
 //! as the rollups count it).
 
