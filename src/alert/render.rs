@@ -715,14 +715,33 @@ fn markdown(title: &str, lines: &[Line]) -> String {
     let mut out = format!("### {title}\n\n");
     for l in lines {
         match l {
-            Line::Field(k, v) => out.push_str(&format!("**{k}**: {v}\n\n")),
+            Line::Field(k, v) => out.push_str(&format!("**{k}**: {}\n\n", md_text(v))),
             Line::Link(k, url) => out.push_str(&format!("**{k}**: [{url}]({url})\n\n")),
-            Line::Bullet(s, Some(url)) => out.push_str(&format!("- [{s}]({url})\n")),
-            Line::Bullet(s, None) => out.push_str(&format!("- {s}\n")),
-            Line::Para(s) => out.push_str(&format!("\n{s}\n\n")),
+            Line::Bullet(s, Some(url)) => out.push_str(&format!("- [{}]({url})\n", md_text(s))),
+            Line::Bullet(s, None) => out.push_str(&format!("- {}\n", md_text(s))),
+            Line::Para(s) => out.push_str(&format!("\n{}\n\n", md_text(s))),
         }
     }
     out.trim_end().to_owned()
+}
+
+/// Text that reaches a chat robot's markdown — upstream error messages, reported model names,
+/// drift examples — made inert: no link, image, HTML or `<at …>` mention can be formed from
+/// it, whatever an upstream answers. The robots' markdown dialects have no reliable escape
+/// character, so the few characters that build those are swapped for look-alikes.
+fn md_text(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '[' => '［',
+            ']' => '］',
+            '<' => '‹',
+            '>' => '›',
+            '`' => 'ˋ',
+            '*' => '∗',
+            '\n' | '\r' => ' ',
+            c => c,
+        })
+        .collect()
 }
 
 fn text(title: &str, lines: &[Line]) -> String {
@@ -777,4 +796,31 @@ fn html(title: &str, lines: &[Line]) -> String {
         out.push_str("</ul>\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_text_cannot_build_links_html_or_mentions_in_markdown() {
+        let hostile =
+            "boom [click](http://evil.example) <at id=all></at> **bold** `code`\n### heading";
+        let md = markdown(
+            "t",
+            &[
+                Line::Field("What".into(), hostile.into()),
+                Line::Bullet(hostile.into(), Some("http://status.example/r".into())),
+                Line::Para(hostile.into()),
+            ],
+        );
+        assert!(!md.contains("[click]"), "{md}");
+        assert!(!md.contains("<at"), "{md}");
+        assert!(!md.contains("**bold**"), "{md}");
+        assert!(!md.contains('`'), "{md}");
+        assert!(!md.contains("\n### heading"), "{md}");
+        // Our own formatting survives: the field's key and the bullet's link.
+        assert!(md.contains("**What**: boom"), "{md}");
+        assert!(md.contains("](http://status.example/r)"), "{md}");
+    }
 }
