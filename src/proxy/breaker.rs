@@ -8,7 +8,7 @@
 //! - **Open** for `open_for`: selection puts the route last (tried only when every other
 //!   candidate failed, so a model whose every route is open still gets an answer rather than a
 //!   refusal). A failure while open (a request let through before it opened, or a last-resort
-//!   try) **extends** the open period to `now + open_for` — DESIGN.md's trap: a second failure
+//!   try) **extends** the open period to `now + open_for` — a second failure
 //!   must never shorten or forget a cooldown.
 //! - **Half-open** once the period is over: [`HALF_OPEN_TRIALS`] requests are let through.
 //!   That many successes close the breaker (and reset `open_for` to the configured value); any
