@@ -197,6 +197,38 @@ impl From<super::ApiError> for PageError {
     }
 }
 
+/// What every page handler starts from: the reader's language, `now`, the live config, and
+/// the error page that goes with them.
+struct PageRequest {
+    lang: Lang,
+    now: DateTime<Utc>,
+    config: Arc<crate::config::Config>,
+}
+
+impl PageRequest {
+    fn new(
+        state: &AppState,
+        q: &Result<Query<LangQuery>, QueryRejection>,
+        headers: &HeaderMap,
+    ) -> Self {
+        Self {
+            lang: pick_lang(q, headers),
+            now: state.clock.now(),
+            config: state.config.current(),
+        }
+    }
+
+    /// `error` as this request's error page.
+    fn fail(&self, error: PageError) -> AppError {
+        AppError {
+            lang: self.lang,
+            error,
+            title: self.config.server.title.clone(),
+            now: self.now,
+        }
+    }
+}
+
 /// A [`PageError`] in a language: what handlers return.
 #[derive(Debug)]
 pub struct AppError {

@@ -493,15 +493,9 @@ pub async fn status(
     q: Result<Query<LangQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    let lang = pick_lang(&q, &headers);
-    let now = state.clock.now();
-    let config = state.config.current();
-    let fail = |error: PageError| AppError {
-        lang,
-        error,
-        title: config.server.title.clone(),
-        now,
-    };
+    let req = PageRequest::new(&state, &q, &headers);
+    let (lang, now, config) = (req.lang, req.now, req.config.clone());
+    let fail = |error: PageError| req.fail(error);
     let filter = q
         .as_ref()
         .ok()
