@@ -174,6 +174,21 @@ pub async fn start_with(
     );
 
     let metrics = Arc::new(web::Metrics::new(&routes));
+    // The burn-rate windows as running sums: the rollups read once now, before the first
+    // outcome of this run is written; every stored outcome is added from then on.
+    let tally = Arc::new(crate::alert::tally::Tally::new(
+        routes.iter().map(|r| &r.id),
+        config.slo.latency_threshold,
+    ));
+    {
+        let (tally, store, now) = (tally.clone(), store.clone(), clock.now());
+        tokio::task::spawn_blocking(move || tally.seed(&store.reader()?, now)).await??;
+    }
+    let recorded = Recorded {
+        tally: tally.clone(),
+        lag: Arc::new(crate::lag::StoreLag::default()),
+    };
+    metrics.attach_store_lag(recorded.lag.clone());
     let (sched_tx, sched_rx) = mpsc::channel(1024);
     let scheduler_task = tokio::spawn(scheduler::run_with_confirmations(
         routes.iter().cloned().map(Arc::new).collect(),
@@ -193,6 +208,7 @@ pub async fn start_with(
         store.writer(),
         detect_tx.clone(),
         metrics.clone(),
+        recorded.clone(),
     ));
     let retention_task = tokio::spawn(retention(
         store.writer(),
@@ -203,7 +219,12 @@ pub async fn start_with(
     ));
 
     let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
-    let passive_task = tokio::spawn(record_passive(passive_rx, store.writer(), detect_tx));
+    let passive_task = tokio::spawn(record_passive(
+        passive_rx,
+        store.writer(),
+        detect_tx,
+        recorded,
+    ));
 
     // Publishing: weights follow health; metrics see every outcome; the ingest token is read
     // once here.
@@ -363,7 +384,8 @@ pub async fn start_with(
             crate::alert::AlertService::new(live.current(), store.clone(), clock.clone(), channels)
                 .with_jobs(&jobs)
                 .with_pulses(&pulses)
-                .with_live(live.clone());
+                .with_live(live.clone())
+                .with_tally(tally);
         metrics.follow_alerts(service.metrics().clone());
         tokio::spawn(crate::alert::run(
             Arc::new(service),
@@ -430,31 +452,86 @@ pub async fn start_with(
     })
 }
 
+/// What the recorders tell about each outcome the store took.
+#[derive(Clone)]
+struct Recorded {
+    /// The burn-rate windows' running sums.
+    tally: Arc<crate::alert::tally::Tally>,
+    lag: Arc<crate::lag::StoreLag>,
+}
+
 /// Writes every scheduler event to the store, then hands outcomes to detection; one failed
-/// write is logged, not fatal (the outcome is still judged).
+/// write is logged, not fatal (the outcome is still judged). Whatever is queued when it looks
+/// goes to the store in one transaction: a writer that falls behind gets bigger batches, so
+/// it catches up instead of the queue filling and the scheduler skipping probes.
 async fn record(
     mut events: mpsc::Receiver<SchedulerEvent>,
     writer: Writer,
     detect: mpsc::Sender<ProbeOutcome>,
     metrics: Arc<web::Metrics>,
+    recorded: Recorded,
 ) {
-    while let Some(event) = events.recv().await {
-        let result = match event {
-            SchedulerEvent::Outcome(outcome) => {
-                metrics.observe_outcome(&outcome);
-                let stored = writer.record(outcome.clone()).await;
-                to_detection(&detect, outcome).await;
-                stored
+    while let Some(first) = events.recv().await {
+        let mut outcomes = Vec::new();
+        let mut others = Vec::new();
+        let mut next = Some(first);
+        while let Some(event) = next.take() {
+            match event {
+                SchedulerEvent::Outcome(o) => outcomes.push(o),
+                other => others.push(other),
             }
-            SchedulerEvent::Skipped { route, kind, at } => {
-                writer.record_skip(&route, kind, at).await
+            if outcomes.len() + others.len() < crate::store::BATCH_CAP {
+                next = events.try_recv().ok();
             }
-            SchedulerEvent::Heartbeat { at } => writer.heartbeat("scheduler", at).await,
-        };
-        if let Err(e) = result {
-            tracing::error!(error = %e, "cannot record a scheduler event");
+        }
+        for o in &outcomes {
+            metrics.observe_outcome(o);
+        }
+        store_batch(&writer, &outcomes, &recorded).await;
+        for o in outcomes {
+            to_detection(&detect, o).await;
+        }
+        for event in others {
+            let result = match event {
+                SchedulerEvent::Outcome(_) => Ok(()),
+                SchedulerEvent::Skipped { route, kind, at } => {
+                    writer.record_skip(&route, kind, at).await
+                }
+                SchedulerEvent::Heartbeat { at } => writer.heartbeat("scheduler", at).await,
+            };
+            if let Err(e) = result {
+                tracing::error!(error = %e, "cannot record a scheduler event");
+            }
         }
     }
+}
+
+/// Stores `outcomes` in one transaction; if that fails, one by one, so one bad outcome does
+/// not lose its neighbours. Each stored outcome is counted into the burn-rate sums.
+async fn store_batch(writer: &Writer, outcomes: &[ProbeOutcome], recorded: &Recorded) {
+    let Some(oldest) = outcomes
+        .iter()
+        .map(|o| o.started_at + chrono::Duration::milliseconds(o.total_ms as i64))
+        .min()
+    else {
+        return;
+    };
+    recorded.lag.begin(oldest);
+    if writer.record_many(outcomes.to_vec()).await.is_ok() {
+        for o in outcomes {
+            recorded.tally.record(o);
+        }
+    } else {
+        for o in outcomes {
+            match writer.record(o.clone()).await {
+                Ok(()) => recorded.tally.record(o),
+                Err(e) => {
+                    tracing::error!(route = %o.route, error = %e, "cannot record an outcome")
+                }
+            }
+        }
+    }
+    recorded.lag.done();
 }
 
 /// The proxy's view of the monitor's weights, kept current by a task that ends with the
@@ -517,17 +594,26 @@ async fn follow_breakers(
     }
 }
 
-/// Stores passive outcomes as they arrive, then hands them to detection.
+/// Stores passive outcomes as they arrive (what is queued together in one transaction), then
+/// hands them to detection.
 async fn record_passive(
     mut passive: mpsc::Receiver<ProbeOutcome>,
     writer: Writer,
     detect: mpsc::Sender<ProbeOutcome>,
+    recorded: Recorded,
 ) {
-    while let Some(outcome) = passive.recv().await {
-        if let Err(e) = writer.record(outcome.clone()).await {
-            tracing::error!(error = %e, "cannot record a passive outcome");
+    while let Some(first) = passive.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < crate::store::BATCH_CAP {
+            match passive.try_recv() {
+                Ok(o) => batch.push(o),
+                Err(_) => break,
+            }
         }
-        to_detection(&detect, outcome).await;
+        store_batch(&writer, &batch, &recorded).await;
+        for o in batch {
+            to_detection(&detect, o).await;
+        }
     }
 }
 

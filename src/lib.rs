@@ -35,6 +35,7 @@
 //!   `(1 − target) × window`) for the route page, the API, the incidents page and the
 //!   burn-rate alerts.
 //! - [`stdout`]: the command line's own output (a closed pipe ends it quietly).
+//! - [`lag`]: how far the store is behind the probes (`probeok_store_lag_seconds`, `/readyz`).
 //!
 //! **Config** — imports base only.
 //!
@@ -133,6 +134,7 @@
 pub mod clock;
 pub mod evidence;
 pub mod glob;
+pub mod lag;
 pub mod lang;
 pub mod listen;
 pub mod outcome;

@@ -52,6 +52,8 @@ pub struct AlertService {
     /// Followed by [`run`]: `[alerting]`, `[[alert.*]]`, `[[maintenance]]`, `[heartbeat]`.
     live: Option<LiveConfig>,
     wake: Notify,
+    /// The burn-rate windows as running sums; without it they are read from the rollups.
+    tally: Option<Arc<super::tally::Tally>>,
 }
 
 impl AlertService {
@@ -80,6 +82,7 @@ impl AlertService {
             outbox_pulse: None,
             live: None,
             wake: Notify::new(),
+            tally: None,
         }
     }
 
@@ -102,6 +105,13 @@ impl AlertService {
     pub fn with_pulses(mut self, pulses: &crate::heartbeat::Pulses) -> Self {
         self.eval_pulse = Some(pulses.pulse(crate::heartbeat::ALERT_EVAL));
         self.outbox_pulse = Some(pulses.pulse(crate::heartbeat::ALERT_OUTBOX));
+        self
+    }
+
+    /// Reads the burn-rate windows from `tally` (kept by whoever records the outcomes) instead
+    /// of the store: an evaluation then reads no rollup row.
+    pub fn with_tally(mut self, tally: Arc<super::tally::Tally>) -> Self {
+        self.tally = Some(tally);
         self
     }
 
@@ -302,15 +312,31 @@ impl AlertService {
     pub async fn evaluate(&self, now: DateTime<Utc>) -> Result<u64, AlertError> {
         let routes: Vec<(crate::route::RouteId, f64)> =
             self.routes.iter().map(|r| (r.id.clone(), r.slo)).collect();
-        let (windows, beats, firing) = self
-            .blocking(move |r| {
-                let mut w = Vec::new();
-                for (id, slo) in routes {
-                    w.push((id.clone(), slo, burn::read_windows(&r, &id, now)?));
-                }
-                Ok((w, r.heartbeats()?, r.alert_firing()?))
-            })
-            .await?;
+        let (windows, beats, firing) = match self.tally.clone() {
+            Some(tally) => {
+                let windows = routes
+                    .into_iter()
+                    .map(|(id, slo)| {
+                        let w = tally.windows(&id, now).unwrap_or_default();
+                        (id, slo, w)
+                    })
+                    .collect::<Vec<_>>();
+                let (beats, firing) = self
+                    .blocking(|r| Ok((r.heartbeats()?, r.alert_firing()?)))
+                    .await?;
+                (windows, beats, firing)
+            }
+            None => {
+                self.blocking(move |r| {
+                    let mut w = Vec::new();
+                    for (id, slo) in routes {
+                        w.push((id.clone(), slo, burn::read_windows(&r, &id, now)?));
+                    }
+                    Ok((w, r.heartbeats()?, r.alert_firing()?))
+                })
+                .await?
+            }
+        };
         let firing_keys: HashMap<&str, &FiringRow> =
             firing.iter().map(|f| (f.key.as_str(), f)).collect();
         let config = self.config();

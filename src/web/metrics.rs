@@ -128,6 +128,9 @@ pub struct Metrics {
     reload_ok_at: Gauge<f64, AtomicU64>,
     /// The active drills, for the status page.
     drills: OnceLock<crate::drill::DrillRx>,
+    /// `probeok_store_lag_seconds`, read at scrape time (and by `/readyz`).
+    store_lag: OnceLock<Arc<crate::lag::StoreLag>>,
+    store_lag_gauge: Gauge<f64, AtomicU64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -165,6 +168,12 @@ impl Metrics {
         }
         let reload_ok = Gauge::default();
         let reload_ok_at = Gauge::<f64, AtomicU64>::default();
+        let store_lag_gauge = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "store_lag_seconds",
+            "How long the oldest outcome handed to the store has waited for its commit (0 when none waits)",
+            store_lag_gauge.clone(),
+        );
         registry.register(
             "config_reloads",
             "Config reloads (SIGHUP, POST /api/v1/admin/reload) by result (success, failure)",
@@ -271,7 +280,20 @@ impl Metrics {
             reload_ok,
             reload_ok_at,
             drills: OnceLock::new(),
+            store_lag: OnceLock::new(),
+            store_lag_gauge,
         }
+    }
+
+    /// The recorder's lag behind the probes: exported, and read by `/readyz`. The first call
+    /// wins.
+    pub fn attach_store_lag(&self, lag: Arc<crate::lag::StoreLag>) {
+        let _ = self.store_lag.set(lag);
+    }
+
+    /// The attached store lag, if the recorder runs in this process.
+    pub fn store_lag(&self) -> Option<&Arc<crate::lag::StoreLag>> {
+        self.store_lag.get()
     }
 
     /// One config load: the start (not counted as a reload) or a reload.
@@ -450,6 +472,12 @@ pub fn state_value(state: RouteState) -> i64 {
 pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError> {
     let health = state.health.borrow().clone();
     let weights = state.weights.borrow().clone();
+    if let Some(lag) = state.metrics.store_lag.get() {
+        state
+            .metrics
+            .store_lag_gauge
+            .set(lag.seconds(state.clock.now()));
+    }
     let body = state
         .metrics
         .render(&health, &weights)

@@ -141,17 +141,27 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// The store takes writes and no scheduled job has been silent for `[heartbeat] stale_after`
-/// (a job that never beat counts from the service's start). 503 names each problem, and the
+/// The store takes writes, keeps up with the probes (its lag is at most
+/// [`crate::lag::MAX_READY_LAG`]) and no scheduled job has been silent for `[heartbeat]
+/// stale_after` (a job that never beat counts from the service's start). 503 names each problem, and the
 /// stale jobs with how long they have been silent.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     let mut problems = Vec::new();
     if let Err(e) = state.store.writer().check_writable().await {
         problems.push(format!("store not writable: {e}"));
     }
+    let now = state.clock.now();
+    if let Some(lag) = state.metrics.store_lag() {
+        if lag.behind(now) {
+            problems.push(format!(
+                "store behind the probes: the oldest outcome waiting has waited {:.0} s (more than {} s)",
+                lag.seconds(now),
+                crate::lag::MAX_READY_LAG.as_secs()
+            ));
+        }
+    }
     let store = state.store.clone();
     let beats = tokio::task::spawn_blocking(move || store.reader()?.heartbeats()).await;
-    let now = state.clock.now();
     let stale_after = state.config.current().heartbeat.stale_after;
     let mut stale_jobs = Vec::new();
     match beats {

@@ -1,0 +1,312 @@
+//! The burn-rate windows as running sums, kept in memory as outcomes are committed, so an
+//! evaluation reads no store row: at thousands of routes, reading five rollup windows per
+//! route every minute was most of the monitor's work.
+//!
+//! Per route, two rings of buckets aligned like the store's rollups: 5-minute buckets
+//! covering the 6-hour window, hourly ones covering 3 days — the granularities
+//! [`super::burn::read_windows`] reads, so a window covers exactly the buckets it would read
+//! from the store (bucket-aligned, up to one bucket further back). The counts are those of
+//! the rollups: **probe** outcomes ([`crate::slo::KINDS`]), bad = not a success within
+//! `[slo] latency_threshold`.
+//!
+//! [`Tally::seed`] reads the rollups once at start; from then on the wiring calls
+//! [`Tally::record`] with every outcome the store accepted, so the sums equal the rollups.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::burn::{Counts, Windows};
+use crate::outcome::ProbeOutcome;
+use crate::route::RouteId;
+use crate::store::{Granularity, Reader, StoreError};
+
+const FINE_MS: i64 = 300_000;
+const COARSE_MS: i64 = 3_600_000;
+/// 6 h of 5-minute buckets and the one a window may reach back into.
+const FINE_SLOTS: usize = 73;
+/// 3 d of hourly buckets and the one a window may reach back into.
+const COARSE_SLOTS: usize = 73;
+
+/// One bucket: which one it is (start / size) and its counts.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    bucket: i64,
+    total: u32,
+    bad: u32,
+}
+
+/// A ring of `N` buckets of `size_ms`; a slot holding an older bucket counts as empty.
+#[derive(Debug, Clone)]
+struct Ring<const N: usize> {
+    slots: [Slot; N],
+}
+
+impl<const N: usize> Default for Ring<N> {
+    fn default() -> Self {
+        Self {
+            slots: [Slot {
+                bucket: i64::MIN,
+                total: 0,
+                bad: 0,
+            }; N],
+        }
+    }
+}
+
+impl<const N: usize> Ring<N> {
+    fn slot(&mut self, bucket: i64) -> Option<&mut Slot> {
+        let s = &mut self.slots[bucket.rem_euclid(N as i64) as usize];
+        if s.bucket > bucket {
+            // Older than what the ring holds: outside every window already.
+            return None;
+        }
+        if s.bucket < bucket {
+            *s = Slot {
+                bucket,
+                total: 0,
+                bad: 0,
+            };
+        }
+        Some(s)
+    }
+
+    fn add(&mut self, bucket: i64, total: u64, bad: u64) {
+        if let Some(s) = self.slot(bucket) {
+            s.total = s
+                .total
+                .saturating_add(u32::try_from(total).unwrap_or(u32::MAX));
+            s.bad = s.bad.saturating_add(u32::try_from(bad).unwrap_or(u32::MAX));
+        }
+    }
+
+    /// Buckets `from..=to`.
+    fn sum(&self, from: i64, to: i64) -> Counts {
+        let mut c = Counts::default();
+        for s in &self.slots {
+            if s.bucket >= from && s.bucket <= to {
+                c.total += u64::from(s.total);
+                c.bad += u64::from(s.bad);
+            }
+        }
+        c
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct RouteSums {
+    fine: Ring<FINE_SLOTS>,
+    coarse: Ring<COARSE_SLOTS>,
+}
+
+impl RouteSums {
+    fn add(&mut self, at_ms: i64, total: u64, bad: u64) {
+        self.fine.add(at_ms.div_euclid(FINE_MS), total, bad);
+        self.coarse.add(at_ms.div_euclid(COARSE_MS), total, bad);
+    }
+
+    fn windows(&self, now: DateTime<Utc>) -> Windows {
+        let now_ms = now.timestamp_millis();
+        // As the store reads them: buckets overlapping `[now − w + 1 ms, now + 1 ms)`.
+        let fine = |secs: i64| {
+            self.fine.sum(
+                (now_ms - secs * 1000 + 1).div_euclid(FINE_MS),
+                now_ms.div_euclid(FINE_MS),
+            )
+        };
+        let coarse = |secs: i64| {
+            self.coarse.sum(
+                (now_ms - secs * 1000 + 1).div_euclid(COARSE_MS),
+                now_ms.div_euclid(COARSE_MS),
+            )
+        };
+        Windows {
+            m5: fine(300),
+            m30: fine(1800),
+            h1: fine(3600),
+            h6: fine(6 * 3600),
+            d3: coarse(3 * 86_400),
+        }
+    }
+}
+
+/// The running sums of every configured route; shared by the wiring (which records) and the
+/// alert engine (which reads). Outcomes of routes it was not built with are ignored.
+#[derive(Debug)]
+pub struct Tally {
+    routes: Mutex<HashMap<RouteId, RouteSums>>,
+    threshold_ms: f64,
+}
+
+impl Tally {
+    /// Empty sums for `routes`; `latency_threshold` is `[slo] latency_threshold`.
+    pub fn new<'a>(
+        routes: impl IntoIterator<Item = &'a RouteId>,
+        latency_threshold: Duration,
+    ) -> Self {
+        Self {
+            routes: Mutex::new(
+                routes
+                    .into_iter()
+                    .map(|r| (r.clone(), RouteSums::default()))
+                    .collect(),
+            ),
+            threshold_ms: latency_threshold.as_secs_f64() * 1000.0,
+        }
+    }
+
+    /// Loads what the store's rollups hold of the windows ending at `now`. Call before any
+    /// outcome is recorded (what is recorded afterwards is added on top). Blocking.
+    pub fn seed(&self, reader: &Reader, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let ids: Vec<RouteId> = self.lock().keys().cloned().collect();
+        let until = now + chrono::Duration::milliseconds(1);
+        let fine_since = now - chrono::Duration::seconds(6 * 3600 + 300);
+        let coarse_since = now - chrono::Duration::seconds(3 * 86_400 + 3600);
+        for id in ids {
+            let fine = reader.rollups(
+                &id,
+                Granularity::FiveMinutes,
+                fine_since,
+                until,
+                crate::slo::KINDS,
+            )?;
+            let coarse = reader.rollups(
+                &id,
+                Granularity::Hour,
+                coarse_since,
+                until,
+                crate::slo::KINDS,
+            )?;
+            let mut routes = self.lock();
+            let Some(sums) = routes.get_mut(&id) else {
+                continue;
+            };
+            for r in fine {
+                let bad = r.count.saturating_sub(r.good);
+                sums.fine.add(
+                    r.bucket_start.timestamp_millis().div_euclid(FINE_MS),
+                    r.count,
+                    bad,
+                );
+            }
+            for r in coarse {
+                let bad = r.count.saturating_sub(r.good);
+                sums.coarse.add(
+                    r.bucket_start.timestamp_millis().div_euclid(COARSE_MS),
+                    r.count,
+                    bad,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts one stored outcome in (only probe outcomes count, as in the rollups).
+    pub fn record(&self, o: &ProbeOutcome) {
+        if !crate::slo::KINDS.contains(&o.kind) {
+            return;
+        }
+        let good = o.success && o.total_ms <= self.threshold_ms;
+        if let Some(sums) = self.lock().get_mut(&o.route) {
+            sums.add(o.started_at.timestamp_millis(), 1, u64::from(!good));
+        }
+    }
+
+    /// The windows of `route` ending at `now` (`None`: not a route of this tally).
+    pub fn windows(&self, route: &RouteId, now: DateTime<Utc>) -> Option<Windows> {
+        self.lock().get(route).map(|s| s.windows(now))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RouteId, RouteSums>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::OutcomeKind;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn outcome(route: &RouteId, t: DateTime<Utc>, success: bool, ms: f64) -> ProbeOutcome {
+        ProbeOutcome {
+            route: route.clone(),
+            kind: OutcomeKind::Probe,
+            started_at: t,
+            success,
+            verified: None,
+            ttfb_ms: None,
+            ttft_ms: None,
+            first_answer_ms: None,
+            total_ms: ms,
+            output_tokens: None,
+            tokens_estimated: false,
+            tokens_per_second: None,
+            model_reported: None,
+            system_fingerprint: None,
+            http_status: None,
+            error: None,
+            answer: None,
+            max_tokens_exhausted: false,
+        }
+    }
+
+    #[test]
+    fn windows_count_the_buckets_they_overlap() {
+        let r = RouteId::new("p", "r", "m");
+        let t = Tally::new([&r], Duration::from_secs(10));
+        let now = at("2026-03-04T12:07:00Z");
+        // In the current 5-minute bucket (12:05): counted by every window.
+        t.record(&outcome(&r, at("2026-03-04T12:06:00Z"), false, 100.0));
+        // 12:00 bucket: the 5-minute window 12:02–12:07 overlaps it, so it counts (bucket-
+        // aligned, as the store reads it).
+        t.record(&outcome(&r, at("2026-03-04T12:01:00Z"), true, 100.0));
+        // 11:50: outside the 5-minute window, inside 30 minutes.
+        t.record(&outcome(&r, at("2026-03-04T11:50:00Z"), true, 20_000.0));
+        // 7 h ago: only the 3-day window.
+        t.record(&outcome(&r, at("2026-03-04T05:00:00Z"), false, 100.0));
+        // 4 days ago: nowhere.
+        t.record(&outcome(&r, at("2026-02-28T12:00:00Z"), false, 100.0));
+        let w = t.windows(&r, now).unwrap();
+        assert_eq!(w.m5, Counts::new(2, 1));
+        // The slow success is bad (over the latency threshold).
+        assert_eq!(w.m30, Counts::new(3, 2));
+        assert_eq!(w.h1, Counts::new(3, 2));
+        assert_eq!(w.h6, Counts::new(3, 2));
+        assert_eq!(w.d3, Counts::new(4, 3));
+        assert_eq!(t.windows(&RouteId::new("x", "y", "z"), now), None);
+    }
+
+    #[test]
+    fn passive_outcomes_and_unknown_routes_are_not_counted() {
+        let r = RouteId::new("p", "r", "m");
+        let t = Tally::new([&r], Duration::from_secs(10));
+        let now = at("2026-03-04T12:07:00Z");
+        let mut o = outcome(&r, now, false, 1.0);
+        o.kind = OutcomeKind::Passive;
+        t.record(&o);
+        t.record(&outcome(&RouteId::new("x", "y", "z"), now, false, 1.0));
+        assert_eq!(t.windows(&r, now).unwrap(), Windows::default());
+    }
+
+    #[test]
+    fn a_ring_slot_is_reused_for_its_newer_bucket() {
+        let r = RouteId::new("p", "r", "m");
+        let t = Tally::new([&r], Duration::from_secs(10));
+        let old = at("2026-03-04T00:00:00Z");
+        t.record(&outcome(&r, old, false, 1.0));
+        // 73 five-minute buckets later the same slot holds the new bucket only.
+        let new = old + chrono::Duration::minutes(5 * 73);
+        t.record(&outcome(&r, new, true, 1.0));
+        let w = t.windows(&r, new).unwrap();
+        assert_eq!(w.h6, Counts::new(1, 0));
+        // A late outcome for the overwritten bucket is outside every short window: dropped.
+        t.record(&outcome(&r, old, false, 1.0));
+        assert_eq!(t.windows(&r, new).unwrap().h6, Counts::new(1, 0));
+    }
+}
