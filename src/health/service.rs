@@ -26,7 +26,12 @@
 //!   the set of findings — never merely because a probe arrived (weights versions, ETags and SSE depend on it). Baselines in the
 //!   snapshot are refreshed at most every [`HealthOptions::baselines_every`]. A transition's
 //!   snapshot is published before its event is sent, so whoever reacts to the event reads
-//!   the new state from the watch.
+//!   the new state from the watch. Snapshots go out at most every
+//!   [`HealthOptions::publish_every`] (the first change after a quiet spell at once): when a
+//!   provider-wide outage moves thousands of routes in one tick, they share one snapshot, its
+//!   transition events follow it, findings are evaluated once for all the routes that
+//!   flipped, and their transitions are stored in a few transactions — work that grows with
+//!   the changes, not with routes × changes.
 //!
 //! Shutdown: on the token the service saves every changed state, keeps judging what is still
 //! queued until every sender is gone (the recorder and the passive drain end after the
@@ -85,6 +90,10 @@ pub struct HealthOptions {
     pub baselines_every: Duration,
     /// The `health` heartbeat.
     pub heartbeat_every: Duration,
+    /// Snapshots are published at most a couple of times in this period: changes beyond
+    /// (a provider-wide outage moves thousands of routes in one tick) go out together in one
+    /// snapshot at its end, and their transition events right after it.
+    pub publish_every: Duration,
 }
 
 impl Default for HealthOptions {
@@ -95,6 +104,7 @@ impl Default for HealthOptions {
             save_every: Duration::from_secs(30),
             baselines_every: Duration::from_secs(30),
             heartbeat_every: Duration::from_secs(10),
+            publish_every: Duration::from_millis(250),
         }
     }
 }
@@ -107,6 +117,10 @@ pub enum HealthCommand {
     /// route's state; published in the next snapshot.
     SetSwitched { routes: Vec<RouteId>, on: bool },
 }
+
+/// Snapshots that go out at once within one `publish_every`; changes after them wait for the
+/// window's end (a lone change is never delayed, a burst shares one snapshot).
+const PUBLISH_BURST: u32 = 2;
 
 /// Commands waiting for the service.
 const COMMAND_QUEUE: usize = 64;
@@ -159,6 +173,23 @@ pub struct HealthService {
     commands: Option<mpsc::Receiver<HealthCommand>>,
     /// Where confirmation probes are asked for, once [`HealthService::confirmations`] made it.
     confirms: Option<mpsc::Sender<Confirm>>,
+    /// The current publishing window (`publish_every` long) and how many snapshots went out
+    /// in it.
+    window: Option<(Instant, u32)>,
+    /// Transition events waiting for the snapshot that shows them.
+    held: Vec<HealthEvent>,
+    /// A route started or stopped failing: findings are evaluated before the next snapshot.
+    findings_pending: bool,
+    /// Snapshots published since the start, and the route statuses they carried.
+    counts: Arc<PublishCounts>,
+}
+
+/// What publishing has cost so far: how many snapshots went out and how many route statuses
+/// they carried (each published snapshot copies every route's status once).
+#[derive(Debug, Default)]
+pub struct PublishCounts {
+    pub snapshots: std::sync::atomic::AtomicU64,
+    pub route_statuses: std::sync::atomic::AtomicU64,
 }
 
 impl HealthService {
@@ -253,6 +284,10 @@ impl HealthService {
             last_tick: None,
             commands: None,
             confirms: None,
+            window: None,
+            held: Vec::new(),
+            findings_pending: false,
+            counts: Arc::default(),
         })
     }
 
@@ -260,6 +295,11 @@ impl HealthService {
     /// snapshot after the service has stopped.
     pub fn subscribe(&self) -> HealthRx {
         self.snapshot.subscribe()
+    }
+
+    /// The counts of what publishing has cost, kept while the service runs.
+    pub fn publish_counts(&self) -> Arc<PublishCounts> {
+        self.counts.clone()
     }
 
     /// A sender of [`HealthCommand`]s to this service (call before [`HealthService::run`];
@@ -305,7 +345,7 @@ impl HealthService {
             self.ingest(outcome, &persist).await;
         }
         self.save_changed(&persist).await;
-        self.publish();
+        self.publish_now();
         drop(persist);
         if persister.await.is_err() {
             tracing::error!("the health persister panicked; the last states may be unsaved");
@@ -340,6 +380,7 @@ impl HealthService {
         let mut commands = self.commands.take();
 
         loop {
+            let due = self.publish_due();
             tokio::select! {
                 // Timers first: each is ready at most once per period, so outcomes cannot
                 // starve them, and a busy queue cannot delay the 1-second evaluation.
@@ -355,6 +396,7 @@ impl HealthService {
                 _ = save.tick() => self.save_changed(persist).await,
                 _ = baselines.tick() => self.refresh_baselines(),
                 cmd = next_command(&mut commands) => self.command(cmd),
+                _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {}
                 outcome = inputs.recv() => match outcome {
                     Some(outcome) => self.ingest(outcome, persist).await,
                     None => break,
@@ -362,6 +404,8 @@ impl HealthService {
             }
             self.publish();
         }
+        // Whatever is held goes out before the shutdown drain.
+        self.publish_now();
     }
 
     fn command(&mut self, cmd: HealthCommand) {
@@ -423,16 +467,16 @@ impl HealthService {
                 }
             }
         }
-        let flipped = o.kind != OutcomeKind::Passive && r.health.last_probe().2 != was_failing;
+        if o.kind != OutcomeKind::Passive && r.health.last_probe().2 != was_failing {
+            // A route starting or stopping to fail may make (or end) an egress finding: do
+            // not leave it escalating for up to `findings_every`. Evaluated once for every
+            // route that flipped together, before the snapshot that shows them.
+            self.findings_pending = true;
+        }
         if let Some(t) = t {
             self.on_transition(i, t, persist).await;
         }
         self.refresh(i, now);
-        if flipped {
-            // A route starting or stopping to fail may make (or end) an egress finding: do
-            // not leave it escalating for up to `findings_every`.
-            self.evaluate_findings();
-        }
     }
 
     /// The 1-second evaluation of every route.
@@ -491,14 +535,14 @@ impl HealthService {
             },
         )
         .await;
-        // The snapshot first: a consumer woken by the event already sees the new state.
+        // The snapshot first: a consumer woken by the event already sees the new state. The
+        // event waits for that snapshot, which may be coalesced with the next changes.
         self.refresh(i, t.at);
-        self.publish();
-        // No receiver (nobody subscribed yet) is not an error.
-        let _ = self.events.send(HealthEvent::Transition {
+        self.held.push(HealthEvent::Transition {
             transition: Box::new(t),
             incident: incident.map(Box::new),
         });
+        self.publish();
     }
 
     /// Re-reads route `i` into its shown status; marks the snapshot dirty when something
@@ -532,6 +576,7 @@ impl HealthService {
     /// Cross-route findings: suppressions, opened/closed events, and the snapshot when the
     /// set of findings (not merely their numbers) changed.
     fn evaluate_findings(&mut self) {
+        self.findings_pending = false;
         let now = self.clock.now();
         let summaries: Vec<RouteSummary> = self
             .routes
@@ -595,19 +640,54 @@ impl HealthService {
         }
     }
 
-    /// Publishes a snapshot when something shown changed.
-    fn publish(&mut self) {
-        if !self.dirty {
-            return;
+    /// When a held change must go out (`None`: nothing is held).
+    fn publish_due(&self) -> Option<Instant> {
+        if !self.dirty && self.held.is_empty() && !self.findings_pending {
+            return None;
         }
-        self.dirty = false;
-        let snap = HealthSnapshot {
-            generated_at: self.clock.now(),
-            routes: self.routes.iter().map(|r| r.shown.clone()).collect(),
-            findings: self.findings.clone(),
-        };
-        // `send_replace` also stores it when nobody is subscribed right now.
-        self.snapshot.send_replace(Arc::new(snap));
+        Some(match self.window {
+            Some((start, n)) if n >= PUBLISH_BURST => start + self.opts.publish_every,
+            _ => Instant::now(),
+        })
+    }
+
+    /// Publishes what changed, unless [`PUBLISH_BURST`] snapshots went out in the last
+    /// [`HealthOptions::publish_every`] (then the loop's timer publishes it when due).
+    fn publish(&mut self) {
+        if self.publish_due().is_some_and(|due| due <= Instant::now()) {
+            self.publish_now();
+        }
+    }
+
+    /// Publishes a snapshot when something shown changed, then the events held for it.
+    fn publish_now(&mut self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.findings_pending {
+            self.evaluate_findings();
+        }
+        if self.dirty {
+            self.dirty = false;
+            let snap = HealthSnapshot {
+                generated_at: self.clock.now(),
+                routes: self.routes.iter().map(|r| r.shown.clone()).collect(),
+                findings: self.findings.clone(),
+            };
+            self.counts.snapshots.fetch_add(1, Relaxed);
+            self.counts
+                .route_statuses
+                .fetch_add(snap.routes.len() as u64, Relaxed);
+            // `send_replace` also stores it when nobody is subscribed right now.
+            self.snapshot.send_replace(Arc::new(snap));
+            let now = Instant::now();
+            self.window = match self.window {
+                Some((start, n)) if now < start + self.opts.publish_every => Some((start, n + 1)),
+                _ => Some((now, 1)),
+            };
+        }
+        for e in self.held.drain(..) {
+            // No receiver (nobody subscribed yet) is not an error.
+            let _ = self.events.send(e);
+        }
     }
 }
 
@@ -729,20 +809,40 @@ async fn send(persist: &mpsc::Sender<Persist>, p: Persist) {
 }
 
 /// Writes in order; a failed write is logged with what it was, and the next one is tried.
+/// Transitions already queued together go in one transaction (retried one by one if it
+/// fails), so a mass event costs a few commits, not one per route.
 async fn persist_loop(writer: Writer, mut rx: mpsc::Receiver<Persist>) {
-    while let Some(p) = rx.recv().await {
+    let mut next = None;
+    loop {
+        let p = match next.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
         match p {
             Persist::Transition {
                 transition,
                 incident,
                 health,
             } => {
-                if let Err(e) = writer
-                    .record_transition(&transition, incident.as_deref(), &health)
-                    .await
-                {
-                    tracing::error!(route = %transition.route, from = %transition.from, to = %transition.to, error = %e, "cannot store a transition");
+                let mut batch = vec![(transition, incident, health)];
+                while batch.len() < TRANSITION_BATCH {
+                    match rx.try_recv() {
+                        Ok(Persist::Transition {
+                            transition,
+                            incident,
+                            health,
+                        }) => batch.push((transition, incident, health)),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
                 }
+                store_transitions(&writer, &batch).await;
             }
             Persist::Save { states, at } => {
                 if let Err(e) = writer.save_health(&states, at).await {
@@ -754,6 +854,26 @@ async fn persist_loop(writer: Writer, mut rx: mpsc::Receiver<Persist>) {
                     tracing::error!(error = %e, "cannot write the health heartbeat");
                 }
             }
+        }
+    }
+}
+
+/// Transitions stored together at most.
+const TRANSITION_BATCH: usize = 512;
+
+type TransitionWrite = (Box<Transition>, Option<Box<Incident>>, Box<RouteHealth>);
+
+async fn store_transitions(writer: &Writer, batch: &[TransitionWrite]) {
+    let items: Vec<(&Transition, Option<&Incident>, &RouteHealth)> = batch
+        .iter()
+        .map(|(t, i, h)| (&**t, i.as_deref(), &**h))
+        .collect();
+    if items.len() > 1 && writer.record_transitions(&items).await.is_ok() {
+        return;
+    }
+    for (t, i, h) in items {
+        if let Err(e) = writer.record_transition(t, i, h).await {
+            tracing::error!(route = %t.route, from = %t.from, to = %t.to, error = %e, "cannot store a transition");
         }
     }
 }

@@ -206,6 +206,26 @@ impl Writer {
         self.health(w).await
     }
 
+    /// [`Writer::record_transition`] for several, in order, in one transaction: a provider-wide
+    /// outage moves thousands of routes at once, and one commit each would hold detection up.
+    pub async fn record_transitions<H: PersistedHealth>(
+        &self,
+        items: &[(&Transition, Option<&Incident>, &H)],
+    ) -> Result<(), StoreError> {
+        let mut w = HealthWrite::default();
+        for (t, incident, health) in items {
+            w.transitions.push(transition_row(t)?);
+            if let Some(i) = incident {
+                w.incidents.push(incident_row(i)?);
+            }
+            w.states.push(state_row(*health, t.at)?);
+        }
+        if w.transitions.is_empty() {
+            return Ok(());
+        }
+        self.health(w).await
+    }
+
     /// Inserts or updates one incident (its transitions are stored with
     /// [`Writer::record_transition`]).
     pub async fn upsert_incident(&self, incident: &Incident) -> Result<(), StoreError> {

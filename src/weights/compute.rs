@@ -1,7 +1,7 @@
 //! The pure core: one health snapshot and everything else that has a say ([`Inputs`]) →
 //! integer weights per logical model ([`compute`]). The rules are in the parent module's docs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
     DrillCap, DrillCaps, ModelWeights, OpenBreakers, Overrides, Policy, Serving, SwitchOverride,
@@ -62,6 +62,15 @@ impl<'a> Inputs<'a> {
 
 /// The weights of every logical model: models in name order, entries in config order.
 pub fn compute(i: &Inputs<'_>) -> BTreeMap<String, ModelWeights> {
+    compute_models(i, None)
+}
+
+/// [`compute`] for the logical models in `only` (every model when `None`): the others'
+/// weights do not depend on what changed.
+pub fn compute_models(
+    i: &Inputs<'_>,
+    only: Option<&BTreeSet<String>>,
+) -> BTreeMap<String, ModelWeights> {
     let Inputs {
         routes,
         health,
@@ -71,12 +80,25 @@ pub fn compute(i: &Inputs<'_>) -> BTreeMap<String, ModelWeights> {
         breakers,
         drills,
     } = *i;
-    let by_id: HashMap<&RouteId, &RouteStatus> =
-        health.routes.iter().map(|s| (&s.route, s)).collect();
     let mut groups: BTreeMap<&str, Vec<&Route>> = BTreeMap::new();
     for r in routes {
-        groups.entry(r.serves.as_str()).or_default().push(r);
+        if only.is_none_or(|m| m.contains(&r.serves)) {
+            groups.entry(r.serves.as_str()).or_default().push(r);
+        }
     }
+    let by_id: HashMap<&RouteId, &RouteStatus> = match only {
+        None => health.routes.iter().map(|s| (&s.route, s)).collect(),
+        Some(_) => {
+            let wanted: std::collections::HashSet<&RouteId> =
+                groups.values().flatten().map(|r| &r.id).collect();
+            health
+                .routes
+                .iter()
+                .filter(|s| wanted.contains(&s.route))
+                .map(|s| (&s.route, s))
+                .collect()
+        }
+    };
     groups
         .into_iter()
         .map(|(serves, members)| {

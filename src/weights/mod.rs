@@ -63,7 +63,7 @@ use crate::drift::DriftSnapshot;
 use crate::health::{HealthSnapshot, State};
 use crate::route::{Route, RouteId, Tier};
 
-pub use compute::{compute, largest_remainder, Inputs};
+pub use compute::{compute, compute_models, largest_remainder, Inputs};
 pub use publisher::{spawn_publisher, Feeds};
 
 /// The receiving end of the published weights.
@@ -255,6 +255,13 @@ pub struct Weights {
     breakers: OpenBreakers,
     drills: DrillCaps,
     current: Arc<WeightsSnapshot>,
+    /// The health snapshot `current` was computed from, while nothing else changed since:
+    /// [`Weights::update_shared`] then recomputes only the models whose routes changed.
+    last: Option<Arc<HealthSnapshot>>,
+    /// Each route's logical model.
+    serves: std::collections::HashMap<RouteId, String>,
+    /// Models computed since the start (a full computation counts every model).
+    computed: u64,
 }
 
 impl Weights {
@@ -278,8 +285,15 @@ impl Weights {
         let version = u64::try_from(health.generated_at.timestamp_millis())
             .unwrap_or(0)
             .max(1);
+        let computed = models.len() as u64;
         let current = Arc::new(WeightsSnapshot::new(version, health.generated_at, models));
         Self {
+            serves: routes
+                .iter()
+                .map(|r| (r.id.clone(), r.serves.clone()))
+                .collect(),
+            last: None,
+            computed,
             routes,
             policy,
             drift,
@@ -293,16 +307,19 @@ impl Weights {
     /// Replaces the proxy's open breakers; the next [`Weights::update`] discloses them.
     pub fn set_breakers(&mut self, breakers: OpenBreakers) {
         self.breakers = breakers;
+        self.last = None;
     }
 
     /// Replaces the running drills' caps; the next [`Weights::update`] applies them.
     pub fn set_drills(&mut self, drills: DrillCaps) {
         self.drills = drills;
+        self.last = None;
     }
 
     /// Replaces the switch overrides; the next [`Weights::update`] applies them.
     pub fn set_overrides(&mut self, overrides: Overrides) {
         self.overrides = overrides;
+        self.last = None;
     }
 
     pub fn current(&self) -> Arc<WeightsSnapshot> {
@@ -312,20 +329,68 @@ impl Weights {
     /// Sets drift's latest view; the next [`Weights::update`] takes it into account.
     pub fn set_drift(&mut self, drift: Option<Arc<DriftSnapshot>>) {
         self.drift = drift;
+        self.last = None;
     }
 
     /// Recomputes; `Some(new version)` when a weight, state, reason code or serving tier
     /// changed, `None` (and no serialisation) otherwise.
     pub fn update(&mut self, health: &HealthSnapshot) -> Option<Arc<WeightsSnapshot>> {
-        let models = compute(&Inputs {
-            routes: &self.routes,
-            health,
-            policy: &self.policy,
-            drift: self.drift.as_deref(),
-            overrides: &self.overrides,
-            breakers: &self.breakers,
-            drills: &self.drills,
-        });
+        self.last = None;
+        let models = self.models(health, None);
+        self.next(models, health)
+    }
+
+    /// [`Weights::update`] from a shared snapshot: when only health changed since the last
+    /// call, only the logical models with a route whose status changed are recomputed.
+    pub fn update_shared(&mut self, health: &Arc<HealthSnapshot>) -> Option<Arc<WeightsSnapshot>> {
+        let changed = self
+            .last
+            .as_ref()
+            .and_then(|last| changed_models(last, health, &self.serves));
+        self.last = Some(health.clone());
+        let models = match changed {
+            None => self.models(health, None),
+            Some(changed) if changed.is_empty() => return None,
+            Some(changed) => {
+                let mut models = self.current.models.clone();
+                models.extend(self.models(health, Some(&changed)));
+                models
+            }
+        };
+        self.next(models, health)
+    }
+
+    /// Logical models computed since the start: what recomputation has cost.
+    pub fn computed(&self) -> u64 {
+        self.computed
+    }
+
+    fn models(
+        &mut self,
+        health: &HealthSnapshot,
+        only: Option<&BTreeSet<String>>,
+    ) -> BTreeMap<String, ModelWeights> {
+        let models = compute_models(
+            &Inputs {
+                routes: &self.routes,
+                health,
+                policy: &self.policy,
+                drift: self.drift.as_deref(),
+                overrides: &self.overrides,
+                breakers: &self.breakers,
+                drills: &self.drills,
+            },
+            only,
+        );
+        self.computed += models.len() as u64;
+        models
+    }
+
+    fn next(
+        &mut self,
+        models: BTreeMap<String, ModelWeights>,
+        health: &HealthSnapshot,
+    ) -> Option<Arc<WeightsSnapshot>> {
         if models == self.current.models {
             return None;
         }
@@ -337,4 +402,26 @@ impl Weights {
         self.current = next.clone();
         Some(next)
     }
+}
+
+/// The logical models with a route whose status differs between `before` and `after`;
+/// `None` when the two do not list the same routes in the same order (then compute all).
+fn changed_models(
+    before: &HealthSnapshot,
+    after: &HealthSnapshot,
+    serves: &std::collections::HashMap<RouteId, String>,
+) -> Option<BTreeSet<String>> {
+    if before.routes.len() != after.routes.len() {
+        return None;
+    }
+    let mut changed = BTreeSet::new();
+    for (a, b) in before.routes.iter().zip(&after.routes) {
+        if a.route != b.route {
+            return None;
+        }
+        if a != b {
+            changed.insert(serves.get(&a.route)?.clone());
+        }
+    }
+    Some(changed)
 }

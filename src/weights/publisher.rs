@@ -139,7 +139,7 @@ pub fn spawn_publisher(feeds: Feeds, shutdown: CancellationToken) -> WeightsRx {
                 }
             }
             let snapshot = health.borrow_and_update().clone();
-            if let Some(next) = weights.update(&snapshot) {
+            if let Some(next) = weights.update_shared(&snapshot) {
                 tracing::debug!(version = next.version, "weights changed");
                 tx.send_replace(next);
             }
