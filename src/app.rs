@@ -184,11 +184,12 @@ pub async fn start_with(
         let (tally, store, now) = (tally.clone(), store.clone(), clock.now());
         tokio::task::spawn_blocking(move || tally.seed(&store.reader()?, now)).await??;
     }
+    let lag = Arc::new(crate::lag::StoreLag::default());
+    metrics.attach_store_lag(lag.clone());
     let recorded = Recorded {
         tally: tally.clone(),
-        lag: Arc::new(crate::lag::StoreLag::default()),
+        lag: Some(lag),
     };
-    metrics.attach_store_lag(recorded.lag.clone());
     let (sched_tx, sched_rx) = mpsc::channel(1024);
     let scheduler_task = tokio::spawn(scheduler::run_with_confirmations(
         routes.iter().cloned().map(Arc::new).collect(),
@@ -223,7 +224,10 @@ pub async fn start_with(
         passive_rx,
         store.writer(),
         detect_tx,
-        recorded,
+        Recorded {
+            lag: None,
+            ..recorded
+        },
     ));
 
     // Publishing: weights follow health; metrics see every outcome; the ingest token is read
@@ -457,7 +461,8 @@ pub async fn start_with(
 struct Recorded {
     /// The burn-rate windows' running sums.
     tally: Arc<crate::alert::tally::Tally>,
-    lag: Arc<crate::lag::StoreLag>,
+    /// Kept by the probe recorder only: the schedule is what the store must keep up with.
+    lag: Option<Arc<crate::lag::StoreLag>>,
 }
 
 /// Writes every scheduler event to the store, then hands outcomes to detection; one failed
@@ -516,7 +521,9 @@ async fn store_batch(writer: &Writer, outcomes: &[ProbeOutcome], recorded: &Reco
     else {
         return;
     };
-    recorded.lag.begin(oldest);
+    if let Some(lag) = &recorded.lag {
+        lag.begin(oldest);
+    }
     if writer.record_many(outcomes.to_vec()).await.is_ok() {
         for o in outcomes {
             recorded.tally.record(o);
@@ -531,7 +538,9 @@ async fn store_batch(writer: &Writer, outcomes: &[ProbeOutcome], recorded: &Reco
             }
         }
     }
-    recorded.lag.done();
+    if let Some(lag) = &recorded.lag {
+        lag.done();
+    }
 }
 
 /// The proxy's view of the monitor's weights, kept current by a task that ends with the

@@ -303,6 +303,43 @@ async fn overall_follows_the_spec_rules() {
     assert_eq!(get(&s.url("/api/v1/status")).await.1["overall"], "degraded");
 }
 
+/// `?serves=`, `?provider=`, `?state=` keep the matching routes (all filters together);
+/// `overall` still judges every route; a bad filter is 400 `bad_query`.
+#[tokio::test]
+async fn status_filters_by_model_provider_and_state() {
+    let h = Harness::new(ROUTES, now()).await;
+    let s = h.serve().await;
+    h.publish(health(State::Degraded, State::Normal));
+    let ids = |v: &Value| -> Vec<String> {
+        v["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (code, v) = get(&s.url("/api/v1/status?serves=chat-main")).await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(ids(&v), [QWEN, DS]);
+    let (_, v) = get(&s.url("/api/v1/status?provider=local,qwen")).await;
+    assert_eq!(ids(&v), [QWEN, LOCAL]);
+    let (_, v) = get(&s.url("/api/v1/status?state=degraded,CRITICAL")).await;
+    assert_eq!(ids(&v), [DS]);
+    assert_eq!(v["overall"], "degraded", "overall judges every route");
+    let (_, v) = get(&s.url("/api/v1/status?serves=chat-main&state=NORMAL")).await;
+    assert_eq!(ids(&v), [QWEN]);
+    let (_, v) = get(&s.url("/api/v1/status?provider=nobody")).await;
+    assert!(ids(&v).is_empty());
+    for bad in ["state=BROKEN", "serves=", "provider=,,"] {
+        let (code, v) = get(&s.url(&format!("/api/v1/status?{bad}"))).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(v["error"]["code"], "bad_query", "{bad}");
+    }
+    let many = vec!["m"; 101].join(",");
+    let (code, _) = get(&s.url(&format!("/api/v1/status?serves={many}"))).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+}
+
 #[tokio::test]
 async fn probes_lists_newest_first_with_slashes_raw_or_encoded_and_404s_unknown_routes() {
     let h = Harness::new(ROUTES, now()).await;
@@ -581,11 +618,15 @@ async fn metrics_are_openmetrics_with_config_bounded_labels() {
     has(
         r#"probeok_probes_total{provider="deepseek",region="cn",model="deepseek-ai/DeepSeek-V3",result="http"} 1"#,
     );
+    // Per route the count and sum; the buckets per provider.
     has(
-        r#"probeok_probe_duration_seconds_bucket{le="1.0",provider="qwen",region="cn-beijing",model="qwen-max"} 1"#,
+        r#"probeok_probe_duration_seconds_count{provider="qwen",region="cn-beijing",model="qwen-max"} 1"#,
     );
-    has(
-        r#"probeok_probe_ttfb_seconds_count{provider="qwen",region="cn-beijing",model="qwen-max"} 1"#,
+    has(r#"probeok_provider_probe_duration_seconds_bucket{le="1.0",provider="qwen"} 1"#);
+    has(r#"probeok_probe_ttfb_seconds_count{provider="qwen"} 1"#);
+    assert!(
+        !text.contains(r#"probeok_probe_duration_seconds_bucket{le="1.0""#),
+        "no per-route buckets"
     );
     has(
         r#"probeok_probe_output_tokens_per_second{provider="qwen",region="cn-beijing",model="qwen-max"} 42.0"#,

@@ -235,11 +235,11 @@ pub fn overall(routes: &[Route], health: &HealthSnapshot) -> &'static str {
     if models.values().any(|m| m.serving.all_unhealthy) {
         return "outage";
     }
-    let bad_route = routes.iter().any(|r| {
-        health
-            .route(&r.id)
-            .is_some_and(|s| s.state >= RouteState::Degraded)
-    });
+    let configured: std::collections::HashSet<&RouteId> = routes.iter().map(|r| &r.id).collect();
+    let bad_route = health
+        .routes
+        .iter()
+        .any(|s| s.state >= RouteState::Degraded && configured.contains(&s.route));
     let off_primary = models
         .values()
         .any(|m| m.serving.tier != Some(Tier::Primary));
@@ -257,9 +257,104 @@ pub fn status_json(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Value {
-    serde_json::to_value(status_view(routes, health, figures, now, &HashMap::new()))
-        .unwrap_or(Value::Null)
+    let all = StatusFilter::default();
+    serde_json::to_value(status_view(
+        routes,
+        health,
+        figures,
+        now,
+        &HashMap::new(),
+        &all,
+    ))
+    .unwrap_or(Value::Null)
 }
+
+/// `/api/v1/status`'s query: `?serves=`, `?provider=`, `?state=`, each a comma-separated
+/// list of values a route must match one of (all three when given). `overall` still judges
+/// every route.
+#[derive(Debug, Default, Deserialize)]
+pub struct StatusQuery {
+    pub serves: Option<String>,
+    pub provider: Option<String>,
+    pub state: Option<String>,
+}
+
+/// Which routes a status document lists; the default lists every route.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatusFilter {
+    pub serves: Option<Vec<String>>,
+    pub provider: Option<Vec<String>>,
+    pub state: Option<Vec<RouteState>>,
+}
+
+impl StatusFilter {
+    /// Bounds how many values one filter may list.
+    pub const MAX_VALUES: usize = 100;
+
+    /// Parses the query; an unknown state name or an empty or overlong list is an error.
+    pub fn parse(q: &StatusQuery) -> Result<Self, String> {
+        fn list(name: &str, v: &Option<String>) -> Result<Option<Vec<String>>, String> {
+            let Some(v) = v else { return Ok(None) };
+            let items: Vec<String> = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if items.is_empty() {
+                return Err(format!("?{name}= needs at least one value"));
+            }
+            if items.len() > StatusFilter::MAX_VALUES {
+                return Err(format!(
+                    "?{name}= lists {} values; at most {}",
+                    items.len(),
+                    StatusFilter::MAX_VALUES
+                ));
+            }
+            Ok(Some(items))
+        }
+        let state = list("state", &q.state)?
+            .map(|names| {
+                names
+                    .iter()
+                    .map(|n| {
+                        ALL_STATES
+                            .into_iter()
+                            .find(|s| s.as_str().eq_ignore_ascii_case(n))
+                            .ok_or_else(|| {
+                                format!(
+                                    "unknown state {n:?}; one of UNKNOWN, NORMAL, WARNING, DEGRADED, CRITICAL, SWITCHED"
+                                )
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        Ok(Self {
+            serves: list("serves", &q.serves)?,
+            provider: list("provider", &q.provider)?,
+            state,
+        })
+    }
+
+    fn keeps(&self, r: &Route, state: RouteState) -> bool {
+        self.serves.as_ref().is_none_or(|v| v.contains(&r.serves))
+            && self
+                .provider
+                .as_ref()
+                .is_none_or(|v| v.contains(&r.provider))
+            && self.state.as_ref().is_none_or(|v| v.contains(&state))
+    }
+}
+
+const ALL_STATES: [RouteState; 6] = [
+    RouteState::Unknown,
+    RouteState::Normal,
+    RouteState::Warning,
+    RouteState::Degraded,
+    RouteState::Critical,
+    RouteState::Switched,
+];
 
 /// The same document, serialised straight to bytes (what the handler sends).
 pub fn status_bytes(
@@ -268,7 +363,15 @@ pub fn status_bytes(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    status_bytes_with(routes, health, figures, now, &HashMap::new(), None)
+    status_bytes_with(
+        routes,
+        health,
+        figures,
+        now,
+        &HashMap::new(),
+        None,
+        &StatusFilter::default(),
+    )
 }
 
 /// [`status_bytes`] with the in-process proxy's breaker states (route → `closed` …).
@@ -279,8 +382,9 @@ pub fn status_bytes_with(
     now: DateTime<Utc>,
     breakers: &HashMap<RouteId, &'static str>,
     budget: Option<crate::budget::BudgetSnapshot>,
+    filter: &StatusFilter,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    let mut view = status_view(routes, health, figures, now, breakers);
+    let mut view = status_view(routes, health, figures, now, breakers, filter);
     view.budget = budget;
     serde_json::to_vec(&view)
 }
@@ -291,11 +395,18 @@ fn status_view<'a>(
     figures: &Figures,
     now: DateTime<Utc>,
     breakers: &HashMap<RouteId, &'static str>,
+    filter: &StatusFilter,
 ) -> StatusView<'a> {
+    let by_id: HashMap<&RouteId, &crate::health::RouteStatus> =
+        health.routes.iter().map(|s| (&s.route, s)).collect();
     let views = routes
         .iter()
+        .filter(|r| {
+            let state = by_id.get(&r.id).map_or(RouteState::Unknown, |s| s.state);
+            filter.keeps(r, state)
+        })
         .map(|r| {
-            let s = health.route(&r.id);
+            let s = by_id.get(&r.id).copied();
             let samples = figures.samples.get(&r.id);
             let ratio = |m: &HashMap<RouteId, Counts>| {
                 m.get(&r.id)
@@ -425,8 +536,13 @@ pub fn with_drift(
     Arc::new(merged)
 }
 
-/// `GET /api/v1/status`.
-pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError> {
+/// `GET /api/v1/status` (`?serves=`, `?provider=`, `?state=`: [`StatusQuery`]).
+pub async fn status(
+    State(state): State<AppState>,
+    q: Result<Query<StatusQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
+    let filter = StatusFilter::parse(&q).map_err(|e| ApiError::bad_request("bad_query", e))?;
     let mut health = state.health.borrow().clone();
     if let Some(drift) = &state.drift {
         let drift = drift.borrow().clone();
@@ -445,7 +561,7 @@ pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError>
         .collect();
     let budget = state.metrics.budget().map(|b| b.snapshot());
     let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        status_bytes_with(&routes, &health, &figures, now, &breakers, budget)
+        status_bytes_with(&routes, &health, &figures, now, &breakers, budget, &filter)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))
     })
     .await??;

@@ -366,8 +366,20 @@ pub(super) fn openapi() -> Value {
 }
 
 pub(super) fn status() -> Value {
+    let list = |name: &str, what: &str| {
+        json!({"name": name, "in": "query", "required": false,
+            "description": format!("Only routes whose {what} is one of these (comma-separated)"),
+            "schema": {"type": "string"}})
+    };
     json!({"summary": "Every route's state, recent latency, uptime and SLO", "operationId": "status",
-        "responses": {"200": json_response("Status", "Status"), "500": error_response("Store failure")}})
+        "parameters": [
+            list("serves", "logical model"),
+            list("provider", "provider"),
+            list("state", "state (UNKNOWN NORMAL WARNING DEGRADED CRITICAL SWITCHED, any case)")
+        ],
+        "responses": {"200": json_response("Status", "Status"),
+            "400": error_response("Bad filter (bad_query)"),
+            "500": error_response("Store failure")}})
 }
 
 pub(super) fn route_probes() -> Value {
