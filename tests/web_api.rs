@@ -303,6 +303,33 @@ async fn overall_follows_the_spec_rules() {
     assert_eq!(get(&s.url("/api/v1/status")).await.1["overall"], "degraded");
 }
 
+/// A store more than a minute behind the probes: `/readyz` says so (503) and
+/// `probeok_store_lag_seconds` shows by how much; once the batch commits, ready again.
+#[tokio::test]
+async fn store_lag_fails_readiness_past_a_minute() {
+    let h = Harness::new(ROUTES, now()).await;
+    let lag = std::sync::Arc::new(probeok::lag::StoreLag::default());
+    h.state.metrics.attach_store_lag(lag.clone());
+    let s = h.serve().await;
+    let (code, _) = get(&s.url("/readyz")).await;
+    assert_eq!(code, StatusCode::OK);
+    lag.begin(now() - D::seconds(75));
+    let (code, v) = get(&s.url("/readyz")).await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    let problems = v["problems"].to_string();
+    assert!(problems.contains("store behind the probes"), "{v}");
+    let text = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("probeok_store_lag_seconds 75.0"), "{text}");
+    lag.done();
+    let (code, _) = get(&s.url("/readyz")).await;
+    assert_eq!(code, StatusCode::OK);
+}
+
 /// `?serves=`, `?provider=`, `?state=` keep the matching routes (all filters together);
 /// `overall` still judges every route; a bad filter is 400 `bad_query`.
 #[tokio::test]
