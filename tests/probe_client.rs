@@ -18,6 +18,7 @@ use probeok::probe::{
     probe_json, OutcomeKind, ProbeClient, ProbeError, ProbeOutcome, ProbeSetupError,
 };
 use probeok::route::{ProbeSettings, ProviderKind, Route, RouteId, Tier};
+use probeok::secret::Env;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -147,7 +148,13 @@ fn route_with(server: &Server, wire: Wire, tweak: impl FnOnce(&mut ProbeSettings
 }
 
 async fn probe_kind(route: &Route, kind: OutcomeKind) -> ProbeOutcome {
-    let client = ProbeClient::new(std::slice::from_ref(route), Arc::new(SystemClock))
+    probe_in(route, kind, &Env::given()).await
+}
+
+/// A probe whose client reads the key variables from `env`: the test gives the key to the
+/// client, never to the whole process.
+async fn probe_in(route: &Route, kind: OutcomeKind, env: &Env) -> ProbeOutcome {
+    let client = ProbeClient::with_env(std::slice::from_ref(route), Arc::new(SystemClock), env)
         .expect("client builds");
     let outcome = client.probe(route, kind).await;
     assert_ordered(&outcome);
@@ -156,6 +163,15 @@ async fn probe_kind(route: &Route, kind: OutcomeKind) -> ProbeOutcome {
 
 async fn probe(route: &Route) -> ProbeOutcome {
     probe_kind(route, OutcomeKind::Probe).await
+}
+
+/// [`probe`] with the route's key variable holding `key`.
+async fn probe_keyed(route: &Route, key: &str) -> ProbeOutcome {
+    let var = route
+        .api_key_env
+        .clone()
+        .expect("the route names its key variable");
+    probe_in(route, OutcomeKind::Probe, &Env::given().with(var, key)).await
 }
 
 /// `ttfb <= ttft <= total` wherever present, on every outcome.
@@ -430,7 +446,6 @@ async fn content_policy_400_is_refused() {
 #[tokio::test]
 async fn upstream_messages_are_scrubbed_and_the_key_never_leaks() {
     let key = "sk-live-0123456789abcdefABCDEF0123456789";
-    std::env::set_var("PROBEOK_TEST_KEY_SCRUB", key);
     each(&[OPENAI_STREAM, ANTHROPIC_PLAIN], |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
             Reply::now(json(
@@ -445,7 +460,7 @@ async fn upstream_messages_are_scrubbed_and_the_key_never_leaks() {
         .await;
         let mut r = route(&server, wire);
         r.api_key_env = Some("PROBEOK_TEST_KEY_SCRUB".into());
-        let o = probe(&r).await;
+        let o = probe_keyed(&r, key).await;
         assert_eq!(
             o.error.as_ref().and_then(ProbeError::status),
             Some(401),
@@ -948,14 +963,13 @@ async fn connection_refused_is_connect() {
 
 #[tokio::test]
 async fn openai_request_shape_and_bearer_key() {
-    std::env::set_var("PROBEOK_TEST_KEY_OPENAI_SHAPE", "sk-test-openai-shape");
     let (server, requests) = fake(OPENAI_STREAM.path(), |_| {
         Reply::now(OPENAI_STREAM.answer(&["PROBE_OK"], Some(3)))
     })
     .await;
     let mut r = route(&server, OPENAI_STREAM);
     r.api_key_env = Some("PROBEOK_TEST_KEY_OPENAI_SHAPE".into());
-    let o = probe(&r).await;
+    let o = probe_keyed(&r, "sk-test-openai-shape").await;
     assert!(o.success, "{o:?}");
 
     let req = requests.last();
@@ -1003,14 +1017,13 @@ async fn openai_request_shape_and_bearer_key() {
 
 #[tokio::test]
 async fn anthropic_request_shape_and_headers() {
-    std::env::set_var("PROBEOK_TEST_KEY_ANTHROPIC_SHAPE", "sk-ant-test-shape");
     let (server, requests) = fake(ANTHROPIC_STREAM.path(), |_| {
         Reply::now(ANTHROPIC_STREAM.answer(&["PROBE_OK"], Some(3)))
     })
     .await;
     let mut r = route(&server, ANTHROPIC_STREAM);
     r.api_key_env = Some("PROBEOK_TEST_KEY_ANTHROPIC_SHAPE".into());
-    let o = probe(&r).await;
+    let o = probe_keyed(&r, "sk-ant-test-shape").await;
     assert!(o.success, "{o:?}");
 
     let req = requests.last();

@@ -121,8 +121,7 @@ async fn start(ups: &[&Up], tweak: impl FnOnce(&mut ProxyConfig)) -> Running {
             context_window: u.context_window,
             ..RouteConfig::default()
         });
-        // Same value in every test: set before any proxy reads it.
-        std::env::set_var(
+        config.env.set(
             format!("PROBEOK_TEST_PROXY_KEY_{i}"),
             format!("sk-upstream-key-{i}-0123456789"),
         );

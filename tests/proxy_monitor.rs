@@ -64,7 +64,7 @@ fn config(ups: &[&Up], tweak: impl FnOnce(&mut ProxyConfig)) -> Config {
             weight: if i == 0 { 100 } else { 0 },
             ..RouteConfig::default()
         });
-        std::env::set_var(
+        config.env.set(
             format!("PROBEOK_TEST_PROXY3_KEY_{i}"),
             format!("sk-upstream3-key-{i}-0123456789"),
         );

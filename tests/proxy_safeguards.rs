@@ -97,7 +97,7 @@ fn config(ups: &[&Up], tiers: &[Tier], tweak: impl FnOnce(&mut ProxyConfig)) -> 
             }),
             ..RouteConfig::default()
         });
-        std::env::set_var(
+        config.env.set(
             format!("PROBEOK_TEST_PROXY2_KEY_{i}"),
             format!("sk-upstream2-key-{i}-0123456789"),
         );
@@ -603,11 +603,19 @@ fn tokio_stream_from(
 
 #[tokio::test]
 async fn client_auth_requires_a_known_key() {
-    std::env::set_var("PROBEOK_TEST_PROXY2_CLIENT_KEYS", "client-a, client-b");
     let a = up(|_| ok_body("hi")).await;
-    let px = start(&[&a], |p| {
+    let mut c = config(&[&a], &[], |p| {
         p.client_keys_env = "PROBEOK_TEST_PROXY2_CLIENT_KEYS".into()
-    })
+    });
+    c.env
+        .set("PROBEOK_TEST_PROXY2_CLIENT_KEYS", "client-a, client-b");
+    let px = start_with(
+        c,
+        Setup {
+            store: true,
+            feed: None,
+        },
+    )
     .await;
     let send = |auth: Option<&'static str>| {
         let mut req = px

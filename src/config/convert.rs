@@ -340,6 +340,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         heartbeat: heartbeat(ck, raw.heartbeat),
         drill: drill(ck, raw.drill),
         source_map: map.clone(),
+        env: crate::secret::Env::process(),
     }
 }
 
