@@ -14,6 +14,7 @@ use axum::routing::get;
 use axum::Router;
 use common::{fake, json, openai, Captured, Reply, Requests, Server};
 use futures_util::StreamExt;
+use probeok::clock::{ManualClock, SystemClock};
 use probeok::config::{Config, ProviderConfig, ProxyConfig, RegionConfig, RouteConfig};
 use probeok::proxy::{self, remote, FeedStatus, Proxy, ProxyOptions, WeightsView};
 use probeok::route::{Price, Tier};
@@ -61,9 +62,12 @@ impl Drop for Px {
     }
 }
 
+#[derive(Default)]
 struct Setup {
     store: bool,
     feed: Option<Arc<FeedStatus>>,
+    /// The proxy's clock (idempotency expiry); the system clock when `None`.
+    clock: Option<Arc<ManualClock>>,
 }
 
 fn config(ups: &[&Up], tiers: &[Tier], tweak: impl FnOnce(&mut ProxyConfig)) -> Config {
@@ -125,6 +129,10 @@ async fn start_with(config: Config, setup: Setup) -> Px {
             store: store.clone(),
             feed: setup.feed,
             body_read_timeout: Duration::from_millis(500),
+            clock: match setup.clock {
+                Some(c) => c,
+                None => Arc::new(SystemClock),
+            },
             ..ProxyOptions::default()
         },
     )
@@ -153,7 +161,7 @@ async fn start(ups: &[&Up], tweak: impl FnOnce(&mut ProxyConfig)) -> Px {
         c,
         Setup {
             store: true,
-            feed: None,
+            ..Setup::default()
         },
     )
     .await
@@ -405,23 +413,51 @@ async fn post_key(px: &Px, key: &str, body: Value) -> reqwest::Response {
 async fn idempotency_keys_replay_conflict_and_expire() {
     let n = Arc::new(AtomicUsize::new(0));
     let count = n.clone();
+    // The first call's answer is held until the test releases it, so the second request
+    // meets the key in progress however slow the machine is.
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (on_arrival, on_release) = (arrived.clone(), release.clone());
     let a = up(move |_| {
         let i = count.fetch_add(1, Ordering::SeqCst);
-        Reply::after(
-            Duration::from_millis(300),
-            json(
+        let body = openai::body(&format!("answer {i}"), "stop", Some(3)).to_string();
+        if i > 0 {
+            return Reply::now(common::with_type(
                 StatusCode::OK,
-                openai::body(&format!("answer {i}"), "stop", Some(3)),
-            ),
-        )
+                "application/json",
+                body.into(),
+            ));
+        }
+        on_arrival.notify_one();
+        let release = on_release.clone();
+        let held = futures_util::stream::once(async move {
+            release.notified().await;
+            Ok::<_, std::io::Error>(body)
+        });
+        Reply::now(common::with_type(
+            StatusCode::OK,
+            "application/json",
+            axum::body::Body::from_stream(held),
+        ))
     })
     .await;
-    let px = start(&[&a], |p| p.idempotency_ttl = Duration::from_secs(2)).await;
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let px = start_with(
+        config(&[&a], &[], |p| p.idempotency_ttl = Duration::from_secs(2)),
+        Setup {
+            store: true,
+            clock: Some(clock.clone()),
+            ..Setup::default()
+        },
+    )
+    .await;
 
     // Concurrent: the second gets 409 while the first runs.
     let (first, second) = tokio::join!(post_key(&px, "k-1", chat()), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        post_key(&px, "k-1", chat()).await
+        arrived.notified().await;
+        let second = post_key(&px, "k-1", chat()).await;
+        release.notify_one();
+        second
     });
     assert_eq!(first.status(), 200);
     assert_eq!(second.status(), 409);
@@ -447,7 +483,7 @@ async fn idempotency_keys_replay_conflict_and_expire() {
     assert_eq!(a.reqs.all().len(), 2);
 
     // Expiry: after the TTL the key is new again.
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    clock.advance(Duration::from_millis(2100));
     let later = post_key(&px, "k-1", chat()).await;
     assert!(later.headers().get("x-probeok-idempotent-replay").is_none());
     let v: Value = later.json().await.unwrap();
@@ -613,7 +649,7 @@ async fn client_auth_requires_a_known_key() {
         c,
         Setup {
             store: true,
-            feed: None,
+            ..Setup::default()
         },
     )
     .await;
@@ -762,8 +798,8 @@ async fn standalone_proxy_follows_a_remote_monitor() {
     let mut px = start_with(
         cfg,
         Setup {
-            store: false,
             feed: Some(status.clone()),
+            ..Setup::default()
         },
     )
     .await;
