@@ -483,9 +483,10 @@ async fn upstream_messages_are_scrubbed_and_the_key_never_leaks() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Timing
+// Timing: in paused time, so the windows are exact whatever the load on the machine (the
+// fakes and the client share the runtime; loopback bytes are there when it looks).
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn no_byte_before_first_byte_timeout() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -502,12 +503,12 @@ async fn no_byte_before_first_byte_timeout() {
             "{wire:?}: {o:?}"
         );
         assert_eq!((o.ttfb_ms, o.ttft_ms, o.http_status), (None, None, None));
-        assert!(o.total_ms >= 200.0 && o.total_ms < 2000.0, "{o:?}");
+        assert!(o.total_ms >= 200.0 && o.total_ms < 250.0, "{o:?}");
     })
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn headers_then_a_slow_body_is_a_slow_success() {
     // Streams: a frame every 150 ms, under the 400 ms silence limit.
     each(&STREAMS, |wire| async move {
@@ -558,7 +559,7 @@ async fn headers_then_a_slow_body_is_a_slow_success() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stream_that_stalls_after_one_chunk_is_stalled() {
     each(&STREAMS, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -593,7 +594,7 @@ async fn a_stream_that_stalls_after_one_chunk_is_stalled() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_provider_that_queues_after_its_headers_is_slow_not_down() {
     // Headers at once, then silence (no keep-alive comments) until the first token 2.5 s
     // later, as vLLM-style servers queue a request: a slow success, not a stall, even with a
@@ -626,7 +627,7 @@ async fn a_provider_that_queues_after_its_headers_is_slow_not_down() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn no_answer_token_before_the_deadline_is_a_timeout_not_a_stall() {
     // Headers, then nothing: only `timeout` bounds the wait for the first answer token.
     each(&STREAMS, |wire| async move {
@@ -650,7 +651,7 @@ async fn no_answer_token_before_the_deadline_is_a_timeout_not_a_stall() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn openrouter_and_anthropic_in_stream_errors_are_classified_by_what_they_declare() {
     // OpenRouter: a 200 stream that ends in a chunk with an error object and
     // finish_reason "error".
@@ -702,7 +703,7 @@ async fn openrouter_and_anthropic_in_stream_errors_are_classified_by_what_they_d
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_429_with_only_ratelimit_reset_headers_rests_that_long() {
     let (server, _) = fake(OPENAI_PLAIN.path(), |_| {
         let mut r = Response::new(axum::body::Body::from(
@@ -724,7 +725,7 @@ async fn a_429_with_only_ratelimit_reset_headers_rests_that_long() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn past_the_deadline_while_data_flows_is_timeout() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -798,7 +799,7 @@ async fn a_cut_body_is_truncated() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn openai_end_rules_without_done() {
     // finish_reason + usage chunk, body ends without [DONE]: complete.
     let (server, _) = fake(OPENAI_STREAM.path(), |_| {
@@ -1145,7 +1146,7 @@ async fn probe_json_has_the_cli_shape() {
 // ---------------------------------------------------------------------------------------------
 // Throughput
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn throughput_tokens_per_second_matches_a_known_rate() {
     // One number every 20 ms = 50 tokens/s: the 40th arrives 39 × 20 ms after the first.
     const EVERY: Duration = Duration::from_millis(20);

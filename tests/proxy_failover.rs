@@ -342,7 +342,8 @@ async fn auth_failures_move_on_and_all_401_is_502() {
     assert!(!v.to_string().contains("Incorrect API key"));
 }
 
-#[tokio::test]
+// Paused time: the rest is Retry-After's second exactly, and the test does not wait it out.
+#[tokio::test(start_paused = true)]
 async fn rate_limits_move_on_and_the_route_rests_until_retry_after() {
     let a = up(|_| {
         let mut r = json(
@@ -369,8 +370,11 @@ async fn rate_limits_move_on_and_the_route_rests_until_retry_after() {
     assert_eq!(header(&r, "x-probeok-mode"), "fallback");
     assert_eq!(a.reqs.all().len(), 1, "resting until Retry-After");
 
-    // After it, the route is tried again.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Still resting just before the second is over; tried again after it.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    px.post(chat(false)).await;
+    assert_eq!(a.reqs.all().len(), 1, "resting until Retry-After");
+    tokio::time::sleep(Duration::from_millis(200)).await;
     px.post(chat(false)).await;
     assert_eq!(a.reqs.all().len(), 2);
     let outcomes = px.outcomes().await;
