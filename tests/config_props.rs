@@ -257,3 +257,10 @@ proptest! {
         parse_and_check(&src)?;
     }
 }
+
+#[test]
+fn a_control_character_in_a_comment_is_named() {
+    // The TOML parser reports this one without a message of its own.
+    let e = Config::parse("# a comment\n#\0 here\n", LABEL).unwrap_err();
+    assert_eq!(e.to_string(), "props.toml:2:2: unexpected character '\\0'");
+}
