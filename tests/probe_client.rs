@@ -1,7 +1,9 @@
 //! The probe client against fake upstreams (real HTTP servers on loopback): OpenAI-compatible
 //! and Anthropic, streaming and not. The fakes' delays are the scenario; the assertions are on
 //! the classification and on bounds the scenario guarantees (a body scripted to take 750 ms
-//! cannot be read in less).
+//! cannot be read in less). Every test runs in paused time: the fakes and the client share
+//! the runtime, loopback bytes are there when it looks, and the 400 ms timeouts are measured
+//! exactly however loaded the machine is.
 
 mod common;
 
@@ -210,7 +212,7 @@ where
 // ---------------------------------------------------------------------------------------------
 // Answers
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exact_probe_ok_is_a_verified_success() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -238,7 +240,7 @@ async fn exact_probe_ok_is_a_verified_success() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_different_answer_is_a_success_but_unverified() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -253,7 +255,7 @@ async fn a_different_answer_is_a_success_but_unverified() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn whitespace_around_the_answer_is_trimmed() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -266,7 +268,7 @@ async fn whitespace_around_the_answer_is_trimmed() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn usage_is_reported_or_estimated() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -299,7 +301,7 @@ async fn usage_is_reported_or_estimated() {
 // ---------------------------------------------------------------------------------------------
 // Status codes
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rate_limited_with_retry_after_seconds() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -330,7 +332,7 @@ async fn rate_limited_with_retry_after_seconds() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rate_limited_with_retry_after_http_date() {
     let now: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-11-29T08:00:00Z")
         .unwrap()
@@ -364,7 +366,7 @@ async fn rate_limited_with_retry_after_http_date() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn server_error_500_is_http_with_the_upstream_message() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -392,7 +394,7 @@ async fn server_error_500_is_http_with_the_upstream_message() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn bad_request_400_is_http() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -421,7 +423,7 @@ async fn bad_request_400_is_http() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn content_policy_400_is_refused() {
     // DashScope's compatible mode answers a flagged prompt with 400 data_inspection_failed.
     each(&[OPENAI_STREAM, OPENAI_PLAIN], |wire| async move {
@@ -443,7 +445,7 @@ async fn content_policy_400_is_refused() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn upstream_messages_are_scrubbed_and_the_key_never_leaks() {
     let key = "sk-live-0123456789abcdefABCDEF0123456789";
     each(&[OPENAI_STREAM, ANTHROPIC_PLAIN], |wire| async move {
@@ -483,8 +485,7 @@ async fn upstream_messages_are_scrubbed_and_the_key_never_leaks() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Timing: in paused time, so the windows are exact whatever the load on the machine (the
-// fakes and the client share the runtime; loopback bytes are there when it looks).
+// Timing
 
 #[tokio::test(start_paused = true)]
 async fn no_byte_before_first_byte_timeout() {
@@ -751,7 +752,7 @@ async fn past_the_deadline_while_data_flows_is_timeout() {
 // ---------------------------------------------------------------------------------------------
 // Broken streams and bodies
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stream_cut_without_its_end_marker_is_truncated() {
     each(&STREAMS, |wire| async move {
         // Everything but the end marker, then a clean end of body.
@@ -779,7 +780,7 @@ async fn a_stream_cut_without_its_end_marker_is_truncated() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_cut_body_is_truncated() {
     each(&[OPENAI_PLAIN, ANTHROPIC_PLAIN], |wire| async move {
         let body = wire.body("PROBE_OK", Some(3)).to_string();
@@ -843,7 +844,7 @@ async fn openai_end_rules_without_done() {
     assert!(o.total_ms < 190.0, "{o:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_malformed_chunk_or_body_is_malformed() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -875,7 +876,7 @@ async fn a_malformed_chunk_or_body_is_malformed() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_content_filter_finish_is_refused() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -902,7 +903,7 @@ async fn a_content_filter_finish_is_refused() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_error_event_inside_a_200_stream_is_never_a_success() {
     // Anthropic: overloaded_error mid-stream stands for 529.
     let (server, _) = fake(ANTHROPIC_STREAM.path(), |_| {
@@ -944,7 +945,7 @@ async fn an_error_event_inside_a_200_stream_is_never_a_success() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn connection_refused_is_connect() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -962,7 +963,7 @@ async fn connection_refused_is_connect() {
 // ---------------------------------------------------------------------------------------------
 // Requests
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn openai_request_shape_and_bearer_key() {
     let (server, requests) = fake(OPENAI_STREAM.path(), |_| {
         Reply::now(OPENAI_STREAM.answer(&["PROBE_OK"], Some(3)))
@@ -1016,7 +1017,7 @@ async fn openai_request_shape_and_bearer_key() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn anthropic_request_shape_and_headers() {
     let (server, requests) = fake(ANTHROPIC_STREAM.path(), |_| {
         Reply::now(ANTHROPIC_STREAM.answer(&["PROBE_OK"], Some(3)))
@@ -1045,7 +1046,7 @@ async fn anthropic_request_shape_and_headers() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn throughput_request_uses_its_prompt_and_budget() {
     each(&[OPENAI_PLAIN, ANTHROPIC_PLAIN], |wire| async move {
         let (server, requests) = fake(wire.path(), move |_| {
@@ -1069,7 +1070,7 @@ async fn throughput_request_uses_its_prompt_and_budget() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn one_connection_is_kept_alive_per_provider() {
     // Streams included: the client reads past the end marker to the end of the body, so the
     // connection goes back to the pool instead of being torn down after every probe.
@@ -1094,7 +1095,7 @@ async fn one_connection_is_kept_alive_per_provider() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_missing_key_variable_is_a_setup_error() {
     let (server, _) = fake("/", |_| Reply::now("")).await;
     let mut r = route(&server, OPENAI_STREAM);
@@ -1105,7 +1106,7 @@ async fn a_missing_key_variable_is_a_setup_error() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn probe_json_has_the_cli_shape() {
     let (server, _) = fake(OPENAI_STREAM.path(), |_| {
         Reply::now(json(
