@@ -199,18 +199,17 @@ impl ProbeClient {
                 }
                 continue;
             }
-            let key = match &route.api_key_env {
-                None => None,
-                Some(var) => {
-                    Some(
-                        env.secret(var)
-                            .ok_or_else(|| ProbeSetupError::MissingApiKey {
-                                provider: route.provider.clone(),
-                                var: var.clone(),
-                            })?,
-                    )
-                }
-            };
+            let key = route
+                .api_key_env
+                .as_ref()
+                .map(|var| {
+                    env.secret(var)
+                        .ok_or_else(|| ProbeSetupError::MissingApiKey {
+                            provider: route.provider.clone(),
+                            var: var.clone(),
+                        })
+                })
+                .transpose()?;
             let http = reqwest::Client::builder()
                 .user_agent(concat!("probeok/", env!("CARGO_PKG_VERSION")))
                 // An LLM API that redirects a POST is misconfigured; report the 3xx instead
