@@ -25,6 +25,11 @@ enum Read {
 }
 
 fn read_all(body: &[u8], cuts: &[usize]) -> Vec<Read> {
+    read_all_then(body, cuts, None)
+}
+
+/// [`read_all`], the body ending with `fault` (a cut connection, a stall) when given.
+fn read_all_then(body: &[u8], cuts: &[usize], fault: Option<BodyFault>) -> Vec<Read> {
     let mut at: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
     at.sort_unstable();
     at.dedup();
@@ -34,6 +39,7 @@ fn read_all(body: &[u8], cuts: &[usize]) -> Vec<Read> {
         chunks.push(Ok::<_, BodyFault>(Bytes::copy_from_slice(&body[from..to])));
         from = to;
     }
+    chunks.extend(fault.map(Err));
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
@@ -123,6 +129,25 @@ proptest! {
     ) {
         let whole = read_all(&body, &[]);
         prop_assert_eq!(read_all(&body, &cuts), whole);
+    }
+
+    #[test]
+    fn a_body_fault_ends_the_events_whatever_the_chunking(
+        body in document(),
+        cuts in prop::collection::vec(any::<usize>(), 0..12),
+        fault in prop_oneof![
+            Just(BodyFault::Stalled),
+            Just(BodyFault::Timeout),
+            "[a-z ]{0,12}".prop_map(BodyFault::Cut),
+        ],
+    ) {
+        let whole = read_all_then(&body, &[], Some(fault.clone()));
+        prop_assert_eq!(&read_all_then(&body, &cuts, Some(fault.clone())), &whole);
+        // The fault is the last thing read, unless the framing failed before it.
+        match whole.last() {
+            Some(Read::Framing) => {}
+            last => prop_assert_eq!(last, Some(&Read::Body(fault))),
+        }
     }
 
     #[test]
