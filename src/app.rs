@@ -26,7 +26,6 @@ use crate::probe::client::ProbeClient;
 use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::Route;
 use crate::scheduler::{self, Prober, SchedulerEvent, SchedulerOptions};
-use crate::secret::Secret;
 use crate::store::{Store, StoreOptions, Writer};
 use crate::web::{self, AppState};
 
@@ -130,8 +129,8 @@ pub async fn start_with(
         latency_threshold: config.slo.latency_threshold,
     };
     let store = tokio::task::spawn_blocking(move || Store::open(&store_path, opts)).await??;
-    let client =
-        ProbeClient::new(&routes, clock.clone()).map_err(|e| AppError::Probe(e.to_string()))?;
+    let client = ProbeClient::with_env(&routes, clock.clone(), &config.env)
+        .map_err(|e| AppError::Probe(e.to_string()))?;
 
     let (health_events, _) = broadcast::channel(1024);
     // Alerts subscribe before detection can publish anything, so no event is missed.
@@ -333,7 +332,7 @@ pub async fn start_with(
         None
     };
 
-    let ingest_token = Secret::from_env(&config.server.ingest_token_env);
+    let ingest_token = config.env.secret(&config.server.ingest_token_env);
     if ingest_token.is_none() {
         tracing::info!(var = %config.server.ingest_token_env, "ingest disabled: token variable unset");
     }

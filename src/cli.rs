@@ -527,10 +527,14 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     let (config, _demo) = match path {
         Some(path) => {
             // The same checks a reload runs (`reload::load_checked`).
-            let (config, warnings) = crate::reload::load_checked(path, &crate::app::check_channels)
-                .map_err(|errors| {
-                    CliError::Invalid(errors.iter().map(ToString::to_string).collect())
-                })?;
+            let (config, warnings) = crate::reload::load_checked(
+                path,
+                &crate::secret::Env::process(),
+                &crate::app::check_channels,
+            )
+            .map_err(|errors| {
+                CliError::Invalid(errors.iter().map(ToString::to_string).collect())
+            })?;
             warn_all(&warnings);
             (config, None)
         }
@@ -744,7 +748,7 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
                 remote::STALE_AFTER,
                 shutdown.clone(),
             ));
-            let token = crate::secret::Secret::from_env(&config.server.ingest_token_env);
+            let token = config.env.secret(&config.server.ingest_token_env);
             tasks.push(remote::ingest(base.to_owned(), token, passive_rx).0);
         }
         None => {

@@ -33,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::reload::LiveConfig;
-use crate::secret::Secret;
 use crate::store::Store;
 
 /// The probe scheduler's loop.
@@ -387,7 +386,7 @@ impl Monitor {
         let Some(var) = config.heartbeat.ping_url_env.as_deref() else {
             return;
         };
-        let Some(url) = Secret::from_env(var) else {
+        let Some(url) = config.env.secret(var) else {
             tracing::debug!(var, "dead-man's switch variable unset; not pinging");
             return;
         };

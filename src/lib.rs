@@ -15,9 +15,11 @@
 //!   tiers, capabilities, prices.
 //! - [`clock`]: the `Clock` trait, `SystemClock`, `ManualClock` for tests, and
 //!   [`clock::rfc3339`], how every time is written.
-//! - [`secret`]: `Secret`, an environment-sourced value that never prints, and the one bearer
-//!   token check (SHA-256 digests compared in constant time) for the admin token, the ingest
-//!   token and the proxy's client keys.
+//! - [`secret`]: `Secret`, an environment-sourced value that never prints; `Env`, where the
+//!   variables a config names are read (the process environment, or values given in code so
+//!   no test changes the environment of a running process); and the one bearer token check
+//!   (SHA-256 digests compared in constant time) for the admin token, the ingest token and
+//!   the proxy's client keys.
 //! - [`outcome`]: `ProbeOutcome`/`ProbeError`/`OutcomeKind`, the classified result of one call
 //!   (also `probe::outcome`).
 //! - [`state`]: route states, reasons, failure modes, transitions, incidents, and

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::config::{Config, Diagnostic, OpenProxy};
+use crate::secret::Env;
 
 /// Where reloads are counted (the `/metrics` families): the service's start counts as the
 /// first success.
@@ -104,14 +105,16 @@ impl From<Config> for LiveConfig {
 /// now rather than alerting into the void. `Err` carries the message.
 pub type ChannelCheck = Arc<dyn Fn(&Config) -> Result<(), String> + Send + Sync>;
 
-/// Reads `path` and runs `serve`'s start checks, `channels` last. `Ok` carries the warnings;
-/// `Err` every problem found.
+/// Reads `path` and runs `serve`'s start checks, `channels` last, with the variables the
+/// config names read from `env`. `Ok` carries the warnings; `Err` every problem found.
 pub fn load_checked(
     path: &Path,
+    env: &Env,
     channels: &dyn Fn(&Config) -> Result<(), String>,
 ) -> Result<(Config, Vec<Diagnostic>), Vec<Diagnostic>> {
     let loaded = Config::load(path).map_err(|e| e.0)?;
-    let config = loaded.config;
+    let mut config = loaded.config;
+    config.env = env.clone();
     let dir = config.drift_sets_dir();
     if dir.exists() || config.drift.explicit {
         crate::drift::load_dir(&dir).map_err(|e| e.0)?;
@@ -264,7 +267,9 @@ impl Reloader {
             return Err(ReloadError::NoConfigFile);
         };
         let channels = self.channels.clone();
-        let checked = tokio::task::spawn_blocking(move || load_checked(&file, &*channels))
+        // A new file changes what the variables are named, never where they are read.
+        let env = self.tx.borrow().env.clone();
+        let checked = tokio::task::spawn_blocking(move || load_checked(&file, &env, &*channels))
             .await
             .map_err(|e| ReloadError::Internal(e.to_string()));
         let result = match checked {

@@ -5,7 +5,9 @@
 //! here, one way for all: the given token's and each secret's SHA-256 digests are compared in
 //! constant time, so neither a secret's content nor its length leaks through timing.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
@@ -43,10 +45,10 @@ pub fn matches_any<'a>(given: &str, secrets: impl IntoIterator<Item = &'a Secret
     bool::from(matched)
 }
 
-/// Checks the request's bearer token against the variable `env` names, read now so a rotated
-/// token takes effect at once.
-pub fn check_bearer_env(env: &str, headers: &HeaderMap) -> Result<(), AuthError> {
-    check_bearer(Secret::from_env(env).as_ref(), headers)
+/// Checks the request's bearer token against the variable `var` names in `env`, read now so
+/// a rotated token takes effect at once.
+pub fn check_bearer_env(env: &Env, var: &str, headers: &HeaderMap) -> Result<(), AuthError> {
+    check_bearer(env.secret(var).as_ref(), headers)
 }
 
 /// Checks the request's bearer token against `expected`; `None` means the endpoints it
@@ -59,6 +61,75 @@ pub fn check_bearer(expected: Option<&Secret>, headers: &HeaderMap) -> Result<()
     }
 }
 
+/// Where secrets are read: the process environment (the service, the default) or values
+/// given in code (tests, embedders). Changing the environment of a running process races
+/// with every thread that reads it (glibc's `setenv` is not thread-safe), so code that needs
+/// other values is given an `Env` instead. Clones share one set of given values, so a value
+/// set or removed later is seen at once, as a rotated variable would be.
+#[derive(Clone, Default)]
+pub struct Env(Option<Arc<RwLock<HashMap<String, String>>>>);
+
+impl Env {
+    /// The process environment.
+    pub fn process() -> Self {
+        Self(None)
+    }
+
+    /// Given values only, none yet: the process environment is never consulted.
+    pub fn given() -> Self {
+        Self(Some(Arc::default()))
+    }
+
+    /// Sets `var` (a process environment becomes given values holding only it). Returns
+    /// `self` for chaining.
+    pub fn set(&mut self, var: impl Into<String>, value: impl Into<String>) -> &mut Self {
+        let map = self.0.get_or_insert_with(Arc::default);
+        map.write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(var.into(), value.into());
+        self
+    }
+
+    /// [`Self::set`], by value.
+    #[must_use]
+    pub fn with(mut self, var: impl Into<String>, value: impl Into<String>) -> Self {
+        self.set(var, value);
+        self
+    }
+
+    /// Unsets `var` among the given values (the process environment is never changed).
+    pub fn remove(&self, var: &str) {
+        if let Some(map) = &self.0 {
+            map.write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(var);
+        }
+    }
+
+    /// The variable's value; unset or empty is `None`.
+    pub fn secret(&self, var: &str) -> Option<Secret> {
+        match &self.0 {
+            None => Secret::from_env(var),
+            Some(map) => map
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(var)
+                .filter(|v| !v.is_empty())
+                .map(|v| Secret::new(v.clone())),
+        }
+    }
+}
+
+impl fmt::Debug for Env {
+    /// Names where values come from, never a value.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            None => f.write_str("Env(process)"),
+            Some(_) => f.write_str("Env(given)"),
+        }
+    }
+}
+
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
@@ -67,7 +138,8 @@ impl Secret {
         Self(value.into())
     }
 
-    /// Reads the variable; unset or empty is `None`.
+    /// Reads the variable from the process environment; unset or empty is `None`. Code
+    /// that can be given its values reads them through an [`Env`] instead.
     pub fn from_env(var: &str) -> Option<Self> {
         std::env::var(var).ok().filter(|v| !v.is_empty()).map(Self)
     }
@@ -132,8 +204,29 @@ mod tests {
         // A variable name no test or environment sets.
         let var = "PROBEOK_TEST_SECRET_NEVER_SET_9F2C";
         assert_eq!(
-            check_bearer_env(var, &auth("Bearer x")),
+            check_bearer_env(&Env::process(), var, &auth("Bearer x")),
             Err(AuthError::Disabled)
         );
+    }
+
+    #[test]
+    fn given_values_are_shared_by_clones_and_never_read_the_process() {
+        let mut env = Env::given();
+        let seen = env.clone();
+        // PATH is set in every process environment; given values do not fall back to it.
+        assert_eq!(env.secret("PATH"), None);
+        env.set("T_TOKEN", "s3cret").set("T_EMPTY", "");
+        assert_eq!(seen.secret("T_TOKEN").unwrap().expose(), "s3cret");
+        assert_eq!(seen.secret("T_EMPTY"), None, "empty counts as unset");
+        assert_eq!(
+            check_bearer_env(&seen, "T_TOKEN", &auth("Bearer s3cret")),
+            Ok(())
+        );
+        env.remove("T_TOKEN");
+        assert_eq!(
+            check_bearer_env(&seen, "T_TOKEN", &auth("Bearer s3cret")),
+            Err(AuthError::Disabled)
+        );
+        assert_eq!(format!("{:?}", Env::given().with("K", "v")), "Env(given)");
     }
 }

@@ -459,12 +459,12 @@ async fn maintenance_and_silences_suppress() {
     let hook = Fake::new(Kind::Webhook, None, clock.clone());
     let (addr, _h) = serve(hook.clone(), None).await;
     let token_var = "PROBEOK_TEST_ALERTS_ADMIN_TOKEN";
-    std::env::set_var(token_var, "admin-secret");
     let rig = rig(
         vec![webhook("webhook[0]", addr, None, Severity::Info)],
         clock.clone(),
         |c| {
             c.server.admin_token_env = token_var.into();
+            c.env.set(token_var, "admin-secret");
             c.maintenance.push(MaintenanceConfig {
                 routes: vec!["qwen/*/qwen-max-0?".into()],
                 start: t0() - chrono::Duration::minutes(10),

@@ -594,3 +594,57 @@ fn surfaces_and_wiring_follow_their_own_rules() {
     // An unknown top-level module must be given a layer.
     assert_eq!(targets("src/newthing.rs", ""), ["newthing"]);
 }
+
+/// Lines (1-based) of `text` whose code calls or imports a function that changes the process
+/// environment. Comments and strings do not count.
+fn environment_writes(text: &str) -> Vec<usize> {
+    let code: String = code_only(text).into_iter().collect();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut lines = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let hit = ["set_var", "remove_var"].iter().any(|name| {
+            line.match_indices(name).any(|(at, _)| {
+                let before = line[..at].chars().next_back();
+                let after = line[at + name.len()..].chars().next();
+                !before.is_some_and(ident) && !after.is_some_and(ident)
+            })
+        });
+        if hit {
+            lines.push(n + 1);
+        }
+    }
+    lines
+}
+
+/// Changing the environment of a running process races with every thread that reads it
+/// (glibc's `setenv` is not thread-safe, and tests run in parallel threads of one process):
+/// code is given its values instead (`probeok::secret::Env`, `Config::env`), and a child
+/// process gets them through `Command::env`.
+#[test]
+fn no_code_changes_the_process_environment() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "benches"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    assert!(files.len() > 100, "read {} files", files.len());
+    let mut found = Vec::new();
+    for path in &files {
+        let text = std::fs::read_to_string(path).expect("readable source");
+        for line in environment_writes(&text) {
+            let rel = path.strip_prefix(root).expect("under the crate");
+            found.push(format!("{}:{line}", rel.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the process environment is changed at (give the code an Env instead):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn environment_writes_are_found_in_code_only() {
+    let src = "fn t() {\n    std::env::set_var(\"A\", \"1\");\n    // std::env::set_var is racy\n    let s = \"remove_var\";\n    use std::env::remove_var;\n    env::remove_var(\"A\");\n    my_set_var_helper();\n    cmd.env(\"A\", \"1\");\n}\n";
+    assert_eq!(environment_writes(src), vec![2, 5, 6]);
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::NaiveTime;
 use probeok::config::{Buckets, Config, ProviderConfig, RegionConfig, RouteConfig, ServerConfig};
 use probeok::route::{Capability, ProviderKind, RouteId, Tier};
+use probeok::secret::Env;
 
 /// Lines 1–11.
 const PROVIDERS: &str = r#"[[provider]]
@@ -500,16 +501,14 @@ fn timeout_at_or_above_interval_is_a_warning_not_an_error() {
 
 #[test]
 fn missing_secrets_name_the_variable_never_a_value() {
-    // Unique names: tests run in parallel threads of one process.
     let src = with_route("")
         .replace("DASHSCOPE_API_KEY", "PROBEOK_TEST_UNSET_KEY_7f3a")
         .replace(
             "id = \"deepseek\"\n",
             "id = \"deepseek\"\napi_key_env = \"PROBEOK_TEST_SET_KEY_7f3a\"\n",
         );
-    std::env::set_var("PROBEOK_TEST_SET_KEY_7f3a", "sk-very-secret-value");
-    std::env::remove_var("PROBEOK_TEST_UNSET_KEY_7f3a");
-    let c = Config::parse(&src, "p.toml").unwrap().config;
+    let mut c = Config::parse(&src, "p.toml").unwrap().config;
+    c.env = Env::given().with("PROBEOK_TEST_SET_KEY_7f3a", "sk-very-secret-value");
     let missing: Vec<String> = c
         .missing_secrets()
         .iter()

@@ -88,7 +88,7 @@ fn config(main: &Up, lite: &Up, contracts: Vec<ContractConfig>, auth: bool) -> C
             capabilities: caps,
             ..RouteConfig::default()
         });
-        std::env::set_var(
+        config.env.set(
             format!("PROBEOK_TEST_CONTRACT_KEY_{i}"),
             format!("sk-upstream-contract-key-{i}-0123456789"),
         );
@@ -96,7 +96,7 @@ fn config(main: &Up, lite: &Up, contracts: Vec<ContractConfig>, auth: bool) -> C
     config.proxy.enabled = true;
     config.proxy.total_timeout = Duration::from_secs(10);
     if auth {
-        std::env::set_var(CLIENT_KEYS_ENV, format!("{KEY_A},{KEY_B}"));
+        config.env.set(CLIENT_KEYS_ENV, format!("{KEY_A},{KEY_B}"));
         config.proxy.client_keys_env = CLIENT_KEYS_ENV.into();
     } else {
         config.proxy.client_keys_env = "PROBEOK_TEST_CONTRACT_NO_SUCH_VAR".into();

@@ -138,7 +138,9 @@ weight = 100
         main = main.server.base_url(),
         backup = backup.server.base_url(),
     );
-    Config::parse(&src, "drills.toml").unwrap().config
+    let mut config = Config::parse(&src, "drills.toml").unwrap().config;
+    config.env.set(token_env, "drill-secret");
+    config
 }
 
 struct App {
@@ -293,17 +295,12 @@ impl App {
     }
 }
 
-fn set_token(var: &str) {
-    std::env::set_var(var, "drill-secret");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drill_ramps_ends_by_itself_restores_the_weights_and_reports() {
     let dir = tempfile::tempdir().unwrap();
     let main = upstream(Duration::from_millis(5)).await;
     let backup = upstream(Duration::from_millis(40)).await;
     let var = "PROBEOK_TEST_DRILL_TOKEN_LIFE";
-    set_token(var);
     let clock = Arc::new(ManualClock::new(off_peak() - TimeDelta::minutes(5)));
     let cfg = config(&dir.path().join("d.db"), &main, &backup, var, free_port());
     let app = App::start(cfg, clock.clone(), "drill-secret").await;
@@ -511,9 +508,9 @@ async fn off_peak_force_validation_and_stops() {
     let main = upstream(Duration::ZERO).await;
     let backup = upstream(Duration::ZERO).await;
     let var = "PROBEOK_TEST_DRILL_TOKEN_RULES";
-    set_token(var);
     let clock = Arc::new(ManualClock::new(peak()));
     let cfg = config(&dir.path().join("d.db"), &main, &backup, var, free_port());
+    let mut env = cfg.env.clone();
     let app = App::start(cfg, clock.clone(), "drill-secret").await;
     let path = "/api/v1/admin/drills";
     let good = j!({"route": MAIN, "duration": "10m", "reason": "peak-time drill"});
@@ -664,13 +661,13 @@ async fn off_peak_force_validation_and_stops() {
     );
 
     // The token variable unset: admin endpoints are off.
-    std::env::remove_var(var);
+    env.remove(var);
     let (status, e) = app.admin(reqwest::Method::POST, path, Some(good)).await;
     assert_eq!(
         (status, e["error"]["code"].as_str()),
         (403, Some("admin_disabled"))
     );
-    set_token(var);
+    env.set(var, "drill-secret");
     let listed = app.get("/api/v1/drills").await;
     assert_eq!(listed["drills"].as_array().unwrap().len(), 2);
 
@@ -707,7 +704,6 @@ async fn an_active_drill_survives_a_restart_and_ends_if_its_end_passed() {
     let main = upstream(Duration::ZERO).await;
     let backup = upstream(Duration::ZERO).await;
     let var = "PROBEOK_TEST_DRILL_TOKEN_RESTART";
-    set_token(var);
     let clock = Arc::new(ManualClock::new(off_peak()));
     let app = App::start(
         config(&db, &main, &backup, var, free_port()),
@@ -784,7 +780,6 @@ async fn the_cli_starts_reports_and_stops_a_drill() {
     let main = upstream(Duration::ZERO).await;
     let backup = upstream(Duration::ZERO).await;
     let var = "PROBEOK_TEST_DRILL_TOKEN_CLI";
-    set_token(var);
     let clock = Arc::new(ManualClock::new(peak()));
     let app = App::start(
         config(&dir.path().join("d.db"), &main, &backup, var, free_port()),

@@ -98,12 +98,14 @@ async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_jobs_fail_readyz_show_on_the_page_and_fail_the_dead_mans_switch() {
     let (ping_addr, pings) = receiver().await;
-    std::env::set_var("T_HB_PING_URL", format!("http://{ping_addr}/ping/abc"));
     let dir = tempfile::tempdir().unwrap();
-    let config = config(
+    let mut config = config(
         &dir.path().join("hb.db"),
         r#"ping_url_env = "T_HB_PING_URL""#,
     );
+    config
+        .env
+        .set("T_HB_PING_URL", format!("http://{ping_addr}/ping/abc"));
     let clock = Arc::new(ManualClock::new(t0()));
     let shutdown = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -227,9 +229,11 @@ async fn silent_jobs_fail_readyz_show_on_the_page_and_fail_the_dead_mans_switch(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boot_raises_no_alert_and_every_job_beats() {
     let (hook, got) = receiver().await;
-    std::env::set_var("T_HB_BOOT_HOOK", format!("http://{hook}/hook"));
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(&dir.path().join("boot.db"), "");
+    config
+        .env
+        .set("T_HB_BOOT_HOOK", format!("http://{hook}/hook"));
     config.alert.webhook.push(probeok::config::WebhookConfig {
         url_env: "T_HB_BOOT_HOOK".into(),
         secret_env: None,

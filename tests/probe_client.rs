@@ -1,7 +1,9 @@
 //! The probe client against fake upstreams (real HTTP servers on loopback): OpenAI-compatible
 //! and Anthropic, streaming and not. The fakes' delays are the scenario; the assertions are on
 //! the classification and on bounds the scenario guarantees (a body scripted to take 750 ms
-//! cannot be read in less).
+//! cannot be read in less). Every test runs in paused time: the fakes and the client share
+//! the runtime, loopback bytes are there when it looks, and the 400 ms timeouts are measured
+//! exactly however loaded the machine is.
 
 mod common;
 
@@ -18,6 +20,7 @@ use probeok::probe::{
     probe_json, OutcomeKind, ProbeClient, ProbeError, ProbeOutcome, ProbeSetupError,
 };
 use probeok::route::{ProbeSettings, ProviderKind, Route, RouteId, Tier};
+use probeok::secret::Env;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -147,7 +150,13 @@ fn route_with(server: &Server, wire: Wire, tweak: impl FnOnce(&mut ProbeSettings
 }
 
 async fn probe_kind(route: &Route, kind: OutcomeKind) -> ProbeOutcome {
-    let client = ProbeClient::new(std::slice::from_ref(route), Arc::new(SystemClock))
+    probe_in(route, kind, &Env::given()).await
+}
+
+/// A probe whose client reads the key variables from `env`: the test gives the key to the
+/// client, never to the whole process.
+async fn probe_in(route: &Route, kind: OutcomeKind, env: &Env) -> ProbeOutcome {
+    let client = ProbeClient::with_env(std::slice::from_ref(route), Arc::new(SystemClock), env)
         .expect("client builds");
     let outcome = client.probe(route, kind).await;
     assert_ordered(&outcome);
@@ -156,6 +165,15 @@ async fn probe_kind(route: &Route, kind: OutcomeKind) -> ProbeOutcome {
 
 async fn probe(route: &Route) -> ProbeOutcome {
     probe_kind(route, OutcomeKind::Probe).await
+}
+
+/// [`probe`] with the route's key variable holding `key`.
+async fn probe_keyed(route: &Route, key: &str) -> ProbeOutcome {
+    let var = route
+        .api_key_env
+        .clone()
+        .expect("the route names its key variable");
+    probe_in(route, OutcomeKind::Probe, &Env::given().with(var, key)).await
 }
 
 /// `ttfb <= ttft <= total` wherever present, on every outcome.
@@ -194,7 +212,7 @@ where
 // ---------------------------------------------------------------------------------------------
 // Answers
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exact_probe_ok_is_a_verified_success() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -222,7 +240,7 @@ async fn exact_probe_ok_is_a_verified_success() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_different_answer_is_a_success_but_unverified() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -237,7 +255,7 @@ async fn a_different_answer_is_a_success_but_unverified() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn whitespace_around_the_answer_is_trimmed() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -250,7 +268,7 @@ async fn whitespace_around_the_answer_is_trimmed() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn usage_is_reported_or_estimated() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -283,7 +301,7 @@ async fn usage_is_reported_or_estimated() {
 // ---------------------------------------------------------------------------------------------
 // Status codes
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rate_limited_with_retry_after_seconds() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -314,7 +332,7 @@ async fn rate_limited_with_retry_after_seconds() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rate_limited_with_retry_after_http_date() {
     let now: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-11-29T08:00:00Z")
         .unwrap()
@@ -348,7 +366,7 @@ async fn rate_limited_with_retry_after_http_date() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn server_error_500_is_http_with_the_upstream_message() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -376,7 +394,7 @@ async fn server_error_500_is_http_with_the_upstream_message() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn bad_request_400_is_http() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -405,7 +423,7 @@ async fn bad_request_400_is_http() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn content_policy_400_is_refused() {
     // DashScope's compatible mode answers a flagged prompt with 400 data_inspection_failed.
     each(&[OPENAI_STREAM, OPENAI_PLAIN], |wire| async move {
@@ -427,10 +445,9 @@ async fn content_policy_400_is_refused() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn upstream_messages_are_scrubbed_and_the_key_never_leaks() {
     let key = "sk-live-0123456789abcdefABCDEF0123456789";
-    std::env::set_var("PROBEOK_TEST_KEY_SCRUB", key);
     each(&[OPENAI_STREAM, ANTHROPIC_PLAIN], |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
             Reply::now(json(
@@ -445,7 +462,7 @@ async fn upstream_messages_are_scrubbed_and_the_key_never_leaks() {
         .await;
         let mut r = route(&server, wire);
         r.api_key_env = Some("PROBEOK_TEST_KEY_SCRUB".into());
-        let o = probe(&r).await;
+        let o = probe_keyed(&r, key).await;
         assert_eq!(
             o.error.as_ref().and_then(ProbeError::status),
             Some(401),
@@ -470,7 +487,7 @@ async fn upstream_messages_are_scrubbed_and_the_key_never_leaks() {
 // ---------------------------------------------------------------------------------------------
 // Timing
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn no_byte_before_first_byte_timeout() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -487,12 +504,12 @@ async fn no_byte_before_first_byte_timeout() {
             "{wire:?}: {o:?}"
         );
         assert_eq!((o.ttfb_ms, o.ttft_ms, o.http_status), (None, None, None));
-        assert!(o.total_ms >= 200.0 && o.total_ms < 2000.0, "{o:?}");
+        assert!(o.total_ms >= 200.0 && o.total_ms < 250.0, "{o:?}");
     })
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn headers_then_a_slow_body_is_a_slow_success() {
     // Streams: a frame every 150 ms, under the 400 ms silence limit.
     each(&STREAMS, |wire| async move {
@@ -543,7 +560,7 @@ async fn headers_then_a_slow_body_is_a_slow_success() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stream_that_stalls_after_one_chunk_is_stalled() {
     each(&STREAMS, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -578,7 +595,7 @@ async fn a_stream_that_stalls_after_one_chunk_is_stalled() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_provider_that_queues_after_its_headers_is_slow_not_down() {
     // Headers at once, then silence (no keep-alive comments) until the first token 2.5 s
     // later, as vLLM-style servers queue a request: a slow success, not a stall, even with a
@@ -611,7 +628,7 @@ async fn a_provider_that_queues_after_its_headers_is_slow_not_down() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn no_answer_token_before_the_deadline_is_a_timeout_not_a_stall() {
     // Headers, then nothing: only `timeout` bounds the wait for the first answer token.
     each(&STREAMS, |wire| async move {
@@ -635,7 +652,7 @@ async fn no_answer_token_before_the_deadline_is_a_timeout_not_a_stall() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn openrouter_and_anthropic_in_stream_errors_are_classified_by_what_they_declare() {
     // OpenRouter: a 200 stream that ends in a chunk with an error object and
     // finish_reason "error".
@@ -687,7 +704,7 @@ async fn openrouter_and_anthropic_in_stream_errors_are_classified_by_what_they_d
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_429_with_only_ratelimit_reset_headers_rests_that_long() {
     let (server, _) = fake(OPENAI_PLAIN.path(), |_| {
         let mut r = Response::new(axum::body::Body::from(
@@ -709,7 +726,7 @@ async fn a_429_with_only_ratelimit_reset_headers_rests_that_long() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn past_the_deadline_while_data_flows_is_timeout() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -735,7 +752,7 @@ async fn past_the_deadline_while_data_flows_is_timeout() {
 // ---------------------------------------------------------------------------------------------
 // Broken streams and bodies
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stream_cut_without_its_end_marker_is_truncated() {
     each(&STREAMS, |wire| async move {
         // Everything but the end marker, then a clean end of body.
@@ -763,7 +780,7 @@ async fn a_stream_cut_without_its_end_marker_is_truncated() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_cut_body_is_truncated() {
     each(&[OPENAI_PLAIN, ANTHROPIC_PLAIN], |wire| async move {
         let body = wire.body("PROBE_OK", Some(3)).to_string();
@@ -783,7 +800,7 @@ async fn a_cut_body_is_truncated() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn openai_end_rules_without_done() {
     // finish_reason + usage chunk, body ends without [DONE]: complete.
     let (server, _) = fake(OPENAI_STREAM.path(), |_| {
@@ -827,7 +844,7 @@ async fn openai_end_rules_without_done() {
     assert!(o.total_ms < 190.0, "{o:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_malformed_chunk_or_body_is_malformed() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -859,7 +876,7 @@ async fn a_malformed_chunk_or_body_is_malformed() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_content_filter_finish_is_refused() {
     each(&ALL, |wire| async move {
         let (server, _) = fake(wire.path(), move |_| {
@@ -886,7 +903,7 @@ async fn a_content_filter_finish_is_refused() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_error_event_inside_a_200_stream_is_never_a_success() {
     // Anthropic: overloaded_error mid-stream stands for 529.
     let (server, _) = fake(ANTHROPIC_STREAM.path(), |_| {
@@ -928,7 +945,7 @@ async fn an_error_event_inside_a_200_stream_is_never_a_success() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn connection_refused_is_connect() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -946,16 +963,15 @@ async fn connection_refused_is_connect() {
 // ---------------------------------------------------------------------------------------------
 // Requests
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn openai_request_shape_and_bearer_key() {
-    std::env::set_var("PROBEOK_TEST_KEY_OPENAI_SHAPE", "sk-test-openai-shape");
     let (server, requests) = fake(OPENAI_STREAM.path(), |_| {
         Reply::now(OPENAI_STREAM.answer(&["PROBE_OK"], Some(3)))
     })
     .await;
     let mut r = route(&server, OPENAI_STREAM);
     r.api_key_env = Some("PROBEOK_TEST_KEY_OPENAI_SHAPE".into());
-    let o = probe(&r).await;
+    let o = probe_keyed(&r, "sk-test-openai-shape").await;
     assert!(o.success, "{o:?}");
 
     let req = requests.last();
@@ -1001,16 +1017,15 @@ async fn openai_request_shape_and_bearer_key() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn anthropic_request_shape_and_headers() {
-    std::env::set_var("PROBEOK_TEST_KEY_ANTHROPIC_SHAPE", "sk-ant-test-shape");
     let (server, requests) = fake(ANTHROPIC_STREAM.path(), |_| {
         Reply::now(ANTHROPIC_STREAM.answer(&["PROBE_OK"], Some(3)))
     })
     .await;
     let mut r = route(&server, ANTHROPIC_STREAM);
     r.api_key_env = Some("PROBEOK_TEST_KEY_ANTHROPIC_SHAPE".into());
-    let o = probe(&r).await;
+    let o = probe_keyed(&r, "sk-ant-test-shape").await;
     assert!(o.success, "{o:?}");
 
     let req = requests.last();
@@ -1031,7 +1046,7 @@ async fn anthropic_request_shape_and_headers() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn throughput_request_uses_its_prompt_and_budget() {
     each(&[OPENAI_PLAIN, ANTHROPIC_PLAIN], |wire| async move {
         let (server, requests) = fake(wire.path(), move |_| {
@@ -1055,7 +1070,7 @@ async fn throughput_request_uses_its_prompt_and_budget() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn one_connection_is_kept_alive_per_provider() {
     // Streams included: the client reads past the end marker to the end of the body, so the
     // connection goes back to the pool instead of being torn down after every probe.
@@ -1080,7 +1095,7 @@ async fn one_connection_is_kept_alive_per_provider() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_missing_key_variable_is_a_setup_error() {
     let (server, _) = fake("/", |_| Reply::now("")).await;
     let mut r = route(&server, OPENAI_STREAM);
@@ -1091,7 +1106,7 @@ async fn a_missing_key_variable_is_a_setup_error() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn probe_json_has_the_cli_shape() {
     let (server, _) = fake(OPENAI_STREAM.path(), |_| {
         Reply::now(json(
@@ -1132,7 +1147,7 @@ async fn probe_json_has_the_cli_shape() {
 // ---------------------------------------------------------------------------------------------
 // Throughput
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn throughput_tokens_per_second_matches_a_known_rate() {
     // One number every 20 ms = 50 tokens/s: the 40th arrives 39 × 20 ms after the first.
     const EVERY: Duration = Duration::from_millis(20);

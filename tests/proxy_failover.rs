@@ -121,8 +121,7 @@ async fn start(ups: &[&Up], tweak: impl FnOnce(&mut ProxyConfig)) -> Running {
             context_window: u.context_window,
             ..RouteConfig::default()
         });
-        // Same value in every test: set before any proxy reads it.
-        std::env::set_var(
+        config.env.set(
             format!("PROBEOK_TEST_PROXY_KEY_{i}"),
             format!("sk-upstream-key-{i}-0123456789"),
         );
@@ -343,7 +342,8 @@ async fn auth_failures_move_on_and_all_401_is_502() {
     assert!(!v.to_string().contains("Incorrect API key"));
 }
 
-#[tokio::test]
+// Paused time: the rest is Retry-After's second exactly, and the test does not wait it out.
+#[tokio::test(start_paused = true)]
 async fn rate_limits_move_on_and_the_route_rests_until_retry_after() {
     let a = up(|_| {
         let mut r = json(
@@ -370,8 +370,11 @@ async fn rate_limits_move_on_and_the_route_rests_until_retry_after() {
     assert_eq!(header(&r, "x-probeok-mode"), "fallback");
     assert_eq!(a.reqs.all().len(), 1, "resting until Retry-After");
 
-    // After it, the route is tried again.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Still resting just before the second is over; tried again after it.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    px.post(chat(false)).await;
+    assert_eq!(a.reqs.all().len(), 1, "resting until Retry-After");
+    tokio::time::sleep(Duration::from_millis(200)).await;
     px.post(chat(false)).await;
     assert_eq!(a.reqs.all().len(), 2);
     let outcomes = px.outcomes().await;
@@ -417,7 +420,8 @@ async fn server_errors_move_on() {
     assert_eq!(v["error"]["code"], "upstream_unavailable");
 }
 
-#[tokio::test]
+// Paused time: the budgets are measured exactly, whatever the load on the machine.
+#[tokio::test(start_paused = true)]
 async fn a_hung_first_candidate_leaves_time_for_the_next() {
     let a = up(|_| {
         Reply::after(
@@ -439,14 +443,15 @@ async fn a_hung_first_candidate_leaves_time_for_the_next() {
     );
     // 2 s over 2 candidates: the first gets 1 s.
     assert!(
-        took >= Duration::from_millis(950) && took < Duration::from_millis(1800),
+        took >= Duration::from_secs(1) && took < Duration::from_millis(1100),
         "{took:?}"
     );
     let outcomes = px.outcomes().await;
     assert_eq!(outcomes[0].error, Some(ProbeError::TimeoutBeforeFirstByte));
 }
 
-#[tokio::test]
+// Paused time: the watchdog's 300 ms are measured exactly, whatever the load on the machine.
+#[tokio::test(start_paused = true)]
 async fn stream_watchdog_moves_on_when_the_first_event_is_late() {
     // Headers at once, a keep-alive comment, the first data event only after 1.5 s.
     let a = up(|_| {
@@ -469,7 +474,7 @@ async fn stream_watchdog_moves_on_when_the_first_event_is_late() {
     assert_eq!(r.status(), 200);
     let took = t0.elapsed();
     assert!(
-        took >= Duration::from_millis(290) && took < Duration::from_millis(1000),
+        took >= Duration::from_millis(300) && took < Duration::from_millis(400),
         "{took:?}"
     );
     assert_eq!(header(&r, "x-probeok-route"), "p1/r/up-1");
@@ -484,43 +489,70 @@ async fn stream_watchdog_moves_on_when_the_first_event_is_late() {
     assert!(outcomes[0].ttfb_ms.is_some(), "headers did arrive");
 }
 
+/// The client sees each chunk while the upstream has not sent the next one yet: the proxy
+/// passes a stream through as it arrives and buffers nothing. The upstream sends a chunk
+/// only once the client has seen the previous one, so no clock is involved.
 #[tokio::test]
 async fn streams_pass_through_chunk_by_chunk() {
-    const EVERY: Duration = Duration::from_millis(250);
     let pieces = ["a", "b", "c", "d"];
+    let (tx, rx) = mpsc::channel::<String>(1);
+    let body = std::sync::Mutex::new(Some(rx));
     let a = up(move |_| {
-        Reply::now(
-            Script::new()
-                .every(EVERY, openai::stream(&pieces, "stop", None))
-                .sse(),
-        )
+        let rx = body.lock().unwrap().take().expect("one upstream call");
+        let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+            let frame = rx.recv().await?;
+            Some((Ok::<_, std::io::Error>(frame), rx))
+        });
+        Reply::now(common::with_type(
+            StatusCode::OK,
+            "text/event-stream",
+            axum::body::Body::from_stream(chunks),
+        ))
     })
     .await;
     let px = start(&[&a], |_| {}).await;
-    let t0 = Instant::now();
+    let mut frames = openai::stream(&pieces, "stop", None).into_iter();
+    // The proxy commits at the first data event: send it before the answer can start.
+    tx.send(frames.next().unwrap()).await.unwrap();
     let r = px.post(chat(true)).await;
-    let events = sse_events(r).await;
-    let contents: Vec<Instant> = events
-        .iter()
-        .filter(|(_, d)| d.contains("\"content\""))
-        .map(|(t, _)| *t)
-        .collect();
-    assert_eq!(contents.len(), 4);
-    assert_eq!(text_of(&events), "abcd");
-    for (k, at) in contents.iter().enumerate() {
-        let sent = EVERY * (k as u32 + 1);
-        let next = EVERY * (k as u32 + 2);
-        let seen = *at - t0;
-        assert!(
-            seen >= sent,
-            "chunk {k} seen at {seen:?} before it was sent ({sent:?})"
-        );
-        assert!(
-            seen < next,
-            "chunk {k} seen at {seen:?}, not before the upstream sent chunk {} ({next:?})",
-            k + 1
-        );
+    assert_eq!(r.status(), 200);
+    let mut body = r.bytes_stream();
+    let mut buf = String::new();
+    let mut seen = String::new();
+    for (k, piece) in pieces.iter().enumerate() {
+        // The k-th piece arrives while the upstream holds the rest back.
+        let data = loop {
+            if let Some(end) = buf.find("\n\n") {
+                let ev: String = buf.drain(..end + 2).collect();
+                if let Some(d) = ev.lines().find_map(|l| l.strip_prefix("data: ")) {
+                    break d.to_owned();
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(30), body.next())
+                .await
+                .unwrap_or_else(|_| panic!("chunk {k} never reached the client"))
+                .expect("the stream goes on")
+                .expect("body chunk");
+            buf.push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+        };
+        let v: Value = serde_json::from_str(&data).expect("a JSON chunk");
+        assert_eq!(v["choices"][0]["delta"]["content"], *piece, "chunk {k}");
+        seen.push_str(piece);
+        // Now the next frame (the next piece, then the finish and [DONE]).
+        if k + 1 < pieces.len() {
+            tx.send(frames.next().unwrap()).await.unwrap();
+        }
     }
+    for rest in frames {
+        tx.send(rest).await.unwrap();
+    }
+    drop(tx);
+    while let Some(chunk) = body.next().await {
+        buf.push_str(std::str::from_utf8(&chunk.expect("body chunk")).expect("utf-8"));
+    }
+    assert_eq!(seen, "abcd");
+    assert!(buf.contains("data: [DONE]"), "{buf}");
 }
 
 /// Each mid-stream failure ends the client's stream with `provider_interrupted`, and nothing

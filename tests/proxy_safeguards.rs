@@ -14,6 +14,7 @@ use axum::routing::get;
 use axum::Router;
 use common::{fake, json, openai, Captured, Reply, Requests, Server};
 use futures_util::StreamExt;
+use probeok::clock::{ManualClock, SystemClock};
 use probeok::config::{Config, ProviderConfig, ProxyConfig, RegionConfig, RouteConfig};
 use probeok::proxy::{self, remote, FeedStatus, Proxy, ProxyOptions, WeightsView};
 use probeok::route::{Price, Tier};
@@ -61,9 +62,12 @@ impl Drop for Px {
     }
 }
 
+#[derive(Default)]
 struct Setup {
     store: bool,
     feed: Option<Arc<FeedStatus>>,
+    /// The proxy's clock (idempotency expiry); the system clock when `None`.
+    clock: Option<Arc<ManualClock>>,
 }
 
 fn config(ups: &[&Up], tiers: &[Tier], tweak: impl FnOnce(&mut ProxyConfig)) -> Config {
@@ -97,7 +101,7 @@ fn config(ups: &[&Up], tiers: &[Tier], tweak: impl FnOnce(&mut ProxyConfig)) -> 
             }),
             ..RouteConfig::default()
         });
-        std::env::set_var(
+        config.env.set(
             format!("PROBEOK_TEST_PROXY2_KEY_{i}"),
             format!("sk-upstream2-key-{i}-0123456789"),
         );
@@ -125,6 +129,10 @@ async fn start_with(config: Config, setup: Setup) -> Px {
             store: store.clone(),
             feed: setup.feed,
             body_read_timeout: Duration::from_millis(500),
+            clock: match setup.clock {
+                Some(c) => c,
+                None => Arc::new(SystemClock),
+            },
             ..ProxyOptions::default()
         },
     )
@@ -153,7 +161,7 @@ async fn start(ups: &[&Up], tweak: impl FnOnce(&mut ProxyConfig)) -> Px {
         c,
         Setup {
             store: true,
-            feed: None,
+            ..Setup::default()
         },
     )
     .await
@@ -181,14 +189,19 @@ fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
-#[tokio::test]
+// Paused time (and no store, whose writer thread the paused clock would not wait for): "at
+// once" is measured exactly, whatever the load on the machine.
+#[tokio::test(start_paused = true)]
 async fn a_hard_failing_route_trips_its_breaker_and_is_skipped() {
     let a = up(|_| status(StatusCode::SERVICE_UNAVAILABLE)).await;
     let b = up(|_| ok_body("from b")).await;
-    let px = start(&[&a, &b], |p| {
-        p.max_retry_wait = Duration::ZERO;
-        p.breaker.open_for = Duration::from_secs(60);
-    })
+    let px = start_with(
+        config(&[&a, &b], &[], |p| {
+            p.max_retry_wait = Duration::ZERO;
+            p.breaker.open_for = Duration::from_secs(60);
+        }),
+        Setup::default(),
+    )
     .await;
     for _ in 0..5 {
         let r = px.post(chat()).await;
@@ -209,7 +222,7 @@ async fn a_hard_failing_route_trips_its_breaker_and_is_skipped() {
     assert_eq!(header(&r, "x-probeok-route"), "p1/r/up-1");
     assert_eq!(header(&r, "x-probeok-fallback-reason"), "breaker_open");
     assert_eq!(header(&r, "x-probeok-attempts"), "1");
-    assert!(t.elapsed() < Duration::from_millis(500));
+    assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
     assert_eq!(a.reqs.all().len(), 5, "no call to the open route");
     let c = px.proxy.counters();
     assert!(c
@@ -240,7 +253,8 @@ async fn an_open_route_is_still_tried_last_when_nothing_else_is_left() {
     assert_eq!(a.reqs.all().len(), 6, "last resort: tried anyway");
 }
 
-#[tokio::test]
+// Paused time (and no store): the backoff waits are measured exactly, whatever the load.
+#[tokio::test(start_paused = true)]
 async fn same_route_retries_back_off_within_max_retry_wait() {
     let calls = Arc::new(Mutex::new(Vec::<Instant>::new()));
     let seen = calls.clone();
@@ -249,10 +263,13 @@ async fn same_route_retries_back_off_within_max_retry_wait() {
         status(StatusCode::BAD_GATEWAY)
     })
     .await;
-    let px = start(&[&a], |p| {
-        p.max_attempts = 4;
-        p.max_retry_wait = Duration::from_millis(700);
-    })
+    let px = start_with(
+        config(&[&a], &[], |p| {
+            p.max_attempts = 4;
+            p.max_retry_wait = Duration::from_millis(700);
+        }),
+        Setup::default(),
+    )
     .await;
     let t = Instant::now();
     let r = px.post(chat()).await;
@@ -266,19 +283,22 @@ async fn same_route_retries_back_off_within_max_retry_wait() {
     );
     assert_eq!(header(&r, "x-probeok-attempts"), calls.len().to_string());
     // Waits: 0..100ms, 0..200ms, 0..400ms, and never more than 700 ms in total.
-    assert!(took < Duration::from_millis(1200), "{took:?}");
+    assert!(took <= Duration::from_millis(750), "{took:?}");
     for (i, w) in calls.windows(2).enumerate() {
         let gap = w[1] - w[0];
-        let ceiling = Duration::from_millis(100 << i) + Duration::from_millis(150);
+        let ceiling = Duration::from_millis(100 << i) + Duration::from_millis(10);
         assert!(gap <= ceiling, "retry {i}: {gap:?}");
     }
 
     // No retry budget: one attempt only.
     let b = up(|_| status(StatusCode::BAD_GATEWAY)).await;
-    let px = start(&[&b], |p| {
-        p.max_attempts = 4;
-        p.max_retry_wait = Duration::ZERO;
-    })
+    let px = start_with(
+        config(&[&b], &[], |p| {
+            p.max_attempts = 4;
+            p.max_retry_wait = Duration::ZERO;
+        }),
+        Setup::default(),
+    )
     .await;
     assert_eq!(px.post(chat()).await.status(), 503);
     assert_eq!(b.reqs.all().len(), 1);
@@ -405,23 +425,51 @@ async fn post_key(px: &Px, key: &str, body: Value) -> reqwest::Response {
 async fn idempotency_keys_replay_conflict_and_expire() {
     let n = Arc::new(AtomicUsize::new(0));
     let count = n.clone();
+    // The first call's answer is held until the test releases it, so the second request
+    // meets the key in progress however slow the machine is.
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (on_arrival, on_release) = (arrived.clone(), release.clone());
     let a = up(move |_| {
         let i = count.fetch_add(1, Ordering::SeqCst);
-        Reply::after(
-            Duration::from_millis(300),
-            json(
+        let body = openai::body(&format!("answer {i}"), "stop", Some(3)).to_string();
+        if i > 0 {
+            return Reply::now(common::with_type(
                 StatusCode::OK,
-                openai::body(&format!("answer {i}"), "stop", Some(3)),
-            ),
-        )
+                "application/json",
+                body.into(),
+            ));
+        }
+        on_arrival.notify_one();
+        let release = on_release.clone();
+        let held = futures_util::stream::once(async move {
+            release.notified().await;
+            Ok::<_, std::io::Error>(body)
+        });
+        Reply::now(common::with_type(
+            StatusCode::OK,
+            "application/json",
+            axum::body::Body::from_stream(held),
+        ))
     })
     .await;
-    let px = start(&[&a], |p| p.idempotency_ttl = Duration::from_secs(2)).await;
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let px = start_with(
+        config(&[&a], &[], |p| p.idempotency_ttl = Duration::from_secs(2)),
+        Setup {
+            store: true,
+            clock: Some(clock.clone()),
+            ..Setup::default()
+        },
+    )
+    .await;
 
     // Concurrent: the second gets 409 while the first runs.
     let (first, second) = tokio::join!(post_key(&px, "k-1", chat()), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        post_key(&px, "k-1", chat()).await
+        arrived.notified().await;
+        let second = post_key(&px, "k-1", chat()).await;
+        release.notify_one();
+        second
     });
     assert_eq!(first.status(), 200);
     assert_eq!(second.status(), 409);
@@ -447,7 +495,7 @@ async fn idempotency_keys_replay_conflict_and_expire() {
     assert_eq!(a.reqs.all().len(), 2);
 
     // Expiry: after the TTL the key is new again.
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    clock.advance(Duration::from_millis(2100));
     let later = post_key(&px, "k-1", chat()).await;
     assert!(later.headers().get("x-probeok-idempotent-replay").is_none());
     let v: Value = later.json().await.unwrap();
@@ -573,10 +621,11 @@ async fn bad_input_gets_its_4xx_and_no_upstream_call() {
     assert!(a.reqs.all().is_empty(), "no upstream call for bad input");
 }
 
-#[tokio::test]
+// Paused time (and no store): the 500 ms body read timeout is measured exactly.
+#[tokio::test(start_paused = true)]
 async fn a_slow_body_times_out() {
     let a = up(|_| ok_body("never")).await;
-    let px = start(&[&a], |_| {}).await;
+    let px = start_with(config(&[&a], &[], |_| {}), Setup::default()).await;
     let (tx, rx) = mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
     tx.send(Ok(br#"{"model":"chat","#.to_vec())).await.unwrap();
     let body = reqwest::Body::wrap_stream(tokio_stream_from(rx));
@@ -590,7 +639,11 @@ async fn a_slow_body_times_out() {
         .await
         .unwrap();
     assert_eq!(r.status(), 408);
-    assert!(t.elapsed() < Duration::from_secs(2));
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_millis(600),
+        "{took:?}"
+    );
     drop(tx);
     assert!(a.reqs.all().is_empty());
 }
@@ -603,11 +656,19 @@ fn tokio_stream_from(
 
 #[tokio::test]
 async fn client_auth_requires_a_known_key() {
-    std::env::set_var("PROBEOK_TEST_PROXY2_CLIENT_KEYS", "client-a, client-b");
     let a = up(|_| ok_body("hi")).await;
-    let px = start(&[&a], |p| {
+    let mut c = config(&[&a], &[], |p| {
         p.client_keys_env = "PROBEOK_TEST_PROXY2_CLIENT_KEYS".into()
-    })
+    });
+    c.env
+        .set("PROBEOK_TEST_PROXY2_CLIENT_KEYS", "client-a, client-b");
+    let px = start_with(
+        c,
+        Setup {
+            store: true,
+            ..Setup::default()
+        },
+    )
     .await;
     let send = |auth: Option<&'static str>| {
         let mut req = px
@@ -754,8 +815,8 @@ async fn standalone_proxy_follows_a_remote_monitor() {
     let mut px = start_with(
         cfg,
         Setup {
-            store: false,
             feed: Some(status.clone()),
+            ..Setup::default()
         },
     )
     .await;

@@ -119,7 +119,6 @@ async fn metrics(base: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_good_config_applies_live_sections_and_names_what_needs_a_restart() {
-    std::env::set_var("T_RELOAD_ADMIN_GOOD", "s3cret");
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("r.db");
     let path = dir.path().join("probeok.toml");
@@ -129,7 +128,8 @@ async fn a_good_config_applies_live_sections_and_names_what_needs_a_restart() {
         file(&db, listen, "Before", "T_RELOAD_ADMIN_GOOD", ""),
     )
     .unwrap();
-    let config = Config::load(&path).unwrap().config;
+    let mut config = Config::load(&path).unwrap().config;
+    config.env.set("T_RELOAD_ADMIN_GOOD", "s3cret");
     let s = serve(Some(&path), config).await;
     assert!(page(&s.base).await.contains("Before"));
     let mut live = s.running.config.receiver();
@@ -208,13 +208,13 @@ async fn a_good_config_applies_live_sections_and_names_what_needs_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_config_is_refused_with_located_diagnostics_and_the_old_one_kept() {
-    std::env::set_var("T_RELOAD_ADMIN_BAD", "s3cret");
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("r.db");
     let path = dir.path().join("probeok.toml");
     let listen: SocketAddr = "127.0.0.1:9400".parse().unwrap();
     std::fs::write(&path, file(&db, listen, "Kept", "T_RELOAD_ADMIN_BAD", "")).unwrap();
-    let config = Config::load(&path).unwrap().config;
+    let mut config = Config::load(&path).unwrap().config;
+    config.env.set("T_RELOAD_ADMIN_BAD", "s3cret");
     let s = serve(Some(&path), config).await;
 
     // Two problems: stale_after of zero, a contract whose fallback model nobody serves.
@@ -270,7 +270,6 @@ async fn a_bad_config_is_refused_with_located_diagnostics_and_the_old_one_kept()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_config_file_reload_answers_409() {
-    std::env::set_var("T_RELOAD_ADMIN_DEMO", "s3cret");
     let dir = tempfile::tempdir().unwrap();
     let src = file(
         &dir.path().join("r.db"),
@@ -279,7 +278,8 @@ async fn without_a_config_file_reload_answers_409() {
         "T_RELOAD_ADMIN_DEMO",
         "",
     );
-    let config = Config::parse(&src, "(built-in)").unwrap().config;
+    let mut config = Config::parse(&src, "(built-in)").unwrap().config;
+    config.env.set("T_RELOAD_ADMIN_DEMO", "s3cret");
     let s = serve(None, config).await;
     let (status, body) = reload(&s.base, Some("s3cret")).await;
     assert_eq!(status, 409, "{body}");

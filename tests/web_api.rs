@@ -629,13 +629,22 @@ async fn metrics_are_openmetrics_with_config_bounded_labels() {
         .metrics
         .observe_outcome(&outcome("evil/x/y", OutcomeKind::Probe, now(), true, 1.0));
     let s = h.serve().await;
-    tokio::time::sleep(Duration::from_millis(50)).await; // the weights publisher catches up
-    let r = reqwest::get(s.url("/metrics")).await.unwrap();
-    assert_eq!(
-        r.headers()["content-type"],
-        "application/openmetrics-text; version=1.0.0; charset=utf-8"
-    );
-    let text = r.text().await.unwrap();
+    // The weights publisher follows the published health on its own task: poll until the
+    // weights it derives are served, within a deadline.
+    let qwen_weight = r#"probeok_route_weight{serves="chat-main",provider="qwen",region="cn-beijing",model="qwen-max"} 100"#;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let r = reqwest::get(s.url("/metrics")).await.unwrap();
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        let text = r.text().await.unwrap();
+        if text.contains(qwen_weight) || tokio::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(text.ends_with("# EOF\n"), "{text}");
     let has = |needle: &str| assert!(text.contains(needle), "missing {needle} in\n{text}");
     has(r#"probeok_probe_success{provider="qwen",region="cn-beijing",model="qwen-max"} 1"#);
@@ -662,9 +671,7 @@ async fn metrics_are_openmetrics_with_config_bounded_labels() {
         r#"probeok_route_state{provider="deepseek",region="cn",model="deepseek-ai/DeepSeek-V3"} 4"#,
     );
     has(r#"probeok_route_state{provider="qwen",region="cn-beijing",model="qwen-max"} 1"#);
-    has(
-        r#"probeok_route_weight{serves="chat-main",provider="qwen",region="cn-beijing",model="qwen-max"} 100"#,
-    );
+    has(qwen_weight);
     has(
         r#"probeok_route_weight{serves="chat-lite",provider="local",region="lab",model="small"} 100"#,
     );

@@ -388,6 +388,12 @@ impl Vars for ProcessEnv {
     }
 }
 
+impl Vars for crate::secret::Env {
+    fn get(&self, var: &str) -> Option<crate::secret::Secret> {
+        self.secret(var)
+    }
+}
+
 impl Vars for std::collections::HashMap<String, String> {
     fn get(&self, var: &str) -> Option<crate::secret::Secret> {
         self.get(var)
@@ -426,10 +432,10 @@ impl ChannelEnv<'_> {
     }
 }
 
-/// Builds every configured channel from the process environment, reading its variables now.
+/// Builds every configured channel from the config's environment, reading its variables now.
 /// Errors name the channel and the variable, never a value.
 pub fn channels(c: &Config) -> Result<Vec<Arc<dyn Notifier>>, AlertError> {
-    build_channels(c, &ProcessEnv, http_client()?)
+    build_channels(c, &c.env, http_client()?)
 }
 
 /// Builds every configured channel, in the order `probeok alert test --channel N` counts them:

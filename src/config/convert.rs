@@ -46,13 +46,23 @@ pub(crate) fn parse_located<T: serde::de::DeserializeOwned>(
     label: &str,
 ) -> Result<(T, SourceMap), ConfigErrors> {
     let doc = ImDocument::parse(src.to_owned()).map_err(|e| {
-        let (line, col) = super::source_map::line_col(src, e.span().map_or(0, |s| s.start));
+        let at = e.span().map_or(0, |s| s.start);
+        let (line, col) = super::source_map::line_col(src, at);
+        let mut message = one_line(e.message());
+        // Some syntax errors come without words (a control character in a comment): name
+        // what stands at the position instead.
+        if message.is_empty() {
+            message = match src.get(at..).and_then(|s| s.chars().next()) {
+                Some(c) => format!("unexpected character {c:?}"),
+                None => "unexpected end of file".to_owned(),
+            };
+        }
         ConfigErrors(vec![Diagnostic {
             file: label.to_owned(),
             line,
             col,
             path: String::new(),
-            message: one_line(e.message()),
+            message,
         }])
     })?;
     let map = SourceMap::new(doc);
@@ -340,6 +350,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         heartbeat: heartbeat(ck, raw.heartbeat),
         drill: drill(ck, raw.drill),
         source_map: map.clone(),
+        env: crate::secret::Env::process(),
     }
 }
 

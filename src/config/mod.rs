@@ -29,7 +29,7 @@ use chrono::{DateTime, NaiveTime, Utc};
 
 use crate::lang::Lang;
 use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteId, Tier};
-use crate::secret::Secret;
+use crate::secret::Env;
 use crate::severity::Severity;
 
 pub(crate) use convert::parse_located;
@@ -75,6 +75,9 @@ pub struct Config {
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
+    /// Where the variables the config names (`*_env` keys) are read: the process environment
+    /// unless the code that runs the config gives other values.
+    pub env: Env,
 }
 
 impl Default for Config {
@@ -100,6 +103,7 @@ impl Default for Config {
             heartbeat: HeartbeatConfig::default(),
             drill: DrillConfig::default(),
             source_map: SourceMap::default(),
+            env: Env::process(),
         }
     }
 }
@@ -1060,7 +1064,7 @@ impl Config {
         let file = self.source.display().to_string();
         let mut out = self.missing_provider_keys(&file);
         for (path, var) in self.alert_secret_vars() {
-            if Secret::from_env(&var).is_some() {
+            if self.env.secret(&var).is_some() {
                 continue;
             }
             let (line, col) = self.source_map.locate(&path);
@@ -1116,7 +1120,9 @@ impl Config {
     /// [`Self::open_proxy`] with the client keys variable as it is now (set and naming at
     /// least one key).
     pub fn open_proxy_now(&self) -> Option<OpenProxy> {
-        let set = Secret::from_env(&self.proxy.client_keys_env)
+        let set = self
+            .env
+            .secret(&self.proxy.client_keys_env)
             .is_some_and(|v| v.expose().split(',').any(|k| !k.trim().is_empty()));
         self.open_proxy(set)
     }
@@ -1163,7 +1169,7 @@ impl Config {
             .enumerate()
             .filter_map(|(i, p)| {
                 let var = p.api_key_env.as_deref()?;
-                if Secret::from_env(var).is_some() {
+                if self.env.secret(var).is_some() {
                     return None;
                 }
                 let path = format!("provider[{i}].api_key_env");

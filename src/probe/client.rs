@@ -34,7 +34,7 @@ use super::wire::{Collected, Step, StreamDecoder};
 use super::{anthropic, openai};
 use crate::clock::Clock;
 use crate::route::{ProviderKind, Route, RouteId};
-use crate::secret::Secret;
+use crate::secret::{Env, Secret};
 
 /// A successful non-streamed body larger than this is not a probe answer.
 const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -180,6 +180,15 @@ impl ProbeClient {
     /// the variable named by `api_key_env` (no variable named: requests go without a key,
     /// e.g. to the simulator). `clock` stamps `started_at` and resolves `Retry-After` dates.
     pub fn new(routes: &[Route], clock: Arc<dyn Clock>) -> Result<Self, ProbeSetupError> {
+        Self::with_env(routes, clock, &Env::process())
+    }
+
+    /// [`Self::new`] with the keys' variables read from `env`.
+    pub fn with_env(
+        routes: &[Route],
+        clock: Arc<dyn Clock>,
+        env: &Env,
+    ) -> Result<Self, ProbeSetupError> {
         let mut providers: HashMap<String, Provider> = HashMap::new();
         for route in routes {
             if let Some(p) = providers.get(&route.provider) {
@@ -190,16 +199,17 @@ impl ProbeClient {
                 }
                 continue;
             }
-            let key =
-                match &route.api_key_env {
-                    None => None,
-                    Some(var) => Some(Secret::from_env(var).ok_or_else(|| {
-                        ProbeSetupError::MissingApiKey {
+            let key = route
+                .api_key_env
+                .as_ref()
+                .map(|var| {
+                    env.secret(var)
+                        .ok_or_else(|| ProbeSetupError::MissingApiKey {
                             provider: route.provider.clone(),
                             var: var.clone(),
-                        }
-                    })?),
-                };
+                        })
+                })
+                .transpose()?;
             let http = reqwest::Client::builder()
                 .user_agent(concat!("probeok/", env!("CARGO_PKG_VERSION")))
                 // An LLM API that redirects a POST is misconfigured; report the 3xx instead

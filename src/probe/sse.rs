@@ -170,6 +170,9 @@ pub(crate) fn describe_reqwest(e: reqwest::Error) -> String {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

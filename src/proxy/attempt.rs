@@ -35,7 +35,7 @@ use crate::probe::upstream::classify_status;
 use crate::probe::wire::{Collected, Step, StreamDecoder};
 use crate::probe::{OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::{Route, RouteId};
-use crate::secret::Secret;
+use crate::secret::{Env, Secret};
 
 /// A successful non-streamed answer larger than this is refused (and the next candidate tried).
 pub const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
@@ -285,7 +285,8 @@ pub struct Limits {
 }
 
 impl Upstream {
-    pub fn new(routes: &[Arc<Route>]) -> Result<Self, reqwest::Error> {
+    /// One HTTP client for every upstream; each provider's key read from `env` now.
+    pub fn new(routes: &[Arc<Route>], env: &Env) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .user_agent(concat!("probeok-proxy/", env!("CARGO_PKG_VERSION")))
             // A redirected POST would carry our key elsewhere: report the 3xx instead.
@@ -298,7 +299,7 @@ impl Upstream {
         let mut keys = HashMap::new();
         for r in routes {
             if let Some(var) = &r.api_key_env {
-                if let Some(key) = Secret::from_env(var) {
+                if let Some(key) = env.secret(var) {
                     keys.insert(r.provider.clone(), key);
                 }
             }

@@ -15,16 +15,16 @@ use serde_json::Value;
 use super::reject::Reject;
 use super::select::Needs;
 use super::{contract, idempotency, Inner};
-use crate::secret::Secret;
+use crate::secret::{Env, Secret};
 use crate::store::IdempotentAnswer;
 
 /// The keys clients must present (`client_keys_env`, comma-separated); off when unset.
 pub(crate) struct ClientKeys(Option<Vec<Secret>>);
 
 impl ClientKeys {
-    /// The keys in the variable `var`, read now.
-    pub fn from_env(var: &str) -> Self {
-        Self(Secret::from_env(var).map(|all| {
+    /// The keys in the variable `var` of `env`, read now.
+    pub fn from_env(env: &Env, var: &str) -> Self {
+        Self(env.secret(var).map(|all| {
             all.expose()
                 .split(',')
                 .map(str::trim)

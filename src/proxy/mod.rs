@@ -200,8 +200,9 @@ impl Proxy {
                 Some((RouteId::new(&r.provider, &r.region, &r.model), fbt))
             })
             .collect();
-        let upstream = Upstream::new(&routes).map_err(|e| ProxyError::Client(e.to_string()))?;
-        let client_keys = ClientKeys::from_env(&config.client_keys_env);
+        let upstream =
+            Upstream::new(&routes, &full.env).map_err(|e| ProxyError::Client(e.to_string()))?;
+        let client_keys = ClientKeys::from_env(&full.env, &config.client_keys_env);
         let max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
         let store = opts.store.as_ref();
         let breakers = Breakers::new(routes.iter().map(|r| &r.id), &config.breaker);

@@ -67,7 +67,7 @@ fn admin_request<T: serde::de::DeserializeOwned>(
     empty_ok: bool,
 ) -> Result<(DrillService, T), ApiError> {
     let s = service(state)?;
-    super::check_admin(&s.config().server.admin_token_env, headers)?;
+    super::check_admin(&s.config(), headers)?;
     let body = body.map_err(|e| ApiError::from_body(&e, MAX_BODY))?;
     Ok((s.clone(), parse(&body, empty_ok)?))
 }
@@ -158,7 +158,7 @@ pub async fn remove(
     q: Result<Query<ByQuery>, QueryRejection>,
 ) -> Result<Json<DrillView>, ApiError> {
     let s = service(&state)?;
-    super::check_admin(&s.config().server.admin_token_env, &headers)?;
+    super::check_admin(&s.config(), &headers)?;
     let id = parse_id(&raw)?;
     let by = q.map(|Query(q)| q.by).unwrap_or_default();
     let who = plan::who(by.as_deref(), "by")?;

@@ -99,12 +99,13 @@ pub struct AppState {
     pub shutdown: CancellationToken,
 }
 
-/// Checks `Authorization: Bearer <token>` against the variable `admin_token_env` names (read
-/// now, so a rotated token takes effect at once). Both sides are hashed first, so the
+/// Checks `Authorization: Bearer <token>` against the variable `server.admin_token_env` names
+/// in the config's environment (read now, so a rotated token takes effect at once). Both sides are hashed first, so the
 /// comparison takes the same time whatever the lengths. Unset variable: 403 `admin_disabled`;
 /// a missing or wrong token: 401 with `WWW-Authenticate: Bearer`.
-pub fn check_admin(admin_token_env: &str, headers: &HeaderMap) -> Result<(), ApiError> {
-    crate::secret::check_bearer_env(admin_token_env, headers).map_err(ApiError::from)
+pub fn check_admin(config: &crate::config::Config, headers: &HeaderMap) -> Result<(), ApiError> {
+    crate::secret::check_bearer_env(&config.env, &config.server.admin_token_env, headers)
+        .map_err(ApiError::from)
 }
 
 impl From<crate::secret::AuthError> for ApiError {

@@ -17,7 +17,7 @@ pub async fn reload(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Json<Report>, ApiError> {
-    super::check_admin(&state.config.current().server.admin_token_env, &headers)?;
+    super::check_admin(&state.config.current(), &headers)?;
     match state.config.reload().await {
         Ok(report) => Ok(Json(report)),
         Err(ReloadError::NoConfigFile) => Err(ApiError::refused(

@@ -43,9 +43,7 @@ pub enum AdminToken {
 impl AdminToken {
     fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         match self {
-            Self::Config(config) => {
-                super::check_admin(&config.current().server.admin_token_env, headers)
-            }
+            Self::Config(config) => super::check_admin(&config.current(), headers),
             Self::Given(token) => Ok(crate::secret::check_bearer(token.as_ref(), headers)?),
         }
     }

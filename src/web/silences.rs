@@ -24,7 +24,7 @@ use crate::store::alerts::AlertOp;
 pub const MAX_BODY: usize = 16 * 1024;
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    super::check_admin(&state.config.current().server.admin_token_env, headers)
+    super::check_admin(&state.config.current(), headers)
 }
 
 pub async fn create(
