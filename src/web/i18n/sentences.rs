@@ -404,6 +404,41 @@ pub fn budget_left(lang: Lang, b: &crate::slo::ErrorBudget) -> String {
     }
 }
 
+/// A route's probing per month: `1,234,000 tokens · 0.42 CNY` (no price: the tokens alone).
+pub fn probe_cost(lang: Lang, c: &crate::probe::cost::ProbeCostView) -> String {
+    let tokens = thousands(c.tokens_per_month);
+    let money = c
+        .cost_per_month
+        .zip(c.currency.as_deref())
+        // Cents hide a probe budget of a few hundredths of a yuan: keep four places below 0.01.
+        .map(|(m, cur)| {
+            if m >= 0.01 || m == 0.0 {
+                format!(" · {m:.2} {cur}")
+            } else {
+                format!(" · {m:.4} {cur}")
+            }
+        });
+    match (lang, money) {
+        (Lang::En, Some(m)) => format!("{tokens} tokens{m}"),
+        (Lang::En, None) => format!("{tokens} tokens (no price configured)"),
+        (Lang::Zh, Some(m)) => format!("{tokens} token{m}"),
+        (Lang::Zh, None) => format!("{tokens} token（未配置价格）"),
+    }
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
 /// An incident's spend in the month: `3 m 12 s` and its share `14.8%`.
 pub fn budget_spent(lang: Lang, spent_s: i64, budget_s: f64) -> String {
     let share = if budget_s > 0.0 {
