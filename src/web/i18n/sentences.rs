@@ -404,6 +404,18 @@ pub fn budget_left(lang: Lang, b: &crate::slo::ErrorBudget) -> String {
     }
 }
 
+/// What the demo's simulated history is, on every page while the demo's database has one.
+pub fn demo_history(lang: Lang, days: i64, to: &str) -> String {
+    match lang {
+        Lang::En => format!(
+            "the {days} days before {to} are simulated: the built-in demo wrote them on its first start from its fault scenarios at high speed (a few minutes of probing per hour of history), so the day bars, uptime, incidents and error budget have a past. Everything after is live."
+        ),
+        Lang::Zh => format!(
+            "{to} 之前的 {days} 天为模拟数据：内置演示在首次启动时按其故障场景高速生成（每小时历史含几分钟的探测），让日线、可用率、事件和错误预算有历史可看；此后的数据均为实时。"
+        ),
+    }
+}
+
 /// A route's probing per month: `1,234,000 tokens · 0.42 CNY` (no price: the tokens alone).
 pub fn probe_cost(lang: Lang, c: &crate::probe::cost::ProbeCostView) -> String {
     let tokens = thousands(c.tokens_per_month);

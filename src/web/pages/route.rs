@@ -115,7 +115,8 @@ pub async fn route(
                 utf8_percent_encode(route.id.as_str(), SEGMENT)
             ),
             now,
-        ),
+        )
+        .with_history(lang, &data),
         r: route_card(
             lang,
             &route,
