@@ -64,6 +64,19 @@ async fn the_demos_first_page_has_a_month_of_history_and_a_restart_writes_none()
     assert_eq!(outcomes, written.outcomes as i64);
     let incidents = count(&db, "incidents");
     assert!(incidents >= 5, "{incidents} incidents stored");
+    // Each incident is stored as it ended: a route has at most one open incident (the one
+    // the history may end in, which the live service then carries on).
+    let c = rusqlite::Connection::open(&db).unwrap();
+    let doubly_open: i64 = c
+        .query_row(
+            "SELECT count(*) FROM (SELECT route_id FROM incidents WHERE closed_at_ms IS NULL
+             GROUP BY route_id HAVING count(*) > 1)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(doubly_open, 0, "routes with more than one open incident");
+    drop(c);
 
     // The service opens on it: the first page shows the history.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -152,10 +152,20 @@ pub async fn write_once(
         written.outcomes += replay.outcomes.len();
         let mut incidents = std::collections::HashSet::new();
         for chunk in replay.transitions.chunks(TRANSITION_CHUNK) {
-            // All queued at once, in order (the writer's queue keeps it), so the writer
-            // commits many in one transaction instead of one each.
-            let writes = chunk.iter().map(|(t, incident, health)| {
-                writer.record_transition(t, incident.as_ref(), health)
+            // All queued at once, so the writer commits many in one transaction instead of
+            // one each. Queued futures may reach the writer out of order, so each incident
+            // goes with its last transition of the chunk only (its latest version); chunks
+            // are written one after the other.
+            let last: std::collections::HashMap<&str, usize> = chunk
+                .iter()
+                .enumerate()
+                .filter_map(|(k, (_, i, _))| i.as_ref().map(|i| (i.id.as_str(), k)))
+                .collect();
+            let writes = chunk.iter().enumerate().map(|(k, (t, incident, health))| {
+                let incident = incident
+                    .as_ref()
+                    .filter(|i| last.get(i.id.as_str()) == Some(&k));
+                writer.record_transition(t, incident, health)
             });
             for r in futures_util::future::join_all(writes).await {
                 r?;
