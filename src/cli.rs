@@ -542,6 +542,10 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
             let demo = demo::start(shutdown.clone())
                 .await
                 .map_err(CliError::runtime)?;
+            // Before the service opens the database: the page opens on a month of history.
+            demo::history::write_to_file(&demo.config, crate::clock::Clock::now(&SystemClock))
+                .await
+                .map_err(CliError::runtime)?;
             (demo.config.clone(), Some(demo))
         }
     };

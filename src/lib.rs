@@ -89,8 +89,11 @@
 //!   file, the live sections published on the live-config `watch` channel
 //!   ([`reload::LiveConfig`]), the rest reported as `restart_required`. The checks and
 //!   counters of the layers above (alert channels, metrics) are handed in by the wiring.
-//! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
-//! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
+//! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests),
+//!   and past hours of probing them as outcomes without the wire (`sim::history`).
+//! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one,
+//!   and on its first start 30 days of simulated history judged by the real detector and
+//!   written through the store (`demo::history`, marked in `store_meta`).
 //!
 //! **Surfaces** — import every layer below. Among themselves only `web` imports the others
 //! (it mounts the proxy's request log and shows alert and proxy metrics); `alert` and `proxy`

@@ -1,5 +1,5 @@
 //! One error budget everywhere: a two-minute outage reads as the same bad seconds on the
-//! route page, `/api/v1/status`, the incidents page and the burn-rate
+//! route page, `/api/v1/status`, `/metrics`, the incidents page and the burn-rate
 //! windows; a fresh route's one failed probe is one interval, not an overspent budget.
 
 mod common;
@@ -125,6 +125,15 @@ async fn an_outage_spends_the_same_seconds_on_every_surface() {
     assert!(
         left > 0.98,
         "one failed probe is not an overspent budget: {fresh}"
+    );
+
+    // `/metrics` carries the same figure for dashboards.
+    let metrics = text(&s.url("/metrics")).await;
+    assert!(
+        metrics.contains(
+            "probeok_slo_error_budget_remaining{provider=\"acme\",region=\"r1\",model=\"m\"} 0.9421\n"
+        ),
+        "{metrics}"
     );
 
     // The route's page carries its budget (the status page's compact line leaves it to it).

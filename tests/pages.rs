@@ -244,6 +244,14 @@ async fn route_page_has_chart_timeline_and_incidents() {
             assert!(b.contains("latency_ms"));
             assert!(b.contains("12:00-13:00"));
             assert!(b.contains("id=\"route-incidents\""));
+            // What probing the route costs per month, as /api/v1/status's `probe_cost` gives
+            // it (the default probe settings; the fixture's routes have no price).
+            let cost = if lang == "zh" {
+                "id=\"probe-cost\">4,224,096 token（未配置价格）<"
+            } else {
+                "id=\"probe-cost\">4,224,096 tokens (no price configured)<"
+            };
+            assert!(b.contains(cost), "{cost} not in the {lang} route page");
             if lang == "zh" {
                 assert!(b.contains("状态时间线") && b.contains("进行中"));
             } else {

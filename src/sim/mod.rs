@@ -8,6 +8,8 @@
 //!
 //! - [`scenario`]: the timelines as a pure function ([`scenario::behaviour`]), unit-tested
 //!   without HTTP.
+//! - [`history`]: past hours of probing a simulated route as outcomes, without the wire (the
+//!   demo's 30 days of history).
 //! - `openai`: request parsing and the response JSON.
 //! - `server`: axum handlers that act a behaviour out on the wire.
 //!
@@ -19,6 +21,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+pub mod history;
 mod openai;
 pub mod scenario;
 mod server;

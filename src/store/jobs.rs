@@ -168,6 +168,16 @@ impl Reader {
         Ok(out)
     }
 
+    /// A `store_meta` value (set with [`super::Writer::set_meta`]); `None` when never set.
+    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        use rusqlite::OptionalExtension;
+        Ok(self
+            .conn
+            .prepare_cached("SELECT value FROM store_meta WHERE key = ?1")?
+            .query_row(params![key], |r| r.get(0))
+            .optional()?)
+    }
+
     /// How many probes of the route were skipped (overruns) at or after `since`.
     pub fn skips(&self, route: &RouteId, since: DateTime<Utc>) -> Result<u64, StoreError> {
         let Some(id) = self.route_id(route)? else {

@@ -54,6 +54,12 @@ pub(crate) enum Command {
     CheckWritable {
         ack: Ack<()>,
     },
+    /// One `store_meta` key: a fact about the database itself.
+    Meta {
+        key: String,
+        value: String,
+        ack: Ack<()>,
+    },
     /// Detection's state, transitions and incidents (see `health.rs`), atomically.
     Health {
         write: HealthWrite,
@@ -118,6 +124,7 @@ impl Command {
             | Command::Heartbeat { ack, .. }
             | Command::Health { ack, .. }
             | Command::CheckWritable { ack }
+            | Command::Meta { ack, .. }
             | Command::DriftRun { ack, .. }
             | Command::ProxyRequest { ack, .. }
             | Command::Idempotent { ack, .. }
@@ -266,6 +273,12 @@ impl Writer {
     /// answers the op's count (see [`super::alerts::AlertOp`]).
     pub async fn alert(&self, op: super::alerts::AlertOp) -> Result<u64, StoreError> {
         self.request(|ack| Command::Alert { op, ack }).await
+    }
+
+    /// Sets a `store_meta` key (read back with [`super::Reader::meta`]).
+    pub async fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.request(|ack| Command::Meta { key, value, ack }).await
     }
 
     /// A tiny real write through the queue and a commit: the store is writable and the writer
@@ -417,6 +430,10 @@ impl State {
                 }
                 Command::CheckWritable { .. } => {
                     jobs::touch_meta(&tx, "last_writable_check", &Utc::now().to_rfc3339())?;
+                    0
+                }
+                Command::Meta { key, value, .. } => {
+                    jobs::touch_meta(&tx, key, value)?;
                     0
                 }
                 Command::Retention {

@@ -11,6 +11,10 @@
 //!   the error kind, a closed set);
 //! - set at scrape time from the health and weights snapshots: `probeok_route_state{…}`
 //!   (0 UNKNOWN … 5 SWITCHED), `probeok_route_weight{serves,provider,region,model}`;
+//! - `probeok_slo_error_budget_remaining{provider,region,model}`: the rolling 30 days' error
+//!   budget left, the one figure of [`crate::slo`] (as on the route page and in
+//!   `/api/v1/status`), set at scrape time from the cached store figures for the routes with
+//!   outcomes in the window ([`Metrics::set_error_budgets`]);
 //! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`,
 //!   `probeok_store_lag_seconds` (the recorder's [`crate::lag::StoreLag`], at scrape time);
 //! - the in-process proxy's breakers and counters, once [`Metrics::attach_proxy`] was called
@@ -128,6 +132,7 @@ pub struct Metrics {
     probes: Family<ResultLabels, Counter>,
     route_state: Family<RouteLabels, Gauge>,
     route_weight: Family<WeightLabels, Gauge>,
+    slo_budget: Family<RouteLabels, Gauge<f64, AtomicU64>>,
     ingest_items: Family<IngestLabels, Counter>,
     /// `probeok_alerts_total{channel,result}`, brought up to the alert engine's counts at
     /// scrape time (channels come from the config, results are a fixed set).
@@ -178,6 +183,7 @@ impl Metrics {
         let probes = Family::<ResultLabels, Counter>::default();
         let route_state = Family::<RouteLabels, Gauge>::default();
         let route_weight = Family::<WeightLabels, Gauge>::default();
+        let slo_budget = Family::<RouteLabels, Gauge<f64, AtomicU64>>::default();
         let ingest_items = Family::<IngestLabels, Counter>::default();
         let alerts = Family::<AlertLabels, Counter>::default();
         let budget_cost = Family::<BudgetLabels, Gauge<f64, AtomicU64>>::default();
@@ -258,6 +264,11 @@ impl Metrics {
             route_weight.clone(),
         );
         registry.register(
+            "slo_error_budget_remaining",
+            "Error budget left over the rolling 30 days: 1 - bad time / ((1 - target) x 30 d); negative when overspent",
+            slo_budget.clone(),
+        );
+        registry.register(
             "ingest_items",
             "Passive outcomes received on /api/v1/ingest",
             ingest_items.clone(),
@@ -296,6 +307,7 @@ impl Metrics {
             probes,
             route_state,
             route_weight,
+            slo_budget,
             ingest_items,
             alerts,
             alert_source: OnceLock::new(),
@@ -431,6 +443,27 @@ impl Metrics {
         }
     }
 
+    /// Sets `probeok_slo_error_budget_remaining` from the store figures (the same
+    /// computation as the route page and `/api/v1/status`). A route without outcomes in the
+    /// window has no budget figure and keeps no series.
+    pub fn set_error_budgets(&self, routes: &[Route], figures: &super::api::Figures) {
+        for r in routes {
+            let Some((labels, _)) = self.routes.get(&r.id) else {
+                continue;
+            };
+            match super::api::budget_30d(r, figures) {
+                Some(b) => {
+                    self.slo_budget
+                        .get_or_create(labels)
+                        .set(b.error_budget_remaining);
+                }
+                None => {
+                    self.slo_budget.remove(labels);
+                }
+            }
+        }
+    }
+
     /// Counts an ingest request's items.
     pub fn observe_ingest(&self, accepted: usize, rejected: usize) {
         for (result, n) in [("accepted", accepted), ("rejected", rejected)] {
@@ -522,6 +555,8 @@ pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError
             .store_lag_gauge
             .set(lag.seconds(state.clock.now()));
     }
+    let figures = state.figures.get(&state.store, state.clock.now()).await?;
+    state.metrics.set_error_budgets(&state.routes, &figures);
     let body = state
         .metrics
         .render(&health, &weights)

@@ -122,6 +122,10 @@ pub struct Text {
     pub signals: &'static str,
     /// The latest probe's first generated token and first answer token.
     pub first_answer: &'static str,
+    /// What probing this route costs per month (probes, throughput and confirmation probes).
+    pub probe_cost: &'static str,
+    /// Marks the built-in demo's simulated past.
+    pub demo_history: &'static str,
     pub no_data: &'static str,
     pub details: &'static str,
     pub last_hour: &'static str,
@@ -280,6 +284,33 @@ mod tests {
         assert_eq!(Lang::pick(None, Some("en-US;q=0.3, zh-TW;q=0.7")), Lang::Zh);
         assert_eq!(Lang::pick(Some("fr"), None), Lang::En);
         assert_eq!(Lang::pick(None, Some("zh;q=0")), Lang::En);
+    }
+
+    #[test]
+    fn probe_cost_reads_in_both_languages() {
+        use crate::probe::cost::ProbeCostView;
+        let priced = |c: f64| ProbeCostView {
+            tokens_per_month: 1_234_567,
+            cost_per_month: Some(c),
+            currency: Some("CNY".into()),
+        };
+        assert_eq!(
+            probe_cost(Lang::En, &priced(0.4217)),
+            "1,234,567 tokens · 0.42 CNY"
+        );
+        assert_eq!(
+            probe_cost(Lang::Zh, &priced(0.0042)),
+            "1,234,567 token · 0.0042 CNY"
+        );
+        let free = ProbeCostView {
+            tokens_per_month: 999,
+            cost_per_month: None,
+            currency: None,
+        };
+        assert_eq!(
+            probe_cost(Lang::En, &free),
+            "999 tokens (no price configured)"
+        );
     }
 
     #[test]

@@ -404,6 +404,53 @@ pub fn budget_left(lang: Lang, b: &crate::slo::ErrorBudget) -> String {
     }
 }
 
+/// What the demo's simulated history is, on every page while the demo's database has one.
+pub fn demo_history(lang: Lang, days: i64, to: &str) -> String {
+    match lang {
+        Lang::En => format!(
+            "the {days} days before {to} are simulated: the built-in demo wrote them on its first start from its fault scenarios at high speed (a few minutes of probing per hour of history), so the day bars, uptime, incidents and error budget have a past. Everything after is live."
+        ),
+        Lang::Zh => format!(
+            "{to} 之前的 {days} 天为模拟数据：内置演示在首次启动时按其故障场景高速生成（每小时历史含几分钟的探测），让日线、可用率、事件和错误预算有历史可看；此后的数据均为实时。"
+        ),
+    }
+}
+
+/// A route's probing per month: `1,234,000 tokens · 0.42 CNY` (no price: the tokens alone).
+pub fn probe_cost(lang: Lang, c: &crate::probe::cost::ProbeCostView) -> String {
+    let tokens = thousands(c.tokens_per_month);
+    let money = c
+        .cost_per_month
+        .zip(c.currency.as_deref())
+        // Cents hide a probe budget of a few hundredths of a yuan: keep four places below 0.01.
+        .map(|(m, cur)| {
+            if m >= 0.01 || m == 0.0 {
+                format!(" · {m:.2} {cur}")
+            } else {
+                format!(" · {m:.4} {cur}")
+            }
+        });
+    match (lang, money) {
+        (Lang::En, Some(m)) => format!("{tokens} tokens{m}"),
+        (Lang::En, None) => format!("{tokens} tokens (no price configured)"),
+        (Lang::Zh, Some(m)) => format!("{tokens} token{m}"),
+        (Lang::Zh, None) => format!("{tokens} token（未配置价格）"),
+    }
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
 /// An incident's spend in the month: `3 m 12 s` and its share `14.8%`.
 pub fn budget_spent(lang: Lang, spent_s: i64, budget_s: f64) -> String {
     let share = if budget_s > 0.0 {

@@ -104,6 +104,8 @@ pub struct PageData {
     /// counted on the raw outcomes; absent for an incident whose span in the month starts
     /// before the raw outcomes kept (`[storage] retention_days`).
     pub incident_bad: HashMap<String, u64>,
+    /// The span of simulated history the built-in demo wrote, when it did.
+    pub demo_history: Option<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 /// What the pages' error-budget figures depend on in the config.
@@ -150,6 +152,10 @@ impl PageData {
             incidents,
             month: reader.counts_by_route(m0, until, slo::KINDS)?,
             incident_bad,
+            demo_history: reader
+                .meta(crate::demo::history::MARKER)?
+                .as_deref()
+                .and_then(crate::demo::history::parse_marker),
         })
     }
 }
@@ -354,6 +360,8 @@ pub struct Chrome {
     pub atom: String,
     /// A badge to show as the footer's example (a route's state badge), when there is one.
     pub badge: Option<String>,
+    /// Says which part of the figures is the demo's simulated history, when there is one.
+    pub demo_history: Option<String>,
 }
 
 impl Chrome {
@@ -375,7 +383,16 @@ impl Chrome {
             code: lang.code(),
             atom: format!("/incidents.atom?lang={}", lang.code()),
             badge: None,
+            demo_history: None,
         }
+    }
+
+    /// The page marks the demo's simulated history, if `data` has one.
+    fn with_history(mut self, lang: Lang, data: &PageData) -> Self {
+        self.demo_history = data
+            .demo_history
+            .map(|(from, to)| i18n::demo_history(lang, (to - from).num_days(), &when(to)));
+        self
     }
 }
 

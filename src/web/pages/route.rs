@@ -39,6 +39,8 @@ pub struct RoutePage {
     pub signals: Option<String>,
     /// The latest probe's first token and first answer token ("1.2 s / 4.8 s").
     pub first_answer: String,
+    /// What probing the route costs per month, as `/api/v1/status` gives it (`probe_cost`).
+    pub probe_cost: String,
 }
 
 /// "0.4 s / 3.9 s": a reasoning model answers well after its first (reasoning) token; a
@@ -113,7 +115,8 @@ pub async fn route(
                 utf8_percent_encode(route.id.as_str(), SEGMENT)
             ),
             now,
-        ),
+        )
+        .with_history(lang, &data),
         r: route_card(
             lang,
             &route,
@@ -198,6 +201,10 @@ pub async fn route(
                 || lang.text().no_data.to_owned(),
                 |o| first_answer_text(lang, o),
             ),
+        probe_cost: i18n::probe_cost(
+            lang,
+            &crate::probe::cost::ProbeCostView::new(&route.probe, route.price.as_ref()),
+        ),
     }
     .render()
     .map_err(|e| fail(PageError::Internal(format!("rendering a route page: {e}"))))?;

@@ -468,7 +468,7 @@ pub fn status_page(
             badge: routes
                 .first()
                 .map(|r| format!("/badges/{}/state.svg", r.id.as_str())),
-            ..Chrome::new(lang, t.nav_status, title, "/", now)
+            ..Chrome::new(lang, t.nav_status, title, "/", now).with_history(lang, data)
         },
         overall_class,
         overall_text,

@@ -1,6 +1,9 @@
 //! The built-in demo behind `probeok serve` without a config: simulated providers in-process
 //! (3 providers × 2 regions × 2 models), some with scripted faults in motion, and a config of
-//! routes pointing at them, so a new user sees a living status page at once.
+//! routes pointing at them, so a new user sees a living status page at once — with a past:
+//! on first start [`history`] writes 30 days of simulated history into the demo's database.
+
+pub mod history;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -164,6 +167,9 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
         },
         storage: StorageConfig {
             path: PathBuf::from(DEMO_DB),
+            // Raw outcomes as long as the simulated history reaches, so the incidents page
+            // accounts each of its incidents (and nothing is deleted on the first start).
+            retention_days: 31,
             ..StorageConfig::default()
         },
         // Short intervals: at 10× a region failover lasts only 24 s of wall time.
