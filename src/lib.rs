@@ -86,6 +86,10 @@
 //!   file, the live sections published on the live-config `watch` channel
 //!   ([`reload::LiveConfig`]), the rest reported as `restart_required`. The checks and
 //!   counters of the layers above (alert channels, metrics) are handed in by the wiring.
+//! - [`cluster`]: the monitor pair on one PostgreSQL database — the leader lease (an
+//!   advisory lock on a session of its own, checked every second, `[cluster] lease`), the
+//!   role watch, and [`cluster::terms`], which runs the wiring's leader-only and follower work
+//!   one term at a time. With SQLite the monitor always leads.
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //!
@@ -151,6 +155,7 @@ pub mod store;
 
 // Domain.
 pub mod budget;
+pub mod cluster;
 pub mod demo;
 pub mod drift;
 pub mod drill;

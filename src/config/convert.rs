@@ -19,7 +19,7 @@ use super::{
     ChannelOptions, Config, ConfigErrors, ConfirmAfter, ContractConfig, DetectionConfig,
     Diagnostic, DriftConfig, DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded,
     MaintenanceConfig, Mention, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig,
-    RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig,
+    ClusterConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig,
     WebhookConfig, WecomConfig,
 };
 use crate::lang::Lang;
@@ -163,6 +163,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
                 d.rollup_retention_days,
                 1,
             ),
+            url_env: r.url_env,
         }
     };
 
@@ -339,6 +340,14 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             .collect(),
         heartbeat: heartbeat(ck, raw.heartbeat),
         drill: drill(ck, raw.drill),
+        cluster: ClusterConfig {
+            lease: duration(
+                ck,
+                "cluster.lease",
+                raw.cluster.lease,
+                ClusterConfig::default().lease,
+            ),
+        },
         source_map: map.clone(),
     }
 }
