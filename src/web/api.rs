@@ -206,6 +206,8 @@ struct RouteView<'a> {
 struct StatusView<'a> {
     generated_at: String,
     overall: &'static str,
+    /// This monitor's role in its cluster: `leader` (always, with SQLite) or `follower`.
+    role: &'static str,
     routes: Vec<RouteView<'a>>,
     /// The hourly extra-cost budget, when the switch controller runs.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -268,7 +270,15 @@ pub fn status_bytes(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    status_bytes_with(routes, health, figures, now, &HashMap::new(), None)
+    status_bytes_with(
+        routes,
+        health,
+        figures,
+        now,
+        &HashMap::new(),
+        None,
+        crate::cluster::Role::Leader,
+    )
 }
 
 /// [`status_bytes`] with the in-process proxy's breaker states (route → `closed` …).
@@ -279,9 +289,11 @@ pub fn status_bytes_with(
     now: DateTime<Utc>,
     breakers: &HashMap<RouteId, &'static str>,
     budget: Option<crate::budget::BudgetSnapshot>,
+    role: crate::cluster::Role,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let mut view = status_view(routes, health, figures, now, breakers);
     view.budget = budget;
+    view.role = role.as_str();
     serde_json::to_vec(&view)
 }
 
@@ -360,6 +372,7 @@ fn status_view<'a>(
     StatusView {
         generated_at: rfc3339(now),
         overall: overall(routes, health),
+        role: crate::cluster::Role::Leader.as_str(),
         routes: views,
         budget: None,
     }
@@ -444,8 +457,9 @@ pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError>
         .map(|b| (b.route, b.state.as_str()))
         .collect();
     let budget = state.metrics.budget().map(|b| b.snapshot());
+    let role = state.metrics.role();
     let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        status_bytes_with(&routes, &health, &figures, now, &breakers, budget)
+        status_bytes_with(&routes, &health, &figures, now, &breakers, budget, role)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))
     })
     .await??;

@@ -128,6 +128,10 @@ pub struct Metrics {
     reload_ok_at: Gauge<f64, AtomicU64>,
     /// The active drills, for the status page.
     drills: OnceLock<crate::drill::DrillRx>,
+    /// `probeok_cluster_leader`: 1 while this member leads (always, with SQLite).
+    cluster_leader: Gauge,
+    /// The member's role in its cluster; `None`: a lone monitor, always the leader.
+    role: OnceLock<crate::cluster::RoleRx>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -164,6 +168,13 @@ impl Metrics {
             let _ = reloads.get_or_create(&ReloadLabels { result });
         }
         let reload_ok = Gauge::default();
+        let cluster_leader = Gauge::default();
+        cluster_leader.set(1);
+        registry.register(
+            "cluster_leader",
+            "1 while this monitor leads its cluster (always with SQLite), 0 while it follows",
+            cluster_leader.clone(),
+        );
         let reload_ok_at = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "config_reloads",
@@ -271,7 +282,21 @@ impl Metrics {
             reload_ok,
             reload_ok_at,
             drills: OnceLock::new(),
+            cluster_leader,
+            role: OnceLock::new(),
         }
+    }
+
+    /// The member's role, for `/metrics`, `/readyz` and `/api/v1/status`. The first call wins.
+    pub fn attach_role(&self, role: crate::cluster::RoleRx) {
+        let _ = self.role.set(role);
+    }
+
+    /// This member's role now: the leader unless a cluster says otherwise.
+    pub fn role(&self) -> crate::cluster::Role {
+        self.role
+            .get()
+            .map_or(crate::cluster::Role::Leader, |r| *r.borrow())
     }
 
     /// One config load: the start (not counted as a reload) or a reload.
@@ -390,6 +415,8 @@ impl Metrics {
         health: &HealthSnapshot,
         weights: &WeightsSnapshot,
     ) -> Result<String, std::fmt::Error> {
+        self.cluster_leader
+            .set(i64::from(self.role().is_leader()));
         for id in &self.order {
             let Some((labels, serves)) = self.routes.get(id) else {
                 continue;
