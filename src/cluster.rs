@@ -382,8 +382,11 @@ mod tests {
         .expect("parses");
         assert_eq!(t.label(), "db.example:6543/monitor");
         assert!(!format!("{t:?}").contains("hunter2"));
-        let e = Target::parse("DB", &Secret::new("postgres://u:hunter2@h/db?sslmode=bogus"))
-            .expect_err("bad sslmode");
+        let e = Target::parse(
+            "DB",
+            &Secret::new("postgres://u:hunter2@h/db?sslmode=bogus"),
+        )
+        .expect_err("bad sslmode");
         let text = e.to_string();
         assert!(text.contains("$DB"), "{text}");
         assert!(!text.contains("hunter2"), "{text}");

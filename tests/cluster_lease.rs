@@ -64,7 +64,10 @@ impl Db {
     async fn drop_now(self) {
         let c = admin(&self.server).await;
         let _ = c
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
             .await;
     }
 
@@ -174,9 +177,11 @@ async fn a_killed_leader_is_replaced_within_the_lease_and_returns_as_a_follower(
         };
         kill_lock_holder(&db).await;
         let killed = Instant::now();
-        until(LEASE + Duration::from_secs(5), "the other member leads", || {
-            new.borrow().is_leader()
-        })
+        until(
+            LEASE + Duration::from_secs(5),
+            "the other member leads",
+            || new.borrow().is_leader(),
+        )
         .await;
         times.push(killed.elapsed());
         until(Duration::from_secs(3), "the old leader steps down", || {
@@ -290,9 +295,11 @@ async fn a_leader_whose_session_goes_unanswered_steps_down_within_the_lease() {
     let target =
         Target::parse("PROBEOK_TEST_PG_URL", &Secret::new(via_relay)).expect("relay url parses");
     let (a, stop_a) = lease(target);
-    until(LEASE + Duration::from_secs(5), "a leads through the relay", || {
-        a.role.borrow().is_leader()
-    })
+    until(
+        LEASE + Duration::from_secs(5),
+        "a leads through the relay",
+        || a.role.borrow().is_leader(),
+    )
     .await;
     frozen.send_replace(true);
     let froze = Instant::now();

@@ -16,11 +16,11 @@ use super::raw::{
 use super::validate::Checker;
 use super::{
     AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
-    ChannelOptions, Config, ConfigErrors, ConfirmAfter, ContractConfig, DetectionConfig,
-    Diagnostic, DriftConfig, DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded,
-    MaintenanceConfig, Mention, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig,
-    ClusterConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig,
-    WebhookConfig, WecomConfig,
+    ChannelOptions, ClusterConfig, Config, ConfigErrors, ConfirmAfter, ContractConfig,
+    DetectionConfig, Diagnostic, DriftConfig, DrillConfig, EgressConfig, EmailConfig,
+    HeartbeatConfig, Loaded, MaintenanceConfig, Mention, ProbeConfig, ProviderConfig, ProxyConfig,
+    RegionConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig,
+    SwitchConfig, WebhookConfig, WecomConfig,
 };
 use crate::lang::Lang;
 use crate::route::{Capability, ProviderKind};

@@ -283,7 +283,10 @@ impl<'a> Checker<'a> {
         }
         // The lease is checked every second: under 2 s one slow answer would end a term.
         if c.cluster.lease < Duration::from_secs(2) {
-            self.error("cluster.lease", "must be at least 2s (the lease is checked every second)");
+            self.error(
+                "cluster.lease",
+                "must be at least 2s (the lease is checked every second)",
+            );
         }
     }
 

@@ -155,7 +155,11 @@ impl Ctx {
 /// route), without starting it: a cluster member knows them before it first leads.
 pub fn jobs(config: &Config, routes: &[Route]) -> Result<Vec<&'static str>, String> {
     let (_, pairs) = pairs(config, routes)?;
-    Ok(if pairs.is_empty() { Vec::new() } else { vec![JOB] })
+    Ok(if pairs.is_empty() {
+        Vec::new()
+    } else {
+        vec![JOB]
+    })
 }
 
 /// The loaded sets and, per route with any, the sets that apply to it.

@@ -266,7 +266,9 @@ impl HealthService {
     /// a cluster member's successive services (one per leader or follower term) share one
     /// watch, so the pages, the weights and the proxy never notice the change of term.
     pub fn publish_into(&mut self, tx: watch::Sender<Arc<HealthSnapshot>>) {
-        tx.send_replace(self.snapshot.borrow().clone());
+        // Read before sending: `tx` may be this service's own channel already.
+        let current = self.snapshot.borrow().clone();
+        tx.send_replace(current);
         self.snapshot = tx;
     }
 

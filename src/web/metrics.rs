@@ -415,8 +415,7 @@ impl Metrics {
         health: &HealthSnapshot,
         weights: &WeightsSnapshot,
     ) -> Result<String, std::fmt::Error> {
-        self.cluster_leader
-            .set(i64::from(self.role().is_leader()));
+        self.cluster_leader.set(i64::from(self.role().is_leader()));
         for id in &self.order {
             let Some((labels, serves)) = self.routes.get(id) else {
                 continue;
