@@ -4,8 +4,11 @@
 //!
 //! Real time throughout (a real server cannot be paused): every wait polls with a deadline.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::cluster::{connect as admin, with_dbname, Db};
 
 use probeok::cluster::{self, Lease, LeaseOptions, Role, Target};
 use probeok::secret::Secret;
@@ -15,83 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 const LEASE: Duration = Duration::from_secs(3);
 
-fn server_url() -> String {
-    std::env::var("PROBEOK_TEST_PG_URL").unwrap_or_else(|_| {
-        panic!(
-            "PROBEOK_TEST_PG_URL is unset: these tests need a PostgreSQL server, e.g. \
-             PROBEOK_TEST_PG_URL=postgres://probeok@127.0.0.1:55432/postgres cargo test --test cluster_lease"
-        )
-    })
-}
-
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to PROBEOK_TEST_PG_URL");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
-/// A database of this test's own, dropped at the test's end by [`Db::drop_now`].
-struct Db {
-    name: String,
-    url: String,
-    server: String,
-}
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-impl Db {
-    async fn create() -> Db {
-        let server = server_url();
-        let name = format!(
-            "cluster_t{}_{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed),
-            chrono::Utc::now().timestamp_millis() % 1_000_000
-        );
-        admin(&server)
-            .await
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create the test database");
-        let url = with_dbname(&server, &name);
-        Db { name, url, server }
-    }
-
-    async fn drop_now(self) {
-        let c = admin(&self.server).await;
-        let _ = c
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .await;
-    }
-
-    fn target(&self) -> Target {
-        Target::parse("PROBEOK_TEST_PG_URL", &Secret::new(self.url.clone())).expect("url parses")
-    }
-}
-
-/// `url` with its database replaced (the path after the authority; the query kept).
-fn with_dbname(url: &str, db: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let authority_end = base[scheme_end..]
-        .find('/')
-        .map_or(base.len(), |i| scheme_end + i);
-    let mut out = format!("{}/{db}", &base[..authority_end]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
+fn target(db: &Db) -> Target {
+    Target::parse("PROBEOK_TEST_PG_URL", &Secret::new(db.url.clone())).expect("url parses")
 }
 
 fn lease(target: Target) -> (Lease, CancellationToken) {
@@ -137,8 +65,8 @@ async fn kill_lock_holder(db: &Db) -> i32 {
 #[tokio::test]
 async fn two_members_on_one_database_have_exactly_one_leader() {
     let db = Db::create().await;
-    let (a, stop_a) = lease(db.target());
-    let (b, stop_b) = lease(db.target());
+    let (a, stop_a) = lease(target(&db));
+    let (b, stop_b) = lease(target(&db));
     until(LEASE + Duration::from_secs(5), "one leader", || {
         leaders(&[&a.role, &b.role]) == 1
     })
@@ -162,8 +90,8 @@ async fn two_members_on_one_database_have_exactly_one_leader() {
 #[tokio::test]
 async fn a_killed_leader_is_replaced_within_the_lease_and_returns_as_a_follower() {
     let db = Db::create().await;
-    let (a, stop_a) = lease(db.target());
-    let (b, stop_b) = lease(db.target());
+    let (a, stop_a) = lease(target(&db));
+    let (b, stop_b) = lease(target(&db));
     until(LEASE + Duration::from_secs(5), "a first leader", || {
         leaders(&[&a.role, &b.role]) == 1
     })
@@ -209,12 +137,12 @@ async fn a_killed_leader_is_replaced_within_the_lease_and_returns_as_a_follower(
 #[tokio::test]
 async fn a_leader_that_stops_hands_over_at_once() {
     let db = Db::create().await;
-    let (a, stop_a) = lease(db.target());
+    let (a, stop_a) = lease(target(&db));
     until(LEASE + Duration::from_secs(5), "a leads alone", || {
         a.role.borrow().is_leader()
     })
     .await;
-    let (b, stop_b) = lease(db.target());
+    let (b, stop_b) = lease(target(&db));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!b.role.borrow().is_leader(), "b follows while a leads");
     stop_a.cancel();
