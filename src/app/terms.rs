@@ -244,14 +244,11 @@ pub(super) async fn lead(
 }
 
 /// Copies a term's watch into the member's until the term ends (or the source is gone).
-fn relay<T: Send + Sync + 'static>(
+fn relay<T: Clone + Send + Sync + 'static>(
     mut from: watch::Receiver<T>,
     to: watch::Sender<T>,
     token: CancellationToken,
-) -> JoinHandle<()>
-where
-    T: Clone,
-{
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             to.send_replace(from.borrow_and_update().clone());
