@@ -2,6 +2,11 @@
 //! detection (the health service) and the web server, all under one `CancellationToken` with
 //! a bounded drain at shutdown.
 //!
+//! What only one monitor of a cluster may do — the scheduler, detection's judging, alerts, the
+//! switch controller, drills, retention, regression runs — runs in leader terms, and a
+//! follower's view of the stored health in follower terms (`app::terms`); with SQLite the
+//! monitor always leads.
+//!
 //! Outcomes flow scheduler → recorder → store, then detection; passive outcomes flow passive
 //! queue → store, then detection. Every queue is bounded and every send waits (back-pressure,
 //! never a silent drop). At shutdown the producers stop first, so detection judges and saves

@@ -127,7 +127,7 @@
 //! - [`app`]: wires the tasks together under one `CancellationToken`: scheduler → recorder →
 //!   store → health service; passive queue (proxy, ingest) → store → health service; health →
 //!   weights (with drift and switch overrides) → feed and in-process proxy; health events →
-//!   alerts.
+//!   alerts. Leader-only work runs in the cluster's leader terms (`app::terms`).
 //! - [`cli`]: the subcommands behind the binary (serve, check-config, probe, regress, alert
 //!   test, proxy, simulate).
 //!
