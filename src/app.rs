@@ -2,6 +2,11 @@
 //! detection (the health service) and the web server, all under one `CancellationToken` with
 //! a bounded drain at shutdown.
 //!
+//! What only one monitor of a cluster may do — the scheduler, detection's judging, alerts, the
+//! switch controller, drills, retention, regression runs — runs in leader terms, and a
+//! follower's view of the stored health in follower terms (`app::terms`); with SQLite the
+//! monitor always leads.
+//!
 //! Outcomes flow scheduler → recorder → store, then detection; passive outcomes flow passive
 //! queue → store, then detection. Every queue is bounded and every send waits (back-pressure,
 //! never a silent drop). At shutdown the producers stop first, so detection judges and saves
@@ -25,9 +30,11 @@ use crate::health::HealthRx;
 use crate::probe::client::ProbeClient;
 use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::Route;
-use crate::scheduler::{self, Prober, SchedulerEvent, SchedulerOptions};
+use crate::scheduler::{Prober, SchedulerEvent};
 use crate::store::{Store, StoreOptions, Writer};
 use crate::web::{self, AppState};
+
+mod terms;
 
 /// How long shutdown waits for in-flight work before giving up on it.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,6 +64,8 @@ pub enum AppError {
     Drill(String),
     #[error("proxy: {0}")]
     Proxy(#[from] crate::proxy::ProxyError),
+    #[error("cluster: {0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
     #[error("a task panicked: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
@@ -73,6 +82,8 @@ pub struct Running {
     pub store: Store,
     /// Detection's latest judgement of every route.
     pub health: HealthRx,
+    /// This member's role in its cluster (always the leader with SQLite).
+    pub role: crate::cluster::RoleRx,
     /// The config in effect, following reloads; [`crate::reload::LiveConfig::reload`]
     /// re-reads the file (SIGHUP, `POST /api/v1/admin/reload`).
     pub config: crate::reload::LiveConfig,
@@ -87,6 +98,9 @@ pub struct StartOptions {
     pub config_file: Option<std::path::PathBuf>,
     /// The heartbeat monitor's periods.
     pub heartbeat: crate::heartbeat::Options,
+    /// The member's role, driven by the caller (tests); `None`: from the config — a lease on
+    /// the PostgreSQL database `[storage] url_env` names, else always the leader.
+    pub role: Option<crate::cluster::RoleRx>,
 }
 
 /// Runs until `shutdown` is cancelled and everything has drained.
@@ -132,47 +146,64 @@ pub async fn start_with(
     let client = ProbeClient::with_env(&routes, clock.clone(), &config.env)
         .map_err(|e| AppError::Probe(e.to_string()))?;
 
+    // The member's role: a lease on the PostgreSQL database `[storage] url_env` names, or
+    // (SQLite, one box) always the leader.
+    let lease_stop = CancellationToken::new();
+    let (_lone, role, lease_task) = match options.role.clone() {
+        Some(role) => (None, role, None),
+        None => match crate::cluster::database_url(config.storage.url_env.as_deref()) {
+            Some((var, url)) => {
+                let target = crate::cluster::Target::parse(&var, &url)?;
+                let lease = crate::cluster::spawn(
+                    target,
+                    crate::cluster::LeaseOptions::new(config.cluster.lease),
+                    lease_stop.clone(),
+                );
+                (None, lease.role, Some(lease.task))
+            }
+            None => {
+                let (tx, rx) = crate::cluster::always_leader();
+                (Some(tx), rx, None)
+            }
+        },
+    };
+    let clustered = options.role.is_some() || lease_task.is_some();
+    let health_options = HealthOptions {
+        // Followers show what the leader stored: save often enough for them to keep up.
+        save_every: if clustered {
+            terms::CLUSTER_SAVE_EVERY
+        } else {
+            HealthOptions::default().save_every
+        },
+        ..HealthOptions::default()
+    };
+
     let (health_events, _) = broadcast::channel(1024);
-    // Alerts subscribe before detection can publish anything, so no event is missed.
-    let alert_events = health_events.subscribe();
-    let mut health = HealthService::restore(
+    // Restored once now (a store that cannot be read fails the start); it serves the first
+    // term, later terms restore their own from what the leader stored.
+    let mut first = HealthService::restore(
         &config,
-        HealthOptions::default(),
+        health_options.clone(),
         &store,
         clock.clone(),
         health_events.clone(),
     )
     .await?;
-    let health_rx = health.subscribe();
-    let health_commands = health.commands();
-    // Confirmation probes: detection asks the scheduler to probe an abnormal route again soon.
-    let confirms = health.confirmations();
-    // Detection ends once the recorder and the passive drain have dropped their senders.
+    // The member's health watch: every term's detection publishes into it.
+    let (health_tx, health_rx) = watch::channel(first.subscribe().borrow().clone());
+    first.publish_into(health_tx.clone());
+    // Stored outcomes (probe and passive) go to the leader term's detection.
     let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
-    let health_task = tokio::spawn(health.run(detect_rx, shutdown.clone()));
+    let detect_slot: terms::DetectSlot = Default::default();
+    let dispatch_task = tokio::spawn(terms::dispatch(detect_rx, detect_slot.clone()));
 
-    // Drift: regression sets on their own schedule, findings on a watch channel (read by
-    // `GET /api/v1/drift` and the weights), heartbeat job "drift".
-    let drift = crate::drift::spawn(
-        &config,
-        &routes,
-        client.clone(),
-        store.clone(),
-        clock.clone(),
-        crate::drift::RunnerOptions::default(),
-        shutdown.clone(),
-    )
-    .await
-    .map_err(AppError::Drift)?;
-    // Drift findings opened and closed go to the alert engine as health events.
-    let drift_events = crate::drift::events::spawn(
-        drift.rx.clone(),
-        health_events.clone(),
-        clock.clone(),
-        shutdown.clone(),
-    );
+    // Drift findings (read by `GET /api/v1/drift` and the weights) from the leader's runner.
+    let drift_jobs = crate::drift::runner::jobs(&config, &routes).map_err(AppError::Drift)?;
+    let (drift_tx, drift_rx) =
+        watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(clock.now())));
 
     let metrics = Arc::new(web::Metrics::new(&routes));
+    metrics.attach_role(role.clone());
     // The burn-rate windows as running sums: the rollups read once now, before the first
     // outcome of this run is written; every stored outcome is added from then on.
     let tally = Arc::new(crate::alert::tally::Tally::new(
@@ -189,33 +220,15 @@ pub async fn start_with(
         tally: tally.clone(),
         lag: Some(lag),
     };
+    // The scheduler runs in leader terms; the recorder ends once the last term's scheduler
+    // and the terms' own sender are gone, so every outcome is written.
     let (sched_tx, sched_rx) = mpsc::channel(1024);
-    let scheduler_task = tokio::spawn(scheduler::run_with_confirmations(
-        routes.iter().cloned().map(Arc::new).collect(),
-        Arc::new(client.clone()),
-        clock.clone(),
-        sched_tx,
-        SchedulerOptions {
-            max_confirmations: config.detection.degraded_after,
-            ..SchedulerOptions::default()
-        },
-        confirms,
-        shutdown.clone(),
-    ));
-    // The recorder ends when the scheduler drops its sender, so every outcome is written.
     let recorder_task = tokio::spawn(record(
         sched_rx,
         store.writer(),
         detect_tx.clone(),
         metrics.clone(),
         recorded.clone(),
-    ));
-    let retention_task = tokio::spawn(retention(
-        store.writer(),
-        clock.clone(),
-        config.storage.retention_days,
-        config.storage.rollup_retention_days,
-        shutdown.clone(),
     ));
 
     let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
@@ -233,7 +246,8 @@ pub async fn start_with(
     // once here.
     // The hourly extra-cost budget (the proxy reserves against it) and the switch controller
     // (SWITCHED through detection's command channel, its overrides into the weights, its
-    // status on `/metrics`, the status page and `GET /api/v1/switches`).
+    // status on `/metrics`, the status page and `GET /api/v1/switches`; it runs in leader
+    // terms and publishes into these watches).
     let budget = crate::budget::Budget::new(
         config.budget.clone(),
         &routes,
@@ -241,34 +255,25 @@ pub async fn start_with(
         Some(health_events.clone()),
     );
     metrics.attach_budget(budget.clone());
-    let switch = crate::switch::spawn(
-        crate::switch::Driver {
-            routes: Arc::new(routes.clone()),
-            cfg: config.switch.clone(),
-            health: health_rx.clone(),
-            commands: health_commands,
-            budget: budget.clone(),
-            prober: Arc::new(client.clone()),
-            store: store.clone(),
-            events: health_events.clone(),
-            clock: clock.clone(),
-            tick: Duration::from_secs(1),
-            pulse: Some(pulses.pulse(crate::heartbeat::SWITCH)),
-        },
-        shutdown.clone(),
-    );
+    let (overrides_tx, overrides_rx) = watch::channel(Arc::new(crate::weights::Overrides::new()));
+    let (switch_tx, switch_rx) = watch::channel(Arc::new(crate::switch::idle_status(
+        &routes,
+        &config.switch,
+        &budget,
+        clock.now(),
+    )));
     let budget_task = tokio::spawn(budget.clone().keep_hours(
         Some(pulses.pulse(crate::heartbeat::BUDGET)),
         shutdown.clone(),
     ));
-    metrics.attach_switch(switch.status.clone());
+    metrics.attach_switch(switch_rx);
     // Weights follow drift too (open findings with `on_drift = "deweight"`, the quality gate for
     // backup and fallback routes) and the switch controller's overrides.
     // The in-process proxy's open breakers, disclosed in the weights' reasons (the proxy starts
     // below; without it the sender is dropped and the feed ends).
     let (breakers_tx, breakers_rx) = watch::channel(Arc::new(crate::weights::OpenBreakers::new()));
     // Drills: active drills restored from the store, their caps into the weights, served by
-    // the admin API and `GET /api/v1/drills`.
+    // the admin API and `GET /api/v1/drills`; they step and end themselves in leader terms.
     let drills = crate::drill::DrillService::restore(
         live.clone(),
         Arc::new(routes.clone()),
@@ -280,19 +285,13 @@ pub async fn start_with(
     let weights_rx = crate::weights::spawn_publisher(
         crate::weights::Feeds {
             policy: crate::weights::Policy::from_config(&config),
-            drift: Some(drift.rx.clone()),
-            overrides: Some(switch.overrides.clone()),
+            drift: Some(drift_rx.clone()),
+            overrides: Some(overrides_rx),
             breakers: Some(breakers_rx),
             drills: Some(drills.caps()),
             pulse: Some(pulses.pulse(crate::heartbeat::WEIGHTS)),
             ..crate::weights::Feeds::new(Arc::new(routes.clone()), health_rx.clone())
         },
-        shutdown.clone(),
-    );
-
-    let drill_task = drills.spawn(
-        Some(weights_rx.clone()),
-        Some(pulses.pulse(crate::heartbeat::DRILLS)),
         shutdown.clone(),
     );
     metrics.attach_drills(drills.subscribe());
@@ -339,7 +338,7 @@ pub async fn start_with(
 
     // Every scheduled job's heartbeat (`async_jobs` when the proxy runs: its worker beats it).
     let jobs = Arc::new(crate::heartbeat::Jobs::new(
-        crate::heartbeat::expected(&config, &drift.jobs),
+        crate::heartbeat::expected(&config, &drift_jobs),
         started_at,
     ));
     let heartbeat_task = crate::heartbeat::spawn(
@@ -367,18 +366,18 @@ pub async fn start_with(
         clock: clock.clone(),
         jobs: jobs.clone(),
         health: health_rx.clone(),
-        events: health_events,
+        events: health_events.clone(),
         passive: passive_tx,
         weights: weights_rx,
         metrics: metrics.clone(),
         ingest_token,
         incidents: Arc::new(web::StoreIncidents),
-        drift: Some(drift.rx.clone()),
-        drills: Some(drills),
+        drift: Some(drift_rx),
+        drills: Some(drills.clone()),
         figures: Default::default(),
         shutdown: shutdown.clone(),
     };
-    let alert_task = {
+    let alerts = {
         let channels = crate::alert::channels(&config).unwrap_or_else(|e| {
             tracing::error!(error = %e, "alert channels unusable; alerts are queued for none");
             Vec::new()
@@ -390,10 +389,44 @@ pub async fn start_with(
                 .with_live(live.clone())
                 .with_tally(tally);
         metrics.follow_alerts(service.metrics().clone());
-        tokio::spawn(crate::alert::run(
-            Arc::new(service),
-            alert_events,
+        Arc::new(service)
+    };
+    // The terms: leader-only work while this member leads, the follower's view while not.
+    let member = Arc::new(terms::Member {
+        config: config.clone(),
+        routes: Arc::new(routes.clone()),
+        store: store.clone(),
+        clock: clock.clone(),
+        client: client.clone(),
+        health_options,
+        events: health_events.clone(),
+        health: health_tx,
+        detect: detect_slot,
+        alerts,
+        drift: drift_tx,
+        overrides: overrides_tx,
+        switch: switch_tx,
+        budget: budget.clone(),
+        drills,
+        weights: state.weights.clone(),
+        pulses: pulses.clone(),
+        shutdown: shutdown.clone(),
+    });
+    let terms_task = {
+        let mut first = Some(first);
+        tokio::spawn(crate::cluster::terms(
+            role.clone(),
             shutdown.clone(),
+            move |role, token| {
+                let first = first.take();
+                let m = member.clone();
+                match role {
+                    crate::cluster::Role::Leader => {
+                        terms::lead(m, first, sched_tx.clone(), token).boxed()
+                    }
+                    crate::cluster::Role::Follower => terms::follow(m, first, token).boxed(),
+                }
+            },
         ))
     };
     let addr = listener.local_addr()?;
@@ -415,15 +448,7 @@ pub async fn start_with(
     let done = tokio::spawn(async move {
         shutdown.cancelled().await;
         let drain = async {
-            let _ = scheduler_task.await;
-            let _ = recorder_task.await;
-            let _ = retention_task.await;
-            let _ = alert_task.await;
-            let _ = drift.task.await;
-            let _ = drift_events.await;
-            let _ = switch.task.await;
             let _ = budget_task.await;
-            let _ = drill_task.await;
             let web = web_task.await;
             if let Some(proxy) = proxy_task {
                 if let Ok(Err(e)) = proxy.await {
@@ -432,8 +457,12 @@ pub async fn start_with(
             }
             // The web server (and with it every passive sender) is gone: the queue drains.
             let _ = passive_task.await;
-            // Both of detection's senders are gone: it judges what is left, then saves.
-            let _ = health_task.await;
+            // The last term's scheduler has stopped and the terms' sender is dropped.
+            let _ = recorder_task.await;
+            // Both of detection's senders are gone: the leader term's detection judges what
+            // is left, then saves, and the term ends.
+            let _ = dispatch_task.await;
+            let _ = terms_task.await;
             // Its last flush saves the pulses' final beats.
             let _ = heartbeat_task.await;
             web
@@ -441,6 +470,11 @@ pub async fn start_with(
         match tokio::time::timeout(DRAIN_TIMEOUT, drain).await {
             Ok(web) => web??,
             Err(_) => tracing::warn!("shutdown drain timed out; stopping anyway"),
+        }
+        // Leadership is released only now: a successor never overlaps this member's drain.
+        lease_stop.cancel();
+        if let Some(lease) = lease_task {
+            let _ = lease.await;
         }
         done_store.close().await?;
         tracing::info!("stopped");
@@ -450,6 +484,7 @@ pub async fn start_with(
         addr,
         store,
         health: health_rx,
+        role,
         config: reloader.live(),
         done,
     })

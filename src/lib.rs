@@ -89,6 +89,10 @@
 //!   file, the live sections published on the live-config `watch` channel
 //!   ([`reload::LiveConfig`]), the rest reported as `restart_required`. The checks and
 //!   counters of the layers above (alert channels, metrics) are handed in by the wiring.
+//! - [`cluster`]: the monitor pair on one PostgreSQL database — the leader lease (an
+//!   advisory lock on a session of its own, checked every second, `[cluster] lease`), the
+//!   role watch, and [`cluster::terms`], which runs the wiring's leader-only and follower work
+//!   one term at a time. With SQLite the monitor always leads.
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests),
 //!   and past hours of probing them as outcomes without the wire (`sim::history`).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one,
@@ -129,7 +133,7 @@
 //! - [`app`]: wires the tasks together under one `CancellationToken`: scheduler → recorder →
 //!   store → health service; passive queue (proxy, ingest) → store → health service; health →
 //!   weights (with drift and switch overrides) → feed and in-process proxy; health events →
-//!   alerts.
+//!   alerts. Leader-only work runs in the cluster's leader terms (`app::terms`).
 //! - [`cli`]: the subcommands behind the binary (serve, check-config, probe, regress, alert
 //!   test, proxy, simulate).
 //!
@@ -158,6 +162,7 @@ pub mod store;
 
 // Domain.
 pub mod budget;
+pub mod cluster;
 pub mod demo;
 pub mod drift;
 pub mod drill;

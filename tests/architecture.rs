@@ -55,6 +55,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("sim", Layer::Domain),
     ("demo", Layer::Domain),
     ("reload", Layer::Domain),
+    ("cluster", Layer::Domain),
     ("alert", Layer::Surface),
     ("web", Layer::Surface),
     ("proxy", Layer::Surface),

@@ -112,7 +112,15 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown section, named with the valid ones",
             format!("[hearbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`"],
+            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`"],
+        ),
+        (
+            "cluster: the URL itself instead of its variable, a lease too short to check",
+            format!("[storage]\nurl_env = \"postgres://u:p@h/db\"\n[cluster]\nlease = \"1s\"\n{PROVIDERS}{ROUTE}"),
+            vec![
+                "p.toml:2:11: storage.url_env: must name an environment variable (letters, digits and \"_\"), not hold the secret itself",
+                "p.toml:4:9: cluster.lease: must be at least 2s (the lease is checked every second)",
+            ],
         ),
         (
             "contracts: unknown fallback model, two behaviours, duplicate feature, bad duration",

@@ -8,8 +8,12 @@
 //! - over the channel's per-minute limit (DingTalk: 20) → deferred, no attempt counted;
 //! - older than [`MAX_AGE`] → `dropped`, with a log line and `probeok_alerts_total{result=dropped}`.
 //!
-//! A crash between a send and its record repeats that one message after the restart; nothing
-//! recorded delivered is repeated and nothing pending is lost.
+//! Every row is claimed before it is handled ([`CLAIM_FOR`], one conditional UPDATE): monitors
+//! sharing one database (a leader and the one taking over from it) never both send a row.
+//!
+//! A crash between a send and its record repeats that one message after the restart (or, in
+//! a cluster, once its claim expires); nothing recorded delivered is repeated and nothing
+//! pending is lost.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -29,6 +33,9 @@ pub const BACKOFF_BASE: chrono::Duration = chrono::Duration::seconds(5);
 pub const BACKOFF_CAP: chrono::Duration = chrono::Duration::minutes(10);
 /// The dedup-key suffix of a message's mention part (its own row, after the message's).
 pub const MENTION_PART: &str = "#mention";
+/// How long a member's claim on a row lasts: far longer than one send (every channel gives
+/// up within 15 s), so it only runs out when its owner died mid-send.
+pub const CLAIM_FOR: chrono::Duration = chrono::Duration::seconds(60);
 /// Rows read per round.
 const BATCH: usize = 200;
 
@@ -49,6 +56,8 @@ pub struct Round {
     pub failed: u32,
     pub deferred: u32,
     pub dropped: u32,
+    /// Due rows another member claimed first (it sends them).
+    pub claimed_elsewhere: u32,
 }
 
 /// Sends the outbox's due rows through the channels.
@@ -148,6 +157,19 @@ impl Outbox {
         round: &mut Round,
     ) -> Result<(), AlertError> {
         let writer = self.store.writer();
+        let claim = now + CLAIM_FOR;
+        let claimed = writer
+            .alert(AlertOp::Claim {
+                id: row.id,
+                now,
+                until: claim,
+            })
+            .await?;
+        if claimed == 0 {
+            tracing::debug!(channel = %row.channel, key = %row.dedup_key, "alert row claimed by another member");
+            round.claimed_elsewhere += 1;
+            return Ok(());
+        }
         if now - row.created_at > self.max_age {
             tracing::warn!(
                 channel = %row.channel,
@@ -198,6 +220,7 @@ impl Outbox {
                     count_attempt: false,
                     next: *next,
                     error: None,
+                    claim: Some(claim),
                 })
                 .await?;
             return Ok(());
@@ -212,6 +235,7 @@ impl Outbox {
                     count_attempt: false,
                     next,
                     error: None,
+                    claim: Some(claim),
                 })
                 .await?;
             return Ok(());
@@ -265,6 +289,7 @@ impl Outbox {
                         count_attempt: true,
                         next,
                         error: Some(e.to_string()),
+                        claim: Some(claim),
                     })
                     .await?;
             }

@@ -16,11 +16,11 @@ use super::raw::{
 use super::validate::Checker;
 use super::{
     AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
-    ChannelOptions, Config, ConfigErrors, ConfirmAfter, ContractConfig, DetectionConfig,
-    Diagnostic, DriftConfig, DrillConfig, EgressConfig, EmailConfig, HeartbeatConfig, Loaded,
-    MaintenanceConfig, Mention, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig,
-    RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig,
-    WebhookConfig, WecomConfig,
+    ChannelOptions, ClusterConfig, Config, ConfigErrors, ConfirmAfter, ContractConfig,
+    DetectionConfig, Diagnostic, DriftConfig, DrillConfig, EgressConfig, EmailConfig,
+    HeartbeatConfig, Loaded, MaintenanceConfig, Mention, ProbeConfig, ProviderConfig, ProxyConfig,
+    RegionConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig,
+    SwitchConfig, WebhookConfig, WecomConfig,
 };
 use crate::lang::Lang;
 use crate::route::{Capability, ProviderKind};
@@ -173,6 +173,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
                 d.rollup_retention_days,
                 1,
             ),
+            url_env: r.url_env,
         }
     };
 
@@ -349,6 +350,14 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             .collect(),
         heartbeat: heartbeat(ck, raw.heartbeat),
         drill: drill(ck, raw.drill),
+        cluster: ClusterConfig {
+            lease: duration(
+                ck,
+                "cluster.lease",
+                raw.cluster.lease,
+                ClusterConfig::default().lease,
+            ),
+        },
         source_map: map.clone(),
         env: crate::secret::Env::process(),
     }

@@ -1,7 +1,7 @@
 //! The TOML config (docs/configuration.md): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
 //! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
-//! [[contract]] [heartbeat] [drill]`. Other sections are rejected as unknown
+//! [[contract]] [heartbeat] [drill] [cluster]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -72,6 +72,8 @@ pub struct Config {
     pub heartbeat: HeartbeatConfig,
     /// `[drill]`: when planned traffic moves may start, and for how long at most.
     pub drill: DrillConfig,
+    /// `[cluster]`: several monitors on one PostgreSQL database, one of them leading.
+    pub cluster: ClusterConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -102,6 +104,7 @@ impl Default for Config {
             contracts: Vec::new(),
             heartbeat: HeartbeatConfig::default(),
             drill: DrillConfig::default(),
+            cluster: ClusterConfig::default(),
             source_map: SourceMap::default(),
             env: Env::process(),
         }
@@ -143,6 +146,9 @@ pub struct StorageConfig {
     pub retention_days: u32,
     /// Hourly and daily rollups (5-minute ones are kept 48 h regardless).
     pub rollup_retention_days: u32,
+    /// The environment variable holding a `postgres://` URL: when it is set, the store is
+    /// that database and monitors sharing it form a cluster. Unset: SQLite at `path`.
+    pub url_env: Option<String>,
 }
 
 impl Default for StorageConfig {
@@ -151,6 +157,7 @@ impl Default for StorageConfig {
             path: PathBuf::from("probeok.db"),
             retention_days: 14,
             rollup_retention_days: 400,
+            url_env: None,
         }
     }
 }
@@ -686,6 +693,22 @@ impl Default for HeartbeatConfig {
         Self {
             stale_after: Duration::from_secs(180),
             ping_url_env: None,
+        }
+    }
+}
+
+/// `[cluster]`: monitors sharing one PostgreSQL database elect one leader (see
+/// `docs/operations.md`); ignored with SQLite, where the monitor always leads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    /// A leader whose lease session is silent this long steps down and is replaced.
+    pub lease: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(10),
         }
     }
 }

@@ -51,6 +51,14 @@ pub(super) struct RawConfig {
     pub heartbeat: RawHeartbeat,
     #[serde(default)]
     pub drill: RawDrill,
+    #[serde(default)]
+    pub cluster: RawCluster,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCluster {
+    pub lease: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,6 +129,7 @@ pub(super) struct RawStorage {
     pub path: Option<String>,
     pub retention_days: Option<i64>,
     pub rollup_retention_days: Option<i64>,
+    pub url_env: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

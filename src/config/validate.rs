@@ -278,6 +278,16 @@ impl<'a> Checker<'a> {
         }
         self.at_least("storage.retention_days", s.retention_days, 1);
         self.at_least("storage.rollup_retention_days", s.rollup_retention_days, 1);
+        if let Some(name) = &s.url_env {
+            self.env_name("storage.url_env", name);
+        }
+        // The lease is checked every second: under 2 s one slow answer would end a term.
+        if c.cluster.lease < Duration::from_secs(2) {
+            self.error(
+                "cluster.lease",
+                "must be at least 2s (the lease is checked every second)",
+            );
+        }
     }
 
     fn probe(&mut self, c: &Config) {

@@ -151,6 +151,45 @@ impl Ctx {
     }
 }
 
+/// The heartbeat jobs [`spawn`] keeps for `config` (`["drift"]` when any set applies to any
+/// route), without starting it: a cluster member knows them before it first leads.
+pub fn jobs(config: &Config, routes: &[Route]) -> Result<Vec<&'static str>, String> {
+    let (_, pairs) = pairs(config, routes)?;
+    Ok(if pairs.is_empty() {
+        Vec::new()
+    } else {
+        vec![JOB]
+    })
+}
+
+/// The loaded sets and, per route with any, the sets that apply to it.
+#[allow(clippy::type_complexity)]
+fn pairs(
+    config: &Config,
+    routes: &[Route],
+) -> Result<(Vec<RegressionSet>, Vec<(Route, Vec<Arc<RegressionSet>>)>), String> {
+    let dir = config.drift_sets_dir();
+    let sets = if !config.drift.run_sets || (!dir.exists() && !config.drift.explicit) {
+        Vec::new()
+    } else {
+        super::load_dir(&dir).map_err(|e| e.to_string())?
+    };
+    let pairs = routes
+        .iter()
+        .map(|r| {
+            let mine: Vec<Arc<RegressionSet>> = sets
+                .iter()
+                .filter(|s| s.applies(r))
+                .cloned()
+                .map(Arc::new)
+                .collect();
+            (r.clone(), mine)
+        })
+        .filter(|(_, s)| !s.is_empty())
+        .collect();
+    Ok((sets, pairs))
+}
+
 /// Loads the sets of `[drift] sets` and starts the runner. No folder (and no `[drift]`
 /// section naming one), or `run_sets` off ([`crate::config::DriftConfig::no_sets`]), means no
 /// sets: the runner publishes an empty snapshot and idles.
@@ -164,25 +203,8 @@ pub async fn spawn(
     options: RunnerOptions,
     shutdown: CancellationToken,
 ) -> Result<DriftHandle, String> {
+    let (sets, pairs) = pairs(config, routes)?;
     let dir = config.drift_sets_dir();
-    let sets = if !config.drift.run_sets || (!dir.exists() && !config.drift.explicit) {
-        Vec::new()
-    } else {
-        super::load_dir(&dir).map_err(|e| e.to_string())?
-    };
-    let pairs: Vec<(Route, Vec<Arc<RegressionSet>>)> = routes
-        .iter()
-        .map(|r| {
-            let mine: Vec<Arc<RegressionSet>> = sets
-                .iter()
-                .filter(|s| s.applies(r))
-                .cloned()
-                .map(Arc::new)
-                .collect();
-            (r.clone(), mine)
-        })
-        .filter(|(_, s)| !s.is_empty())
-        .collect();
 
     // Each pair's own history, from the store (replayed, so a frozen baseline is rebuilt).
     let keep = History::new(options.compare.clone()).replay_window();

@@ -51,16 +51,29 @@ pub enum AlertOp {
         firing: Vec<FiringRow>,
         resolved: Vec<String>,
     },
+    /// Takes a pending row due at `now` for one member's attempt: its `next_attempt_ms`
+    /// moves to `until`, so no other member sharing the database finds it due until then
+    /// (nor this one: the claim's expiry is its owner's mark). Answers 1 when claimed, 0 when
+    /// the row is no longer pending or already claimed — by one statement, so two members
+    /// never both win it.
+    Claim {
+        id: i64,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    },
     Delivered {
         id: i64,
         at: DateTime<Utc>,
     },
-    /// A failed attempt: count it (or not, when only deferred) and wait until `next`.
+    /// A failed attempt: count it (or not, when only deferred) and wait until `next`. With
+    /// `claim`, only while the row is still under that claim (one that expired and was taken
+    /// by another member is theirs to settle).
     Retry {
         id: i64,
         count_attempt: bool,
         next: DateTime<Utc>,
         error: Option<String>,
+        claim: Option<DateTime<Utc>>,
     },
     /// Past its maximum age (or for a channel that no longer exists): given up.
     Dropped {
@@ -107,6 +120,13 @@ pub(crate) fn apply(conn: &Connection, op: &AlertOp) -> Result<u64, StoreError> 
             }
             Ok(n)
         }
+        AlertOp::Claim { id, now, until } => Ok(conn
+            .prepare_cached(
+                "UPDATE alert_outbox SET next_attempt_ms = ?3
+                 WHERE id = ?1 AND status = 'pending' AND next_attempt_ms <= ?2",
+            )?
+            .execute(params![id, to_ms(*now), to_ms(*until)])?
+            as u64),
         AlertOp::Delivered { id, at } => Ok(conn
             .prepare_cached(
                 "UPDATE alert_outbox SET status = 'delivered', attempts = attempts + 1,
@@ -119,14 +139,20 @@ pub(crate) fn apply(conn: &Connection, op: &AlertOp) -> Result<u64, StoreError> 
             count_attempt,
             next,
             error,
+            claim,
         } => Ok(conn
             .prepare_cached(
                 "UPDATE alert_outbox SET attempts = attempts + ?2, next_attempt_ms = ?3,
                      last_error = coalesce(?4, last_error)
-                 WHERE id = ?1 AND status = 'pending'",
+                 WHERE id = ?1 AND status = 'pending' AND (?5 IS NULL OR next_attempt_ms = ?5)",
             )?
-            .execute(params![id, i64::from(*count_attempt), to_ms(*next), error])?
-            as u64),
+            .execute(params![
+                id,
+                i64::from(*count_attempt),
+                to_ms(*next),
+                error,
+                claim.map(to_ms)
+            ])? as u64),
         AlertOp::Dropped { id, at, error } => Ok(conn
             .prepare_cached(
                 "UPDATE alert_outbox SET status = 'dropped', done_ms = ?2, last_error = ?3

@@ -585,6 +585,17 @@ fn pct(ratio: f64) -> u8 {
     }
 }
 
+/// What the controller shows before it runs (every model idle): a cluster member publishes
+/// it until it first leads.
+pub fn idle_status(
+    routes: &[Route],
+    cfg: &SwitchConfig,
+    budget: &Budget,
+    now: DateTime<Utc>,
+) -> SwitchStatus {
+    status_of(&machines(routes, cfg), budget, now)
+}
+
 /// Builds one machine per logical model that has primaries and backups (config order).
 pub fn machines(routes: &[Route], cfg: &SwitchConfig) -> Vec<Machine> {
     let mut by_model: BTreeMap<&str, (Vec<RouteId>, usize)> = BTreeMap::new();

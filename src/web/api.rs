@@ -206,6 +206,8 @@ struct RouteView<'a> {
 struct StatusView<'a> {
     generated_at: String,
     overall: &'static str,
+    /// This monitor's role in its cluster: `leader` (always, with SQLite) or `follower`.
+    role: &'static str,
     routes: Vec<RouteView<'a>>,
     /// The hourly extra-cost budget, when the switch controller runs.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -371,6 +373,7 @@ pub fn status_bytes(
         &HashMap::new(),
         None,
         &StatusFilter::default(),
+        crate::cluster::Role::Leader,
     )
 }
 
@@ -383,9 +386,11 @@ pub fn status_bytes_with(
     breakers: &HashMap<RouteId, &'static str>,
     budget: Option<crate::budget::BudgetSnapshot>,
     filter: &StatusFilter,
+    role: crate::cluster::Role,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let mut view = status_view(routes, health, figures, now, breakers, filter);
     view.budget = budget;
+    view.role = role.as_str();
     serde_json::to_vec(&view)
 }
 
@@ -471,6 +476,7 @@ fn status_view<'a>(
     StatusView {
         generated_at: rfc3339(now),
         overall: overall(routes, health),
+        role: crate::cluster::Role::Leader.as_str(),
         routes: views,
         budget: None,
     }
@@ -560,8 +566,9 @@ pub async fn status(
         .map(|b| (b.route, b.state.as_str()))
         .collect();
     let budget = state.metrics.budget().map(|b| b.snapshot());
+    let role = state.metrics.role();
     let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        status_bytes_with(&routes, &health, &figures, now, &breakers, budget, &filter)
+        status_bytes_with(&routes, &health, &figures, now, &breakers, budget, &filter, role)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))
     })
     .await??;

@@ -155,6 +155,10 @@ pub struct Metrics {
     /// `probeok_store_lag_seconds`, read at scrape time (and by `/readyz`).
     store_lag: OnceLock<Arc<crate::lag::StoreLag>>,
     store_lag_gauge: Gauge<f64, AtomicU64>,
+    /// `probeok_cluster_leader`: 1 while this member leads (always, with SQLite).
+    cluster_leader: Gauge,
+    /// The member's role in its cluster; `None`: a lone monitor, always the leader.
+    role: OnceLock<crate::cluster::RoleRx>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -194,6 +198,13 @@ impl Metrics {
             let _ = reloads.get_or_create(&ReloadLabels { result });
         }
         let reload_ok = Gauge::default();
+        let cluster_leader = Gauge::default();
+        cluster_leader.set(1);
+        registry.register(
+            "cluster_leader",
+            "1 while this monitor leads its cluster (always with SQLite), 0 while it follows",
+            cluster_leader.clone(),
+        );
         let reload_ok_at = Gauge::<f64, AtomicU64>::default();
         let store_lag_gauge = Gauge::<f64, AtomicU64>::default();
         registry.register(
@@ -322,6 +333,8 @@ impl Metrics {
             drills: OnceLock::new(),
             store_lag: OnceLock::new(),
             store_lag_gauge,
+            cluster_leader,
+            role: OnceLock::new(),
         }
     }
 
@@ -334,6 +347,18 @@ impl Metrics {
     /// The attached store lag, if the recorder runs in this process.
     pub fn store_lag(&self) -> Option<&Arc<crate::lag::StoreLag>> {
         self.store_lag.get()
+    }
+
+    /// The member's role, for `/metrics`, `/readyz` and `/api/v1/status`. The first call wins.
+    pub fn attach_role(&self, role: crate::cluster::RoleRx) {
+        let _ = self.role.set(role);
+    }
+
+    /// This member's role now: the leader unless a cluster says otherwise.
+    pub fn role(&self) -> crate::cluster::Role {
+        self.role
+            .get()
+            .map_or(crate::cluster::Role::Leader, |r| *r.borrow())
     }
 
     /// One config load: the start (not counted as a reload) or a reload.
@@ -489,6 +514,7 @@ impl Metrics {
             .flat_map(|m| &m.entries)
             .map(|e| (&e.route, e.weight))
             .collect();
+        self.cluster_leader.set(i64::from(self.role().is_leader()));
         for id in &self.order {
             let Some((labels, serves)) = self.routes.get(id) else {
                 continue;

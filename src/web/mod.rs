@@ -179,13 +179,15 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         Ok(Err(e)) => problems.push(format!("cannot read heartbeats: {e}")),
         Err(e) => problems.push(format!("cannot read heartbeats: {e}")),
     }
+    let role = state.metrics.role().as_str();
     if problems.is_empty() {
-        Json(json!({"status": "ready"})).into_response()
+        Json(json!({"status": "ready", "role": role})).into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({
                 "status": "not_ready",
+                "role": role,
                 "problems": problems,
                 "stale_jobs": stale_jobs,
                 "stale_after_s": stale_after.as_secs(),

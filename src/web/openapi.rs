@@ -233,10 +233,12 @@ fn core_schemas() -> Value {
             }
         },
         "Status": {
-            "type": "object", "required": ["generated_at", "overall", "routes"],
+            "type": "object", "required": ["generated_at", "overall", "role", "routes"],
             "properties": {
                 "generated_at": {"type": "string", "format": "date-time"},
                 "overall": {"type": "string", "enum": ["operational", "degraded", "outage"]},
+                "role": {"type": "string", "enum": ["leader", "follower"],
+                    "description": "This monitor's role in its cluster (always `leader` with SQLite)"},
                 "routes": {"type": "array", "items": {"$ref": "#/components/schemas/RouteStatus"}}
             }
         },
@@ -334,6 +336,7 @@ fn core_schemas() -> Value {
             }
         },
         "Health": {"type": "object", "properties": {"status": {"type": "string"},
+            "role": {"type": "string", "enum": ["leader", "follower"], "description": "`/readyz`: this monitor's role in its cluster"},
             "problems": {"type": "array", "items": {"type": "string"}},
             "stale_jobs": {"type": "array", "description": "Jobs silent for `[heartbeat] stale_after` (503 only)",
                 "items": {"$ref": "#/components/schemas/StaleJob"}},

@@ -11,11 +11,14 @@
 //! - [`pages`]: a served monitor with routes in every state and 90 days of history, for the
 //!   page and browser tests.
 //! - [`scale`]: a served monitor with a thousand routes and 90 days of history.
+//! - [`cluster`]: a database of the test's own on the PostgreSQL server of
+//!   `PROBEOK_TEST_PG_URL`, for the monitor pair's lease.
 
 #![allow(dead_code, unused_imports)]
 
 pub mod alerts;
 pub mod app;
+pub mod cluster;
 pub mod pages;
 pub mod scale;
 pub mod upstream;

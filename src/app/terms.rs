@@ -1,0 +1,261 @@
+//! A monitor's terms in its cluster ([`crate::cluster::terms`] runs them one at a time).
+//!
+//! - **Leader**: detection judges and stores (restored from the store at the start of the
+//!   term, so it continues from what the previous leader stored), and the scheduler, alerts
+//!   (engine and deliveries), the switch controller, drills, retention and regression runs
+//!   run. All of it stops, drained, when the term ends.
+//! - **Follower**: a detection service restored from the store re-reads the stored route
+//!   states every [`FOLLOW_EVERY`] and publishes them; nothing is probed, judged or sent.
+//!
+//! What every member serves — pages, API, weights, `/metrics`, ingest, its proxy — reads the
+//! member's stable watches (health, drift, switch overrides and status), which each term
+//! publishes into.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::health::service::{HealthOptions, HealthService};
+use crate::health::{HealthEvent, HealthSnapshot};
+use crate::probe::client::ProbeClient;
+use crate::probe::ProbeOutcome;
+use crate::route::Route;
+use crate::scheduler::{self, SchedulerEvent, SchedulerOptions};
+use crate::store::Store;
+
+/// How often a follower re-reads the stored route states (it is at most this plus the
+/// leader's save period behind the leader).
+pub const FOLLOW_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the leader saves changed route states when other members follow them (alone,
+/// detection's own default applies: states are saved for restarts only).
+pub const CLUSTER_SAVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Where stored outcomes go to be judged: the current leader term's detection, or nowhere
+/// while this member follows.
+pub(super) type DetectSlot = Arc<Mutex<Option<mpsc::Sender<ProbeOutcome>>>>;
+
+/// What every term needs of the member; shared by the terms, outliving each.
+pub(super) struct Member {
+    pub config: Config,
+    pub routes: Arc<Vec<Route>>,
+    pub store: Store,
+    pub clock: Arc<dyn Clock>,
+    pub client: ProbeClient,
+    pub health_options: HealthOptions,
+    pub events: broadcast::Sender<HealthEvent>,
+    pub health: watch::Sender<Arc<HealthSnapshot>>,
+    pub detect: DetectSlot,
+    pub alerts: Arc<crate::alert::AlertService>,
+    pub drift: watch::Sender<Arc<crate::drift::DriftSnapshot>>,
+    pub overrides: watch::Sender<Arc<crate::weights::Overrides>>,
+    pub switch: watch::Sender<Arc<crate::switch::SwitchStatus>>,
+    pub budget: Arc<crate::budget::Budget>,
+    pub drills: crate::drill::DrillService,
+    pub weights: crate::weights::WeightsRx,
+    pub pulses: crate::heartbeat::Pulses,
+    pub shutdown: CancellationToken,
+}
+
+/// Forwards every stored outcome to the current leader term's detection; at the end (every
+/// sender gone, at shutdown) it closes the slot so that term's detection drains and stops.
+pub(super) async fn dispatch(mut outcomes: mpsc::Receiver<ProbeOutcome>, slot: DetectSlot) {
+    while let Some(outcome) = outcomes.recv().await {
+        let tx = slot.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match tx {
+            Some(tx) => {
+                if let Err(e) = tx.send(outcome).await {
+                    tracing::debug!(route = %e.0.route, "detection's term has ended; outcome stored, not judged");
+                }
+            }
+            None => {
+                tracing::debug!(route = %outcome.route, "this member follows: outcome stored, judged only by a leader that receives it")
+            }
+        }
+    }
+    slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
+
+/// The member's detection for a new term: `first` (restored at the start) or a fresh
+/// restore from the store, retried every second until `token` ends the term.
+async fn detection(
+    m: &Member,
+    first: Option<HealthService>,
+    token: &CancellationToken,
+) -> Option<HealthService> {
+    if let Some(h) = first {
+        return Some(h);
+    }
+    loop {
+        match HealthService::restore(
+            &m.config,
+            m.health_options.clone(),
+            &m.store,
+            m.clock.clone(),
+            m.events.clone(),
+        )
+        .await
+        {
+            Ok(h) => return Some(h),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot restore detection from the store; retrying")
+            }
+        }
+        tokio::select! {
+            _ = token.cancelled() => return None,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// A follower's term: the stored judgements published until the term ends.
+pub(super) async fn follow(m: Arc<Member>, first: Option<HealthService>, token: CancellationToken) {
+    let Some(mut health) = detection(&m, first, &token).await else {
+        return;
+    };
+    health.publish_into(m.health.clone());
+    tracing::info!(
+        "follower: serving the leader's stored judgements; not probing, judging or alerting"
+    );
+    health.follow(m.store.clone(), FOLLOW_EVERY, token).await;
+}
+
+/// A leader's term: everything only one member may do, started now and stopped (each task
+/// drained) when `token` ends the term.
+pub(super) async fn lead(
+    m: Arc<Member>,
+    first: Option<HealthService>,
+    scheduled: mpsc::Sender<SchedulerEvent>,
+    token: CancellationToken,
+) {
+    let Some(mut health) = detection(&m, first, &token).await else {
+        return;
+    };
+    health.publish_into(m.health.clone());
+    let commands = health.commands();
+    // Confirmation probes: detection asks the scheduler to probe an abnormal route again soon.
+    let confirms = health.confirmations();
+    let (inputs_tx, inputs) = mpsc::channel(super::DETECTION_QUEUE);
+    *m.detect.lock().unwrap_or_else(|e| e.into_inner()) = Some(inputs_tx);
+    // Alerts subscribe before detection can publish anything, so no event is missed.
+    let alert_events = m.events.subscribe();
+    let health_task = tokio::spawn(health.run(inputs, token.clone()));
+    let mut tasks: Vec<JoinHandle<()>> = vec![tokio::spawn(crate::alert::run(
+        m.alerts.clone(),
+        alert_events,
+        token.clone(),
+    ))];
+    tasks.push(tokio::spawn(scheduler::run_with_confirmations(
+        m.routes.iter().cloned().map(Arc::new).collect(),
+        Arc::new(m.client.clone()),
+        m.clock.clone(),
+        scheduled,
+        SchedulerOptions {
+            max_confirmations: m.config.detection.degraded_after,
+            ..SchedulerOptions::default()
+        },
+        confirms,
+        token.clone(),
+    )));
+    tasks.push(tokio::spawn(super::retention(
+        m.store.writer(),
+        m.clock.clone(),
+        m.config.storage.retention_days,
+        m.config.storage.rollup_retention_days,
+        token.clone(),
+    )));
+    // Drift: regression sets on their own schedule (heartbeat job "drift"), its findings
+    // into the member's watch and, opened and closed, to the alert engine.
+    match crate::drift::spawn(
+        &m.config,
+        &m.routes,
+        m.client.clone(),
+        m.store.clone(),
+        m.clock.clone(),
+        crate::drift::RunnerOptions::default(),
+        token.clone(),
+    )
+    .await
+    {
+        Ok(drift) => {
+            tasks.push(relay(drift.rx.clone(), m.drift.clone(), token.clone()));
+            tasks.push(crate::drift::events::spawn(
+                drift.rx,
+                m.events.clone(),
+                m.clock.clone(),
+                token.clone(),
+            ));
+            tasks.push(drift.task);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "drift: the regression sets are unusable; no regression runs this term")
+        }
+    }
+    // The switch controller: SWITCHED through this term's detection, its overrides into the
+    // weights, its status on `/metrics`, the status page and `GET /api/v1/switches`.
+    let switch = crate::switch::spawn(
+        crate::switch::Driver {
+            routes: m.routes.clone(),
+            cfg: m.config.switch.clone(),
+            health: m.health.subscribe(),
+            commands,
+            budget: m.budget.clone(),
+            prober: Arc::new(m.client.clone()),
+            store: m.store.clone(),
+            events: m.events.clone(),
+            clock: m.clock.clone(),
+            tick: Duration::from_secs(1),
+            pulse: Some(m.pulses.pulse(crate::heartbeat::SWITCH)),
+        },
+        token.clone(),
+    );
+    tasks.push(relay(switch.overrides, m.overrides.clone(), token.clone()));
+    tasks.push(relay(switch.status, m.switch.clone(), token.clone()));
+    tasks.push(switch.task);
+    tasks.push(m.drills.spawn(
+        Some(m.weights.clone()),
+        Some(m.pulses.pulse(crate::heartbeat::DRILLS)),
+        token.clone(),
+    ));
+    tracing::info!("leader: probing, judging, alerting, switching, drills, retention and regression runs started");
+
+    token.cancelled().await;
+    if !m.shutdown.is_cancelled() {
+        // Outcomes arriving from now on are stored, and judged by a leader that gets them; at
+        // shutdown the slot stays until the queues have drained into this detection.
+        m.detect.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+    for t in tasks {
+        if let Err(e) = t.await {
+            tracing::error!(error = %e, "a leader-only task panicked");
+        }
+    }
+    if let Err(e) = health_task.await {
+        tracing::error!(error = %e, "detection panicked");
+    }
+    if !m.shutdown.is_cancelled() {
+        tracing::info!("leader-only work stopped");
+    }
+}
+
+/// Copies a term's watch into the member's until the term ends (or the source is gone).
+fn relay<T: Clone + Send + Sync + 'static>(
+    mut from: watch::Receiver<T>,
+    to: watch::Sender<T>,
+    token: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            to.send_replace(from.borrow_and_update().clone());
+            tokio::select! {
+                _ = token.cancelled() => return,
+                changed = from.changed() => if changed.is_err() { return },
+            }
+        }
+    })
+}
