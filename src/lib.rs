@@ -86,6 +86,9 @@
 //!   file, the live sections published on the live-config `watch` channel
 //!   ([`reload::LiveConfig`]), the rest reported as `restart_required`. The checks and
 //!   counters of the layers above (alert channels, metrics) are handed in by the wiring.
+//! - [`trace`]: OpenTelemetry traces — W3C trace context and head sampling
+//!   (`trace::context`, pure), spans built from what a request or probe recorded
+//!   (`trace::span`), the bounded OTLP/HTTP export queue with its drop count (`trace::export`).
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //!
@@ -161,6 +164,7 @@ pub mod reload;
 pub mod scheduler;
 pub mod sim;
 pub mod switch;
+pub mod trace;
 pub mod weights;
 
 // Surfaces.

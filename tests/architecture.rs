@@ -54,6 +54,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("sim", Layer::Domain),
     ("demo", Layer::Domain),
     ("reload", Layer::Domain),
+    ("trace", Layer::Domain),
     ("alert", Layer::Surface),
     ("web", Layer::Surface),
     ("proxy", Layer::Surface),

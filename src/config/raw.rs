@@ -51,6 +51,16 @@ pub(super) struct RawConfig {
     pub heartbeat: RawHeartbeat,
     #[serde(default)]
     pub drill: RawDrill,
+    #[serde(default)]
+    pub tracing: RawTracing,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTracing {
+    pub otlp_endpoint_env: Option<String>,
+    pub service_name: Option<String>,
+    pub sample_ratio: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
