@@ -58,6 +58,8 @@ pub enum AppError {
     Drill(String),
     #[error("proxy: {0}")]
     Proxy(#[from] crate::proxy::ProxyError),
+    #[error("tracing: {0}")]
+    Trace(#[from] crate::trace::TraceError),
     #[error("a task panicked: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
@@ -174,6 +176,9 @@ pub async fn start_with(
     );
 
     let metrics = Arc::new(web::Metrics::new(&routes));
+    // Spans of probes and proxied requests, when `[tracing] otlp_endpoint_env` is set.
+    let tracer = crate::trace::Tracer::from_env(&config.tracing)?;
+    metrics.attach_tracer(tracer.clone());
     let (sched_tx, sched_rx) = mpsc::channel(1024);
     let scheduler_task = tokio::spawn(scheduler::run_with_confirmations(
         routes.iter().cloned().map(Arc::new).collect(),
@@ -193,6 +198,7 @@ pub async fn start_with(
         store.writer(),
         detect_tx.clone(),
         metrics.clone(),
+        tracer.clone(),
     ));
     let retention_task = tokio::spawn(retention(
         store.writer(),
@@ -283,6 +289,7 @@ pub async fn start_with(
             store: Some(store.clone()),
             clock: clock.clone(),
             live: Some(live.receiver()),
+            tracer: tracer.clone(),
             ..crate::proxy::ProxyOptions::default()
         };
         let proxy =
@@ -437,11 +444,13 @@ async fn record(
     writer: Writer,
     detect: mpsc::Sender<ProbeOutcome>,
     metrics: Arc<web::Metrics>,
+    tracer: crate::trace::Tracer,
 ) {
     while let Some(event) = events.recv().await {
         let result = match event {
             SchedulerEvent::Outcome(outcome) => {
                 metrics.observe_outcome(&outcome);
+                tracer.probe(&outcome);
                 let stored = writer.record(outcome.clone()).await;
                 to_detection(&detect, outcome).await;
                 stored

@@ -128,6 +128,8 @@ pub struct Metrics {
     reload_ok_at: Gauge<f64, AtomicU64>,
     /// The active drills, for the status page.
     drills: OnceLock<crate::drill::DrillRx>,
+    /// `probeok_trace_spans_dropped_total`, read from the tracer at scrape time.
+    trace: crate::trace::TraceStats,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -240,6 +242,8 @@ impl Metrics {
         );
         let proxy = crate::proxy::export::ProxySlot::default();
         registry.register_collector(Box::new(proxy.clone()));
+        let trace = crate::trace::TraceStats::default();
+        registry.register_collector(Box::new(trace.clone()));
         let labels = |r: &Route| RouteLabels {
             provider: r.provider.clone(),
             region: r.region.clone(),
@@ -271,6 +275,7 @@ impl Metrics {
             reload_ok,
             reload_ok_at,
             drills: OnceLock::new(),
+            trace,
         }
     }
 
@@ -329,6 +334,11 @@ impl Metrics {
     /// on `/api/v1/status`.
     pub fn attach_proxy(&self, stats: crate::proxy::ProxyStats) {
         self.proxy.attach(stats);
+    }
+
+    /// The tracer whose dropped spans `/metrics` counts (the first call wins).
+    pub fn attach_tracer(&self, tracer: crate::trace::Tracer) {
+        self.trace.attach(tracer);
     }
 
     /// The attached proxy, if any.
