@@ -514,3 +514,141 @@ async fn probes_are_spans_of_their_own() {
     let raw = String::from_utf8_lossy(&received.raw()).into_owned();
     assert!(!raw.contains(ANSWER));
 }
+
+/// One metered request with one attempt at `route`.
+fn metered(
+    route: &str,
+    at: chrono::DateTime<chrono::Utc>,
+    attempt: &str,
+    trace: Option<String>,
+) -> probeok::store::RequestRecord {
+    probeok::store::RequestRecord {
+        request_id: format!("req-{}", rand_suffix()),
+        serves: "chat".into(),
+        started_at: at,
+        route: Some(route.into()),
+        outcome: if attempt == "ok" { "ok" } else { "failed" }.into(),
+        status: if attempt == "ok" { 200 } else { 503 },
+        stream: false,
+        fallback_reason: None,
+        prompt_tokens: None,
+        completion_tokens: None,
+        cost: None,
+        currency: None,
+        latency_ms: 12.0,
+        attempts: vec![probeok::store::AttemptRecord {
+            n: 1,
+            route: route.into(),
+            reason: (attempt != "ok").then(|| "http_503".into()),
+            status_class: if attempt == "ok" { "2xx" } else { "5xx" }.into(),
+            status: Some(if attempt == "ok" { 200 } else { 503 }),
+            ttfb_ms: Some(5.0),
+            latency_ms: 12.0,
+            prompt_tokens: None,
+            completion_tokens: None,
+            cost: None,
+            outcome: attempt.into(),
+        }],
+        contract: None,
+        trace_id: trace,
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// An outage of `route` through the detector, stored the way the health service stores it.
+async fn record_outage(store: &Store, route: &str, start: chrono::DateTime<chrono::Utc>) {
+    use probeok::config::DetectionConfig;
+    use probeok::health::{Baseline, Detector};
+    let cfg = DetectionConfig::default();
+    let det = Detector::new(&cfg);
+    let r = common::app::id(route);
+    let mut h = det.route(r.clone(), start);
+    let mut b = Baseline::new(r.clone(), &cfg);
+    let w = store.writer();
+    for s in (0..=1200).step_by(30) {
+        let t = start + chrono::Duration::seconds(s);
+        let o = common::app::outcome(route, OutcomeKind::Probe, t, s > 60, 1100.0);
+        if let Some(tr) = det.ingest(&mut h, &mut b, &o, t) {
+            let incident = tr.incident_id.as_deref().and_then(|iid| {
+                h.incident()
+                    .filter(|i| i.id == iid)
+                    .or(h.last_closed().filter(|i| i.id == iid))
+            });
+            w.record_transition(&tr, incident, &h).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn incidents_list_their_failed_requests_trace_ids_in_the_admin_view_only() {
+    const QWEN: &str = "qwen/cn/qwen-max";
+    const OTHER: &str = "ds/cn/v3";
+    let routes: &[common::app::Spec<'static>] = &[
+        ("qwen", "cn", "qwen-max", "chat", "primary", 100),
+        ("ds", "cn", "v3", "chat", "backup", 100),
+    ];
+    let now = common::app::at("2026-03-04T12:00:00Z");
+    let mut h = common::app::Harness::new(routes, now).await;
+    h.state.incidents = Arc::new(probeok::web::StoreIncidents);
+    // An admin token the test process already has, so no variable is set here.
+    let mut config = (*h.state.config.current()).clone();
+    config.server.admin_token_env = "CARGO_PKG_NAME".into();
+    h.state.config = Arc::new(config).into();
+    record_outage(&h.store, QWEN, now - chrono::Duration::hours(3)).await;
+    let s = h.serve().await;
+    let http = reqwest::Client::new();
+    let get = |token: Option<&str>| {
+        let mut req = http.get(s.url("/api/v1/incidents"));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (_, v) = get(None).await;
+    let incident = v["incidents"][0].clone();
+    let opened = common::app::at(incident["opened_at"].as_str().unwrap());
+    let inside = opened + chrono::Duration::seconds(1);
+
+    let w = h.store.writer();
+    let mut want = Vec::new();
+    for i in 0..22 {
+        let trace = format!("{:032x}", 0xabc000 + i);
+        let at = inside + chrono::Duration::milliseconds(i64::from(i));
+        w.record_request(metered(QWEN, at, "failed", Some(trace.clone())))
+            .await
+            .unwrap();
+        want.push(trace);
+    }
+    // Not listed: a request that succeeded there, one that failed elsewhere, one before the
+    // incident, one without a trace.
+    for r in [
+        metered(QWEN, inside, "ok", Some(format!("{:032x}", 1))),
+        metered(OTHER, inside, "failed", Some(format!("{:032x}", 2))),
+        metered(QWEN, opened - chrono::Duration::hours(1), "failed", Some(format!("{:032x}", 3))),
+        metered(QWEN, inside, "failed", None),
+    ] {
+        w.record_request(r).await.unwrap();
+    }
+
+    let (code, v) = get(None).await;
+    assert_eq!(code, 200);
+    assert!(v["incidents"][0].get("trace_ids").is_none(), "public view: {v}");
+    let (code, _) = get(Some("wrong-token")).await;
+    assert_eq!(code, 401);
+    let (code, v) = get(Some(env!("CARGO_PKG_NAME"))).await;
+    assert_eq!(code, 200, "{v}");
+    let ids: Vec<String> = (v["incidents"][0]["trace_ids"].as_array().unwrap().iter())
+        .map(|t| t.as_str().unwrap().to_owned())
+        .collect();
+    want.reverse();
+    want.truncate(probeok::web::api::INCIDENT_TRACES);
+    assert_eq!(ids, want, "the 20 newest failed requests inside the incident");
+}

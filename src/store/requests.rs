@@ -354,6 +354,37 @@ impl Reader {
         Ok(out)
     }
 
+    /// The trace ids of up to `limit` traced requests, newest first, with an attempt at
+    /// `route` that failed or broke between `from` and `to` (open end: until now): the
+    /// requests that fell inside an incident of that route.
+    pub fn failed_request_traces(
+        &self,
+        route: &str,
+        from: DateTime<Utc>,
+        to: Option<DateTime<Utc>>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT r.trace_id FROM proxy_requests r
+             WHERE r.trace_id IS NOT NULL AND r.started_at_ms >= ?2
+               AND (?3 IS NULL OR r.started_at_ms <= ?3)
+               AND EXISTS (SELECT 1 FROM proxy_attempts a
+                           WHERE a.request_pk = r.id AND a.route = ?1
+                             AND a.outcome IN ('failed', 'interrupted'))
+             ORDER BY r.started_at_ms DESC, r.id DESC LIMIT ?4",
+        )?;
+        let rows = stmt.query_map(
+            params![
+                route,
+                to_ms(from),
+                to.map(to_ms),
+                i64::try_from(limit).unwrap_or(i64::MAX)
+            ],
+            |r| r.get(0),
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// The stored answer to `scope_key`, unless it expired by `now`.
     pub fn idempotent(
         &self,
