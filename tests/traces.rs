@@ -289,7 +289,10 @@ async fn a_failover_joins_the_callers_trace_with_one_span_per_attempt() {
     let upstream_parent = |reqs: &Requests| {
         let c = reqs.last();
         assert_eq!(c.header("tracestate"), Some("acme=1"));
-        let tp = c.header("traceparent").expect("traceparent upstream").to_owned();
+        let tp = c
+            .header("traceparent")
+            .expect("traceparent upstream")
+            .to_owned();
         let parts: Vec<&str> = tp.split('-').collect();
         assert_eq!((parts[0], parts[1], parts[3]), ("00", CALLER_TRACE, "01"));
         parts[2].to_owned()
@@ -320,8 +323,14 @@ async fn a_failover_joins_the_callers_trace_with_one_span_per_attempt() {
     assert_eq!(attr(request, "probeok.outcome").as_deref(), Some("ok"));
     assert_eq!(attr(request, "probeok.route").as_deref(), Some("p1/r/up-1"));
     assert_eq!(attr(request, "probeok.attempt").as_deref(), Some("2"));
-    assert_eq!(attr(request, "gen_ai.request.model").as_deref(), Some("chat"));
-    assert_eq!(attr(request, "gen_ai.usage.output_tokens").as_deref(), Some("3"));
+    assert_eq!(
+        attr(request, "gen_ai.request.model").as_deref(),
+        Some("chat")
+    );
+    assert_eq!(
+        attr(request, "gen_ai.usage.output_tokens").as_deref(),
+        Some("3")
+    );
 
     let mut attempts: Vec<&Span> = spans
         .iter()
@@ -344,21 +353,37 @@ async fn a_failover_joins_the_callers_trace_with_one_span_per_attempt() {
         attr(first, "probeok.failover_reason").as_deref(),
         Some("http_503")
     );
-    assert_eq!(attr(first, "http.response.status_code").as_deref(), Some("503"));
+    assert_eq!(
+        attr(first, "http.response.status_code").as_deref(),
+        Some("503")
+    );
     assert_eq!(attr(first, "gen_ai.system").as_deref(), Some("p0"));
     assert_eq!(attr(first, "gen_ai.request.model").as_deref(), Some("up-0"));
-    assert_eq!(first.status.as_ref().map(|s| s.code), Some(2), "error status");
+    assert_eq!(
+        first.status.as_ref().map(|s| s.code),
+        Some(2),
+        "error status"
+    );
     assert_eq!(attr(second, "probeok.outcome").as_deref(), Some("ok"));
     assert_eq!(attr(second, "probeok.failover_reason"), None);
-    assert_eq!(attr(second, "gen_ai.request.model").as_deref(), Some("up-1"));
-    assert_eq!(attr(second, "gen_ai.usage.output_tokens").as_deref(), Some("3"));
+    assert_eq!(
+        attr(second, "gen_ai.request.model").as_deref(),
+        Some("up-1")
+    );
+    assert_eq!(
+        attr(second, "gen_ai.usage.output_tokens").as_deref(),
+        Some("3")
+    );
     assert_eq!(received.service_names()[0], "probeok-test");
 
     // No prompt or answer text anywhere in what was exported.
     let raw = String::from_utf8_lossy(&received.raw()).into_owned();
     assert!(!raw.contains(PROMPT) && !raw.contains(ANSWER));
 
-    assert_eq!(metered_trace_ids(&px, 1).await, vec![Value::from(CALLER_TRACE)]);
+    assert_eq!(
+        metered_trace_ids(&px, 1).await,
+        vec![Value::from(CALLER_TRACE)]
+    );
 }
 
 #[tokio::test]
@@ -409,7 +434,8 @@ async fn a_dead_collector_costs_requests_nothing_and_drops_are_counted() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let tracer = Tracer::to_collector(&format!("http://{dead}"), &TracingConfig::default()).unwrap();
+    let tracer =
+        Tracer::to_collector(&format!("http://{dead}"), &TracingConfig::default()).unwrap();
     let (b, _) = answering().await;
     let px = start(&[&b], tracer.clone()).await;
     for _ in 0..5 {
@@ -454,7 +480,10 @@ async fn an_unsampled_caller_is_continued_but_not_exported() {
     let unsampled = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-00");
     let r = post(&px, chat(false), Some(&unsampled)).await;
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["traceresponse"].to_str().unwrap().ends_with("-00"));
+    assert!(r.headers()["traceresponse"]
+        .to_str()
+        .unwrap()
+        .ends_with("-00"));
     let tp = b_reqs.last().header("traceparent").unwrap().to_owned();
     assert!(tp.starts_with(&format!("00-{CALLER_TRACE}-")) && tp.ends_with("-00"));
     // A probe is exported meanwhile: once it arrived, the request's spans would have too.
@@ -467,7 +496,10 @@ async fn an_unsampled_caller_is_continued_but_not_exported() {
     let spans = received.spans();
     assert_eq!(spans.len(), 1, "only the probe: {spans:#?}");
     assert_eq!(attr(&spans[0], "probeok.kind").as_deref(), Some("probe"));
-    assert_eq!(metered_trace_ids(&px, 1).await, vec![Value::from(CALLER_TRACE)]);
+    assert_eq!(
+        metered_trace_ids(&px, 1).await,
+        vec![Value::from(CALLER_TRACE)]
+    );
 }
 
 fn probe_outcome() -> ProbeOutcome {
@@ -508,7 +540,10 @@ async fn probes_are_spans_of_their_own() {
     assert_eq!(attr(s, "probeok.kind").as_deref(), Some("probe"));
     assert_eq!(attr(s, "probeok.route").as_deref(), Some("acme/us/m-1"));
     assert_eq!(attr(s, "probeok.outcome").as_deref(), Some("ok"));
-    assert_eq!(attr(s, "gen_ai.response.model").as_deref(), Some("m-1-2025"));
+    assert_eq!(
+        attr(s, "gen_ai.response.model").as_deref(),
+        Some("m-1-2025")
+    );
     assert_eq!(s.events[0].name, probeok::trace::span::TTFT_EVENT);
     assert!(s.parent_span_id.is_empty());
     let raw = String::from_utf8_lossy(&received.raw()).into_owned();
@@ -632,7 +667,12 @@ async fn incidents_list_their_failed_requests_trace_ids_in_the_admin_view_only()
     for r in [
         metered(QWEN, inside, "ok", Some(format!("{:032x}", 1))),
         metered(OTHER, inside, "failed", Some(format!("{:032x}", 2))),
-        metered(QWEN, opened - chrono::Duration::hours(1), "failed", Some(format!("{:032x}", 3))),
+        metered(
+            QWEN,
+            opened - chrono::Duration::hours(1),
+            "failed",
+            Some(format!("{:032x}", 3)),
+        ),
         metered(QWEN, inside, "failed", None),
     ] {
         w.record_request(r).await.unwrap();
@@ -640,7 +680,10 @@ async fn incidents_list_their_failed_requests_trace_ids_in_the_admin_view_only()
 
     let (code, v) = get(None).await;
     assert_eq!(code, 200);
-    assert!(v["incidents"][0].get("trace_ids").is_none(), "public view: {v}");
+    assert!(
+        v["incidents"][0].get("trace_ids").is_none(),
+        "public view: {v}"
+    );
     let (code, _) = get(Some("wrong-token")).await;
     assert_eq!(code, 401);
     let (code, v) = get(Some(env!("CARGO_PKG_NAME"))).await;
@@ -650,5 +693,8 @@ async fn incidents_list_their_failed_requests_trace_ids_in_the_admin_view_only()
         .collect();
     want.reverse();
     want.truncate(probeok::web::api::INCIDENT_TRACES);
-    assert_eq!(ids, want, "the 20 newest failed requests inside the incident");
+    assert_eq!(
+        ids, want,
+        "the 20 newest failed requests inside the incident"
+    );
 }

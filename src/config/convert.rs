@@ -9,11 +9,11 @@ use std::time::Duration;
 use chrono::NaiveTime;
 use toml_edit::ImDocument;
 
+use super::raw::RawTracing;
 use super::raw::{
     RawAlert, RawAlerting, RawBehaviour, RawBuckets, RawConfig, RawContract, RawDrill,
     RawHeartbeat, RawMaintenance, RawOptions, RawProxy, RawRoute, RawSwitch,
 };
-use super::raw::RawTracing;
 use super::validate::Checker;
 use super::TracingConfig;
 use super::{

@@ -1,8 +1,9 @@
 //! The proxy's spans: one server span per request and one client span per attempt sent, built
 //! when the request is finished from what it recorded anyway ([`RequestCtx`]: its attempts,
 //! their times, reasons, tokens) and queued for export ([`crate::trace`]). The attempt spans'
-//! ids are the ones their `traceparent` carried upstream; routes passed over without a call
-//! (breaker open, at their limit) are events on the request span.
+//! ids are the ones their `traceparent` carried upstream; a route passed over without a call
+//! (breaker open, at its limit) is an attempt span too, of no duration and `probeok.outcome =
+//! skipped`, so every failover decision is one span with its route and reason.
 //!
 //! Attributes: `probeok.kind` (`request`/`attempt`), `probeok.route`, `probeok.attempt`,
 //! `probeok.outcome`, `probeok.failover_reason`, `probeok.mode`, and the GenAI conventions'
@@ -38,7 +39,12 @@ pub(crate) fn next_attempt(ctx: &mut RequestCtx) -> Option<(HeaderValue, Option<
 }
 
 /// Queues the request's spans, when its trace is sampled.
-pub(crate) fn finish(tracer: &crate::trace::Tracer, ctx: &RequestCtx, status: u16, outcome: Outcome) {
+pub(crate) fn finish(
+    tracer: &crate::trace::Tracer,
+    ctx: &RequestCtx,
+    status: u16,
+    outcome: Outcome,
+) {
     let Some(t) = &ctx.trace else {
         return;
     };
@@ -55,30 +61,31 @@ fn spans(
     outcome: Outcome,
     end: SystemTime,
 ) -> Vec<SpanData> {
-    let mut out = Vec::with_capacity(t.attempts.len() + 1);
-    let mut request = request_span(ctx, status, outcome).at(t.start, end);
+    let mut out = Vec::with_capacity(ctx.attempts.len() + 1);
+    let parent = t.parent.map(|p| (p, true));
+    out.push(
+        request_span(ctx, status, outcome)
+            .at(t.start, end)
+            .data(t.trace_id, t.span_id, parent),
+    );
+    let under = Some((t.span_id, false));
     let mut sent = t.attempts.iter();
+    // A skip is placed where it happened: after the attempt before it.
+    let mut last_end = t.start;
     for (i, tried) in ctx.attempts.iter().enumerate() {
         if tried.outcome == AttemptOutcome::Skipped {
-            let at = (end.duration_since(t.start).unwrap_or_default()).as_secs_f64() * 1000.0;
-            let attrs = vec![
-                KeyValue::new("probeok.route", tried.route.as_str().to_owned()),
-                KeyValue::new(
-                    "probeok.failover_reason",
-                    tried.reason.clone().unwrap_or_default(),
-                ),
-            ];
-            request = request.event("probeok.skipped", at, attrs);
+            let s = attempt_span(tried, i + 1).at(last_end, last_end);
+            out.push(s.data(t.trace_id, crate::trace::context::new_span_id(), under));
             continue;
         }
         let Some(a) = sent.next() else {
             continue;
         };
         let s = attempt_span(tried, i + 1).lasting(a.start, tried.latency_ms);
-        out.push(s.data(t.trace_id, a.span_id, Some((t.span_id, false))));
+        let data = s.data(t.trace_id, a.span_id, under);
+        last_end = data.end_time;
+        out.push(data);
     }
-    let parent = t.parent.map(|p| (p, true));
-    out.insert(0, request.data(t.trace_id, t.span_id, parent));
     out
 }
 
@@ -100,10 +107,16 @@ fn request_span(ctx: &RequestCtx, status: u16, outcome: Outcome) -> Span {
         .attr(KeyValue::new("probeok.outcome", outcome.as_str()))
         .attr(KeyValue::new("probeok.mode", ctx.d.mode().as_str()))
         .attr(KeyValue::new("probeok.attempt", ctx.d.attempts as i64))
-        .attr(KeyValue::new("probeok.request_id", ctx.d.request_id.clone()))
+        .attr(KeyValue::new(
+            "probeok.request_id",
+            ctx.d.request_id.clone(),
+        ))
         .attr(KeyValue::new("probeok.stream", ctx.stream))
         .attr(KeyValue::new("gen_ai.operation.name", "chat"))
-        .attr(KeyValue::new("http.response.status_code", i64::from(status)))
+        .attr(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ))
         .attr_opt(
             (!ctx.serves.is_empty())
                 .then(|| KeyValue::new("gen_ai.request.model", ctx.serves.clone())),
@@ -112,8 +125,7 @@ fn request_span(ctx: &RequestCtx, status: u16, outcome: Outcome) -> Span {
             (ctx.d.route.as_ref()).map(|r| KeyValue::new("probeok.route", r.as_str().to_owned())),
         )
         .attr_opt(
-            (ctx.d.route.as_ref())
-                .map(|r| KeyValue::new("gen_ai.system", r.split().0.to_owned())),
+            (ctx.d.route.as_ref()).map(|r| KeyValue::new("gen_ai.system", r.split().0.to_owned())),
         )
         .attr_opt(
             (ctx.d.fallback_reason.clone()).map(|r| KeyValue::new("probeok.failover_reason", r)),
@@ -134,20 +146,24 @@ fn request_span(ctx: &RequestCtx, status: u16, outcome: Outcome) -> Span {
 fn attempt_span(tried: &Tried, n: usize) -> Span {
     let (provider, _, model) = tried.route.split();
     let [input, output] = span::usage(tried.usage.prompt_tokens, tried.usage.completion_tokens);
-    let mut s = Span::new(format!("chat {model}"), SpanKind::Client)
+    let kind = if tried.outcome == AttemptOutcome::Skipped {
+        SpanKind::Internal
+    } else {
+        SpanKind::Client
+    };
+    let mut s = Span::new(format!("chat {model}"), kind)
         .attr(KeyValue::new("probeok.kind", "attempt"))
-        .attr(KeyValue::new("probeok.route", tried.route.as_str().to_owned()))
+        .attr(KeyValue::new(
+            "probeok.route",
+            tried.route.as_str().to_owned(),
+        ))
         .attr(KeyValue::new("probeok.attempt", n as i64))
         .attr(KeyValue::new("probeok.outcome", tried.outcome.as_str()))
         .attr(KeyValue::new("gen_ai.system", provider.to_owned()))
         .attr(KeyValue::new("gen_ai.operation.name", "chat"))
         .attr(KeyValue::new("gen_ai.request.model", model.to_owned()))
-        .attr_opt(
-            (tried.reason.clone()).map(|r| KeyValue::new("probeok.failover_reason", r)),
-        )
-        .attr_opt(
-            (tried.model.clone()).map(|m| KeyValue::new("gen_ai.response.model", m)),
-        )
+        .attr_opt((tried.reason.clone()).map(|r| KeyValue::new("probeok.failover_reason", r)))
+        .attr_opt((tried.model.clone()).map(|m| KeyValue::new("gen_ai.response.model", m)))
         .attr_opt(
             tried
                 .status
@@ -160,7 +176,12 @@ fn attempt_span(tried: &Tried, n: usize) -> Span {
         tried.outcome,
         AttemptOutcome::Failed | AttemptOutcome::Interrupted
     ) {
-        s = s.error(tried.reason.clone().unwrap_or_else(|| tried.outcome.as_str().to_owned()));
+        s = s.error(
+            tried
+                .reason
+                .clone()
+                .unwrap_or_else(|| tried.outcome.as_str().to_owned()),
+        );
     }
     s
 }
@@ -217,7 +238,8 @@ mod tests {
         );
         ctx.trace = Some(Box::new(RequestTrace::begin(&h, 1.0, SystemTime::now())));
         ctx.serves("chat-main");
-        ctx.attempts.push(Tried::skipped(&c, record::Detour::BreakerOpen));
+        ctx.attempts
+            .push(Tried::skipped(&c, record::Detour::BreakerOpen));
         next_attempt(&mut ctx).unwrap();
         ctx.attempts
             .push(sent(&a, 503, Some("http_503"), AttemptOutcome::Failed));
@@ -228,23 +250,41 @@ mod tests {
         ctx.d.fallback("http_503");
         let t = ctx.trace.as_deref().unwrap();
         let spans = spans(t, &ctx, 200, Outcome::Ok, SystemTime::now());
-        assert_eq!(spans.len(), 3);
-        let (req, first, second) = (&spans[0], &spans[1], &spans[2]);
-        assert!(spans.iter().all(|s| s.span_context.trace_id() == t.trace_id));
-        assert_eq!(req.parent_span_id, SpanId::from_hex("00f067aa0ba902b7").unwrap());
+        assert_eq!(spans.len(), 4);
+        let (req, skipped, first, second) = (&spans[0], &spans[1], &spans[2], &spans[3]);
+        assert_eq!(attr(skipped, "probeok.outcome").as_deref(), Some("skipped"));
+        assert_eq!(attr(skipped, "probeok.attempt").as_deref(), Some("1"));
+        assert_eq!(
+            attr(skipped, "probeok.failover_reason").as_deref(),
+            Some("breaker_open")
+        );
+        assert_eq!(skipped.span_kind, SpanKind::Internal);
+        assert_eq!(skipped.parent_span_id, req.span_context.span_id());
+        assert!(spans
+            .iter()
+            .all(|s| s.span_context.trace_id() == t.trace_id));
+        assert_eq!(
+            req.parent_span_id,
+            SpanId::from_hex("00f067aa0ba902b7").unwrap()
+        );
         assert!(req.parent_span_is_remote);
         assert_eq!(first.parent_span_id, req.span_context.span_id());
         assert_eq!(first.span_context.span_id(), t.attempts[0].span_id);
         assert_eq!(attr(req, "probeok.mode").as_deref(), Some("fallback"));
-        assert_eq!(attr(req, "probeok.failover_reason").as_deref(), Some("http_503"));
+        assert_eq!(
+            attr(req, "probeok.failover_reason").as_deref(),
+            Some("http_503")
+        );
         assert_eq!(attr(req, "probeok.route").as_deref(), Some(b.as_str()));
-        assert_eq!(req.events.events[0].name, "probeok.skipped");
         assert_eq!(attr(first, "probeok.attempt").as_deref(), Some("2"));
         assert_eq!(attr(first, "probeok.outcome").as_deref(), Some("failed"));
         assert!(matches!(first.status, Status::Error { .. }));
         assert_eq!(attr(second, "gen_ai.system").as_deref(), Some("back"));
         assert_eq!(attr(second, "gen_ai.request.model").as_deref(), Some("m-b"));
-        assert_eq!(attr(second, "gen_ai.response.model").as_deref(), Some("m-2024"));
+        assert_eq!(
+            attr(second, "gen_ai.response.model").as_deref(),
+            Some("m-2024")
+        );
         assert_eq!(second.events.events[0].name, span::TTFT_EVENT);
     }
 

@@ -34,10 +34,11 @@ pub fn parse_traceparent(value: &str) -> Option<Parent> {
     let flags = parts.next()?;
     let rest = parts.next();
     let hex = |s: &str, n: usize| {
-        s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
-    if !hex(version, 2) || version == "ff" || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2)
-    {
+    if !hex(version, 2) || version == "ff" || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
         return None;
     }
     // Version 00 has exactly four fields; a later version may append more.

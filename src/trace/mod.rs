@@ -9,7 +9,7 @@
 //!   (`probeok_trace_spans_dropped_total`).
 //!
 //! A [`Tracer`] is off when the variable `otlp_endpoint_env` names is unset: then it is a
-//! `None` and the request path does nothing for it (no ids, no headers, no allocation).
+//! `None` and the request path only checks it (no ids, no headers, no spans, no queue).
 
 pub mod context;
 pub mod export;
@@ -93,7 +93,8 @@ impl Tracer {
         let var = &config.otlp_endpoint_env;
         match std::env::var(var) {
             Ok(v) if !v.trim().is_empty() => {
-                let url = traces_url(&v).ok_or_else(|| TraceError::BadEndpoint { var: var.clone() })?;
+                let url =
+                    traces_url(&v).ok_or_else(|| TraceError::BadEndpoint { var: var.clone() })?;
                 Self::to_url(&url, config)
             }
             _ => Ok(Self::off()),
@@ -217,6 +218,41 @@ mod tests {
         assert_eq!(traces_url("c:4318"), None);
         assert_eq!(traces_url("http://"), None);
         assert_eq!(traces_url("ftp://c"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn metrics_count_the_dropped_spans() {
+        let mut registry = prometheus_client::registry::Registry::with_prefix("probeok");
+        let stats = TraceStats::default();
+        registry.register_collector(Box::new(stats.clone()));
+        let text = |r: &prometheus_client::registry::Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, r).unwrap();
+            out
+        };
+        assert!(text(&registry).contains("probeok_trace_spans_dropped_total 0\n"));
+        let tracer = Tracer::to_collector("http://127.0.0.1:9", &TracingConfig::default()).unwrap();
+        stats.attach(tracer.clone());
+        let now = SystemTime::now();
+        // Nothing runs the export task meanwhile: the queue fills and the rest is dropped.
+        for _ in 0..export::QUEUE + 3 {
+            let s = Span::new("x", opentelemetry::trace::SpanKind::Internal).at(now, now);
+            tracer.export(vec![s.data(
+                context::new_trace_id(),
+                context::new_span_id(),
+                None,
+            )]);
+        }
+        assert_eq!(tracer.dropped(), 3);
+        let out = text(&registry);
+        assert!(
+            out.contains("# TYPE probeok_trace_spans_dropped counter"),
+            "{out}"
+        );
+        assert!(
+            out.contains("probeok_trace_spans_dropped_total 3\n"),
+            "{out}"
+        );
     }
 
     #[test]

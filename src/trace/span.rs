@@ -10,7 +10,9 @@
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
@@ -170,9 +172,7 @@ pub fn probe(o: &ProbeOutcome) -> Option<SpanData> {
         .attr(KeyValue::new("gen_ai.system", provider.to_owned()))
         .attr(KeyValue::new("gen_ai.operation.name", "chat"))
         .attr(KeyValue::new("gen_ai.request.model", model.to_owned()))
-        .attr_opt(
-            (o.model_reported.clone()).map(|m| KeyValue::new("gen_ai.response.model", m)),
-        )
+        .attr_opt((o.model_reported.clone()).map(|m| KeyValue::new("gen_ai.response.model", m)))
         .attr_opt(int(
             "gen_ai.usage.output_tokens",
             o.output_tokens.map(u64::from),
