@@ -66,6 +66,8 @@ pub enum AppError {
     Proxy(#[from] crate::proxy::ProxyError),
     #[error("cluster: {0}")]
     Cluster(#[from] crate::cluster::ClusterError),
+    #[error("tracing: {0}")]
+    Trace(#[from] crate::trace::TraceError),
     #[error("a task panicked: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
@@ -203,6 +205,9 @@ pub async fn start_with(
         watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(clock.now())));
 
     let metrics = Arc::new(web::Metrics::new(&routes));
+    // Spans of probes and proxied requests, when `[tracing] otlp_endpoint_env` is set.
+    let tracer = crate::trace::Tracer::from_env(&config.tracing)?;
+    metrics.attach_tracer(tracer.clone());
     metrics.attach_role(role.clone());
     // The burn-rate windows as running sums: the rollups read once now, before the first
     // outcome of this run is written; every stored outcome is added from then on.
@@ -229,6 +234,7 @@ pub async fn start_with(
         detect_tx.clone(),
         metrics.clone(),
         recorded.clone(),
+        tracer.clone(),
     ));
 
     let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
@@ -306,6 +312,7 @@ pub async fn start_with(
             store: Some(store.clone()),
             clock: clock.clone(),
             live: Some(live.receiver()),
+            tracer: tracer.clone(),
             ..crate::proxy::ProxyOptions::default()
         };
         let proxy =
@@ -509,6 +516,7 @@ async fn record(
     detect: mpsc::Sender<ProbeOutcome>,
     metrics: Arc<web::Metrics>,
     recorded: Recorded,
+    tracer: crate::trace::Tracer,
 ) {
     while let Some(first) = events.recv().await {
         let mut outcomes = Vec::new();
@@ -525,6 +533,7 @@ async fn record(
         }
         for o in &outcomes {
             metrics.observe_outcome(o);
+            tracer.probe(o);
         }
         store_batch(&writer, &outcomes, &recorded).await;
         for o in outcomes {

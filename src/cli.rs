@@ -771,6 +771,7 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
         ProxyOptions {
             store: Some(store.clone()),
             feed,
+            tracer: crate::trace::Tracer::from_env(&config.tracing).map_err(CliError::runtime)?,
             ..ProxyOptions::default()
         },
     )

@@ -93,6 +93,9 @@
 //!   advisory lock on a session of its own, checked every second, `[cluster] lease`), the
 //!   role watch, and [`cluster::terms`], which runs the wiring's leader-only and follower work
 //!   one term at a time. With SQLite the monitor always leads.
+//! - [`trace`]: OpenTelemetry traces — W3C trace context and head sampling
+//!   (`trace::context`, pure), spans built from what a request or probe recorded
+//!   (`trace::span`), the bounded OTLP/HTTP export queue with its drop count (`trace::export`).
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests),
 //!   and past hours of probing them as outcomes without the wire (`sim::history`).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one,
@@ -173,6 +176,7 @@ pub mod reload;
 pub mod scheduler;
 pub mod sim;
 pub mod switch;
+pub mod trace;
 pub mod weights;
 
 // Surfaces.

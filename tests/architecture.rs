@@ -56,6 +56,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("demo", Layer::Domain),
     ("reload", Layer::Domain),
     ("cluster", Layer::Domain),
+    ("trace", Layer::Domain),
     ("alert", Layer::Surface),
     ("web", Layer::Surface),
     ("proxy", Layer::Surface),

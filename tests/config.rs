@@ -112,7 +112,7 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown section, named with the valid ones",
             format!("[hearbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`"],
+            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`"],
         ),
         (
             "cluster: the URL itself instead of its variable, a lease too short to check",
@@ -141,6 +141,15 @@ fn bad_configs_give_exact_located_diagnostics() {
                 "p.toml:2:15: heartbeat.stale_after: must be greater than 0",
                 "p.toml:3:16: heartbeat.ping_url_env: must name an environment variable (letters, digits and \"_\"), not hold the secret itself",
                 "p.toml:5:13: drill.off_peak[0]: a window is [\"HH:MM\", \"HH:MM\"] (00:00 to 23:59; it may cross midnight)",
+            ],
+        ),
+        (
+            "tracing values",
+            format!("[tracing]\notlp_endpoint_env = \"http://collector:4318\"\nservice_name = \" \"\nsample_ratio = 1.5\n{PROVIDERS}{ROUTE}"),
+            vec![
+                "p.toml:2:21: tracing.otlp_endpoint_env: must name an environment variable (letters, digits and \"_\"), not hold the secret itself",
+                "p.toml:3:16: tracing.service_name: must not be empty",
+                "p.toml:4:16: tracing.sample_ratio: must be between 0 and 1",
             ],
         ),
         (

@@ -9,11 +9,13 @@ use std::time::Duration;
 use chrono::NaiveTime;
 use toml_edit::ImDocument;
 
+use super::raw::RawTracing;
 use super::raw::{
     RawAlert, RawAlerting, RawBehaviour, RawBuckets, RawConfig, RawContract, RawDrill,
     RawHeartbeat, RawMaintenance, RawOptions, RawProxy, RawRoute, RawSwitch,
 };
 use super::validate::Checker;
+use super::TracingConfig;
 use super::{
     AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
     ChannelOptions, ClusterConfig, Config, ConfigErrors, ConfirmAfter, ContractConfig,
@@ -358,6 +360,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
                 ClusterConfig::default().lease,
             ),
         },
+        tracing: tracing(raw.tracing),
         source_map: map.clone(),
         env: crate::secret::Env::process(),
     }
@@ -417,6 +420,15 @@ fn heartbeat(ck: &mut Checker<'_>, r: RawHeartbeat) -> HeartbeatConfig {
     HeartbeatConfig {
         stale_after: duration(ck, "heartbeat.stale_after", r.stale_after, d.stale_after),
         ping_url_env: r.ping_url_env,
+    }
+}
+
+fn tracing(r: RawTracing) -> TracingConfig {
+    let d = TracingConfig::default();
+    TracingConfig {
+        otlp_endpoint_env: r.otlp_endpoint_env.unwrap_or(d.otlp_endpoint_env),
+        service_name: r.service_name.unwrap_or(d.service_name),
+        sample_ratio: r.sample_ratio.unwrap_or(d.sample_ratio),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The TOML config (docs/configuration.md): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
 //! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
-//! [[contract]] [heartbeat] [drill] [cluster]`. Other sections are rejected as unknown
+//! [[contract]] [heartbeat] [drill] [cluster] [tracing]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -74,6 +74,8 @@ pub struct Config {
     pub drill: DrillConfig,
     /// `[cluster]`: several monitors on one PostgreSQL database, one of them leading.
     pub cluster: ClusterConfig,
+    /// `[tracing]`: OpenTelemetry traces of proxied requests and probes.
+    pub tracing: TracingConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -105,6 +107,7 @@ impl Default for Config {
             heartbeat: HeartbeatConfig::default(),
             drill: DrillConfig::default(),
             cluster: ClusterConfig::default(),
+            tracing: TracingConfig::default(),
             source_map: SourceMap::default(),
             env: Env::process(),
         }
@@ -709,6 +712,29 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         Self {
             lease: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[tracing]`: spans of proxied requests, their attempts and probes, exported over OTLP/HTTP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingConfig {
+    /// The variable holding the collector's base URL (`http://collector:4318`); unset: no
+    /// export.
+    pub otlp_endpoint_env: String,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+    /// Head sampling of requests that arrive without a trace of their own (0..=1); a
+    /// caller's `traceparent` decides for its own requests.
+    pub sample_ratio: f64,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint_env: "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            service_name: "probeok".to_owned(),
+            sample_ratio: 1.0,
         }
     }
 }

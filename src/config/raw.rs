@@ -53,12 +53,22 @@ pub(super) struct RawConfig {
     pub drill: RawDrill,
     #[serde(default)]
     pub cluster: RawCluster,
+    #[serde(default)]
+    pub tracing: RawTracing,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCluster {
     pub lease: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTracing {
+    pub otlp_endpoint_env: Option<String>,
+    pub service_name: Option<String>,
+    pub sample_ratio: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

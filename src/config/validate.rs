@@ -111,6 +111,14 @@ impl<'a> Checker<'a> {
             self.env_name("heartbeat.ping_url_env", name);
         }
         self.positive("drill.max_duration", c.drill.max_duration);
+        self.env_name("tracing.otlp_endpoint_env", &c.tracing.otlp_endpoint_env);
+        if c.tracing.service_name.trim().is_empty() {
+            self.error("tracing.service_name", "must not be empty");
+        }
+        let ratio = c.tracing.sample_ratio;
+        if !(0.0..=1.0).contains(&ratio) {
+            self.error("tracing.sample_ratio", "must be between 0 and 1");
+        }
     }
 
     fn contracts(&mut self, c: &Config) {

@@ -271,6 +271,8 @@ pub struct Outgoing<'a> {
     pub body: &'a serde_json::Value,
     pub stream: bool,
     pub request_id: &'a str,
+    /// The attempt's `traceparent` and the caller's `tracestate`, when traced.
+    pub trace: Option<&'a (HeaderValue, Option<HeaderValue>)>,
 }
 
 /// Limits of one attempt.
@@ -386,6 +388,12 @@ impl Upstream {
             .header(ACCEPT, accept)
             .header("x-request-id", req.request_id)
             .body(body);
+        if let Some((parent, state)) = req.trace {
+            builder = builder.header("traceparent", parent.clone());
+            if let Some(state) = state {
+                builder = builder.header("tracestate", state.clone());
+            }
+        }
         if let Some(key) = key {
             if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {}", key.expose())) {
                 v.set_sensitive(true);

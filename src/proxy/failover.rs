@@ -332,10 +332,12 @@ impl<'a> Failover<'a> {
         if self.ctx.d.fallback_reason.is_none() && route.tier != Tier::Primary && !self.degraded {
             self.ctx.d.fallback_reason = Some(Detour::NoPrimaryUsable.as_str().to_owned());
         }
+        let trace = super::trace::next_attempt(self.ctx);
         let outgoing = Outgoing {
             body: self.request,
             stream: self.stream,
             request_id: &self.ctx.d.request_id,
+            trace: trace.as_ref(),
         };
         let started_at = p.clock.now();
         let result = p

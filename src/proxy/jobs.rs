@@ -460,6 +460,7 @@ async fn run(proxy: Proxy, job: JobRecord) {
             }
             let needs = Needs::from_request(&request, job.residency.as_deref());
             let mut ctx = RequestCtx::new(job.id.clone(), p.clock.now());
+            ctx.trace = (p.tracer.begin(&axum::http::HeaderMap::new())).map(Box::new);
             let view = p.weights.borrow().clone();
             tracing::info!(job = %job.id, model = %job.model, "running an async job");
             let answer = failover::route(&proxy, &mut ctx, &request, &job.model, &needs, &view)

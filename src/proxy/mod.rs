@@ -21,6 +21,9 @@
 //! 5. `request`: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
 //!    metering ([`meter`], `record`), counters, the idempotency key and the cache.
 //!
+//! Traced requests ([`crate::trace`], `[tracing]`) are one span each with a child span per
+//! attempt (`trace`).
+//!
 //! Every error the proxy gives of its own is a `reject::Reject` in OpenAI's envelope
 //! `{"error":{"message","type","code"}}`. Upstream keys come from each provider's
 //! `api_key_env`, are added by the proxy and never returned. [`export`] puts the proxy's
@@ -44,6 +47,7 @@ mod request;
 pub mod select;
 mod server;
 pub mod stream;
+mod trace;
 pub mod weights;
 
 use std::collections::HashMap;
@@ -93,6 +97,8 @@ pub struct ProxyOptions {
     /// The live config (hot reload): contracts are read from here per request. `None`: the
     /// config the proxy was built with, for good.
     pub live: Option<tokio::sync::watch::Receiver<Arc<Config>>>,
+    /// Where request and attempt spans go (off by default).
+    pub tracer: crate::trace::Tracer,
 }
 
 impl Default for ProxyOptions {
@@ -105,6 +111,7 @@ impl Default for ProxyOptions {
             feed: None,
             clock: Arc::new(SystemClock),
             live: None,
+            tracer: crate::trace::Tracer::off(),
         }
     }
 }
@@ -154,6 +161,7 @@ struct Inner {
     jobs: Option<Arc<jobs::Jobs>>,
     /// `cached_response` answers (needs the store).
     cache: Option<cache::Cache>,
+    tracer: crate::trace::Tracer,
 }
 
 impl Proxy {
@@ -237,6 +245,7 @@ impl Proxy {
                 body_read_timeout: opts.body_read_timeout,
                 header_read_timeout: opts.header_read_timeout,
                 feed: opts.feed,
+                tracer: opts.tracer,
                 budget: std::sync::OnceLock::new(),
                 live: opts
                     .live

@@ -164,6 +164,10 @@ pub struct Tried {
     pub usage: Usage,
     pub cost: Option<f64>,
     pub outcome: AttemptOutcome,
+    /// First token, for the attempt's span.
+    pub ttft_ms: Option<f64>,
+    /// The model the upstream says answered.
+    pub model: Option<String>,
 }
 
 impl Tried {
@@ -182,6 +186,8 @@ impl Tried {
             },
             cost: None,
             outcome: result,
+            ttft_ms: outcome.ttft_ms,
+            model: outcome.model_reported.clone(),
         }
     }
 
@@ -196,6 +202,8 @@ impl Tried {
             usage: Usage::default(),
             cost: None,
             outcome: AttemptOutcome::Skipped,
+            ttft_ms: None,
+            model: None,
         }
     }
 
@@ -210,6 +218,8 @@ impl Tried {
             usage: Usage::default(),
             cost: None,
             outcome: AttemptOutcome::Ok,
+            ttft_ms: None,
+            model: None,
         }
     }
 

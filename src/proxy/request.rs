@@ -25,7 +25,7 @@ use super::attempt::{class_of, Class};
 use super::breaker::Verdict;
 use super::record::{self, AttemptOutcome, Outcome, Tried, Usage};
 use super::reject::Reject;
-use super::{cache, degrade, idempotency, Proxy};
+use super::{cache, degrade, idempotency, trace, Proxy};
 use crate::probe::ProbeOutcome;
 use crate::route::{Price, Route, RouteId};
 use crate::store::RequestRecord;
@@ -82,7 +82,7 @@ impl Disclosure {
             .get_or_insert_with(|| reason.to_owned());
     }
 
-    fn mode(&self) -> Mode {
+    pub fn mode(&self) -> Mode {
         if let Some(m) = self.mode {
             m
         } else if self.degraded_since.is_some() {
@@ -163,6 +163,8 @@ pub(crate) struct RequestCtx {
     pub probeok: Option<Value>,
     /// Where a successful answer is remembered for `cached_response`.
     pub cache: Option<cache::Slot>,
+    /// The request's trace (`None`: tracing is off).
+    pub trace: Option<Box<crate::trace::RequestTrace>>,
 }
 
 impl RequestCtx {
@@ -182,6 +184,7 @@ impl RequestCtx {
             contract: None,
             probeok: None,
             cache: None,
+            trace: None,
         }
     }
 
@@ -214,6 +217,7 @@ impl RequestCtx {
                 .map(|(i, a)| a.record(i + 1))
                 .collect(),
             contract: self.contract.map(str::to_owned),
+            trace_id: self.trace.as_ref().map(|t| t.trace_id_hex()),
         }
     }
 }
@@ -253,6 +257,7 @@ pub(crate) async fn finish(proxy: &Proxy, ctx: RequestCtx, answer: Answer) -> Re
 async fn finish_plain(proxy: &Proxy, mut ctx: RequestCtx, r: Response) -> Response {
     let p = &proxy.inner;
     let mut r = ctx.d.apply(r);
+    trace::respond(&ctx, &mut r);
     let status = r.status().as_u16();
     let route = ctx.d.route.as_ref().map_or("none", RouteId::as_str);
     p.counters.request(&ctx.serves, route, ctx.outcome.as_str());
@@ -261,6 +266,7 @@ async fn finish_plain(proxy: &Proxy, mut ctx: RequestCtx, r: Response) -> Respon
             meter.send(ctx.record(status, ctx.outcome));
         }
     }
+    trace::finish(&p.tracer, &ctx, status, ctx.outcome);
     // `cached_response`: the model's own successful answers are remembered.
     if let (Some(slot), Some(cache), Some(body)) = (ctx.cache.take(), &p.cache, &ctx.answer) {
         if ctx.outcome == Outcome::Ok && ctx.contract.is_none() && status == 200 {
@@ -286,6 +292,7 @@ fn finish_stream(
     route: Arc<Route>,
 ) -> Response {
     let mut r = ctx.d.apply(Response::new(Body::empty()));
+    trace::respond(&ctx, &mut r);
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -396,6 +403,8 @@ impl Tail {
             if let Some(o) = &outcome {
                 last.latency_ms = o.total_ms;
                 last.ttfb_ms = o.ttfb_ms;
+                last.ttft_ms = o.ttft_ms;
+                last.model.clone_from(&o.model_reported);
                 last.usage.completion_tokens = o.output_tokens.map(u64::from);
             }
             last.price(self.route.price.as_ref());
@@ -405,6 +414,7 @@ impl Tail {
         if let Some(meter) = &p.meter {
             meter.send(self.ctx.record(200, result));
         }
+        trace::finish(&p.tracer, &self.ctx, 200, result);
         let keep = complete && matches!(result, Outcome::Ok | Outcome::ClientError);
         let tee = if keep { self.tee.take() } else { None };
         if let (Some(tee), true) = (&tee, result == Outcome::Ok && self.ctx.contract.is_none()) {

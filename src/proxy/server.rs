@@ -59,6 +59,7 @@ async fn models(State(proxy): State<Proxy>) -> Response {
 /// `POST /v1/chat/completions`.
 async fn chat_completions(State(proxy): State<Proxy>, headers: HeaderMap, body: Body) -> Response {
     let mut ctx = RequestCtx::new(request_id(&headers), proxy.inner.clock.now());
+    ctx.trace = proxy.inner.tracer.begin(&headers).map(Box::new);
     let answer = handle(&proxy, &headers, body, &mut ctx)
         .await
         .unwrap_or_else(Answer::from);

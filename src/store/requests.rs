@@ -46,6 +46,9 @@ pub struct RequestRecord {
     /// `cached_response`, `reject`), if one did.
     #[serde(default)]
     pub contract: Option<String>,
+    /// The request's trace (32 hex digits), when the proxy traces.
+    #[serde(default)]
+    pub trace_id: Option<String>,
 }
 
 /// One attempt of a request.
@@ -104,8 +107,8 @@ pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(),
     conn.prepare_cached(
         "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
              stream, attempts, fallback_reason, prompt_tokens, completion_tokens, cost, currency,
-             latency_ms, contract)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+             latency_ms, contract, trace_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )?
     .execute(params![
         r.request_id,
@@ -123,6 +126,7 @@ pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(),
         r.currency,
         latency,
         r.contract,
+        r.trace_id,
     ])?;
     let pk = conn.last_insert_rowid();
     let mut stmt = conn.prepare_cached(
@@ -238,6 +242,7 @@ type RequestRow = (
     Option<String>,
     f64,
     Option<String>,
+    Option<String>,
 );
 
 impl Reader {
@@ -246,7 +251,7 @@ impl Reader {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, request_id, serves, started_at_ms, route, outcome, status, stream,
                     fallback_reason, prompt_tokens, completion_tokens, cost, currency, latency_ms,
-                    contract
+                    contract, trace_id
              FROM proxy_requests r
              WHERE (?1 IS NULL OR started_at_ms >= ?1)
                AND (?2 IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
@@ -280,6 +285,7 @@ impl Reader {
                         r.get(12)?,
                         r.get(13)?,
                         r.get(14)?,
+                        r.get(15)?,
                     ))
                 },
             )?
@@ -306,6 +312,7 @@ impl Reader {
             cur,
             lat,
             contract,
+            trace_id,
         ) in rows
         {
             let list = attempts
@@ -341,9 +348,41 @@ impl Reader {
                 latency_ms: lat,
                 attempts: list,
                 contract,
+                trace_id,
             });
         }
         Ok(out)
+    }
+
+    /// The trace ids of up to `limit` traced requests, newest first, with an attempt at
+    /// `route` that failed or broke between `from` and `to` (open end: until now): the
+    /// requests that fell inside an incident of that route.
+    pub fn failed_request_traces(
+        &self,
+        route: &str,
+        from: DateTime<Utc>,
+        to: Option<DateTime<Utc>>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT r.trace_id FROM proxy_requests r
+             WHERE r.trace_id IS NOT NULL AND r.started_at_ms >= ?2
+               AND (?3 IS NULL OR r.started_at_ms <= ?3)
+               AND EXISTS (SELECT 1 FROM proxy_attempts a
+                           WHERE a.request_pk = r.id AND a.route = ?1
+                             AND a.outcome IN ('failed', 'interrupted'))
+             ORDER BY r.started_at_ms DESC, r.id DESC LIMIT ?4",
+        )?;
+        let rows = stmt.query_map(
+            params![
+                route,
+                to_ms(from),
+                to.map(to_ms),
+                i64::try_from(limit).unwrap_or(i64::MAX)
+            ],
+            |r| r.get(0),
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// The stored answer to `scope_key`, unless it expired by `now`.

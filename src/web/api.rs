@@ -738,14 +738,24 @@ pub struct IncidentsParams {
     since: Option<String>,
 }
 
+/// The trace ids of failed requests an incident lists, at most (admin view).
+pub const INCIDENT_TRACES: usize = 20;
+
 /// `GET /api/v1/incidents?limit=N&route=ID&since=RFC3339`: `{"incidents":[{id, route,
 /// opened_at, closed_at, peak, failure_mode, transitions:[{route, from, to, at, reason,
 /// failure_mode, evidence, incident_id}]}]}`, newest first. An unknown route is 404, a bad
-/// `limit` or `since` 400.
+/// `limit` or `since` 400. With the admin token (a wrong one is 401), each incident also has
+/// `trace_ids`: up to [`INCIDENT_TRACES`] traced requests that failed at its route inside it
+/// (real client traffic, so never in the public view).
 pub async fn incidents(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     q: Result<Query<IncidentsParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let admin = headers.contains_key(axum::http::header::AUTHORIZATION);
+    if admin {
+        super::check_admin(&state.config.current(), &headers)?;
+    }
     let Query(p) = q.map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
     let limit = limit(Ok(Query(LimitQuery { limit: p.limit })))?;
     let route = match p.route {
@@ -777,7 +787,26 @@ pub async fn incidents(
     let health = state.health.borrow().clone();
     let (source, store): (Arc<dyn IncidentSource>, Store) =
         (state.incidents.clone(), state.store.clone());
-    let list =
-        tokio::task::spawn_blocking(move || source.incidents(&store, &health, &query)).await??;
+    let list = tokio::task::spawn_blocking(move || {
+        let list = source.incidents(&store, &health, &query)?;
+        if !admin {
+            return Ok::<Value, ApiError>(json!(list));
+        }
+        let reader = store.reader()?;
+        let mut out = Vec::with_capacity(list.len());
+        for i in &list {
+            let traces = reader.failed_request_traces(
+                i.route.as_str(),
+                i.opened_at,
+                i.closed_at,
+                INCIDENT_TRACES,
+            )?;
+            let mut v = json!(i);
+            v["trace_ids"] = json!(traces);
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    })
+    .await??;
     Ok(Json(json!({ "incidents": list })))
 }

@@ -159,6 +159,8 @@ pub struct Metrics {
     cluster_leader: Gauge,
     /// The member's role in its cluster; `None`: a lone monitor, always the leader.
     role: OnceLock<crate::cluster::RoleRx>,
+    /// `probeok_trace_spans_dropped_total`, read from the tracer at scrape time.
+    trace: crate::trace::TraceStats,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -298,6 +300,8 @@ impl Metrics {
         );
         let proxy = crate::proxy::export::ProxySlot::default();
         registry.register_collector(Box::new(proxy.clone()));
+        let trace = crate::trace::TraceStats::default();
+        registry.register_collector(Box::new(trace.clone()));
         let labels = |r: &Route| RouteLabels {
             provider: r.provider.clone(),
             region: r.region.clone(),
@@ -335,6 +339,7 @@ impl Metrics {
             store_lag_gauge,
             cluster_leader,
             role: OnceLock::new(),
+            trace,
         }
     }
 
@@ -416,6 +421,11 @@ impl Metrics {
     /// on `/api/v1/status`.
     pub fn attach_proxy(&self, stats: crate::proxy::ProxyStats) {
         self.proxy.attach(stats);
+    }
+
+    /// The tracer whose dropped spans `/metrics` counts (the first call wins).
+    pub fn attach_tracer(&self, tracer: crate::trace::Tracer) {
+        self.trace.attach(tracer);
     }
 
     /// The attached proxy, if any.

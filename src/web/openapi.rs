@@ -286,7 +286,9 @@ fn core_schemas() -> Value {
                     "reason": {"$ref": "#/components/schemas/Reason"},
                     "failure_mode": {"type": "string", "nullable": true},
                     "evidence": {"type": "object", "description": "What the detector decided on: observed outcome, signals, baselines, thresholds, error rate"},
-                    "incident_id": {"type": "string", "nullable": true}}}}
+                    "incident_id": {"type": "string", "nullable": true}}}},
+                "trace_ids": {"type": "array", "maxItems": 20, "items": {"type": "string"},
+                    "description": "Admin view only (with the admin token): trace ids of up to 20 proxied requests that failed at the route inside the incident, newest first"}
             }
         },
         "Incidents": {
