@@ -378,6 +378,7 @@ pub fn status_bytes(
 }
 
 /// [`status_bytes`] with the in-process proxy's breaker states (route → `closed` …).
+#[allow(clippy::too_many_arguments)] // the handler and `status_bytes` are its only callers
 pub fn status_bytes_with(
     routes: &[Route],
     health: &HealthSnapshot,
