@@ -35,6 +35,8 @@
 //!   `(1 − target) × window`) for the route page, the API, the incidents page and the
 //!   burn-rate alerts.
 //! - [`stdout`]: the command line's own output (a closed pipe ends it quietly).
+//! - [`vantage`]: the places probes run from (the monitor's own scheduler and remote agents),
+//!   vantage ids, and an agent's outcome as it travels (`VantageOutcome`).
 //!
 //! **Config** — imports base only.
 //!
@@ -144,6 +146,7 @@ pub mod silence;
 pub mod slo;
 pub mod state;
 pub mod stdout;
+pub mod vantage;
 
 // Config and store.
 pub mod config;

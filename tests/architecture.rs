@@ -40,6 +40,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("listen", Layer::Base),
     ("slo", Layer::Base),
     ("stdout", Layer::Base),
+    ("vantage", Layer::Base),
     ("config", Layer::Config),
     ("store", Layer::Store),
     ("probe", Layer::Domain),

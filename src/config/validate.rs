@@ -111,6 +111,7 @@ impl<'a> Checker<'a> {
             self.env_name("heartbeat.ping_url_env", name);
         }
         self.positive("drill.max_duration", c.drill.max_duration);
+        super::vantage::check(self, c);
     }
 
     fn contracts(&mut self, c: &Config) {

@@ -46,6 +46,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0010_first_answer",
         include_str!("../../migrations/0010_first_answer.sql"),
     ),
+    (
+        "0011_vantages",
+        include_str!("../../migrations/0011_vantages.sql"),
+    ),
 ];
 
 /// The schema version this build expects.
