@@ -148,6 +148,7 @@ pub async fn start_with(
     let health_commands = health.commands();
     // Confirmation probes: detection asks the scheduler to probe an abnormal route again soon.
     let confirms = health.confirmations();
+    let vantages = health.vantages();
     // Detection ends once the recorder and the passive drain have dropped their senders.
     let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
     let health_task = tokio::spawn(health.run(detect_rx, shutdown.clone()));
@@ -353,6 +354,7 @@ pub async fn start_with(
         drills: Some(drills),
         figures: Default::default(),
         shutdown: shutdown.clone(),
+        vantages: Some(vantages),
     };
     let alert_task = {
         let channels = crate::alert::channels(&config).unwrap_or_else(|e| {

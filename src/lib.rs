@@ -88,6 +88,10 @@
 //!   file, the live sections published on the live-config `watch` channel
 //!   ([`reload::LiveConfig`]), the rest reported as `restart_required`. The checks and
 //!   counters of the layers above (alert channels, metrics) are handed in by the wiring.
+//! - [`agent`]: `probeok agent` — the same probe client and scheduler for the routes a
+//!   `[[vantage]]` assigns to it, every outcome into its own SQLite outbox (`agent::outbox`,
+//!   bounded, oldest dropped and counted), pushed in batches to the monitor's ingest with
+//!   backoff and jitter (`agent::push`), `/healthz` and `/metrics` (`agent::metrics`).
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one.
 //!
@@ -151,6 +155,9 @@ pub mod vantage;
 // Config and store.
 pub mod config;
 pub mod store;
+
+// Domain: probing from another place.
+pub mod agent;
 
 // Domain.
 pub mod budget;

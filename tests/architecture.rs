@@ -44,6 +44,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("config", Layer::Config),
     ("store", Layer::Store),
     ("probe", Layer::Domain),
+    ("agent", Layer::Domain),
     ("scheduler", Layer::Domain),
     ("health", Layer::Domain),
     ("drift", Layer::Domain),

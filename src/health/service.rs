@@ -46,6 +46,7 @@ use tokio_util::sync::CancellationToken;
 use super::confirm;
 use super::control::{self, ControlProbe};
 use super::findings::{findings, Finding, FindingKind, RouteSummary};
+use super::vantages::{Board, VantageLink, VantageView};
 use super::{
     Baseline, BaselineSnapshot, Detector, HealthEvent, HealthRx, HealthSnapshot, Incident,
     IncidentSummary, RouteHealth, RouteStatus, State, Suppression, Transition,
@@ -56,6 +57,7 @@ use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 use crate::scheduler::{Confirm, CONFIRM_QUEUE};
 use crate::store::{Store, StoreError, Writer, ALL_KINDS};
+use crate::vantage::VantageOutcome;
 
 /// The job name of the service's heartbeat (`/readyz`).
 pub const HEARTBEAT_JOB: &str = "health";
@@ -159,7 +161,15 @@ pub struct HealthService {
     commands: Option<mpsc::Receiver<HealthCommand>>,
     /// Where confirmation probes are asked for, once [`HealthService::confirmations`] made it.
     confirms: Option<mpsc::Sender<Confirm>>,
+    /// Detection per route × vantage for the routes agents probe too ([`super::vantages`]).
+    board: Board,
+    vantage_view: watch::Sender<Arc<VantageView>>,
+    /// Agents' outcomes, once [`HealthService::vantages`] made the channel.
+    vantage_inputs: Option<mpsc::Receiver<VantageOutcome>>,
 }
+
+/// Agents' outcomes waiting for detection; ingest waits when it is full.
+const VANTAGE_QUEUE: usize = 4096;
 
 impl HealthService {
     /// Rebuilds baselines and restores route states from `store` for the routes of `config`
@@ -177,7 +187,11 @@ impl HealthService {
         let cfg = config.detection.clone();
         let reading = store.clone();
         let wanted = ids.clone();
-        let (stored, baselines) = tokio::task::spawn_blocking(move || {
+        let seats: Vec<(RouteId, String)> = ids
+            .iter()
+            .flat_map(|id| config.vantages_of(id).map(|v| (id.clone(), v.id.clone())))
+            .collect();
+        let (stored, baselines, remote) = tokio::task::spawn_blocking(move || {
             let reader = reading.reader()?;
             let stored = reader.route_health_all::<RouteHealth>()?;
             let mut baselines = Vec::with_capacity(wanted.len());
@@ -185,11 +199,18 @@ impl HealthService {
                 let outcomes = reader.outcomes_since(id, since, ALL_KINDS)?;
                 baselines.push(Baseline::rebuild(id.clone(), &cfg, &outcomes));
             }
-            Ok::<_, StoreError>((stored, baselines))
+            let mut remote = HashMap::with_capacity(seats.len());
+            for (id, vantage) in seats {
+                let outcomes = reader.vantage_outcomes_since(&id, &vantage, since)?;
+                let b = Baseline::rebuild(id.clone(), &cfg, &outcomes);
+                remote.insert((id, vantage), b);
+            }
+            Ok::<_, StoreError>((stored, baselines, remote))
         })
         .await??;
 
         let detector = Detector::new(&config.detection);
+        let board = Board::new(config, &detector, remote, now);
         let mut stored: HashMap<RouteId, RouteHealth> = stored
             .into_iter()
             .map(|s| {
@@ -253,7 +274,22 @@ impl HealthService {
             last_tick: None,
             commands: None,
             confirms: None,
+            board,
+            vantage_view: watch::channel(Arc::new(VantageView::default())).0,
+            vantage_inputs: None,
         })
+    }
+
+    /// A sender of agents' outcomes to this service and a receiver of every multi-vantage
+    /// route's vantages (call before [`HealthService::run`]; a second call replaces the
+    /// first channel).
+    pub fn vantages(&mut self) -> VantageLink {
+        let (tx, rx) = mpsc::channel(VANTAGE_QUEUE);
+        self.vantage_inputs = Some(rx);
+        VantageLink {
+            inputs: tx,
+            view: self.vantage_view.subscribe(),
+        }
     }
 
     /// A receiver of the published snapshots (the current one first). It keeps the last
@@ -338,6 +374,7 @@ impl HealthService {
         let mut save = every(o.save_every, o.save_every);
         let mut baselines = every(o.baselines_every, o.baselines_every);
         let mut commands = self.commands.take();
+        let mut remote = self.vantage_inputs.take();
 
         loop {
             tokio::select! {
@@ -347,7 +384,10 @@ impl HealthService {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => self.tick_all(persist).await,
                 _ = heartbeat.tick() => send(persist, Persist::Heartbeat(self.clock.now())).await,
-                _ = findings_timer.tick() => self.evaluate_findings(),
+                _ = findings_timer.tick() => {
+                    self.evaluate_findings();
+                    self.publish_vantages();
+                }
                 ok = next_control(control_rx) => {
                     self.control_ok = Some(ok);
                     self.evaluate_findings();
@@ -355,6 +395,7 @@ impl HealthService {
                 _ = save.tick() => self.save_changed(persist).await,
                 _ = baselines.tick() => self.refresh_baselines(),
                 cmd = next_command(&mut commands) => self.command(cmd),
+                v = next_remote(&mut remote) => self.ingest_remote(v, persist).await,
                 outcome = inputs.recv() => match outcome {
                     Some(outcome) => self.ingest(outcome, persist).await,
                     None => break,
@@ -391,6 +432,10 @@ impl HealthService {
             return;
         };
         let now = self.clock.now();
+        if o.kind != OutcomeKind::Passive && self.board.covers(&o.route) {
+            self.ingest_local_vantage(i, o, persist).await;
+            return;
+        }
         let r = &mut self.routes[i];
         let was_failing = r.health.last_probe().2;
         let t = self
@@ -435,6 +480,115 @@ impl HealthService {
         }
     }
 
+    /// A probe of a route agents probe too: it moves the monitor's own vantage's machine,
+    /// and the route follows the quorum.
+    async fn ingest_local_vantage(
+        &mut self,
+        i: usize,
+        o: ProbeOutcome,
+        persist: &mpsc::Sender<Persist>,
+    ) {
+        let now = self.clock.now();
+        let r = &mut self.routes[i];
+        if let Some(change) = super::fault::observe(&mut r.fault, &o) {
+            let status = match change {
+                super::fault::FaultChange::Opened(s) => Some(s),
+                super::fault::FaultChange::Cleared => None,
+            };
+            let _ = self.events.send(HealthEvent::RouteFault {
+                route: o.route.clone(),
+                status,
+                at: now,
+            });
+        }
+        let Some(local) = self.board.local_mut(&o.route) else {
+            return;
+        };
+        let _ = self.detector.ingest(local, &mut r.baseline, &o, now);
+        if let Some(tx) = &self.confirms {
+            if let Some(kind) = confirm::confirmation(local, &o, self.detector.config()) {
+                let asked = Confirm {
+                    route: o.route.clone(),
+                    kind,
+                };
+                if tx.try_send(asked).is_err() {
+                    tracing::debug!(route = %o.route, "confirmation not queued");
+                }
+            }
+        }
+        self.follow_quorum(i, persist).await;
+    }
+
+    /// An outcome from an agent.
+    async fn ingest_remote(&mut self, v: VantageOutcome, persist: &mpsc::Sender<Persist>) {
+        let now = self.clock.now();
+        let (taken, was_stale) =
+            self.board
+                .ingest_remote(&self.detector, &v.vantage, &v.outcome, now);
+        if was_stale {
+            tracing::info!(vantage = %v.vantage, "vantage pushes again; back in the quorum");
+            self.evaluate_findings();
+        }
+        if !taken {
+            tracing::debug!(vantage = %v.vantage, route = %v.outcome.route, "outcome from a vantage not probing that route; not judged");
+            return;
+        }
+        if let Some(&i) = self.index.get(&v.outcome.route) {
+            self.follow_quorum(i, persist).await;
+        }
+    }
+
+    /// Moves route `i` to its vantages' quorum when that changed (see [`super::quorum`]).
+    async fn follow_quorum(&mut self, i: usize, persist: &mpsc::Sender<Persist>) {
+        let id = self.routes[i].health.route().clone();
+        let Some(verdict) = self.board.verdict(&id) else {
+            return;
+        };
+        let (to, alone_changed) = self.board.note(&id, &verdict);
+        let now = self.clock.now();
+        if let Some(to) = to {
+            let r = &mut self.routes[i];
+            let agreeing = u32::try_from(verdict.agreeing.len()).unwrap_or(u32::MAX);
+            let t = self.detector.follow(
+                &mut r.health,
+                to,
+                verdict.reason.clone(),
+                agreeing,
+                self.board.min_vantages(),
+                now,
+            );
+            r.unsaved = true;
+            if let Some(t) = t {
+                self.on_transition(i, t, persist).await;
+            }
+        }
+        if to.is_some() || alone_changed {
+            self.refresh(i, now);
+            self.evaluate_findings();
+            self.publish_vantages();
+        }
+    }
+
+    /// Publishes every multi-vantage route's vantages.
+    fn publish_vantages(&mut self) {
+        if self.board.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        let (routes, index) = (&self.routes, &self.index);
+        let view = self
+            .board
+            .view(now, |id| index.get(id).map(|&i| &routes[i].baseline));
+        self.vantage_view.send_if_modified(|old| {
+            if **old == view {
+                false
+            } else {
+                *old = Arc::new(view);
+                true
+            }
+        });
+    }
+
     /// The 1-second evaluation of every route.
     async fn tick_all(&mut self, persist: &mpsc::Sender<Persist>) {
         let now = self.clock.now();
@@ -459,6 +613,20 @@ impl HealthService {
                 self.on_transition(i, t, persist).await;
             }
             self.refresh(i, now);
+        }
+        if !self.board.is_empty() {
+            let went_stale = self.board.tick(&self.detector, now);
+            if went_stale {
+                tracing::warn!("a vantage went stale; it leaves the quorum");
+            }
+            for i in 0..self.routes.len() {
+                if self.board.covers(self.routes[i].health.route()) {
+                    self.follow_quorum(i, persist).await;
+                }
+            }
+            if went_stale {
+                self.evaluate_findings();
+            }
         }
     }
 
@@ -538,7 +706,8 @@ impl HealthService {
             .iter()
             .map(|r| RouteSummary::of(&r.health, &self.detector, now))
             .collect();
-        let found = findings(&summaries, self.control_ok);
+        let mut found = findings(&summaries, self.control_ok);
+        found.extend(self.board.findings(now));
         for r in &mut self.routes {
             let s = found
                 .iter()
@@ -693,13 +862,28 @@ fn same_view(a: &RouteStatus, b: &RouteStatus) -> bool {
 
 /// The same finding over time: one egress finding, one request-side finding per route.
 fn same_finding(a: &Finding, b: &Finding) -> bool {
-    a.kind == b.kind && (a.kind == FindingKind::Egress || a.routes == b.routes)
+    a.kind == b.kind
+        && (a.kind == FindingKind::Egress || a.routes == b.routes)
+        && (a.kind != FindingKind::VantageStale || a.providers == b.providers)
 }
 
 async fn next_command(rx: &mut Option<mpsc::Receiver<HealthCommand>>) -> HealthCommand {
     match rx {
         Some(r) => match r.recv().await {
             Some(c) => c,
+            None => {
+                *rx = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_remote(rx: &mut Option<mpsc::Receiver<VantageOutcome>>) -> VantageOutcome {
+    match rx {
+        Some(r) => match r.recv().await {
+            Some(v) => v,
             None => {
                 *rx = None;
                 std::future::pending().await
