@@ -37,6 +37,7 @@ pub mod requests;
 pub mod silences;
 pub mod switches;
 pub mod table;
+pub mod vantages;
 
 use std::sync::Arc;
 
