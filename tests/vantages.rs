@@ -104,6 +104,8 @@ jitter = 0.0
 min_samples = 3
 degraded_after = 2
 recover_after = "1s"
+# Recovery reads the whole window: short, so a healed outage clears in seconds.
+error_window = "20s"
 
 [[provider]]
 id = "qwen"
@@ -310,17 +312,25 @@ min_vantages = 2
     }
     let _monitor = serve(&mon_cfg, &[]).await;
 
-    let healthy = until(&base, Duration::from_secs(40), "all vantages NORMAL", |_| {}, |r| {
-        r["state"] == "NORMAL"
-            && ["hz", "bj", "sh"].iter().all(|v| vstate(r, v) == "NORMAL")
-    })
+    let healthy = until(
+        &base,
+        Duration::from_secs(40),
+        "all vantages NORMAL",
+        |_| {},
+        |r| r["state"] == "NORMAL" && ["hz", "bj", "sh"].iter().all(|v| vstate(r, v) == "NORMAL"),
+    )
     .await;
     assert_eq!(healthy["vantage_local"], Value::Null, "{healthy:#}");
     assert_eq!(healthy["vantages"]["bj"]["stale"], false);
-    assert!(healthy["vantages"]["bj"]["last_seen"].is_string(), "{healthy:#}");
+    assert!(
+        healthy["vantages"]["bj"]["last_seen"].is_string(),
+        "{healthy:#}"
+    );
     // The route agents do not probe is judged by this monitor alone, as on one box.
     let doc = status(&base).await.unwrap();
-    assert!(route(&doc, "deepseek/cn/deepseek-chat").get("vantages").is_none());
+    assert!(route(&doc, "deepseek/cn/deepseek-chat")
+        .get("vantages")
+        .is_none());
 
     // One vantage fails alone: its own state goes bad, the route stays NORMAL, and the
     // finding names that vantage.
@@ -329,15 +339,17 @@ min_vantages = 2
         &base,
         Duration::from_secs(30),
         "bj failing alone gives vantage_local",
-        |r| assert_eq!(r["state"], "NORMAL", "one vantage must not move the route: {r:#}"),
+        |r| {
+            assert_eq!(
+                r["state"], "NORMAL",
+                "one vantage must not move the route: {r:#}"
+            )
+        },
         |r| bad(vstate(r, "bj")) && r["vantage_local"]["vantages"] == json!(["bj"]),
     )
     .await;
     let text = local["vantage_local"]["text"].as_str().unwrap();
-    assert!(
-        text.contains("bj sees qwen/cn/qwen-max failing"),
-        "{text}"
-    );
+    assert!(text.contains("bj sees qwen/cn/qwen-max failing"), "{text}");
     let incidents: Value = http()
         .get(format!("{base}/api/v1/incidents"))
         .send()
@@ -380,9 +392,13 @@ min_vantages = 2
     // Healed everywhere: NORMAL again.
     bj_fail.store(false, Ordering::SeqCst);
     sh_fail.store(false, Ordering::SeqCst);
-    until(&base, Duration::from_secs(40), "healed", |_| {}, |r| {
-        r["state"] == "NORMAL"
-    })
+    until(
+        &base,
+        Duration::from_secs(60),
+        "healed",
+        |_| {},
+        |r| r["state"] == "NORMAL",
+    )
     .await;
     drop(agents);
     let _ = hz_fail;
@@ -469,7 +485,10 @@ url_env = "T_VANTAGE_HOOK"
         |r| r["vantages"]["bj"]["stale"] == true && r["state"] == "NORMAL",
     )
     .await;
-    assert!(bad(vstate(&stale, "bj")), "its last view is still shown: {stale:#}");
+    assert!(
+        bad(vstate(&stale, "bj")),
+        "its last view is still shown: {stale:#}"
+    );
     // One alert, however long it stays stale.
     let deadline = Instant::now() + Duration::from_secs(15);
     let count = || {
@@ -477,13 +496,20 @@ url_env = "T_VANTAGE_HOOK"
             .unwrap()
             .iter()
             .filter(|m| {
-                m["key"].as_str().unwrap_or("").starts_with("vantage_stale:bj@")
+                m["key"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("vantage_stale:bj@")
                     && m["status"] == "firing"
             })
             .count()
     };
     while count() == 0 {
-        assert!(Instant::now() < deadline, "no vantage_stale alert: {:#?}", got.lock().unwrap());
+        assert!(
+            Instant::now() < deadline,
+            "no vantage_stale alert: {:#?}",
+            got.lock().unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -491,10 +517,18 @@ url_env = "T_VANTAGE_HOOK"
     assert_eq!(count(), 1, "{msgs:#?}");
     let m = msgs
         .iter()
-        .find(|m| m["key"].as_str().unwrap_or("").starts_with("vantage_stale:bj@"))
+        .find(|m| {
+            m["key"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("vantage_stale:bj@")
+        })
         .unwrap();
     assert_eq!(m["severity"], "warning", "{m:#}");
-    assert!(m["note"].as_str().unwrap().contains("vantage bj is silent"), "{m:#}");
+    assert!(
+        m["note"].as_str().unwrap().contains("vantage bj is silent"),
+        "{m:#}"
+    );
 }
 
 /// The `vantage_outcomes` ids stored for `vantage`, read from the monitor's file.
@@ -563,7 +597,10 @@ async fn wait_metric(port: u16, name: &str, within: Duration, ok: impl Fn(f64) -
                 return v;
             }
         }
-        assert!(Instant::now() < deadline, "{name} not as expected within {within:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{name} not as expected within {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -604,17 +641,30 @@ async fn the_backlog_survives_a_monitor_outage_and_arrives_once() {
         assert_eq!(o.len().unwrap(), 10_000);
     }
     let mut monitor = serve(&mon_cfg, &[]).await;
-    until(&base, Duration::from_secs(30), "monitor up", |_| {}, |_| true).await;
+    until(
+        &base,
+        Duration::from_secs(30),
+        "monitor up",
+        |_| {},
+        |_| true,
+    )
+    .await;
     let metrics_port = free_port();
     let t0 = Instant::now();
     let _bj = agent(&bj_cfg, "bj", &base, &outbox, metrics_port).await;
-    wait_metric(metrics_port, "probeok_agent_pushed_total", Duration::from_secs(120), |v| {
-        v >= 10_000.0
-    })
+    wait_metric(
+        metrics_port,
+        "probeok_agent_pushed_total",
+        Duration::from_secs(120),
+        |v| v >= 10_000.0,
+    )
     .await;
     let delivered = t0.elapsed();
     let ids = stored_ids(&db, "bj");
-    let backlog: Vec<&String> = ids.iter().filter(|i| i.starts_with("bj-backlog-")).collect();
+    let backlog: Vec<&String> = ids
+        .iter()
+        .filter(|i| i.starts_with("bj-backlog-"))
+        .collect();
     assert_eq!(backlog.len(), 10_000);
     eprintln!(
         "figure: a backlog of 10,000 outcomes delivered in {:.1} s (agent start included); stored 10,000, none twice",
@@ -624,18 +674,30 @@ async fn the_backlog_survives_a_monitor_outage_and_arrives_once() {
     // The monitor goes down hard; the agent keeps probing into its outbox.
     monitor.kill9();
     let _ = monitor.child.wait().await;
-    wait_metric(metrics_port, "probeok_agent_push_errors_total", Duration::from_secs(20), |v| {
-        v >= 2.0
-    })
+    wait_metric(
+        metrics_port,
+        "probeok_agent_push_errors_total",
+        Duration::from_secs(20),
+        |v| v >= 2.0,
+    )
     .await;
-    let waiting = wait_metric(metrics_port, "probeok_agent_backlog", Duration::from_secs(20), |v| {
-        v >= 5.0
-    })
+    let waiting = wait_metric(
+        metrics_port,
+        "probeok_agent_backlog",
+        Duration::from_secs(20),
+        |v| v >= 5.0,
+    )
     .await;
     let down_at = chrono::Utc::now();
     // Back, on the same store.
     let _monitor = serve(&mon_cfg, &[]).await;
-    wait_metric(metrics_port, "probeok_agent_backlog", Duration::from_secs(60), |v| v == 0.0).await;
+    wait_metric(
+        metrics_port,
+        "probeok_agent_backlog",
+        Duration::from_secs(60),
+        |v| v == 0.0,
+    )
+    .await;
     let ids = stored_ids(&db, "bj");
     let runs = check_sequences(
         &ids.iter()
@@ -650,8 +712,9 @@ async fn the_backlog_survives_a_monitor_outage_and_arrives_once() {
         "the {waiting} outcomes that waited arrived ({probes} stored)"
     );
     // Outcomes measured while the monitor was down are there, with their own times.
-    let conn = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .unwrap();
+    let conn =
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
     let during: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM vantage_outcomes WHERE vantage = 'bj' AND uid NOT LIKE 'bj-backlog-%'
@@ -722,7 +785,14 @@ async fn lost_acknowledgements_and_a_killed_agent_double_nothing() {
     let bj_cfg = write_config(dir.path(), "bj.toml", &setup);
     let outbox = dir.path().join("bj.db");
     let _monitor = serve(&mon_cfg, &[]).await;
-    until(&base, Duration::from_secs(30), "monitor up", |_| {}, |_| true).await;
+    until(
+        &base,
+        Duration::from_secs(30),
+        "monitor up",
+        |_| {},
+        |_| true,
+    )
+    .await;
     let (front, duplicates) = lossy_front(base.clone(), 3).await;
 
     let metrics_port = free_port();
@@ -738,11 +808,26 @@ async fn lost_acknowledgements_and_a_killed_agent_double_nothing() {
     let _ = bj.child.wait().await;
     let before = stored_ids(&db, "bj").len();
     let _bj = agent(&bj_cfg, "bj", &front.base_url(), &outbox, metrics_port).await;
-    wait_metric(metrics_port, "probeok_agent_pushed_total", Duration::from_secs(30), |v| v >= 3.0)
-        .await;
-    wait_metric(metrics_port, "probeok_agent_backlog", Duration::from_secs(30), |v| v == 0.0).await;
+    wait_metric(
+        metrics_port,
+        "probeok_agent_pushed_total",
+        Duration::from_secs(30),
+        |v| v >= 3.0,
+    )
+    .await;
+    wait_metric(
+        metrics_port,
+        "probeok_agent_backlog",
+        Duration::from_secs(30),
+        |v| v == 0.0,
+    )
+    .await;
     let ids = stored_ids(&db, "bj");
-    assert!(ids.len() > before, "the restarted agent delivers ({before} → {})", ids.len());
+    assert!(
+        ids.len() > before,
+        "the restarted agent delivers ({before} → {})",
+        ids.len()
+    );
     let runs = check_sequences(&ids);
     assert_eq!(runs.len(), 2, "two runs of the agent: {runs:?}");
     eprintln!(
@@ -771,7 +856,14 @@ async fn ingest_answers_agents_item_by_item() {
         },
     );
     let _monitor = serve(&mon_cfg, &[]).await;
-    until(&base, Duration::from_secs(30), "monitor up", |_| {}, |_| true).await;
+    until(
+        &base,
+        Duration::from_secs(30),
+        "monitor up",
+        |_| {},
+        |_| true,
+    )
+    .await;
     let now = chrono::Utc::now();
     let item = |vantage: &str, id: &str, route: &str, at: chrono::DateTime<chrono::Utc>| {
         json!({"vantage": vantage, "id": id, "route": route, "kind": "probe",
@@ -813,21 +905,28 @@ async fn ingest_answers_agents_item_by_item() {
         "{v:#}"
     );
     // Sent again whole (an answer lost): nothing new.
-    let again = post(json!([item("bj", "bj-1", ROUTE, now), item("bj", "bj-4", ROUTE, now)]))
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
-    assert_eq!((again["accepted"].as_u64(), again["duplicates"].as_u64()), (Some(0), Some(2)));
+    let again = post(json!([
+        item("bj", "bj-1", ROUTE, now),
+        item("bj", "bj-4", ROUTE, now)
+    ]))
+    .await
+    .unwrap()
+    .json::<Value>()
+    .await
+    .unwrap();
+    assert_eq!(
+        (again["accepted"].as_u64(), again["duplicates"].as_u64()),
+        (Some(0), Some(2))
+    );
     assert_eq!(stored_ids(&db, "bj"), ["bj-1", "bj-4"]);
     // Passive items from remote proxies are answered as before.
-    let passive = post(json!([{"route": ROUTE, "started_at": now, "success": true, "total_ms": 90.0}]))
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+    let passive =
+        post(json!([{"route": ROUTE, "started_at": now, "success": true, "total_ms": 90.0}]))
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap();
     assert_eq!(passive["accepted"], 1, "{passive:#}");
 
     // Figure: ten agents pushing at once.
