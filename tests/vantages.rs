@@ -350,6 +350,35 @@ min_vantages = 2
     .await;
     let text = local["vantage_local"]["text"].as_str().unwrap();
     assert!(text.contains("bj sees qwen/cn/qwen-max failing"), "{text}");
+    // What people see: a dot per vantage on `/`, the vantages on the route page, the
+    // vantage label on the probe metrics.
+    let get =
+        |path: String| async move { http().get(path).send().await.unwrap().text().await.unwrap() };
+    let page = get(format!("{base}/?lang=en")).await;
+    for v in ["hz", "bj", "sh"] {
+        assert!(
+            page.contains(&format!("title=\"{v}: ")),
+            "no dot for {v} on /"
+        );
+    }
+    assert!(
+        page.contains("class=\"vdot st-degraded\" title=\"bj: ")
+            || page.contains("class=\"vdot st-critical\" title=\"bj: ")
+    );
+    let route_page = get(format!("{base}/routes/qwen%2Fcn%2Fqwen-max?lang=en")).await;
+    assert!(
+        route_page.contains("id=\"vantages\""),
+        "no vantage table on the route page"
+    );
+    assert!(
+        route_page.contains("bj sees qwen/cn/qwen-max failing"),
+        "no vantage_local on the route page"
+    );
+    let metrics = get(format!("{base}/metrics")).await;
+    assert!(
+        metrics.contains(r#"probeok_probe_vantage_success{provider="qwen",region="cn",model="qwen-max",vantage="bj"} 0"#),
+        "{metrics}"
+    );
     let incidents: Value = http()
         .get(format!("{base}/api/v1/incidents"))
         .send()

@@ -277,14 +277,18 @@ pub async fn handler(
             .await?;
         duplicates = written.duplicates();
         accepted += written.inserted();
-        if let Some(link) = &state.vantages {
-            for (v, new) in agents.into_iter().zip(written.new) {
-                if new {
-                    link.inputs
-                        .send(v)
-                        .await
-                        .map_err(|_| ApiError::ShuttingDown)?;
-                }
+        for (v, new) in agents.into_iter().zip(written.new) {
+            if !new {
+                continue;
+            }
+            state
+                .metrics
+                .observe_vantage_outcome(&v.vantage, &v.outcome);
+            if let Some(link) = &state.vantages {
+                link.inputs
+                    .send(v)
+                    .await
+                    .map_err(|_| ApiError::ShuttingDown)?;
             }
         }
     }

@@ -39,6 +39,10 @@ pub struct RoutePage {
     pub signals: Option<String>,
     /// The latest probe's first token and first answer token ("1.2 s / 4.8 s").
     pub first_answer: String,
+    /// Each vantage's view, when agents probe the route too.
+    pub vantages: Vec<VantageRow>,
+    pub vantage_local: Option<String>,
+    pub vw: VantageWords,
 }
 
 /// "0.4 s / 3.9 s": a reasoning model answers well after its first (reasoning) token; a
@@ -103,7 +107,15 @@ pub async fn route(
     .map_err(|e| fail(e.into()))?;
     let (buckets, transitions, incidents, recent) = read;
     let status = health.route(&route.id);
+    let view = state
+        .vantages
+        .as_ref()
+        .map(|v| v.view.borrow().clone())
+        .unwrap_or_default();
     let body = RoutePage {
+        vantages: rows(&view, &route.id, lang, &when),
+        vantage_local: local(&health, &route.id),
+        vw: words(lang),
         c: Chrome::new(
             lang,
             route.id.as_str(),
