@@ -111,7 +111,7 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown section, named with the valid ones",
             format!("[hearbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`"],
+            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `vantage`, `quorum`, `agent`"],
         ),
         (
             "contracts: unknown fallback model, two behaviours, duplicate feature, bad duration",

@@ -544,7 +544,13 @@ impl HealthService {
         let Some(verdict) = self.board.verdict(&id) else {
             return;
         };
-        let (to, alone_changed) = self.board.note(&id, &verdict);
+        let (mut to, alone_changed) = self.board.note(&id, &verdict);
+        // Real traffic (passive outcomes) may make the route worse than its vantages see, and
+        // never better: a route the quorum finds bad is not healed by its own passive rules.
+        let judged = self.routes[i].health.state();
+        if to.is_none() && verdict.state != State::Unknown && judged < verdict.state {
+            to = Some(verdict.state);
+        }
         let now = self.clock.now();
         if let Some(to) = to {
             let r = &mut self.routes[i];

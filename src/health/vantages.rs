@@ -340,3 +340,146 @@ impl Board {
         VantageView { routes }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::outcome::{OutcomeKind, ProbeError};
+
+    fn config() -> Config {
+        Config::parse(
+            r#"
+[[provider]]
+id = "qwen"
+kind = "openai"
+  [[provider.region]]
+  id = "cn"
+  base_url = "http://127.0.0.1:1/v1"
+[[route]]
+provider = "qwen"
+region = "cn"
+model = "m"
+serves = "chat"
+[[route]]
+provider = "qwen"
+region = "cn"
+model = "solo"
+serves = "chat"
+[detection]
+min_samples = 2
+degraded_after = 2
+[[vantage]]
+id = "bj"
+routes = ["qwen/cn/m"]
+stale_after = "10s"
+[[vantage]]
+id = "sh"
+routes = ["qwen/cn/m"]
+stale_after = "10s"
+"#,
+            "t.toml",
+        )
+        .unwrap()
+        .config
+    }
+
+    fn probe(route: &RouteId, at: DateTime<Utc>, ok: bool) -> ProbeOutcome {
+        ProbeOutcome {
+            route: route.clone(),
+            kind: OutcomeKind::Probe,
+            started_at: at,
+            success: ok,
+            verified: ok.then_some(true),
+            ttfb_ms: Some(10.0),
+            ttft_ms: Some(20.0),
+            total_ms: 50.0,
+            output_tokens: Some(3),
+            tokens_estimated: false,
+            tokens_per_second: None,
+            model_reported: None,
+            system_fingerprint: None,
+            http_status: Some(if ok { 200 } else { 503 }),
+            error: (!ok).then(|| ProbeError::Http {
+                status: 503,
+                message: "overloaded".into(),
+            }),
+            answer: ok.then(|| "PROBE_OK".into()),
+            first_answer_ms: Some(20.0),
+            max_tokens_exhausted: false,
+        }
+    }
+
+    #[test]
+    fn one_agent_failing_alone_is_local_and_a_silent_one_goes_stale_once() {
+        let c = config();
+        let d = Detector::new(&c.detection);
+        let t0 = Utc.with_ymd_and_hms(2026, 3, 2, 10, 0, 0).unwrap();
+        let mut board = Board::new(&c, &d, HashMap::new(), t0);
+        let m = RouteId::new("qwen", "cn", "m");
+        assert!(board.covers(&m));
+        assert!(!board.covers(&RouteId::new("qwen", "cn", "solo")));
+        let mut local = Baseline::new(m.clone(), d.config());
+        for s in 0..3 {
+            let at = t0 + chrono::Duration::seconds(s);
+            let o = probe(&m, at, true);
+            let h = board.local_mut(&m).unwrap();
+            let _ = d.ingest(h, &mut local, &o, at);
+            assert_eq!(board.ingest_remote(&d, "bj", &o, at), (true, false));
+            assert_eq!(board.ingest_remote(&d, "sh", &o, at), (true, false));
+        }
+        assert_eq!(board.verdict(&m).unwrap().state, State::Normal);
+        for s in 3..6 {
+            let at = t0 + chrono::Duration::seconds(s);
+            board.ingest_remote(&d, "bj", &probe(&m, at, false), at);
+            board.ingest_remote(&d, "sh", &probe(&m, at, true), at);
+        }
+        let v = board.verdict(&m).unwrap();
+        assert_eq!(v.state, State::Normal);
+        assert_eq!(v.local, ["bj"]);
+        let f = board.findings(t0);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].kind, FindingKind::VantageLocal);
+        assert_eq!(board.note(&m, &v), (Some(State::Normal), true));
+        assert_eq!(board.note(&m, &v), (None, false));
+
+        // sh goes silent: stale once, out of the quorum (hz and bj are left: still NORMAL,
+        // bj failing alone).
+        let later = t0 + chrono::Duration::seconds(16);
+        board.ingest_remote(&d, "bj", &probe(&m, later, false), later);
+        assert!(board.tick(&d, later));
+        assert!(!board.tick(&d, later + chrono::Duration::seconds(1)));
+        let v = board.verdict(&m).unwrap();
+        assert_eq!((v.state, v.agreeing.len()), (State::Normal, 2));
+        let stale: Vec<Finding> = board
+            .findings(later)
+            .into_iter()
+            .filter(|f| f.kind == FindingKind::VantageStale)
+            .collect();
+        assert_eq!(stale.len(), 1);
+        assert_eq!(stale[0].providers, ["sh"]);
+        let view = board.view(later, |_| None);
+        assert!(view.route(&m).unwrap()["sh"].stale);
+        assert!(!view.route(&m).unwrap()["bj"].stale);
+        // It pushes again: fresh.
+        assert_eq!(
+            board.ingest_remote(&d, "sh", &probe(&m, later, true), later),
+            (true, true)
+        );
+        assert!(board
+            .findings(later)
+            .iter()
+            .all(|f| f.kind != FindingKind::VantageStale));
+        // An agent pushing a route it does not probe is not judged.
+        assert_eq!(
+            board.ingest_remote(
+                &d,
+                "bj",
+                &probe(&RouteId::new("qwen", "cn", "solo"), later, true),
+                later
+            ),
+            (false, false)
+        );
+    }
+}
