@@ -47,6 +47,10 @@ use super::confirm;
 use super::control::{self, ControlProbe};
 use super::findings::{findings, Finding, FindingKind, RouteSummary};
 use super::vantages::{Board, VantageLink, VantageView};
+
+// The multi-vantage part of the shell: agents' outcomes, the quorum, the published view.
+#[path = "service_vantages.rs"]
+mod multi;
 use super::{
     Baseline, BaselineSnapshot, Detector, HealthEvent, HealthRx, HealthSnapshot, Incident,
     IncidentSummary, RouteHealth, RouteStatus, State, Suppression, Transition,
@@ -58,6 +62,7 @@ use crate::route::RouteId;
 use crate::scheduler::{Confirm, CONFIRM_QUEUE};
 use crate::store::{Store, StoreError, Writer, ALL_KINDS};
 use crate::vantage::VantageOutcome;
+use multi::next_remote;
 
 /// The job name of the service's heartbeat (`/readyz`).
 pub const HEARTBEAT_JOB: &str = "health";
@@ -480,121 +485,6 @@ impl HealthService {
         }
     }
 
-    /// A probe of a route agents probe too: it moves the monitor's own vantage's machine,
-    /// and the route follows the quorum.
-    async fn ingest_local_vantage(
-        &mut self,
-        i: usize,
-        o: ProbeOutcome,
-        persist: &mpsc::Sender<Persist>,
-    ) {
-        let now = self.clock.now();
-        let r = &mut self.routes[i];
-        if let Some(change) = super::fault::observe(&mut r.fault, &o) {
-            let status = match change {
-                super::fault::FaultChange::Opened(s) => Some(s),
-                super::fault::FaultChange::Cleared => None,
-            };
-            let _ = self.events.send(HealthEvent::RouteFault {
-                route: o.route.clone(),
-                status,
-                at: now,
-            });
-        }
-        let Some(local) = self.board.local_mut(&o.route) else {
-            return;
-        };
-        let _ = self.detector.ingest(local, &mut r.baseline, &o, now);
-        if let Some(tx) = &self.confirms {
-            if let Some(kind) = confirm::confirmation(local, &o, self.detector.config()) {
-                let asked = Confirm {
-                    route: o.route.clone(),
-                    kind,
-                };
-                if tx.try_send(asked).is_err() {
-                    tracing::debug!(route = %o.route, "confirmation not queued");
-                }
-            }
-        }
-        self.follow_quorum(i, persist).await;
-    }
-
-    /// An outcome from an agent.
-    async fn ingest_remote(&mut self, v: VantageOutcome, persist: &mpsc::Sender<Persist>) {
-        let now = self.clock.now();
-        let (taken, was_stale) =
-            self.board
-                .ingest_remote(&self.detector, &v.vantage, &v.outcome, now);
-        if was_stale {
-            tracing::info!(vantage = %v.vantage, "vantage pushes again; back in the quorum");
-            self.evaluate_findings();
-        }
-        if !taken {
-            tracing::debug!(vantage = %v.vantage, route = %v.outcome.route, "outcome from a vantage not probing that route; not judged");
-            return;
-        }
-        if let Some(&i) = self.index.get(&v.outcome.route) {
-            self.follow_quorum(i, persist).await;
-        }
-    }
-
-    /// Moves route `i` to its vantages' quorum when that changed (see [`super::quorum`]).
-    async fn follow_quorum(&mut self, i: usize, persist: &mpsc::Sender<Persist>) {
-        let id = self.routes[i].health.route().clone();
-        let Some(verdict) = self.board.verdict(&id) else {
-            return;
-        };
-        let (mut to, alone_changed) = self.board.note(&id, &verdict);
-        // Real traffic (passive outcomes) may make the route worse than its vantages see, and
-        // never better: a route the quorum finds bad is not healed by its own passive rules.
-        let judged = self.routes[i].health.state();
-        if to.is_none() && verdict.state != State::Unknown && judged < verdict.state {
-            to = Some(verdict.state);
-        }
-        let now = self.clock.now();
-        if let Some(to) = to {
-            let r = &mut self.routes[i];
-            let agreeing = u32::try_from(verdict.agreeing.len()).unwrap_or(u32::MAX);
-            let t = self.detector.follow(
-                &mut r.health,
-                to,
-                verdict.reason.clone(),
-                agreeing,
-                self.board.min_vantages(),
-                now,
-            );
-            r.unsaved = true;
-            if let Some(t) = t {
-                self.on_transition(i, t, persist).await;
-            }
-        }
-        if to.is_some() || alone_changed {
-            self.refresh(i, now);
-            self.evaluate_findings();
-            self.publish_vantages();
-        }
-    }
-
-    /// Publishes every multi-vantage route's vantages.
-    fn publish_vantages(&mut self) {
-        if self.board.is_empty() {
-            return;
-        }
-        let now = self.clock.now();
-        let (routes, index) = (&self.routes, &self.index);
-        let view = self
-            .board
-            .view(now, |id| index.get(id).map(|&i| &routes[i].baseline));
-        self.vantage_view.send_if_modified(|old| {
-            if **old == view {
-                false
-            } else {
-                *old = Arc::new(view);
-                true
-            }
-        });
-    }
-
     /// The 1-second evaluation of every route.
     async fn tick_all(&mut self, persist: &mpsc::Sender<Persist>) {
         let now = self.clock.now();
@@ -877,19 +767,6 @@ async fn next_command(rx: &mut Option<mpsc::Receiver<HealthCommand>>) -> HealthC
     match rx {
         Some(r) => match r.recv().await {
             Some(c) => c,
-            None => {
-                *rx = None;
-                std::future::pending().await
-            }
-        },
-        None => std::future::pending().await,
-    }
-}
-
-async fn next_remote(rx: &mut Option<mpsc::Receiver<VantageOutcome>>) -> VantageOutcome {
-    match rx {
-        Some(r) => match r.recv().await {
-            Some(v) => v,
             None => {
                 *rx = None;
                 std::future::pending().await
