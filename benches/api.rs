@@ -290,6 +290,7 @@ async fn run() {
         drills: None,
         figures: Default::default(),
         shutdown: shutdown.clone(),
+        vantages: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -198,6 +198,15 @@ pub async fn start_with(
     let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
     let detect_slot: terms::DetectSlot = Default::default();
     let dispatch_task = tokio::spawn(terms::dispatch(detect_rx, detect_slot.clone()));
+    // Agents' outcomes go to the leader term's per-vantage detection; its view is the member's.
+    let (vantage_tx, vantage_rx) = mpsc::channel(DETECTION_QUEUE);
+    let vantage_slot: terms::VantageSlot = Default::default();
+    let vantage_dispatch = tokio::spawn(terms::dispatch(vantage_rx, vantage_slot.clone()));
+    let (vantage_view, _) = watch::channel(Arc::new(crate::health::VantageView::default()));
+    let vantages = crate::health::VantageLink {
+        inputs: vantage_tx,
+        view: vantage_view.subscribe(),
+    };
 
     // Drift findings (read by `GET /api/v1/drift` and the weights) from the leader's runner.
     let drift_jobs = crate::drift::runner::jobs(&config, &routes).map_err(AppError::Drift)?;
@@ -383,6 +392,7 @@ pub async fn start_with(
         drills: Some(drills.clone()),
         figures: Default::default(),
         shutdown: shutdown.clone(),
+        vantages: Some(vantages),
     };
     let alerts = {
         let channels = crate::alert::channels(&config).unwrap_or_else(|e| {
@@ -409,6 +419,8 @@ pub async fn start_with(
         events: health_events.clone(),
         health: health_tx,
         detect: detect_slot,
+        vantage_inputs: vantage_slot,
+        vantage_view,
         alerts,
         drift: drift_tx,
         overrides: overrides_tx,
@@ -464,6 +476,7 @@ pub async fn start_with(
             }
             // The web server (and with it every passive sender) is gone: the queue drains.
             let _ = passive_task.await;
+            let _ = vantage_dispatch.await;
             // The last term's scheduler has stopped and the terms' sender is dropped.
             let _ = recorder_task.await;
             // Both of detection's senders are gone: the leader term's detection judges what

@@ -789,3 +789,63 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
     store.close().await.map_err(CliError::runtime)?;
     served.map_err(CliError::runtime)
 }
+
+/// `probeok agent`: probes the routes of one `[[vantage]]` and pushes the outcomes to the
+/// monitor; needs those routes' provider keys and the ingest token from the environment.
+pub async fn agent(
+    path: &Path,
+    vantage: String,
+    server: String,
+    data: Option<std::path::PathBuf>,
+    listen: std::net::SocketAddr,
+) -> Result<(), CliError> {
+    use crate::agent::{AgentError, AgentOptions};
+    let (config, warnings) = load(path)?;
+    warn_all(&warnings);
+    let routes = crate::agent::routes_of(&config, &vantage)
+        .map_err(|e| CliError::Invalid(vec![format!("error: {e}")]))?;
+    let mut missing: Vec<String> = routes
+        .iter()
+        .filter_map(|r| r.api_key_env.as_deref())
+        .filter(|var| crate::secret::Secret::from_env(var).is_none())
+        .map(|var| format!("error: provider key variable {var} is not set"))
+        .collect();
+    missing.sort();
+    missing.dedup();
+    let token = crate::secret::Secret::from_env(&config.server.ingest_token_env);
+    if token.is_none() {
+        missing.push(format!(
+            "error: the ingest token variable {} is not set",
+            config.server.ingest_token_env
+        ));
+    }
+    let Some(token) = token.filter(|_| missing.is_empty()) else {
+        return Err(CliError::Invalid(missing));
+    };
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    let opts = AgentOptions {
+        vantage,
+        server,
+        data,
+        listen,
+        push: Default::default(),
+    };
+    let running = crate::agent::start(
+        config,
+        opts,
+        token,
+        Arc::new(crate::clock::SystemClock),
+        shutdown,
+    )
+    .await
+    .map_err(|e| match e {
+        AgentError::Invalid(m) => CliError::Invalid(vec![format!("error: {m}")]),
+        e => CliError::Runtime(e.to_string()),
+    })?;
+    running
+        .done
+        .await
+        .map_err(CliError::runtime)?
+        .map_err(CliError::runtime)
+}

@@ -38,6 +38,8 @@
 //!   burn-rate alerts.
 //! - [`stdout`]: the command line's own output (a closed pipe ends it quietly).
 //! - [`lag`]: how far the store is behind the probes (`probeok_store_lag_seconds`, `/readyz`).
+//! - [`vantage`]: the places probes run from (the monitor's own scheduler and remote agents),
+//!   vantage ids, and an agent's outcome as it travels (`VantageOutcome`).
 //!
 //! **Config** — imports base only.
 //!
@@ -96,6 +98,10 @@
 //! - [`trace`]: OpenTelemetry traces — W3C trace context and head sampling
 //!   (`trace::context`, pure), spans built from what a request or probe recorded
 //!   (`trace::span`), the bounded OTLP/HTTP export queue with its drop count (`trace::export`).
+//! - [`agent`]: `probeok agent` — the same probe client and scheduler for the routes a
+//!   `[[vantage]]` assigns to it, every outcome into its own SQLite outbox (`agent::outbox`,
+//!   bounded, oldest dropped and counted), pushed in batches to the monitor's ingest with
+//!   backoff and jitter (`agent::push`), `/healthz` and `/metrics` (`agent::metrics`).
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests),
 //!   and past hours of probing them as outcomes without the wire (`sim::history`).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one,
@@ -158,10 +164,14 @@ pub mod silence;
 pub mod slo;
 pub mod state;
 pub mod stdout;
+pub mod vantage;
 
 // Config and store.
 pub mod config;
 pub mod store;
+
+// Domain: probing from another place.
+pub mod agent;
 
 // Domain.
 pub mod budget;

@@ -42,6 +42,23 @@ enum Command {
         #[arg(long)]
         weights_from: Option<String>,
     },
+    /// Probe the routes a [[vantage]] assigns to this place and push the outcomes to a monitor.
+    Agent {
+        #[arg(long, env = "PROBEOK_CONFIG")]
+        config: PathBuf,
+        /// The [[vantage]] id this agent is.
+        #[arg(long)]
+        vantage: String,
+        /// The monitor's base URL (e.g. http://monitor:9400).
+        #[arg(long)]
+        server: String,
+        /// The outbox file (default ./probeok-agent-<ID>.db).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Where /healthz and /metrics listen.
+        #[arg(long, default_value = probeok::agent::DEFAULT_LISTEN)]
+        listen: std::net::SocketAddr,
+    },
     /// Validate a config and print the routes it defines.
     CheckConfig {
         #[arg(long, env = "PROBEOK_CONFIG")]
@@ -183,6 +200,13 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve { config } => cli::serve(config.as_deref()).await,
             Command::CheckConfig { config } => cli::check_config(&config),
+            Command::Agent {
+                config,
+                vantage,
+                server,
+                data,
+                listen,
+            } => cli::agent(&config, vantage, server, data, listen).await,
             Command::Proxy {
                 config,
                 weights_from,

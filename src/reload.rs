@@ -12,7 +12,7 @@
 //! Live: `[server] title`, `public_url`, `admin_token_env`; `[alerting]`, `[[alert.*]]`
 //! (channels rebuilt), `[[maintenance]]`, `[[contract]]` (the proxy reads them per request),
 //! `[heartbeat]`, `[drill]`. Everything else (listeners, storage, probing, detection, routes,
-//! drift, proxy, switch, budget, the ingest token variable) is wired into running tasks at
+//! drift, proxy, switch, budget, vantages and the quorum, the ingest token variable) is wired into running tasks at
 //! start: a restart applies it.
 //!
 //! Reloads are serialised; `probeok_config_reloads_total{result}` and
@@ -192,6 +192,11 @@ pub fn plan(old: &Config, new: &Config) -> (Config, Plan) {
     live!("contract", contracts);
     live!("heartbeat", heartbeat);
     live!("drill", drill);
+    // The board of vantages is built at start: who probes what, the quorum, an agent's bound.
+    restart!("server.vantage", server.vantage);
+    restart!("vantage", vantages);
+    restart!("quorum", quorum);
+    restart!("agent", agent);
     // Later diagnostics point into the file as it is now.
     next.source_map = new.source_map.clone();
     (next, p)

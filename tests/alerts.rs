@@ -510,6 +510,7 @@ async fn maintenance_and_silences_suppress() {
         drills: None,
         figures: Default::default(),
         shutdown,
+        vantages: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let web = listener.local_addr().unwrap();

@@ -201,6 +201,11 @@ impl Grouper {
                             None,
                         ));
                     }
+                    FindingKind::VantageStale => {
+                        drafts.push(vantage_stale_draft(&finding, at, true))
+                    }
+                    // One place's network: shown on the route, never alerted as the provider's.
+                    FindingKind::VantageLocal => {}
                 },
                 HealthEvent::DriftFinding {
                     finding,
@@ -267,6 +272,9 @@ impl Grouper {
                     drafts.push(route_fault_draft(route, status, at));
                 }
                 HealthEvent::FindingClosed { finding, at } => {
+                    if finding.kind == FindingKind::VantageStale {
+                        drafts.push(vantage_stale_draft(&finding, at, false));
+                    }
                     if finding.kind == FindingKind::Egress {
                         self.egress = None;
                         drafts.push(Draft::new(
@@ -612,4 +620,32 @@ fn route_fault_draft(route: RouteId, status: Option<u16>, at: DateTime<Utc>) -> 
 /// The firing-state key of a route's fault.
 pub fn route_fault_key(route: &RouteId) -> String {
     format!("route_fault:{route}")
+}
+
+/// A `vantage_stale` warning (`firing`) or its resolution: once per silence of the vantage.
+fn vantage_stale_draft(finding: &crate::health::Finding, at: DateTime<Utc>, firing: bool) -> Draft {
+    let vantage = finding.providers.first().cloned().unwrap_or_default();
+    let key = format!("vantage_stale:{vantage}");
+    Draft::new(
+        Message {
+            key: if firing {
+                format!("{key}@{}", at.timestamp_millis())
+            } else {
+                format!("{key}:resolved@{}", at.timestamp_millis())
+            },
+            severity: Severity::Warning,
+            status: if firing {
+                Status::Firing
+            } else {
+                Status::Resolved
+            },
+            subject: Subject::VantageStale { vantage },
+            at,
+            items: Vec::new(),
+            related: finding.routes.clone(),
+            note: Some(finding.text.clone()),
+        },
+        Vec::new(),
+        Some(key),
+    )
 }

@@ -93,6 +93,9 @@ pub enum Subject {
     RouteFault { route: RouteId, status: Option<u16> },
     /// The hourly extra-cost budget passed `degrade_at` (`crate::budget`).
     Budget { used: f64, limit: f64 },
+    /// A remote vantage (`probeok agent`) stopped pushing and left the quorum (`related`
+    /// names its routes).
+    VantageStale { vantage: String },
     /// `probeok alert test`.
     Test,
 }

@@ -417,6 +417,12 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
             }
             Lang::Zh => format!("本小时额外成本预算已用 {used:.2} / {limit:.2}：不再切换"),
         },
+        Subject::VantageStale { vantage } => match (lang, m.status) {
+            (Lang::En, Status::Resolved) => format!("vantage {vantage} reports again"),
+            (Lang::En, _) => format!("vantage {vantage} stopped reporting (left the quorum)"),
+            (Lang::Zh, Status::Resolved) => format!("探测点 {vantage} 恢复上报"),
+            (Lang::Zh, _) => format!("探测点 {vantage} 停止上报(已退出判定)"),
+        },
         Subject::Test => w
             .t(
                 "test message from probeok: this channel works",

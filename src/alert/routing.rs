@@ -16,7 +16,10 @@ use crate::route::RouteId;
 pub fn is_cross_route(m: &Message) -> bool {
     matches!(
         m.subject,
-        Subject::Egress { .. } | Subject::Heartbeat { .. } | Subject::Budget { .. }
+        Subject::Egress { .. }
+            | Subject::Heartbeat { .. }
+            | Subject::Budget { .. }
+            | Subject::VantageStale { .. }
     )
 }
 

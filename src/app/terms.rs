@@ -38,7 +38,13 @@ pub const CLUSTER_SAVE_EVERY: Duration = Duration::from_secs(1);
 
 /// Where stored outcomes go to be judged: the current leader term's detection, or nowhere
 /// while this member follows.
-pub(super) type DetectSlot = Arc<Mutex<Option<mpsc::Sender<ProbeOutcome>>>>;
+pub(super) type DetectSlot = Slot<ProbeOutcome>;
+
+/// The current leader term's input of one kind, or none while this member follows.
+pub(super) type Slot<T> = Arc<Mutex<Option<mpsc::Sender<T>>>>;
+
+/// Where agents' outcomes (accepted by ingest) go to be judged: the leader term's detection.
+pub(super) type VantageSlot = Slot<crate::vantage::VantageOutcome>;
 
 /// What every term needs of the member; shared by the terms, outliving each.
 pub(super) struct Member {
@@ -51,6 +57,9 @@ pub(super) struct Member {
     pub events: broadcast::Sender<HealthEvent>,
     pub health: watch::Sender<Arc<HealthSnapshot>>,
     pub detect: DetectSlot,
+    /// Agents' outcomes for the leader term's per-vantage detection, and what it judged.
+    pub vantage_inputs: VantageSlot,
+    pub vantage_view: watch::Sender<Arc<crate::health::VantageView>>,
     pub alerts: Arc<crate::alert::AlertService>,
     pub drift: watch::Sender<Arc<crate::drift::DriftSnapshot>>,
     pub overrides: watch::Sender<Arc<crate::weights::Overrides>>,
@@ -64,17 +73,17 @@ pub(super) struct Member {
 
 /// Forwards every stored outcome to the current leader term's detection; at the end (every
 /// sender gone, at shutdown) it closes the slot so that term's detection drains and stops.
-pub(super) async fn dispatch(mut outcomes: mpsc::Receiver<ProbeOutcome>, slot: DetectSlot) {
+pub(super) async fn dispatch<T: Send + 'static>(mut outcomes: mpsc::Receiver<T>, slot: Slot<T>) {
     while let Some(outcome) = outcomes.recv().await {
         let tx = slot.lock().unwrap_or_else(|e| e.into_inner()).clone();
         match tx {
             Some(tx) => {
-                if let Err(e) = tx.send(outcome).await {
-                    tracing::debug!(route = %e.0.route, "detection's term has ended; outcome stored, not judged");
+                if tx.send(outcome).await.is_err() {
+                    tracing::debug!("detection's term has ended; outcome stored, not judged");
                 }
             }
             None => {
-                tracing::debug!(route = %outcome.route, "this member follows: outcome stored, judged only by a leader that receives it")
+                tracing::debug!("this member follows: outcome stored, judged only by a leader that receives it")
             }
         }
     }
@@ -140,6 +149,8 @@ pub(super) async fn lead(
     let commands = health.commands();
     // Confirmation probes: detection asks the scheduler to probe an abnormal route again soon.
     let confirms = health.confirmations();
+    let vantages = health.vantages();
+    *m.vantage_inputs.lock().unwrap_or_else(|e| e.into_inner()) = Some(vantages.inputs);
     let (inputs_tx, inputs) = mpsc::channel(super::DETECTION_QUEUE);
     *m.detect.lock().unwrap_or_else(|e| e.into_inner()) = Some(inputs_tx);
     // Alerts subscribe before detection can publish anything, so no event is missed.
@@ -150,6 +161,7 @@ pub(super) async fn lead(
         alert_events,
         token.clone(),
     ))];
+    tasks.push(relay(vantages.view, m.vantage_view.clone(), token.clone()));
     tasks.push(tokio::spawn(scheduler::run_with_confirmations(
         m.routes.iter().cloned().map(Arc::new).collect(),
         Arc::new(m.client.clone()),

@@ -153,6 +153,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             admin_token_env: r.admin_token_env.unwrap_or(d.admin_token_env),
             ingest_token_env: r.ingest_token_env.unwrap_or(d.ingest_token_env),
             title: r.title.unwrap_or(d.title),
+            vantage: r.vantage.unwrap_or(d.vantage),
         }
     };
 
@@ -361,6 +362,9 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             ),
         },
         tracing: tracing(raw.tracing),
+        vantages: super::vantage::vantages(ck, raw.vantages),
+        quorum: super::vantage::quorum(ck, raw.quorum),
+        agent: super::vantage::agent(ck, raw.agent),
         source_map: map.clone(),
         env: crate::secret::Env::process(),
     }
@@ -645,7 +649,12 @@ fn parse_duration(ck: &mut Checker<'_>, path: &str, s: &str) -> Result<Duration,
     })
 }
 
-fn duration(ck: &mut Checker<'_>, path: &str, raw: Option<String>, default: Duration) -> Duration {
+pub(super) fn duration(
+    ck: &mut Checker<'_>,
+    path: &str,
+    raw: Option<String>,
+    default: Duration,
+) -> Duration {
     match raw {
         None => default,
         Some(s) => parse_duration(ck, path, &s).unwrap_or(default),

@@ -1,7 +1,7 @@
 //! The TOML config (docs/configuration.md): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
 //! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
-//! [[contract]] [heartbeat] [drill] [cluster] [tracing]`. Other sections are rejected as unknown
+//! [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -20,6 +20,7 @@ mod keys;
 mod raw;
 mod source_map;
 mod validate;
+mod vantage;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,7 @@ pub use diag::{ConfigErrors, Diagnostic};
 pub use keys::{known_keys, KeysError};
 pub use source_map::SourceMap;
 pub(crate) use validate::Checker;
+pub use vantage::{AgentConfig, QuorumConfig, VantageConfig, VantageError};
 
 /// A validated config (or one built in code: see [`Config::validate`]).
 #[derive(Debug, Clone)]
@@ -76,6 +78,12 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// `[tracing]`: OpenTelemetry traces of proxied requests and probes.
     pub tracing: TracingConfig,
+    /// `[[vantage]]`: the remote places (agents) that probe routes besides this monitor.
+    pub vantages: Vec<VantageConfig>,
+    /// `[quorum]`: how many vantages must share a state for the route to take it.
+    pub quorum: QuorumConfig,
+    /// `[agent]`: what `probeok agent` keeps while the monitor is away.
+    pub agent: AgentConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -108,6 +116,9 @@ impl Default for Config {
             drill: DrillConfig::default(),
             cluster: ClusterConfig::default(),
             tracing: TracingConfig::default(),
+            vantages: Vec::new(),
+            quorum: QuorumConfig::default(),
+            agent: AgentConfig::default(),
             source_map: SourceMap::default(),
             env: Env::process(),
         }
@@ -126,6 +137,8 @@ pub struct ServerConfig {
     /// Bearer token for passive results from remote proxies and agents.
     pub ingest_token_env: String,
     pub title: String,
+    /// The vantage id of this monitor's own scheduler (`[a-z0-9_-]+`, default `local`).
+    pub vantage: String,
 }
 
 impl Default for ServerConfig {
@@ -136,6 +149,7 @@ impl Default for ServerConfig {
             admin_token_env: "PROBEOK_ADMIN_TOKEN".into(),
             ingest_token_env: "PROBEOK_INGEST_TOKEN".into(),
             title: "LLM provider status".into(),
+            vantage: crate::vantage::LOCAL.into(),
         }
     }
 }

@@ -55,6 +55,20 @@ pub(super) struct RawConfig {
     pub cluster: RawCluster,
     #[serde(default)]
     pub tracing: RawTracing,
+    #[serde(default, rename = "vantage")]
+    pub vantages: Vec<RawVantage>,
+    #[serde(default)]
+    pub quorum: RawQuorum,
+    #[serde(default)]
+    pub agent: RawAgent,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawVantage {
+    pub id: String,
+    pub routes: Option<Vec<String>>,
+    pub stale_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -65,10 +79,22 @@ pub(super) struct RawCluster {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub(super) struct RawQuorum {
+    pub min_vantages: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct RawTracing {
     pub otlp_endpoint_env: Option<String>,
     pub service_name: Option<String>,
     pub sample_ratio: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAgent {
+    pub max_backlog: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -131,6 +157,7 @@ pub(super) struct RawServer {
     pub admin_token_env: Option<String>,
     pub ingest_token_env: Option<String>,
     pub title: Option<String>,
+    pub vantage: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

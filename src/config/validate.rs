@@ -119,6 +119,7 @@ impl<'a> Checker<'a> {
         if !(0.0..=1.0).contains(&ratio) {
             self.error("tracing.sample_ratio", "must be between 0 and 1");
         }
+        super::vantage::check(self, c);
     }
 
     fn contracts(&mut self, c: &Config) {

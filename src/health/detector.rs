@@ -680,6 +680,33 @@ impl Detector {
     }
 
     /// Moves the route to `to`, keeps its incident, and returns the transition.
+    /// Moves a route judged by several vantages to the state their quorum agreed on
+    /// ([`super::quorum`]), opening, raising or closing its incident as any transition does.
+    /// The route's own rules do not escalate it further on time alone: its vantages do.
+    pub fn follow(
+        &self,
+        h: &mut RouteHealth,
+        to: State,
+        reason: Reason,
+        agreeing: u32,
+        min_vantages: u32,
+        now: DateTime<Utc>,
+    ) -> Option<Transition> {
+        if h.state == to {
+            return None;
+        }
+        let rate = self.rate(h, now);
+        let thresholds = vec![Threshold {
+            name: "vantages_agreeing".into(),
+            observed: f64::from(agreeing),
+            limit: f64::from(min_vantages),
+        }];
+        let ev = self.evidence(h, &Obs::default(), &rate, thresholds);
+        let t = self.transition(h, to, reason, ev, now);
+        h.abnormal_run_since = None;
+        Some(t)
+    }
+
     fn transition(
         &self,
         h: &mut RouteHealth,

@@ -59,6 +59,12 @@ pub enum FindingKind {
     Egress,
     /// Probes are fine while real traffic on the route fails: look at the requests.
     RequestSide,
+    /// Vantages see the route failing that the quorum does not: their network, not the
+    /// provider (`providers` names those vantages). No incident, no alert, no weight change.
+    VantageLocal,
+    /// An agent stopped pushing and left the quorum (`providers` names the vantage, `routes`
+    /// its routes). Alerted once as a warning.
+    VantageStale,
 }
 
 impl FindingKind {
@@ -67,6 +73,7 @@ impl FindingKind {
         match self {
             FindingKind::Egress => Suppression::Egress,
             FindingKind::RequestSide => Suppression::RequestSide,
+            FindingKind::VantageLocal | FindingKind::VantageStale => Suppression::None,
         }
     }
 }

@@ -24,6 +24,9 @@
 //! - [`fault`]: route faults (401/403/404: our key or model name), opened once, cleared by a
 //!   normal answer.
 //! - [`findings`]: egress and request-side findings over all routes.
+//! - [`vantages`]: detection per route × vantage for the routes remote agents probe too
+//!   (own baselines per vantage, agents' freshness); [`quorum`]: the route's state from its
+//!   fresh vantages' states, and `vantage_local` when one place fails alone.
 //! - [`status`]: the published view (`HealthSnapshot`, `HealthEvent`) other modules consume.
 //! - [`service`]: the shell — owns every route's state, feeds it outcomes and ticks, persists
 //!   transitions, incidents and states, publishes snapshots and events.
@@ -37,11 +40,13 @@ pub mod detector;
 pub mod evidence;
 pub mod fault;
 pub mod findings;
+pub mod quorum;
 pub mod reasons;
 pub mod route_health;
 pub mod service;
 pub mod split;
 pub mod status;
+pub mod vantages;
 pub mod window;
 
 pub use crate::evidence::{fmt_ms, fmt_spread};
@@ -54,3 +59,4 @@ pub use findings::{Finding, FindingKind, RouteSummary};
 pub use route_health::{RouteHealth, Suppression};
 pub use split::{Split, TpsCheck, TtftCheck};
 pub use status::{HealthEvent, HealthRx, HealthSnapshot, IncidentSummary, RouteStatus};
+pub use vantages::{VantageLink, VantageRx, VantageStatus, VantageView};

@@ -51,6 +51,11 @@ use tokio_util::sync::CancellationToken;
 use super::confirm;
 use super::control::{self, ControlProbe};
 use super::findings::{findings, Finding, FindingKind, RouteSummary};
+use super::vantages::{Board, VantageLink, VantageView};
+
+// The multi-vantage part of the shell: agents' outcomes, the quorum, the published view.
+#[path = "service_vantages.rs"]
+mod multi;
 use super::{
     Baseline, BaselineSnapshot, Detector, HealthEvent, HealthRx, HealthSnapshot, Incident,
     IncidentSummary, RouteHealth, RouteStatus, State, Suppression, Transition,
@@ -61,6 +66,8 @@ use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 use crate::scheduler::{Confirm, CONFIRM_QUEUE};
 use crate::store::{Store, StoreError, Writer, ALL_KINDS};
+use crate::vantage::VantageOutcome;
+use multi::next_remote;
 
 /// The job name of the service's heartbeat (`/readyz`).
 pub const HEARTBEAT_JOB: &str = "health";
@@ -173,6 +180,11 @@ pub struct HealthService {
     commands: Option<mpsc::Receiver<HealthCommand>>,
     /// Where confirmation probes are asked for, once [`HealthService::confirmations`] made it.
     confirms: Option<mpsc::Sender<Confirm>>,
+    /// Detection per route × vantage for the routes agents probe too ([`super::vantages`]).
+    board: Board,
+    vantage_view: watch::Sender<Arc<VantageView>>,
+    /// Agents' outcomes, once [`HealthService::vantages`] made the channel.
+    vantage_inputs: Option<mpsc::Receiver<VantageOutcome>>,
     /// The current publishing window (`publish_every` long) and how many snapshots went out
     /// in it.
     window: Option<(Instant, u32)>,
@@ -192,6 +204,9 @@ pub struct PublishCounts {
     pub route_statuses: std::sync::atomic::AtomicU64,
 }
 
+/// Agents' outcomes waiting for detection; ingest waits when it is full.
+const VANTAGE_QUEUE: usize = 4096;
+
 impl HealthService {
     /// Rebuilds baselines and restores route states from `store` for the routes of `config`
     /// (in config order); `events` carries transitions and findings to whoever subscribes.
@@ -208,7 +223,11 @@ impl HealthService {
         let cfg = config.detection.clone();
         let reading = store.clone();
         let wanted = ids.clone();
-        let (stored, baselines) = tokio::task::spawn_blocking(move || {
+        let seats: Vec<(RouteId, String)> = ids
+            .iter()
+            .flat_map(|id| config.vantages_of(id).map(|v| (id.clone(), v.id.clone())))
+            .collect();
+        let (stored, baselines, remote) = tokio::task::spawn_blocking(move || {
             let reader = reading.reader()?;
             let stored = reader.route_health_all::<RouteHealth>()?;
             let mut baselines = Vec::with_capacity(wanted.len());
@@ -216,11 +235,18 @@ impl HealthService {
                 let outcomes = reader.outcomes_since(id, since, ALL_KINDS)?;
                 baselines.push(Baseline::rebuild(id.clone(), &cfg, &outcomes));
             }
-            Ok::<_, StoreError>((stored, baselines))
+            let mut remote = HashMap::with_capacity(seats.len());
+            for (id, vantage) in seats {
+                let outcomes = reader.vantage_outcomes_since(&id, &vantage, since)?;
+                let b = Baseline::rebuild(id.clone(), &cfg, &outcomes);
+                remote.insert((id, vantage), b);
+            }
+            Ok::<_, StoreError>((stored, baselines, remote))
         })
         .await??;
 
         let detector = Detector::new(&config.detection);
+        let board = Board::new(config, &detector, remote, now);
         let mut stored: HashMap<RouteId, RouteHealth> = stored
             .into_iter()
             .map(|s| {
@@ -288,7 +314,22 @@ impl HealthService {
             held: Vec::new(),
             findings_pending: false,
             counts: Arc::default(),
+            board,
+            vantage_view: watch::channel(Arc::new(VantageView::default())).0,
+            vantage_inputs: None,
         })
+    }
+
+    /// A sender of agents' outcomes to this service and a receiver of every multi-vantage
+    /// route's vantages (call before [`HealthService::run`]; a second call replaces the
+    /// first channel).
+    pub fn vantages(&mut self) -> VantageLink {
+        let (tx, rx) = mpsc::channel(VANTAGE_QUEUE);
+        self.vantage_inputs = Some(rx);
+        VantageLink {
+            inputs: tx,
+            view: self.vantage_view.subscribe(),
+        }
     }
 
     /// A receiver of the published snapshots (the current one first). It keeps the last
@@ -433,6 +474,7 @@ impl HealthService {
         let mut save = every(o.save_every, o.save_every);
         let mut baselines = every(o.baselines_every, o.baselines_every);
         let mut commands = self.commands.take();
+        let mut remote = self.vantage_inputs.take();
 
         loop {
             let due = self.publish_due();
@@ -443,7 +485,10 @@ impl HealthService {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => self.tick_all(persist).await,
                 _ = heartbeat.tick() => send(persist, Persist::Heartbeat(self.clock.now())).await,
-                _ = findings_timer.tick() => self.evaluate_findings(),
+                _ = findings_timer.tick() => {
+                    self.evaluate_findings();
+                    self.publish_vantages();
+                }
                 ok = next_control(control_rx) => {
                     self.control_ok = Some(ok);
                     self.evaluate_findings();
@@ -452,6 +497,7 @@ impl HealthService {
                 _ = baselines.tick() => self.refresh_baselines(),
                 cmd = next_command(&mut commands) => self.command(cmd),
                 _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {}
+                v = next_remote(&mut remote) => self.ingest_remote(v, persist).await,
                 outcome = inputs.recv() => match outcome {
                     Some(outcome) => self.ingest(outcome, persist).await,
                     None => break,
@@ -490,6 +536,10 @@ impl HealthService {
             return;
         };
         let now = self.clock.now();
+        if o.kind != OutcomeKind::Passive && self.board.covers(&o.route) {
+            self.ingest_local_vantage(i, o, persist).await;
+            return;
+        }
         let r = &mut self.routes[i];
         let was_failing = r.health.last_probe().2;
         let t = self
@@ -558,6 +608,20 @@ impl HealthService {
                 self.on_transition(i, t, persist).await;
             }
             self.refresh(i, now);
+        }
+        if !self.board.is_empty() {
+            let went_stale = self.board.tick(&self.detector, now);
+            if went_stale {
+                tracing::warn!("a vantage went stale; it leaves the quorum");
+            }
+            for i in 0..self.routes.len() {
+                if self.board.covers(self.routes[i].health.route()) {
+                    self.follow_quorum(i, persist).await;
+                }
+            }
+            if went_stale {
+                self.evaluate_findings();
+            }
         }
     }
 
@@ -638,7 +702,8 @@ impl HealthService {
             .iter()
             .map(|r| RouteSummary::of(&r.health, &self.detector, now))
             .collect();
-        let found = findings(&summaries, self.control_ok);
+        let mut found = findings(&summaries, self.control_ok);
+        found.extend(self.board.findings(now));
         for r in &mut self.routes {
             let s = found
                 .iter()
@@ -828,7 +893,9 @@ fn same_view(a: &RouteStatus, b: &RouteStatus) -> bool {
 
 /// The same finding over time: one egress finding, one request-side finding per route.
 fn same_finding(a: &Finding, b: &Finding) -> bool {
-    a.kind == b.kind && (a.kind == FindingKind::Egress || a.routes == b.routes)
+    a.kind == b.kind
+        && (a.kind == FindingKind::Egress || a.routes == b.routes)
+        && (a.kind != FindingKind::VantageStale || a.providers == b.providers)
 }
 
 async fn next_command(rx: &mut Option<mpsc::Receiver<HealthCommand>>) -> HealthCommand {

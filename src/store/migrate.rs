@@ -47,6 +47,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/0010_first_answer.sql"),
     ),
     (
+        "0011_vantages",
+        include_str!("../../migrations/0011_vantages.sql"),
+    ),
+    (
         "0012_traces",
         include_str!("../../migrations/0012_traces.sql"),
     ),

@@ -17,6 +17,7 @@
 //! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's metering and idempotency keys),
 //! `contracts.rs` (degradation contracts: async-queue jobs, cached answers),
 //! `drills.rs` (drills and the reads behind their reports),
+//! `vantage.rs` (outcomes from remote vantages, each agent-made id once),
 //! `stats.rs` (bulk reads over every route for the
 //! published views), `histogram.rs`, `alerts.rs` (the alert
 //! outbox, firing alerts, silences).
@@ -36,6 +37,7 @@ mod requests;
 mod rollups;
 mod stats;
 mod switch;
+mod vantage;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -55,6 +57,7 @@ pub use migrate::{latest_version, migrate, migrate_to, user_version};
 pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use rollups::{Granularity, Rollup};
 pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
+pub use vantage::VantageWrite;
 pub use writer::{Writer, RETENTION_BATCH};
 
 use crate::outcome::OutcomeKind;

@@ -92,14 +92,18 @@ pub(crate) fn insert(conn: &Connection, route_id: i64, o: &ProbeOutcome) -> Resu
     Ok(())
 }
 
-const COLUMNS: &str = "kind, started_at_ms, success, verified, ttfb_ms, ttft_ms, total_ms,
+pub(super) const COLUMNS: &str =
+    "kind, started_at_ms, success, verified, ttfb_ms, ttft_ms, total_ms,
     output_tokens, tokens_estimated, tokens_per_second, model_reported, system_fingerprint,
     http_status, error_kind, error_status, error_message, retry_after_ms, answer, first_answer_ms,
     max_tokens_exhausted";
 
 /// Reads a row selected with [`COLUMNS`]. Conversion problems surface as rusqlite errors so
 /// they can be raised from inside `query_map`.
-fn from_row(route: &RouteId, r: &Row<'_>) -> rusqlite::Result<Result<ProbeOutcome, StoreError>> {
+pub(super) fn from_row(
+    route: &RouteId,
+    r: &Row<'_>,
+) -> rusqlite::Result<Result<ProbeOutcome, StoreError>> {
     let kind: String = r.get(0)?;
     let started_ms: i64 = r.get(1)?;
     let error_kind: Option<String> = r.get(13)?;

@@ -6,7 +6,7 @@
 //! sender — so an `Ok` means committed. If a batch fails, its commands are retried one per
 //! transaction, so one bad command cannot fail its neighbours.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use chrono::{DateTime, Utc};
 use rusqlite::{Connection, TransactionBehavior};
@@ -101,6 +101,14 @@ pub(crate) enum Command {
         op: super::drills::DrillOp,
         ack: Ack<u64>,
     },
+    /// Outcomes from remote vantages (`store/vantage.rs`); answers how many were new.
+    Vantage {
+        items: Vec<crate::vantage::VantageOutcome>,
+        now: DateTime<Utc>,
+        cutoff_ms: i64,
+        /// Per item: was it new.
+        ack: Ack<Vec<bool>>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -112,13 +120,18 @@ impl Command {
     fn weight(&self) -> usize {
         match self {
             Command::Record { outcomes, .. } => outcomes.len().max(1),
+            Command::Vantage { items, .. } => items.len().max(1),
             _ => 1,
         }
     }
 
-    /// Answers the sender; a sender that stopped waiting is not an error.
-    fn answer(self, result: Result<u64, StoreError>) {
+    /// Answers the sender; a sender that stopped waiting is not an error. `masks` holds the
+    /// per-item answers of committed `Vantage` commands, in order.
+    fn answer(self, result: Result<u64, StoreError>, masks: &mut VecDeque<Vec<bool>>) {
         match self {
+            Command::Vantage { ack, .. } => {
+                let _ = ack.send(result.map(|_| masks.pop_front().unwrap_or_default()));
+            }
             Command::Record { ack, .. }
             | Command::Skip { ack, .. }
             | Command::Heartbeat { ack, .. }
@@ -295,6 +308,7 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Command>, opts: S
         threshold_ms: opts.latency_threshold.as_secs_f64() * 1000.0,
         route_ids: HashMap::new(),
         rollups: RollupCache::default(),
+        masks: VecDeque::new(),
     };
     let mut shutdowns = Vec::new();
     loop {
@@ -327,7 +341,7 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Command>, opts: S
     let _ = conn.execute_batch("PRAGMA optimize");
     drop(conn);
     for c in shutdowns {
-        c.answer(Ok(0));
+        c.answer(Ok(0), &mut VecDeque::new());
     }
 }
 
@@ -336,6 +350,8 @@ struct State {
     /// Interned route ids; may hold ids from the open transaction, so cleared on failure.
     route_ids: HashMap<RouteId, i64>,
     rollups: RollupCache,
+    /// Per-item answers of the committed `Vantage` commands not yet answered.
+    masks: VecDeque<Vec<bool>>,
 }
 
 impl State {
@@ -346,13 +362,13 @@ impl State {
         match self.apply(conn, &batch) {
             Ok(replies) => {
                 for (c, r) in batch.into_iter().zip(replies) {
-                    c.answer(Ok(r));
+                    c.answer(Ok(r), &mut self.masks);
                 }
             }
             Err(e) if batch.len() == 1 => {
                 self.forget();
                 if let Some(c) = batch.into_iter().next() {
-                    c.answer(Err(e));
+                    c.answer(Err(e), &mut self.masks);
                 }
             }
             Err(e) => {
@@ -360,10 +376,10 @@ impl State {
                 tracing::warn!(error = %e, commands = batch.len(), "store batch failed; retrying one command per transaction");
                 for c in batch {
                     match self.apply(conn, std::slice::from_ref(&c)) {
-                        Ok(r) => c.answer(Ok(r.first().copied().unwrap_or(0))),
+                        Ok(r) => c.answer(Ok(r.first().copied().unwrap_or(0)), &mut self.masks),
                         Err(e) => {
                             self.forget();
-                            c.answer(Err(e));
+                            c.answer(Err(e), &mut self.masks);
                         }
                     }
                 }
@@ -375,6 +391,7 @@ impl State {
     fn forget(&mut self) {
         self.route_ids.clear();
         self.rollups.clear();
+        self.masks.clear();
     }
 
     fn route_id(&mut self, conn: &Connection, route: &RouteId) -> Result<i64, StoreError> {
@@ -460,6 +477,21 @@ impl State {
                 Command::Alert { op, .. } => super::alerts::apply(&tx, op)?,
                 Command::Contract { op, .. } => super::contracts::apply(&tx, op)?,
                 Command::Drill { op, .. } => super::drills::apply(&tx, op)?,
+                Command::Vantage {
+                    items,
+                    now,
+                    cutoff_ms,
+                    ..
+                } => {
+                    let mut mask = Vec::with_capacity(items.len());
+                    for v in items {
+                        let id = self.route_id(&tx, &v.outcome.route)?;
+                        mask.push(super::vantage::insert(&tx, id, v, *now)?);
+                    }
+                    super::vantage::delete_old(&tx, *cutoff_ms)?;
+                    self.masks.push_back(mask);
+                    0
+                }
                 Command::Shutdown { .. } => 0,
             };
             replies.push(reply);

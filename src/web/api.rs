@@ -568,9 +568,22 @@ pub async fn status(
         .collect();
     let budget = state.metrics.budget().map(|b| b.snapshot());
     let role = state.metrics.role();
+    let vantages = state
+        .vantages
+        .as_ref()
+        .map(|v| v.view.borrow().clone())
+        .filter(|v| !v.routes.is_empty());
     let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        status_bytes_with(&routes, &health, &figures, now, &breakers, budget, &filter, role)
-            .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))
+        let bytes =
+            status_bytes_with(&routes, &health, &figures, now, &breakers, budget, &filter, role)
+                .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;
+        let Some(view) = vantages else {
+            return Ok(bytes);
+        };
+        let mut doc: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;
+        super::vantages::annotate(&mut doc, &view, &health);
+        serde_json::to_vec(&doc).map_err(|e| ApiError::Internal(format!("serialising status: {e}")))
     })
     .await??;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())

@@ -14,7 +14,16 @@
 //!   known); a bad item is rejected with its index and the rest go on.
 //! - **Delivery**: accepted items are sent to `AppState::passive` in order, awaiting each send
 //!   (a full queue slows the client down instead of dropping data).
-//! - **Answer**: 200 `{"accepted": N, "rejected": [{"index", "error"}]}`.
+//! - **Vantages**: an item with a `vantage` is an agent's outcome (`probeok agent`): it also
+//!   carries a unique `id` and its `kind` (`probe` or `throughput`). It is rejected when the
+//!   vantage is not a `[[vantage]]` of the config (`unknown_vantage`), the route is not
+//!   assigned to it (`route_not_assigned`) or it started more than [`MAX_FUTURE`] ahead
+//!   (`future_timestamp`). Accepted ones are stored once per id (`vantage_outcomes`) before
+//!   the answer, and only new ones go on to detection: a resend after a lost answer is a
+//!   duplicate, never a second observation.
+//! - **Answer**: 200 `{"accepted": N, "duplicates": N, "rejected": [{"index", "code",
+//!   "error"}]}`. Every item answered (accepted, duplicate or rejected) is settled: an agent
+//!   drops it from its outbox.
 
 use std::time::Duration;
 
@@ -30,6 +39,7 @@ use super::{ApiError, AppState};
 use crate::probe::outcome::{scrub, truncate_chars, OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::RouteId;
 use crate::secret::Secret;
+use crate::vantage::VantageOutcome;
 
 /// Largest accepted body.
 pub const MAX_BODY: usize = 1024 * 1024;
@@ -70,6 +80,38 @@ struct Item {
     model_reported: Option<String>,
     http_status: Option<u16>,
     error: Option<ItemError>,
+}
+
+/// What an agent's item adds to a passive one.
+#[derive(Debug, Deserialize)]
+struct VantageFields {
+    vantage: String,
+    id: String,
+    #[serde(default = "probe_kind")]
+    kind: String,
+    verified: Option<bool>,
+    #[serde(default)]
+    max_tokens_exhausted: bool,
+    system_fingerprint: Option<String>,
+}
+
+fn probe_kind() -> String {
+    "probe".into()
+}
+
+/// A rejected item: a stable code and a sentence.
+struct Reject {
+    code: &'static str,
+    error: String,
+}
+
+impl From<String> for Reject {
+    fn from(error: String) -> Self {
+        Reject {
+            code: "invalid_item",
+            error,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,12 +242,19 @@ pub async fn handler(
     let now = state.clock.now();
     let mut accepted = 0usize;
     let mut rejected = Vec::new();
+    let mut agents = Vec::new();
     for (index, raw) in items.into_iter().enumerate() {
-        let outcome = serde_json::from_value::<Item>(raw)
-            .map_err(|e| e.to_string())
-            .and_then(|item| validate(&state, item, now));
+        let vantage = raw.get("vantage").is_some();
+        let outcome = if vantage {
+            validate_vantage(&state, raw, now).map(Accepted::Vantage)
+        } else {
+            serde_json::from_value::<Item>(raw)
+                .map_err(|e| Reject::from(e.to_string()))
+                .and_then(|item| validate(&state, item, now).map_err(Reject::from))
+                .map(Accepted::Passive)
+        };
         match outcome {
-            Ok(outcome) => {
+            Ok(Accepted::Passive(outcome)) => {
                 state
                     .passive
                     .send(outcome)
@@ -213,14 +262,110 @@ pub async fn handler(
                     .map_err(|_| ApiError::ShuttingDown)?;
                 accepted += 1;
             }
-            Err(error) => rejected.push(json!({"index": index, "error": error})),
+            Ok(Accepted::Vantage(v)) => agents.push(v),
+            Err(r) => rejected.push(json!({"index": index, "code": r.code, "error": r.error})),
+        }
+    }
+    let mut duplicates = 0usize;
+    if !agents.is_empty() {
+        let keep = state.config.current().storage.retention_days;
+        let keep_since = now - TimeDelta::days(keep.into());
+        let written = state
+            .store
+            .writer()
+            .record_vantage(agents.clone(), now, keep_since)
+            .await?;
+        duplicates = written.duplicates();
+        accepted += written.inserted();
+        for (v, new) in agents.into_iter().zip(written.new) {
+            if !new {
+                continue;
+            }
+            state
+                .metrics
+                .observe_vantage_outcome(&v.vantage, &v.outcome);
+            if let Some(link) = &state.vantages {
+                link.inputs
+                    .send(v)
+                    .await
+                    .map_err(|_| ApiError::ShuttingDown)?;
+            }
         }
     }
     state.metrics.observe_ingest(accepted, rejected.len());
     if !rejected.is_empty() {
         tracing::debug!(accepted, rejected = rejected.len(), "ingest rejected items");
     }
-    Ok(Json(json!({"accepted": accepted, "rejected": rejected})))
+    Ok(Json(
+        json!({"accepted": accepted, "duplicates": duplicates, "rejected": rejected}),
+    ))
+}
+
+enum Accepted {
+    Passive(ProbeOutcome),
+    Vantage(VantageOutcome),
+}
+
+/// An agent's item → its outcome, or why not.
+fn validate_vantage(
+    state: &AppState,
+    raw: Value,
+    now: DateTime<Utc>,
+) -> Result<VantageOutcome, Reject> {
+    let extra: VantageFields =
+        serde_json::from_value(raw.clone()).map_err(|e| Reject::from(e.to_string()))?;
+    let item: Item = serde_json::from_value(raw).map_err(|e| Reject::from(e.to_string()))?;
+    let config = state.config.current();
+    let vantage = config.vantage(&extra.vantage).map_err(|_| Reject {
+        code: "unknown_vantage",
+        error: format!(
+            "vantage {:?} is not a [[vantage]] of this monitor",
+            truncate_chars(&extra.vantage, 64)
+        ),
+    })?;
+    if !crate::vantage::valid_outcome_id(&extra.id) {
+        return Err(Reject::from(format!(
+            "id must be 1-{} printable characters without spaces",
+            crate::vantage::MAX_OUTCOME_ID_LEN
+        )));
+    }
+    let kind = match OutcomeKind::parse(&extra.kind) {
+        Some(k @ (OutcomeKind::Probe | OutcomeKind::Throughput)) => k,
+        _ => return Err(Reject::from("kind must be probe or throughput".to_owned())),
+    };
+    if let Some(route) = RouteId::parse(&item.route) {
+        if state.routes.iter().any(|r| r.id == route) && !vantage.assigned(&route) {
+            return Err(Reject {
+                code: "route_not_assigned",
+                error: format!(
+                    "route {route} is not assigned to vantage {} (its routes: {})",
+                    vantage.id,
+                    vantage.routes.join(", ")
+                ),
+            });
+        }
+    }
+    let future = TimeDelta::from_std(MAX_FUTURE).unwrap_or_default();
+    if item.started_at > now + future {
+        return Err(Reject {
+            code: "future_timestamp",
+            error: format!(
+                "started_at {} is more than {} s ahead of the monitor's clock",
+                crate::clock::rfc3339(item.started_at),
+                MAX_FUTURE.as_secs()
+            ),
+        });
+    }
+    let mut outcome = validate(state, item, now)?;
+    outcome.kind = kind;
+    outcome.verified = extra.verified;
+    outcome.max_tokens_exhausted = extra.max_tokens_exhausted;
+    outcome.system_fingerprint = extra.system_fingerprint.map(|s| truncate_chars(&s, 200));
+    Ok(VantageOutcome {
+        vantage: vantage.id.clone(),
+        id: extra.id,
+        outcome,
+    })
 }
 
 #[cfg(test)]

@@ -17,6 +17,9 @@
 //!   outcomes in the window ([`Metrics::set_error_budgets`]);
 //! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`,
 //!   `probeok_store_lag_seconds` (the recorder's [`crate::lag::StoreLag`], at scrape time);
+//! - remote vantages' probes (`probeok agent`): `probeok_probe_vantage_success{provider,
+//!   region,model,vantage}` and `probeok_probe_vantage_total{…,vantage,result}` (the probe
+//!   families above stay this monitor's own vantage, with their labels unchanged);
 //! - the in-process proxy's breakers and counters, once [`Metrics::attach_proxy`] was called
 //!   (see `proxy::export`).
 //!
@@ -61,6 +64,25 @@ struct ResultLabels {
     provider: String,
     region: String,
     model: String,
+    result: &'static str,
+}
+
+/// A remote vantage's probes: the route's labels and the vantage. Only a gauge and a
+/// two-valued counter per (route, vantage), so many agents do not multiply histograms.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VantageLabels {
+    provider: String,
+    region: String,
+    model: String,
+    vantage: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VantageResultLabels {
+    provider: String,
+    region: String,
+    model: String,
+    vantage: String,
     result: &'static str,
 }
 
@@ -134,6 +156,8 @@ pub struct Metrics {
     route_weight: Family<WeightLabels, Gauge>,
     slo_budget: Family<RouteLabels, Gauge<f64, AtomicU64>>,
     ingest_items: Family<IngestLabels, Counter>,
+    vantage_success: Family<VantageLabels, Gauge>,
+    vantage_probes: Family<VantageResultLabels, Counter>,
     /// `probeok_alerts_total{channel,result}`, brought up to the alert engine's counts at
     /// scrape time (channels come from the config, results are a fixed set).
     alerts: Family<AlertLabels, Counter>,
@@ -191,6 +215,8 @@ impl Metrics {
         let route_weight = Family::<WeightLabels, Gauge>::default();
         let slo_budget = Family::<RouteLabels, Gauge<f64, AtomicU64>>::default();
         let ingest_items = Family::<IngestLabels, Counter>::default();
+        let vantage_success = Family::<VantageLabels, Gauge>::default();
+        let vantage_probes = Family::<VantageResultLabels, Counter>::default();
         let alerts = Family::<AlertLabels, Counter>::default();
         let budget_cost = Family::<BudgetLabels, Gauge<f64, AtomicU64>>::default();
         let budget_used = Gauge::<f64, AtomicU64>::default();
@@ -287,6 +313,16 @@ impl Metrics {
             ingest_items.clone(),
         );
         registry.register(
+            "probe_vantage_success",
+            "1 if the latest probe of the route from a remote vantage (probeok agent) succeeded",
+            vantage_success.clone(),
+        );
+        registry.register(
+            "probe_vantage",
+            "Probes of the route from remote vantages by result (success, failure)",
+            vantage_probes.clone(),
+        );
+        registry.register(
             "alerts",
             "Alert deliveries by channel and result (delivered, failed, dropped, suppressed)",
             alerts.clone(),
@@ -324,6 +360,8 @@ impl Metrics {
             route_weight,
             slo_budget,
             ingest_items,
+            vantage_success,
+            vantage_probes,
             alerts,
             alert_source: OnceLock::new(),
             proxy,
@@ -497,6 +535,31 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// One outcome from a remote vantage (stored for the first time).
+    pub fn observe_vantage_outcome(&self, vantage: &str, o: &ProbeOutcome) {
+        let Some((labels, _)) = self.routes.get(&o.route) else {
+            return;
+        };
+        let with = VantageLabels {
+            provider: labels.provider.clone(),
+            region: labels.region.clone(),
+            model: labels.model.clone(),
+            vantage: vantage.to_owned(),
+        };
+        self.vantage_success
+            .get_or_create(&with)
+            .set(i64::from(o.success));
+        self.vantage_probes
+            .get_or_create(&VantageResultLabels {
+                provider: with.provider,
+                region: with.region,
+                model: with.model,
+                vantage: with.vantage,
+                result: if o.success { "success" } else { "failure" },
+            })
+            .inc();
     }
 
     /// Counts an ingest request's items.

@@ -37,6 +37,7 @@ pub mod requests;
 pub mod silences;
 pub mod switches;
 pub mod table;
+pub mod vantages;
 
 use std::sync::Arc;
 
@@ -97,6 +98,8 @@ pub struct AppState {
     /// Cancelled at shutdown: long-polls and SSE streams end on it so graceful shutdown is
     /// never held open by a subscriber.
     pub shutdown: CancellationToken,
+    /// Agents' outcomes to detection and its per-vantage view, when detection runs here.
+    pub vantages: Option<crate::health::VantageLink>,
 }
 
 /// Checks `Authorization: Bearer <token>` against the variable `server.admin_token_env` names

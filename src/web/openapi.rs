@@ -229,7 +229,9 @@ fn core_schemas() -> Value {
                 "incident": {"type": "object", "nullable": true, "properties": {
                     "id": {"type": "string"}, "opened_at": {"type": "string", "format": "date-time"}, "peak": state_enum()}},
                 "breaker": {"type": "string", "enum": ["closed", "half_open", "open"],
-                    "description": "The in-process proxy's circuit breaker of the route; absent without a proxy"}
+                    "description": "The in-process proxy's circuit breaker of the route; absent without a proxy"},
+                "vantages": vantages_schema(),
+                "vantage_local": vantage_local_schema()
             }
         },
         "Status": {
@@ -324,6 +326,9 @@ fn core_schemas() -> Value {
                 "ttfb_ms": {"type": "number", "minimum": 0}, "ttft_ms": {"type": "number", "minimum": 0},
                 "first_answer_ms": {"type": "number", "minimum": 0},
                 "output_tokens": {"type": "integer", "minimum": 0}, "tokens_estimated": {"type": "boolean"},
+                "vantage": {"type": "string", "description": "An agent's [[vantage]] id; with it, id and kind are read too"},
+                "id": {"type": "string", "description": "An agent's unique id for the outcome (a resend is a duplicate)"},
+                "kind": {"type": "string", "enum": ["probe", "throughput"], "description": "Agents' items only"},
                 "tokens_per_second": {"type": "number", "minimum": 0},
                 "model_reported": {"type": "string"}, "http_status": {"type": "integer"},
                 "error": {"$ref": "#/components/schemas/OutcomeError"}
@@ -333,8 +338,11 @@ fn core_schemas() -> Value {
             "type": "object", "required": ["accepted", "rejected"],
             "properties": {
                 "accepted": {"type": "integer"},
+                "duplicates": {"type": "integer", "description": "Agents' items whose id the monitor already stored"},
                 "rejected": {"type": "array", "items": {"type": "object", "properties": {
-                    "index": {"type": "integer"}, "error": {"type": "string"}}}}
+                    "index": {"type": "integer"},
+                    "code": {"type": "string", "description": "unknown_vantage, route_not_assigned, future_timestamp or invalid_item"},
+                    "error": {"type": "string"}}}}
             }
         },
         "Health": {"type": "object", "properties": {"status": {"type": "string"},
@@ -575,4 +583,21 @@ pub async fn handler() -> Response {
     static BODY: OnceLock<String> = OnceLock::new();
     let body = BODY.get_or_init(|| document().to_string());
     ([(header::CONTENT_TYPE, "application/json")], body.as_str()).into_response()
+}
+
+/// A route's `vantages` (routes `[[vantage]]` agents probe too).
+fn vantages_schema() -> Value {
+    json!({"type": "object", "description": "Each vantage's view, for routes [[vantage]] agents probe too; absent otherwise",
+        "additionalProperties": {"type": "object", "required": ["state", "since", "stale"], "properties": {
+            "state": state_enum(), "since": {"type": "string", "format": "date-time"},
+            "reason": {"type": "object", "nullable": true, "properties": {"code": {"type": "string"}, "text": {"type": "string"}}},
+            "last_seen": {"type": "string", "format": "date-time", "nullable": true},
+            "stale": {"type": "boolean"}, "p50_ms": {"type": "number", "nullable": true}}}})
+}
+
+/// A route's `vantage_local` finding.
+fn vantage_local_schema() -> Value {
+    json!({"type": "object", "nullable": true, "description": "Vantages seeing the route fail alone (their network, not the provider)",
+        "properties": {"code": {"type": "string"}, "text": {"type": "string"},
+            "vantages": {"type": "array", "items": {"type": "string"}}}})
 }

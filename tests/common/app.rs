@@ -189,6 +189,7 @@ impl Harness {
             drills: None,
             figures: Default::default(),
             shutdown: shutdown.clone(),
+            vantages: None,
         };
         Self {
             state,

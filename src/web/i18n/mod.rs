@@ -101,6 +101,8 @@ pub struct Text {
     pub findings: &'static str,
     pub finding_egress: &'static str,
     pub finding_request_side: &'static str,
+    pub finding_vantage_local: &'static str,
+    pub finding_vantage_stale: &'static str,
     pub routes_heading: &'static str,
     pub logical_model: &'static str,
     pub since: &'static str,

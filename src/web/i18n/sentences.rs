@@ -231,6 +231,8 @@ pub fn finding(lang: Lang, kind: FindingKind, providers: &[String], routes: usiz
     let base = match kind {
         FindingKind::Egress => t.finding_egress,
         FindingKind::RequestSide => t.finding_request_side,
+        FindingKind::VantageLocal => t.finding_vantage_local,
+        FindingKind::VantageStale => t.finding_vantage_stale,
     };
     match lang {
         Lang::En => format!(

@@ -36,6 +36,8 @@ pub struct RouteLine {
     pub uptime_24h: String,
     pub uptime_30d: String,
     pub p50: String,
+    /// One dot per vantage, for routes agents probe too (filled by the page handler).
+    pub vantages: Vec<super::VantageDot>,
     /// For the ordering: how bad the route's state is, and its tier.
     pub(super) rank: u8,
     pub(super) tier_order: u8,
@@ -128,6 +130,7 @@ pub fn route_line(
         uptime_24h: ratio(&figures.uptime_24h, id, t),
         uptime_30d: ratio(&figures.uptime_30d, id, t),
         p50: p50.map_or_else(|| t.no_data.to_owned(), fmt_ms),
+        vantages: Vec::new(),
         rank: severity(state),
         tier_order: match route.tier {
             Tier::Primary => 0,

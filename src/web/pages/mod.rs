@@ -43,12 +43,14 @@ mod incidents;
 mod lines;
 mod route;
 mod status;
+mod vantages;
 
 pub use chart::*;
 pub use incidents::*;
 pub use lines::*;
 pub use route::*;
 pub use status::*;
+pub use vantages::*;
 
 use std::borrow::Cow;
 use std::collections::HashMap;

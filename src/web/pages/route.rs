@@ -41,6 +41,10 @@ pub struct RoutePage {
     pub first_answer: String,
     /// What probing the route costs per month, as `/api/v1/status` gives it (`probe_cost`).
     pub probe_cost: String,
+    /// Each vantage's view, when agents probe the route too.
+    pub vantages: Vec<VantageRow>,
+    pub vantage_local: Option<String>,
+    pub vw: VantageWords,
 }
 
 /// "0.4 s / 3.9 s": a reasoning model answers well after its first (reasoning) token; a
@@ -105,7 +109,15 @@ pub async fn route(
     .map_err(|e| fail(e.into()))?;
     let (buckets, transitions, incidents, recent) = read;
     let status = health.route(&route.id);
+    let view = state
+        .vantages
+        .as_ref()
+        .map(|v| v.view.borrow().clone())
+        .unwrap_or_default();
     let body = RoutePage {
+        vantages: rows(&view, &route.id, lang, &when),
+        vantage_local: local(&health, &route.id),
+        vw: words(lang),
         c: Chrome::new(
             lang,
             route.id.as_str(),

@@ -547,6 +547,16 @@ pub async fn status(
             .collect();
     }
     page.drills = drill_lines(&state, lang, now, None);
+    if let Some(link) = &state.vantages {
+        let view = link.view.borrow().clone();
+        if !view.routes.is_empty() {
+            for line in page.groups.iter_mut().flat_map(|g| g.routes.iter_mut()) {
+                if let Some(id) = RouteId::parse(&line.id) {
+                    line.vantages = dots(&view, &id, lang);
+                }
+            }
+        }
+    }
     let body = page
         .render()
         .map_err(|e| fail(PageError::Internal(format!("rendering /: {e}"))))?;

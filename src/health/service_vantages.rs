@@ -1,0 +1,148 @@
+//! The health service's part for routes agents probe too ([`crate::health::vantages`]): the
+//! monitor's own probes of such a route move its own vantage's machine, agents' outcomes
+//! move theirs, and the route follows their quorum ([`crate::health::quorum`]) through
+//! [`crate::health::Detector::follow`], its transitions stored and announced like any other.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::{HealthEvent, HealthService, Persist, State};
+use crate::health::confirm;
+use crate::probe::ProbeOutcome;
+use crate::scheduler::Confirm;
+use crate::vantage::VantageOutcome;
+
+impl HealthService {
+    /// A probe of a route agents probe too: it moves the monitor's own vantage's machine,
+    /// and the route follows the quorum.
+    pub(super) async fn ingest_local_vantage(
+        &mut self,
+        i: usize,
+        o: ProbeOutcome,
+        persist: &mpsc::Sender<Persist>,
+    ) {
+        let now = self.clock.now();
+        let r = &mut self.routes[i];
+        if let Some(change) = crate::health::fault::observe(&mut r.fault, &o) {
+            let status = match change {
+                crate::health::fault::FaultChange::Opened(s) => Some(s),
+                crate::health::fault::FaultChange::Cleared => None,
+            };
+            let _ = self.events.send(HealthEvent::RouteFault {
+                route: o.route.clone(),
+                status,
+                at: now,
+            });
+        }
+        let Some(local) = self.board.local_mut(&o.route) else {
+            return;
+        };
+        let _ = self.detector.ingest(local, &mut r.baseline, &o, now);
+        if let Some(tx) = &self.confirms {
+            if let Some(kind) = confirm::confirmation(local, &o, self.detector.config()) {
+                let asked = Confirm {
+                    route: o.route.clone(),
+                    kind,
+                };
+                if tx.try_send(asked).is_err() {
+                    tracing::debug!(route = %o.route, "confirmation not queued");
+                }
+            }
+        }
+        self.follow_quorum(i, persist).await;
+    }
+
+    /// An outcome from an agent.
+    pub(super) async fn ingest_remote(
+        &mut self,
+        v: VantageOutcome,
+        persist: &mpsc::Sender<Persist>,
+    ) {
+        let now = self.clock.now();
+        let (taken, was_stale) =
+            self.board
+                .ingest_remote(&self.detector, &v.vantage, &v.outcome, now);
+        if was_stale {
+            tracing::info!(vantage = %v.vantage, "vantage pushes again; back in the quorum");
+            self.evaluate_findings();
+        }
+        if !taken {
+            tracing::debug!(vantage = %v.vantage, route = %v.outcome.route, "outcome from a vantage not probing that route; not judged");
+            return;
+        }
+        if let Some(&i) = self.index.get(&v.outcome.route) {
+            self.follow_quorum(i, persist).await;
+        }
+    }
+
+    /// Moves route `i` to its vantages' quorum when that changed (see [`crate::health::quorum`]).
+    pub(super) async fn follow_quorum(&mut self, i: usize, persist: &mpsc::Sender<Persist>) {
+        let id = self.routes[i].health.route().clone();
+        let Some(verdict) = self.board.verdict(&id) else {
+            return;
+        };
+        let (mut to, alone_changed) = self.board.note(&id, &verdict);
+        // Real traffic (passive outcomes) may make the route worse than its vantages see, and
+        // never better: a route the quorum finds bad is not healed by its own passive rules.
+        let judged = self.routes[i].health.state();
+        if to.is_none() && verdict.state != State::Unknown && judged < verdict.state {
+            to = Some(verdict.state);
+        }
+        let now = self.clock.now();
+        if let Some(to) = to {
+            let r = &mut self.routes[i];
+            let agreeing = u32::try_from(verdict.agreeing.len()).unwrap_or(u32::MAX);
+            let t = self.detector.follow(
+                &mut r.health,
+                to,
+                verdict.reason.clone(),
+                agreeing,
+                self.board.min_vantages(),
+                now,
+            );
+            r.unsaved = true;
+            if let Some(t) = t {
+                self.on_transition(i, t, persist).await;
+            }
+        }
+        if to.is_some() || alone_changed {
+            self.refresh(i, now);
+            self.evaluate_findings();
+            self.publish_vantages();
+        }
+    }
+
+    /// Publishes every multi-vantage route's vantages.
+    pub(super) fn publish_vantages(&mut self) {
+        if self.board.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        let (routes, index) = (&self.routes, &self.index);
+        let view = self
+            .board
+            .view(now, |id| index.get(id).map(|&i| &routes[i].baseline));
+        self.vantage_view.send_if_modified(|old| {
+            if **old == view {
+                false
+            } else {
+                *old = Arc::new(view);
+                true
+            }
+        });
+    }
+}
+
+pub(super) async fn next_remote(rx: &mut Option<mpsc::Receiver<VantageOutcome>>) -> VantageOutcome {
+    match rx {
+        Some(r) => match r.recv().await {
+            Some(v) => v,
+            None => {
+                *rx = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
