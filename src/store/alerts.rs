@@ -1,10 +1,10 @@
-//! Alert tables (`migrations/0004_alerts.sql`): the outbox, the firing alerts and silences.
+//! Alert tables (`migrations/*/0004_alerts.sql`): the outbox, the firing alerts and silences.
 //! Writes go through the writer thread as [`AlertOp`]s (one transaction each, so an enqueue
 //! and the firing-state change that goes with it commit together); reads are [`Reader`]
 //! methods. Messages are stored as JSON text; this module does not look inside them.
 
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
+use super::sql::{params, Connection, OptionalExtension};
 
 use super::{from_ms, to_ms, Reader, StoreError};
 use crate::silence::Silence;
@@ -173,7 +173,7 @@ pub(crate) fn apply(conn: &Connection, op: &AlertOp) -> Result<u64, StoreError> 
     }
 }
 
-fn outbox_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(OutboxRow, i64, i64)> {
+fn outbox_row(r: &super::sql::Row<'_>) -> super::sql::Result<(OutboxRow, i64, i64)> {
     Ok((
         OutboxRow {
             id: r.get(0)?,
@@ -198,7 +198,7 @@ impl Reader {
     fn outbox_query(
         &self,
         sql: &str,
-        p: &[&dyn rusqlite::ToSql],
+        p: &[&dyn super::sql::ToSql],
     ) -> Result<Vec<OutboxRow>, StoreError> {
         let mut stmt = self.conn.prepare_cached(sql)?;
         let rows = stmt.query_map(p, outbox_row)?;

@@ -1,4 +1,4 @@
-//! The degradation contracts' tables (`migrations/0008_contracts.sql`): `contract_jobs` (the
+//! The degradation contracts' tables (`migrations/*/0008_contracts.sql`): `contract_jobs` (the
 //! `async_queue` behaviour's persisted jobs) and `contract_cache` (the `cached_response`
 //! behaviour's answers).
 //!
@@ -7,7 +7,7 @@
 //! these tables: cached answers are never exposed by any other endpoint.
 
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use super::sql::{params, Connection, Engine, OptionalExtension, Row};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
@@ -264,14 +264,17 @@ const JOB_COLUMNS: &str = "id, owner, feature, model, residency, stream_requeste
 
 /// A row of [`JOB_COLUMNS`] as a job; a bad timestamp or status is reported as a conversion
 /// failure of its column (the store is then corrupt).
-fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
+fn job_row(r: &Row<'_>) -> super::sql::Result<JobRecord> {
     let corrupt = |i: usize, e: StoreError| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Integer, Box::new(e))
+        super::sql::SqlError::Convert {
+            column: i,
+            message: e.to_string(),
+        }
     };
-    let time = |i: usize| -> rusqlite::Result<DateTime<Utc>> {
+    let time = |i: usize| -> super::sql::Result<DateTime<Utc>> {
         from_ms(r.get(i)?).map_err(|e| corrupt(i, e))
     };
-    let time_opt = |i: usize| -> rusqlite::Result<Option<DateTime<Utc>>> {
+    let time_opt = |i: usize| -> super::sql::Result<Option<DateTime<Utc>>> {
         r.get::<_, Option<i64>>(i)?
             .map(|ms| from_ms(ms).map_err(|e| corrupt(i, e)))
             .transpose()
@@ -321,12 +324,17 @@ impl Reader {
     ) -> Result<Vec<JobRecord>, StoreError> {
         let skip = serde_json::to_string(skip)
             .map_err(|e| StoreError::Invalid(format!("model list: {e}")))?;
+        // The models to leave out, as one JSON array parameter.
+        let skipped = match self.conn.engine() {
+            Engine::Sqlite => "SELECT value FROM json_each(?3)",
+            Engine::Postgres => "SELECT json_array_elements_text(CAST(CAST(?3 AS TEXT) AS JSON))",
+        };
         let rows: Vec<JobRecord> = self
             .conn
             .prepare_cached(&format!(
                 "SELECT {JOB_COLUMNS} FROM contract_jobs
                  WHERE status = 'queued' AND expires_at_ms > ?1
-                   AND model NOT IN (SELECT value FROM json_each(?3))
+                   AND model NOT IN ({skipped})
                  ORDER BY created_at_ms, id LIMIT ?2"
             ))?
             .query_map(

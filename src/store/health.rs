@@ -13,7 +13,7 @@
 //! them back.
 
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use super::sql::{params, Connection, OptionalExtension, Row};
 use serde::de::DeserializeOwned;
 
 use super::writer::Command;
@@ -256,7 +256,7 @@ type RawTransition = (
     Option<String>,
 );
 
-fn raw_transition(r: &Row<'_>) -> rusqlite::Result<RawTransition> {
+fn raw_transition(r: &Row<'_>) -> super::sql::Result<RawTransition> {
     Ok((
         r.get(0)?,
         r.get(1)?,
@@ -286,8 +286,8 @@ fn transition(raw: RawTransition) -> Result<Transition, StoreError> {
 }
 
 fn collect_transitions(
-    stmt: &mut rusqlite::CachedStatement<'_>,
-    params: impl rusqlite::Params,
+    stmt: &mut super::sql::Statement<'_>,
+    params: impl super::sql::Params,
 ) -> Result<Vec<Transition>, StoreError> {
     let rows = stmt.query_map(params, raw_transition)?;
     let mut out = Vec::new();

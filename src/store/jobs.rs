@@ -2,7 +2,7 @@
 //! (probes skipped because the previous one overran), `store_meta`, and retention.
 
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection};
+use super::sql::{params, Connection};
 
 use super::rollups::Granularity;
 use super::{from_ms, to_ms, Reader, StoreError};

@@ -1,4 +1,4 @@
-//! The proxy's tables (`migrations/0006_proxy.sql`): metering — one `proxy_requests` row per
+//! The proxy's tables (`migrations/*/0006_proxy.sql`): metering — one `proxy_requests` row per
 //! request with its `proxy_attempts` — and idempotency keys with their stored answers.
 //!
 //! Writes go through the one writer thread like everything else ([`Writer::record_request`],
@@ -8,7 +8,7 @@
 //! deletes a few expired ones).
 
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
+use super::sql::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
 use super::writer::{Ack, Command};
@@ -101,13 +101,14 @@ fn finite(v: f64) -> Option<f64> {
 
 pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(), StoreError> {
     let latency = finite(r.latency_ms).unwrap_or(0.0);
-    conn.prepare_cached(
+    let pk = conn.prepare_cached(
         "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
              stream, attempts, fallback_reason, prompt_tokens, completion_tokens, cost, currency,
              latency_ms, contract)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+         RETURNING id",
     )?
-    .execute(params![
+    .query_row(params![
         r.request_id,
         r.serves,
         to_ms(r.started_at),
@@ -123,8 +124,7 @@ pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(),
         r.currency,
         latency,
         r.contract,
-    ])?;
-    let pk = conn.last_insert_rowid();
+    ], |row| row.get::<_, i64>(0))?;
     let mut stmt = conn.prepare_cached(
         "INSERT INTO proxy_attempts (request_pk, n, route, reason, status_class, status, ttfb_ms,
              latency_ms, prompt_tokens, completion_tokens, cost, outcome)

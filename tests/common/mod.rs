@@ -17,6 +17,7 @@
 pub mod alerts;
 pub mod app;
 pub mod pages;
+pub mod pg;
 pub mod scale;
 pub mod upstream;
 
