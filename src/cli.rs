@@ -463,8 +463,9 @@ pub async fn probe(
         crate::stdout::print(format_args!("{}", outcomes_table(&outcomes)));
     }
     if record {
-        let store = Store::open(
-            &config.storage.path,
+        let location = app::store_location(&config).map_err(CliError::runtime)?;
+        let store = Store::open_at(
+            &location,
             StoreOptions {
                 latency_threshold: config.slo.latency_threshold,
             },
@@ -720,11 +721,12 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
     warn_all(&warnings);
     open?;
     refuse_missing_secrets(&config)?;
-    let store_path = config.storage.path.clone();
+    let location = app::store_location(&config).map_err(CliError::runtime)?;
+    tracing::info!(engine = location.engine().as_str(), database = %location.describe(), "opening the store");
     let opts = StoreOptions {
         latency_threshold: config.slo.latency_threshold,
     };
-    let store = tokio::task::spawn_blocking(move || Store::open(&store_path, opts))
+    let store = tokio::task::spawn_blocking(move || Store::open_at(&location, opts))
         .await
         .map_err(CliError::runtime)?
         .map_err(CliError::runtime)?;

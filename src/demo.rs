@@ -163,6 +163,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
             ..ServerConfig::default()
         },
         storage: StorageConfig {
+            url_env: None,
             path: PathBuf::from(DEMO_DB),
             ..StorageConfig::default()
         },

@@ -135,6 +135,9 @@ impl Default for ServerConfig {
 pub struct StorageConfig {
     /// As written (a relative path is relative to the working directory).
     pub path: PathBuf,
+    /// The environment variable that may hold a `postgres://` URL: when it does, the whole
+    /// store is PostgreSQL and `path` is ignored.
+    pub url_env: Option<String>,
     /// Raw results; also the baseline lookback.
     pub retention_days: u32,
     /// Hourly and daily rollups (5-minute ones are kept 48 h regardless).
@@ -145,6 +148,7 @@ impl Default for StorageConfig {
     fn default() -> Self {
         Self {
             path: PathBuf::from("probeok.db"),
+            url_env: None,
             retention_days: 14,
             rollup_retention_days: 400,
         }

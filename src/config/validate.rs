@@ -276,6 +276,9 @@ impl<'a> Checker<'a> {
         if s.path.as_os_str().is_empty() {
             self.error("storage.path", "must not be empty");
         }
+        if let Some(name) = &s.url_env {
+            self.env_name("storage.url_env", name);
+        }
         self.at_least("storage.retention_days", s.retention_days, 1);
         self.at_least("storage.rollup_retention_days", s.rollup_retention_days, 1);
     }
