@@ -243,15 +243,16 @@ type RequestRow = (
 impl Reader {
     /// Metered requests, newest first, filtered (`limit` is the caller's bounded value).
     pub fn proxy_requests(&self, f: &RequestFilter) -> Result<Vec<RequestRecord>, StoreError> {
+        // The casts give PostgreSQL each optional filter's type (an `IS NULL` alone has none).
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, request_id, serves, started_at_ms, route, outcome, status, stream,
                     fallback_reason, prompt_tokens, completion_tokens, cost, currency, latency_ms,
                     contract
              FROM proxy_requests r
-             WHERE (?1 IS NULL OR started_at_ms >= ?1)
-               AND (?2 IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
+             WHERE (CAST(?1 AS BIGINT) IS NULL OR started_at_ms >= ?1)
+               AND (CAST(?2 AS TEXT) IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
                                           WHERE a.request_pk = r.id AND a.route = ?2))
-               AND (?3 IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
+               AND (CAST(?3 AS TEXT) IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
                                           WHERE a.request_pk = r.id AND a.reason = ?3))
              ORDER BY started_at_ms DESC, id DESC LIMIT ?4",
         )?;
