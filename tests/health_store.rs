@@ -7,11 +7,11 @@
 mod pg;
 
 use chrono::{DateTime, TimeZone, Utc};
+use pg::TestDb;
 use probeok::config::DetectionConfig;
 use probeok::health::{Baseline, Detector, RouteHealth, State, Transition};
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::route::RouteId;
-use pg::TestDb;
 use probeok::store::sql::Engine;
 use probeok::store::{latest_version, migrate_to, user_version, StoreOptions};
 

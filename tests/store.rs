@@ -9,17 +9,17 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
+use pg::TestDb;
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::route::RouteId;
 use probeok::store::histogram::{bucket_bounds, bucket_index};
+use probeok::store::sql::Engine;
 use probeok::store::{
-    force_version, latest_version, migrate_to, user_version, Granularity, Rollup, Store, StoreError, StoreOptions,
-    ALL_KINDS,
+    force_version, latest_version, migrate_to, user_version, Granularity, Rollup, Store,
+    StoreError, StoreOptions, ALL_KINDS,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use pg::TestDb;
-use probeok::store::sql::Engine;
 
 fn at(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

@@ -3,8 +3,8 @@
 //! and the firing-state change that goes with it commit together); reads are [`Reader`]
 //! methods. Messages are stored as JSON text; this module does not look inside them.
 
-use chrono::{DateTime, Utc};
 use super::sql::{params, Connection, OptionalExtension};
+use chrono::{DateTime, Utc};
 
 use super::{from_ms, to_ms, Reader, StoreError};
 use crate::silence::Silence;

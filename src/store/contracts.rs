@@ -6,8 +6,8 @@
 //! synchronous [`Reader`] methods (call them from `spawn_blocking`). Only the proxy reads
 //! these tables: cached answers are never exposed by any other endpoint.
 
-use chrono::{DateTime, Utc};
 use super::sql::{params, Connection, Engine, OptionalExtension, Row};
+use chrono::{DateTime, Utc};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
@@ -265,11 +265,9 @@ const JOB_COLUMNS: &str = "id, owner, feature, model, residency, stream_requeste
 /// A row of [`JOB_COLUMNS`] as a job; a bad timestamp or status is reported as a conversion
 /// failure of its column (the store is then corrupt).
 fn job_row(r: &Row<'_>) -> super::sql::Result<JobRecord> {
-    let corrupt = |i: usize, e: StoreError| {
-        super::sql::SqlError::Convert {
-            column: i,
-            message: e.to_string(),
-        }
+    let corrupt = |i: usize, e: StoreError| super::sql::SqlError::Convert {
+        column: i,
+        message: e.to_string(),
     };
     let time = |i: usize| -> super::sql::Result<DateTime<Utc>> {
         from_ms(r.get(i)?).map_err(|e| corrupt(i, e))

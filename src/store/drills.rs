@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
 use super::sql::{params, Connection, OptionalExtension, Row};
+use chrono::{DateTime, Utc};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
@@ -41,23 +41,27 @@ fn json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
 pub(crate) fn apply(conn: &Connection, op: &DrillOp) -> Result<u64, StoreError> {
     match op {
         DrillOp::Start(d) => {
-            let id = conn.prepare_cached(
-                "INSERT INTO drills (route, serves, target_weight, ramp, reason, started_by,
+            let id = conn
+                .prepare_cached(
+                    "INSERT INTO drills (route, serves, target_weight, ramp, reason, started_by,
                      forced, started_at_ms, ends_at_ms, receivers)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) RETURNING id",
-            )?
-            .query_row(params![
-                d.route.as_str(),
-                d.serves,
-                d.weight,
-                json(&d.ramp)?,
-                d.reason,
-                d.started_by,
-                d.forced,
-                to_ms(d.started_at),
-                to_ms(d.ends_at),
-                json(&d.receivers)?,
-            ], |r| r.get::<_, i64>(0))?;
+                )?
+                .query_row(
+                    params![
+                        d.route.as_str(),
+                        d.serves,
+                        d.weight,
+                        json(&d.ramp)?,
+                        d.reason,
+                        d.started_by,
+                        d.forced,
+                        to_ms(d.started_at),
+                        to_ms(d.ends_at),
+                        json(&d.receivers)?,
+                    ],
+                    |r| r.get::<_, i64>(0),
+                )?;
             Ok(u64::try_from(id).unwrap_or(0))
         }
         DrillOp::End { id, at, by, who } => {

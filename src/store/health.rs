@@ -12,8 +12,8 @@
 //! (all of them, not only the first ones the in-memory incident keeps), and the readers put
 //! them back.
 
-use chrono::{DateTime, Utc};
 use super::sql::{params, Connection, OptionalExtension, Row};
+use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 
 use super::writer::Command;

@@ -1,8 +1,8 @@
 //! Bookkeeping tables: `heartbeats` (last sign of life per scheduled job), `probe_skips`
 //! (probes skipped because the previous one overran), `store_meta`, and retention.
 
-use chrono::{DateTime, Utc};
 use super::sql::{params, Connection};
+use chrono::{DateTime, Utc};
 
 use super::rollups::Granularity;
 use super::{from_ms, to_ms, Reader, StoreError};

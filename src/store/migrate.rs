@@ -14,30 +14,90 @@ use super::StoreError;
 
 /// SQLite's migrations, in order. Append only: a shipped file is never edited or reordered.
 pub const MIGRATIONS: &[(&str, &str)] = &[
-    ("0001_init", include_str!("../../migrations/sqlite/0001_init.sql")),
-    ("0002_probe_skips", include_str!("../../migrations/sqlite/0002_probe_skips.sql")),
-    ("0003_health", include_str!("../../migrations/sqlite/0003_health.sql")),
-    ("0004_alerts", include_str!("../../migrations/sqlite/0004_alerts.sql")),
-    ("0005_drift", include_str!("../../migrations/sqlite/0005_drift.sql")),
-    ("0006_proxy", include_str!("../../migrations/sqlite/0006_proxy.sql")),
-    ("0007_switch", include_str!("../../migrations/sqlite/0007_switch.sql")),
-    ("0008_contracts", include_str!("../../migrations/sqlite/0008_contracts.sql")),
-    ("0009_drills", include_str!("../../migrations/sqlite/0009_drills.sql")),
-    ("0010_first_answer", include_str!("../../migrations/sqlite/0010_first_answer.sql")),
+    (
+        "0001_init",
+        include_str!("../../migrations/sqlite/0001_init.sql"),
+    ),
+    (
+        "0002_probe_skips",
+        include_str!("../../migrations/sqlite/0002_probe_skips.sql"),
+    ),
+    (
+        "0003_health",
+        include_str!("../../migrations/sqlite/0003_health.sql"),
+    ),
+    (
+        "0004_alerts",
+        include_str!("../../migrations/sqlite/0004_alerts.sql"),
+    ),
+    (
+        "0005_drift",
+        include_str!("../../migrations/sqlite/0005_drift.sql"),
+    ),
+    (
+        "0006_proxy",
+        include_str!("../../migrations/sqlite/0006_proxy.sql"),
+    ),
+    (
+        "0007_switch",
+        include_str!("../../migrations/sqlite/0007_switch.sql"),
+    ),
+    (
+        "0008_contracts",
+        include_str!("../../migrations/sqlite/0008_contracts.sql"),
+    ),
+    (
+        "0009_drills",
+        include_str!("../../migrations/sqlite/0009_drills.sql"),
+    ),
+    (
+        "0010_first_answer",
+        include_str!("../../migrations/sqlite/0010_first_answer.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
 pub const PG_MIGRATIONS: &[(&str, &str)] = &[
-    ("0001_init", include_str!("../../migrations/postgres/0001_init.sql")),
-    ("0002_probe_skips", include_str!("../../migrations/postgres/0002_probe_skips.sql")),
-    ("0003_health", include_str!("../../migrations/postgres/0003_health.sql")),
-    ("0004_alerts", include_str!("../../migrations/postgres/0004_alerts.sql")),
-    ("0005_drift", include_str!("../../migrations/postgres/0005_drift.sql")),
-    ("0006_proxy", include_str!("../../migrations/postgres/0006_proxy.sql")),
-    ("0007_switch", include_str!("../../migrations/postgres/0007_switch.sql")),
-    ("0008_contracts", include_str!("../../migrations/postgres/0008_contracts.sql")),
-    ("0009_drills", include_str!("../../migrations/postgres/0009_drills.sql")),
-    ("0010_first_answer", include_str!("../../migrations/postgres/0010_first_answer.sql")),
+    (
+        "0001_init",
+        include_str!("../../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        "0002_probe_skips",
+        include_str!("../../migrations/postgres/0002_probe_skips.sql"),
+    ),
+    (
+        "0003_health",
+        include_str!("../../migrations/postgres/0003_health.sql"),
+    ),
+    (
+        "0004_alerts",
+        include_str!("../../migrations/postgres/0004_alerts.sql"),
+    ),
+    (
+        "0005_drift",
+        include_str!("../../migrations/postgres/0005_drift.sql"),
+    ),
+    (
+        "0006_proxy",
+        include_str!("../../migrations/postgres/0006_proxy.sql"),
+    ),
+    (
+        "0007_switch",
+        include_str!("../../migrations/postgres/0007_switch.sql"),
+    ),
+    (
+        "0008_contracts",
+        include_str!("../../migrations/postgres/0008_contracts.sql"),
+    ),
+    (
+        "0009_drills",
+        include_str!("../../migrations/postgres/0009_drills.sql"),
+    ),
+    (
+        "0010_first_answer",
+        include_str!("../../migrations/postgres/0010_first_answer.sql"),
+    ),
 ];
 
 /// The advisory lock key migrations take on PostgreSQL ("probeok" and 1 in its bytes).
@@ -85,7 +145,10 @@ fn set_version(conn: &Connection, version: u32) -> Result<(), SqlError> {
         Engine::Sqlite => conn.execute_batch(&format!("PRAGMA user_version = {version}")),
         Engine::Postgres => {
             conn.execute("DELETE FROM probeok_schema", [])?;
-            conn.execute("INSERT INTO probeok_schema (version) VALUES (?1)", [version])?;
+            conn.execute(
+                "INSERT INTO probeok_schema (version) VALUES (?1)",
+                [version],
+            )?;
             Ok(())
         }
     }
@@ -112,8 +175,14 @@ pub fn migrate_to(conn: &mut Connection, target: u32) -> Result<(), StoreError> 
         let version = index as u32 + 1;
         let tx = conn.transaction()?;
         if engine == Engine::Postgres {
-            tx.query_row("SELECT pg_advisory_xact_lock(?1)", [PG_MIGRATION_LOCK], |_| Ok(()))?;
-            tx.execute_batch("CREATE TABLE IF NOT EXISTS probeok_schema (version BIGINT NOT NULL)")?;
+            tx.query_row(
+                "SELECT pg_advisory_xact_lock(?1)",
+                [PG_MIGRATION_LOCK],
+                |_| Ok(()),
+            )?;
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS probeok_schema (version BIGINT NOT NULL)",
+            )?;
         }
         // Read inside the write lock: another process may have migrated meanwhile.
         let current = user_version(&tx)?;
@@ -166,7 +235,11 @@ mod tests {
             assert!(list[0].0.starts_with("0001_"));
         }
         let names = |l: &[(&str, &str)]| l.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>();
-        assert_eq!(names(MIGRATIONS), names(PG_MIGRATIONS), "both engines, the same versions");
+        assert_eq!(
+            names(MIGRATIONS),
+            names(PG_MIGRATIONS),
+            "both engines, the same versions"
+        );
     }
 
     #[test]

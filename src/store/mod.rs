@@ -25,6 +25,7 @@
 
 pub mod alerts;
 mod contracts;
+pub mod copy;
 mod drift;
 pub mod drills;
 mod health;
@@ -449,11 +450,13 @@ mod tests {
     use super::*;
 
     fn pragma(conn: &Connection, name: &str) -> String {
-        conn.as_sqlite().unwrap().query_row(&format!("PRAGMA {name}"), [], |r| {
-            r.get::<_, rusqlite::types::Value>(0)
-        })
-        .map(|v| format!("{v:?}"))
-        .unwrap()
+        conn.as_sqlite()
+            .unwrap()
+            .query_row(&format!("PRAGMA {name}"), [], |r| {
+                r.get::<_, rusqlite::types::Value>(0)
+            })
+            .map(|v| format!("{v:?}"))
+            .unwrap()
     }
 
     #[tokio::test]

@@ -1,8 +1,8 @@
 //! The `routes` and `outcomes` tables: one raw row per outcome, every field of
 //! [`ProbeOutcome`]. `started_at` is kept at millisecond precision.
 
-use chrono::{DateTime, Utc};
 use super::sql::{params, Connection, OptionalExtension, Row};
+use chrono::{DateTime, Utc};
 
 use super::{from_ms, kind_filter_sql, parse_kind, to_ms, Reader, StoreError};
 use crate::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
@@ -22,7 +22,9 @@ pub(crate) fn intern_route(conn: &Connection, route: &RouteId) -> Result<i64, St
     }
     // Another process on the same database may intern it first: then look it up again.
     let inserted = conn
-        .prepare_cached("INSERT INTO routes (name) VALUES (?1) ON CONFLICT (name) DO NOTHING RETURNING id")?
+        .prepare_cached(
+            "INSERT INTO routes (name) VALUES (?1) ON CONFLICT (name) DO NOTHING RETURNING id",
+        )?
         .query_row([route.as_str()], |r| r.get(0))
         .optional()?;
     match inserted {

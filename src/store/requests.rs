@@ -7,8 +7,8 @@
 //! idempotency rows expire with their TTL (expired rows are never answered, and each insert
 //! deletes a few expired ones).
 
-use chrono::{DateTime, Utc};
 use super::sql::{params, Connection, OptionalExtension};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::writer::{Ack, Command};
@@ -101,30 +101,34 @@ fn finite(v: f64) -> Option<f64> {
 
 pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(), StoreError> {
     let latency = finite(r.latency_ms).unwrap_or(0.0);
-    let pk = conn.prepare_cached(
-        "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
+    let pk = conn
+        .prepare_cached(
+            "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
              stream, attempts, fallback_reason, prompt_tokens, completion_tokens, cost, currency,
              latency_ms, contract)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
          RETURNING id",
-    )?
-    .query_row(params![
-        r.request_id,
-        r.serves,
-        to_ms(r.started_at),
-        r.route,
-        r.outcome,
-        r.status,
-        r.stream,
-        r.attempts.len() as i64,
-        r.fallback_reason,
-        r.prompt_tokens.map(|v| v as i64),
-        r.completion_tokens.map(|v| v as i64),
-        r.cost.and_then(finite),
-        r.currency,
-        latency,
-        r.contract,
-    ], |row| row.get::<_, i64>(0))?;
+        )?
+        .query_row(
+            params![
+                r.request_id,
+                r.serves,
+                to_ms(r.started_at),
+                r.route,
+                r.outcome,
+                r.status,
+                r.stream,
+                r.attempts.len() as i64,
+                r.fallback_reason,
+                r.prompt_tokens.map(|v| v as i64),
+                r.completion_tokens.map(|v| v as i64),
+                r.cost.and_then(finite),
+                r.currency,
+                latency,
+                r.contract,
+            ],
+            |row| row.get::<_, i64>(0),
+        )?;
     let mut stmt = conn.prepare_cached(
         "INSERT INTO proxy_attempts (request_pk, n, route, reason, status_class, status, ttfb_ms,
              latency_ms, prompt_tokens, completion_tokens, cost, outcome)

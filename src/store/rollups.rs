@@ -7,8 +7,8 @@
 
 use std::collections::HashMap;
 
-use chrono::{DateTime, Utc};
 use super::sql::{params, Connection, OptionalExtension};
+use chrono::{DateTime, Utc};
 
 use super::histogram::LatencyHistogram;
 use super::{from_ms, kind_filter_sql, parse_kind, to_ms, Reader, StoreError};

@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 
-use chrono::{DateTime, Utc};
 use super::sql::params;
+use chrono::{DateTime, Utc};
 
 use super::rollups::Figures;
 use super::{from_ms, kind_filter_sql, to_ms, Granularity, Reader, Rollup, StoreError};

@@ -460,7 +460,9 @@ impl State {
     fn apply(&mut self, conn: &mut Connection, cmds: &[Command]) -> Result<Vec<u64>, StoreError> {
         let tx = conn.transaction()?;
         if tx.engine() == Engine::Postgres {
-            tx.query_row("SELECT pg_advisory_xact_lock(?1)", [PG_WRITER_LOCK], |_| Ok(()))?;
+            tx.query_row("SELECT pg_advisory_xact_lock(?1)", [PG_WRITER_LOCK], |_| {
+                Ok(())
+            })?;
             // Another process may have written these buckets since this one last did.
             self.rollups.clear();
         }

@@ -159,7 +159,11 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             problems.push(format!(
                 "store not writable: no answer within {}s (database {}: {why})",
                 READYZ_STORE_WAIT.as_secs(),
-                if state.store.reachability().reachable() { "busy" } else { "unreachable" },
+                if state.store.reachability().reachable() {
+                    "busy"
+                } else {
+                    "unreachable"
+                },
             ));
         }
     }

@@ -71,7 +71,10 @@ pub struct PgDatabase {
 impl Drop for PgDatabase {
     fn drop(&mut self) {
         if let Ok(admin) = Connection::open_postgres(&server_url()) {
-            let _ = admin.execute_batch(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+            let _ = admin.execute_batch(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
         }
     }
 }

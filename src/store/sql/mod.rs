@@ -319,9 +319,7 @@ enum StmtInner<'c> {
     },
 }
 
-fn pg_params<'a>(
-    values: &'a [ValueRef<'a>],
-) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
+fn pg_params<'a>(values: &'a [ValueRef<'a>]) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
     values
         .iter()
         .map(|v| v as &(dyn tokio_postgres::types::ToSql + Sync))

@@ -73,7 +73,10 @@ impl PgUrl {
     /// The same server with another database (tests and `migrate-store` create databases).
     /// The database name.
     pub fn database(&self) -> &str {
-        self.config.get_dbname().or(self.config.get_user()).unwrap_or("postgres")
+        self.config
+            .get_dbname()
+            .or(self.config.get_user())
+            .unwrap_or("postgres")
     }
 
     pub fn with_database(&self, db: &str) -> PgUrl {

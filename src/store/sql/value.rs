@@ -70,6 +70,8 @@ impl PgToSql for ValueRef<'_> {
                 Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
                     s.to_sql(&Type::TEXT, out)
                 }
+                // SQLite lets text sit in a BLOB column; its bytes are what was meant.
+                Type::BYTEA => s.as_bytes().to_sql(ty, out),
                 _ => Err(format!("text cannot fill a {ty} parameter").into()),
             },
             ValueRef::Blob(b) => match *ty {
