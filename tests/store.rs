@@ -822,3 +822,89 @@ async fn one_failing_write_does_not_fail_its_batch_or_skew_rollups(db: &TestDb) 
     store.close().await.unwrap();
 }
 }
+
+/// Polls `f` until it holds, for at most 20 s.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sessions_lost_are_reopened_and_an_unreachable_database_is_reported() {
+    let db = TestDb::new(Engine::Postgres);
+    let name = db.pg_name().unwrap().to_owned();
+    let store = db.open(opts());
+    let t0 = at("2026-03-01T00:00:00Z");
+    let w = store.writer();
+    w.record(outcome(route(0), OutcomeKind::Probe, t0, 100.0))
+        .await
+        .unwrap();
+    let admin = pg::admin();
+    let kill = |admin: &probeok::store::sql::Connection| {
+        let mut stmt = admin
+            .prepare_cached(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE datname = ?1 AND pid <> pg_backend_pid()",
+            )
+            .unwrap();
+        for r in stmt.query_map([name.as_str()], |_| Ok(())).unwrap() {
+            r.unwrap();
+        }
+    };
+    // The server ends every session (a restart, a failover): the next write reconnects.
+    kill(&admin);
+    w.record(outcome(
+        route(0),
+        OutcomeKind::Probe,
+        t0 + chrono::Duration::seconds(30),
+        100.0,
+    ))
+    .await
+    .unwrap();
+    assert!(store.reachability().reachable());
+    let reads = || {
+        store
+            .reader()
+            .and_then(|r| r.recent_outcomes(&route(0), 10))
+            .is_ok_and(|v| v.len() == 2)
+    };
+    eventually("readers get live sessions again", reads).await;
+
+    // Unreachable for a while: the write waits, the store says why, and it lands once the
+    // database is back.
+    admin
+        .execute_batch(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+        .unwrap();
+    kill(&admin);
+    let pending = tokio::spawn({
+        let w = w.clone();
+        async move {
+            w.record(outcome(
+                route(0),
+                OutcomeKind::Probe,
+                t0 + chrono::Duration::seconds(60),
+                100.0,
+            ))
+            .await
+        }
+    });
+    eventually("the store reports the database unreachable", || {
+        !store.reachability().reachable()
+    })
+    .await;
+    let why = store.reachability().last_error().unwrap();
+    assert!(why.contains("postgres"), "{why}");
+    assert!(
+        !why.contains("127.0.0.1:") || !why.contains('@'),
+        "no URL in {why}"
+    );
+    admin
+        .execute_batch(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+        .unwrap();
+    pending.await.unwrap().unwrap();
+    assert!(store.reachability().reachable());
+    store.close().await.unwrap();
+}

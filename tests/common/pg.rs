@@ -33,7 +33,8 @@ pub fn server_url() -> PgUrl {
     }
 }
 
-fn admin() -> Connection {
+/// A session on the server's own database, for creating, dropping and meddling.
+pub fn admin() -> Connection {
     let url = server_url();
     Connection::open_postgres(&url)
         .unwrap_or_else(|e| panic!("{URL_VAR} ({}): {e}", url.describe()))
@@ -123,6 +124,11 @@ impl TestDb {
     /// A plain read-write connection (not migrated by itself).
     pub fn connect(&self) -> Connection {
         self.location().connect().unwrap()
+    }
+
+    /// The PostgreSQL database's name (`None` on SQLite).
+    pub fn pg_name(&self) -> Option<&str> {
+        self.pg.as_ref().map(|d| d.name.as_str())
     }
 
     pub fn is_postgres(&self) -> bool {
