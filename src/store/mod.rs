@@ -1,25 +1,33 @@
-//! SQLite storage: every outcome raw, rollups for long history, heartbeats and skipped probes.
+//! Storage: every outcome raw, rollups for long history, heartbeats and skipped probes — in a
+//! SQLite file by default, or in a PostgreSQL database when `[storage] url_env` names a
+//! variable holding a `postgres://` URL ([`StoreLocation`]). One store, two engines: the same
+//! schema, queries and behaviour on both (`sql/` is the layer between them).
 //!
 //! - One **writer thread** owns the only write connection. Async callers send commands on a
 //!   bounded channel ([`Writer`]); the thread drains what is queued (up to [`BATCH_CAP`]
 //!   outcomes), applies it in one transaction, commits, then acknowledges each sender. An
-//!   acknowledged write is committed; async code never blocks on SQLite.
+//!   acknowledged write is committed; async code never blocks on the database. On PostgreSQL
+//!   each writer transaction takes an advisory lock first (several processes may share the
+//!   database), and a lost session is reopened with backoff ([`Reachability`]).
 //! - **Rollups** (5-minute, hourly, daily per route and outcome kind) are updated in the same
 //!   transaction as the raw rows, so they can never disagree with them. Percentiles come from
 //!   mergeable histograms ([`histogram`]), so 30 days of p95 never scans raw rows.
-//! - **Readers** ([`Reader`]) open their own read-only connections (WAL lets them run beside
-//!   the writer); their API is synchronous, call it from `spawn_blocking`.
-//! - **Schema** lives in `migrations/`, applied in order at open ([`migrate()`]).
+//! - **Readers** ([`Reader`]) have their own read-only connections (SQLite: opened per reader,
+//!   WAL lets them run beside the writer; PostgreSQL: borrowed from a bounded pool); their API
+//!   is synchronous, call it from `spawn_blocking`.
+//! - **Schema** lives in `migrations/sqlite/` and `migrations/postgres/` (the same versions),
+//!   applied in order at open ([`migrate()`]).
 //!
-//! Files: `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
+//! Files: `sql/` (the connection over both engines: values, dialect, PostgreSQL sessions),
+//! `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
-//! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's metering and idempotency keys),
-//! `contracts.rs` (degradation contracts: async-queue jobs, cached answers),
-//! `drills.rs` (drills and the reads behind their reports),
-//! `stats.rs` (bulk reads over every route for the
-//! published views), `histogram.rs`, `alerts.rs` (the alert
-//! outbox, firing alerts, silences).
+//! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's
+//! metering and idempotency keys), `contracts.rs` (degradation contracts: async-queue jobs,
+//! cached answers), `drills.rs` (drills and the reads behind their reports),
+//! `stats.rs` (bulk reads over every route for the published views), `histogram.rs`,
+//! `alerts.rs` (the alert outbox, firing alerts, silences), `copy.rs` (`migrate-store`:
+//! SQLite into PostgreSQL).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
