@@ -27,7 +27,8 @@ const STATEMENT_CACHE: usize = 256;
 #[derive(Clone)]
 pub struct PgUrl {
     url: String,
-    config: tokio_postgres::Config,
+    /// Boxed: a `Config` is large, and a URL travels inside small enums.
+    config: Box<tokio_postgres::Config>,
 }
 
 impl PgUrl {
@@ -42,7 +43,7 @@ impl PgUrl {
             s.parse::<tokio_postgres::Config>()
                 .map(|config| PgUrl {
                     url: s.to_owned(),
-                    config,
+                    config: Box::new(config),
                 })
                 .map_err(|e| format!("not a valid PostgreSQL URL: {e}")),
         )
@@ -137,7 +138,7 @@ pub struct PgSession {
 impl PgSession {
     /// Connects; `read_only` sessions refuse writes (as SQLite readers are opened read-only).
     pub fn connect(url: &PgUrl, read_only: bool) -> Result<PgSession, SqlError> {
-        let mut config = url.config.clone();
+        let mut config = (*url.config).clone();
         config.connect_timeout(CONNECT_TIMEOUT);
         config.keepalives(true);
         config.keepalives_idle(Duration::from_secs(30));
