@@ -488,6 +488,36 @@ mod tests {
     }
 
     #[test]
+    fn url_env_selects_postgres_only_for_a_postgres_url() {
+        let path = Path::new("probeok.db");
+        let env = |value: &'static str| move |name: &str| (name == "DB").then(|| value.to_owned());
+        let at = |url_env: Option<&str>, value: &'static str| {
+            StoreLocation::resolve(path, url_env, env(value))
+        };
+        assert!(matches!(
+            at(None, "postgres://h/db"),
+            Ok(StoreLocation::Sqlite(_))
+        ));
+        assert!(matches!(
+            at(Some("OTHER"), "postgres://h/db"),
+            Ok(StoreLocation::Sqlite(_))
+        ));
+        assert!(matches!(at(Some("DB"), ""), Ok(StoreLocation::Sqlite(_))));
+        let pg = at(
+            Some("DB"),
+            "postgresql://probeok:pw@db.internal:6432/probeok",
+        )
+        .unwrap();
+        assert_eq!(pg.engine(), Engine::Postgres);
+        assert_eq!(pg.describe(), "db.internal:6432/probeok");
+        assert!(!format!("{pg:?}").contains("pw"));
+        let bad = at(Some("DB"), "postgres://u:pw@h:port/db")
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("$DB") && !bad.contains("pw"), "{bad}");
+    }
+
+    #[test]
     fn in_memory_databases_are_refused_for_lack_of_wal() {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
         assert!(matches!(configure(&conn), Err(StoreError::NotWal(_))));
