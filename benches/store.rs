@@ -1,16 +1,19 @@
 //! Store benchmark: insert rate through the batching writer, and size on disk per million
-//! outcomes. `CARGO_TARGET_DIR=/work/target cargo bench --bench store`
+//! outcomes. `cargo bench --bench store`; with `PROBEOK_BENCH_PG_URL=postgres://…` the insert
+//! rates are measured on PostgreSQL too, in the same run, with the same outcomes.
 //!
-//! Every run uses a fresh database in a temp dir (on the same filesystem as `TMPDIR`).
+//! Every run uses a fresh database: a SQLite file in a temp dir (on the same filesystem as
+//! `TMPDIR`), or a new PostgreSQL database on that server (dropped afterwards).
 //! Prints the median (and min–max) of several runs.
 
-use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::route::RouteId;
-use probeok::store::{Store, StoreOptions};
+use probeok::store::sql::{Connection, PgUrl};
+use probeok::store::{Store, StoreLocation, StoreOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -95,14 +98,66 @@ fn outcomes(n: usize, seed: u64) -> Vec<ProbeOutcome> {
         .collect()
 }
 
-fn open(dir: &Path) -> Store {
-    Store::open(&dir.join("bench.db"), StoreOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+/// Which engine a run writes to.
+#[derive(Clone)]
+enum Engine {
+    Sqlite,
+    Postgres(PgUrl),
+}
+
+/// A fresh store for one run, removed when dropped.
+struct Fresh {
+    store: Store,
+    _dir: tempfile::TempDir,
+    database: Option<(PgUrl, String)>,
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        if let Some((server, name)) = &self.database {
+            if let Ok(admin) = Connection::open_postgres(server) {
+                let _ =
+                    admin.execute_batch(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+            }
+        }
+    }
+}
+
+fn open(engine: &Engine) -> Fresh {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (location, database) = match engine {
+        Engine::Sqlite => (StoreLocation::Sqlite(dir.path().join("bench.db")), None),
+        Engine::Postgres(server) => {
+            let name = format!(
+                "{}_bench_{}_{}",
+                server.database(),
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            );
+            let admin = Connection::open_postgres(server).unwrap_or_else(|e| panic!("{e}"));
+            admin
+                .execute_batch(&format!("CREATE DATABASE {name}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            (
+                StoreLocation::Postgres(server.with_database(&name)),
+                Some((server.clone(), name)),
+            )
+        }
+    };
+    let store =
+        Store::open_at(&location, StoreOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    Fresh {
+        store,
+        _dir: dir,
+        database,
+    }
 }
 
 /// Rows/s with `tasks` concurrent callers, each awaiting `record` one outcome at a time.
-async fn concurrent(tasks: usize, per_task: usize, data: &[ProbeOutcome]) -> f64 {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let store = open(dir.path());
+async fn concurrent(engine: &Engine, tasks: usize, per_task: usize, data: &[ProbeOutcome]) -> f64 {
+    let fresh = open(engine);
+    let store = fresh.store.clone();
     let start = Instant::now();
     let mut handles = Vec::new();
     for t in 0..tasks {
@@ -130,9 +185,9 @@ async fn concurrent(tasks: usize, per_task: usize, data: &[ProbeOutcome]) -> f64
 }
 
 /// Rows/s with one caller: every `record` waits for its own commit.
-async fn sequential(data: &[ProbeOutcome]) -> f64 {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let store = open(dir.path());
+async fn sequential(engine: &Engine, data: &[ProbeOutcome]) -> f64 {
+    let fresh = open(engine);
+    let store = fresh.store.clone();
     let writer = store.writer();
     let start = Instant::now();
     for o in data {
@@ -147,9 +202,9 @@ async fn sequential(data: &[ProbeOutcome]) -> f64 {
 }
 
 /// Rows/s with one caller sending `record_many` chunks (e.g. an ingest request).
-async fn chunks(data: &[ProbeOutcome], chunk: usize) -> f64 {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let store = open(dir.path());
+async fn chunks(engine: &Engine, data: &[ProbeOutcome], chunk: usize) -> f64 {
+    let fresh = open(engine);
+    let store = fresh.store.clone();
     let writer = store.writer();
     let start = Instant::now();
     for c in data.chunks(chunk) {
@@ -165,8 +220,8 @@ async fn chunks(data: &[ProbeOutcome], chunk: usize) -> f64 {
 
 /// Bytes on disk after inserting `data` (raw rows + rollups + indexes), checkpointed.
 async fn size(data: &[ProbeOutcome]) -> (u64, Vec<(String, u64)>) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let store = open(dir.path());
+    let fresh = open(&Engine::Sqlite);
+    let store = fresh.store.clone();
     let path = store.path().to_owned();
     let mut handles = Vec::new();
     for t in 0..50 {
@@ -224,24 +279,36 @@ fn main() {
     rt.block_on(async {
         println!("probeok store benchmark (SQLite {})", rusqlite::version());
         let data = outcomes(100_000, 1);
-
-        let mut runs = Vec::new();
-        for _ in 0..RUNS {
-            runs.push(concurrent(100, 1_000, &data).await);
+        let mut engines = vec![("SQLite", Engine::Sqlite)];
+        match std::env::var("PROBEOK_BENCH_PG_URL")
+            .ok()
+            .as_deref()
+            .map(PgUrl::parse)
+        {
+            Some(Some(Ok(url))) => engines.push(("PostgreSQL", Engine::Postgres(url))),
+            Some(_) => panic!("PROBEOK_BENCH_PG_URL must be a postgres:// URL"),
+            None => println!("(PROBEOK_BENCH_PG_URL unset: SQLite only)"),
         }
-        report("insert, 100 tasks x record() concurrently", runs);
+        for (label, engine) in &engines {
+            println!("{label}:");
+            let mut runs = Vec::new();
+            for _ in 0..RUNS {
+                runs.push(concurrent(engine, 100, 1_000, &data).await);
+            }
+            report("insert, 100 tasks x record() concurrently", runs);
 
-        let mut runs = Vec::new();
-        for _ in 0..RUNS {
-            runs.push(sequential(&data[..10_000]).await);
-        }
-        report("insert, 1 caller, record() one at a time", runs);
+            let mut runs = Vec::new();
+            for _ in 0..RUNS {
+                runs.push(sequential(engine, &data[..10_000]).await);
+            }
+            report("insert, 1 caller, record() one at a time", runs);
 
-        let mut runs = Vec::new();
-        for _ in 0..RUNS {
-            runs.push(chunks(&data, 500).await);
+            let mut runs = Vec::new();
+            for _ in 0..RUNS {
+                runs.push(chunks(engine, &data, 500).await);
+            }
+            report("insert, 1 caller, record_many() of 500", runs);
         }
-        report("insert, 1 caller, record_many() of 500", runs);
 
         let n = 200_000;
         let data = outcomes(n, 2);

@@ -72,6 +72,16 @@ pub enum AppError {
     Join(#[from] tokio::task::JoinError),
 }
 
+/// Where the store lives: PostgreSQL when `[storage] url_env` names a variable holding a
+/// `postgres://` URL, else the SQLite file at `[storage] path`.
+pub fn store_location(config: &Config) -> Result<crate::store::StoreLocation, AppError> {
+    Ok(crate::store::StoreLocation::resolve(
+        &config.storage.path,
+        config.storage.url_env.as_deref(),
+        |name| std::env::var(name).ok(),
+    )?)
+}
+
 impl Prober for ProbeClient {
     fn probe<'a>(&'a self, route: &'a Route, kind: OutcomeKind) -> BoxFuture<'a, ProbeOutcome> {
         ProbeClient::probe(self, route, kind).boxed()
@@ -140,11 +150,12 @@ pub async fn start_with(
     // Loops that must not wait on the store beat in memory; the monitor persists them.
     let pulses = crate::heartbeat::Pulses::new(clock.clone());
     let routes: Vec<Route> = config.routes();
-    let store_path = config.storage.path.clone();
+    let location = store_location(&config)?;
+    tracing::info!(engine = location.engine().as_str(), database = %location.describe(), "opening the store");
     let opts = StoreOptions {
         latency_threshold: config.slo.latency_threshold,
     };
-    let store = tokio::task::spawn_blocking(move || Store::open(&store_path, opts)).await??;
+    let store = tokio::task::spawn_blocking(move || Store::open_at(&location, opts)).await??;
     let client = ProbeClient::with_env(&routes, clock.clone(), &config.env)
         .map_err(|e| AppError::Probe(e.to_string()))?;
 
@@ -461,7 +472,7 @@ pub async fn start_with(
         )
         .await
     });
-    tracing::info!(%addr, routes = routes.len(), store = %config.storage.path.display(), "probeok serving");
+    tracing::info!(%addr, routes = routes.len(), store = %store.location().describe(), "probeok serving");
 
     let done_store = store.clone();
     let done = tokio::spawn(async move {

@@ -463,8 +463,9 @@ pub async fn probe(
         crate::stdout::print(format_args!("{}", outcomes_table(&outcomes)));
     }
     if record {
-        let store = Store::open(
-            &config.storage.path,
+        let location = app::store_location(&config).map_err(CliError::runtime)?;
+        let store = Store::open_at(
+            &location,
             StoreOptions {
                 latency_threshold: config.slo.latency_threshold,
             },
@@ -728,11 +729,12 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
     warn_all(&warnings);
     open?;
     refuse_missing_secrets(&config)?;
-    let store_path = config.storage.path.clone();
+    let location = app::store_location(&config).map_err(CliError::runtime)?;
+    tracing::info!(engine = location.engine().as_str(), database = %location.describe(), "opening the store");
     let opts = StoreOptions {
         latency_threshold: config.slo.latency_threshold,
     };
-    let store = tokio::task::spawn_blocking(move || Store::open(&store_path, opts))
+    let store = tokio::task::spawn_blocking(move || Store::open_at(&location, opts))
         .await
         .map_err(CliError::runtime)?
         .map_err(CliError::runtime)?;
@@ -848,4 +850,66 @@ pub async fn agent(
         .await
         .map_err(CliError::runtime)?
         .map_err(CliError::runtime)
+}
+
+/// `probeok migrate-store`: copies the SQLite store at `from` (migrated first) into the
+/// PostgreSQL store named by the variable `to_env`, then compares the row counts of every
+/// table. A target with rows is refused unless `replace`.
+pub async fn migrate_store(
+    path: &Path,
+    from: &Path,
+    to_env: &str,
+    replace: bool,
+) -> Result<(), CliError> {
+    use crate::store::{copy, sql::PgUrl, StoreLocation};
+    let (config, warnings) = load(path)?;
+    warn_all(&warnings);
+    if !from.is_file() {
+        return Err(CliError::Invalid(vec![format!(
+            "--from {}: no such file",
+            from.display()
+        )]));
+    }
+    let url = match std::env::var(to_env).ok().as_deref().map(PgUrl::parse) {
+        Some(Some(Ok(url))) => url,
+        Some(Some(Err(e))) => return Err(CliError::Invalid(vec![format!("${to_env}: {e}")])),
+        _ => {
+            return Err(CliError::Invalid(vec![format!(
+                "--to-env {to_env}: the variable must hold a postgres:// URL"
+            )]))
+        }
+    };
+    let opts = StoreOptions {
+        latency_threshold: config.slo.latency_threshold,
+    };
+    let (source, target) = (
+        StoreLocation::Sqlite(from.to_owned()),
+        StoreLocation::Postgres(url),
+    );
+    tracing::info!(from = %source.describe(), to = %target.describe(), "copying the store");
+    let report = tokio::task::spawn_blocking(move || -> Result<copy::CopyReport, String> {
+        // Opening migrates both to this build's schema; the copies then match column for column.
+        for at in [&source, &target] {
+            let store =
+                Store::open_at(at, opts.clone()).map_err(|e| format!("{}: {e}", at.describe()))?;
+            drop(store);
+        }
+        let (s, t) = (source.connect(), target.connect());
+        let (s, t) = (s.map_err(|e| e.to_string())?, t.map_err(|e| e.to_string())?);
+        copy::copy_sqlite_to_postgres(&s, &t, replace, |table, n| {
+            tracing::debug!(table, rows = n, "copied");
+        })
+        .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(CliError::runtime)?
+    .map_err(CliError::Runtime)?;
+    crate::stdout::print(format_args!("{}", report.text()));
+    if report.counts_match() {
+        Ok(())
+    } else {
+        Err(CliError::Runtime(
+            "row counts differ between the stores".into(),
+        ))
+    }
 }

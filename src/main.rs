@@ -100,6 +100,21 @@ enum Command {
         #[command(subcommand)]
         command: DrillCommand,
     },
+    /// Copy a SQLite store into the PostgreSQL store named by an environment variable, and
+    /// verify the row counts of every table.
+    MigrateStore {
+        #[arg(long, env = "PROBEOK_CONFIG")]
+        config: PathBuf,
+        /// The SQLite database file to copy.
+        #[arg(long)]
+        from: PathBuf,
+        /// The environment variable holding the target's postgres:// URL.
+        #[arg(long)]
+        to_env: String,
+        /// Empty a target that already holds rows instead of refusing it.
+        #[arg(long)]
+        replace: bool,
+    },
     /// Run the simulated OpenAI-compatible providers standalone.
     Simulate {
         #[arg(long, default_value = "127.0.0.1:9410")]
@@ -256,6 +271,12 @@ fn main() -> ExitCode {
                         .map_err(Into::into)
                 }
             },
+            Command::MigrateStore {
+                config,
+                from,
+                to_env,
+                replace,
+            } => cli::migrate_store(&config, &from, &to_env, replace).await,
             Command::Simulate {
                 listen,
                 scenario,

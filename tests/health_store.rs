@@ -1,14 +1,19 @@
-//! Detection's tables on real SQLite files: migration 3 on top of a version-2 database,
-//! route states, transitions and incidents round-trip, and a transition with its incident and
-//! the route's state land in one transaction (all or nothing).
+//! Detection's tables on real databases (a SQLite file and a PostgreSQL database, every test
+//! on both): migration 3 on top of a version-2 database, route states, transitions and
+//! incidents round-trip, and a transition with its incident and the route's state land in one
+//! transaction (all or nothing).
+
+#[path = "common/pg.rs"]
+mod pg;
 
 use chrono::{DateTime, TimeZone, Utc};
+use pg::TestDb;
 use probeok::config::DetectionConfig;
 use probeok::health::{Baseline, Detector, RouteHealth, State, Transition};
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::route::RouteId;
-use probeok::store::{latest_version, migrate_to, user_version, Store, StoreOptions};
-use rusqlite::Connection;
+use probeok::store::sql::Engine;
+use probeok::store::{latest_version, migrate_to, user_version, StoreOptions};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 30, 6, 30, 0).unwrap()
@@ -71,13 +76,12 @@ fn outage_and_recovery() -> Vec<(Transition, RouteHealth)> {
     out
 }
 
+on_both_engines! {
 #[tokio::test]
-async fn migration_3_applies_on_top_of_a_version_2_database() {
+async fn migration_3_applies_on_top_of_a_version_2_database(db: &TestDb) {
     assert!(latest_version() >= 3);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v2.db");
     {
-        let mut conn = Connection::open(&path).unwrap();
+        let mut conn = db.connect();
         migrate_to(&mut conn, 2).unwrap();
         conn.execute(
             "INSERT INTO routes (id, name) VALUES (7, ?1)",
@@ -85,7 +89,7 @@ async fn migration_3_applies_on_top_of_a_version_2_database() {
         )
         .unwrap();
     }
-    let store = Store::open(&path, StoreOptions::default()).unwrap();
+    let store = db.open(StoreOptions::default());
     let (t, h) = outage_and_recovery().remove(0);
     store
         .writer()
@@ -94,7 +98,7 @@ async fn migration_3_applies_on_top_of_a_version_2_database() {
         .unwrap();
     store.close().await.unwrap();
 
-    let conn = Connection::open(&path).unwrap();
+    let conn = db.connect();
     assert_eq!(user_version(&conn).unwrap(), latest_version());
     // The route kept its interned id from the older release.
     let route_id: i64 = conn
@@ -102,22 +106,20 @@ async fn migration_3_applies_on_top_of_a_version_2_database() {
         .unwrap();
     assert_eq!(route_id, 7);
     for table in ["route_health", "transitions", "incidents"] {
-        let n: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
-                [table],
-                |r| r.get(0),
-            )
-            .unwrap();
+        let sql = match db.engine {
+            Engine::Sqlite => "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            Engine::Postgres => "SELECT count(*) FROM pg_tables WHERE tablename = ?1",
+        };
+        let n: i64 = conn.query_row(sql, [table], |r| r.get(0)).unwrap();
         assert_eq!(n, 1, "{table}");
     }
 }
+}
 
+on_both_engines! {
 #[tokio::test]
-async fn states_transitions_and_incidents_round_trip() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("h.db");
-    let store = Store::open(&path, StoreOptions::default()).unwrap();
+async fn states_transitions_and_incidents_round_trip(db: &TestDb) {
+    let store = db.open(StoreOptions::default());
     let w = store.writer();
     let steps = outage_and_recovery();
     let kinds: Vec<(State, State)> = steps.iter().map(|(t, _)| (t.from, t.to)).collect();
@@ -146,7 +148,7 @@ async fn states_transitions_and_incidents_round_trip() {
     store.close().await.unwrap();
 
     // Reopened: everything reads back exactly.
-    let store = Store::open(&path, StoreOptions::default()).unwrap();
+    let store = db.open(StoreOptions::default());
     let reader = store.reader().unwrap();
     let states = reader.route_health_all::<RouteHealth>().unwrap();
     assert_eq!(states.len(), 1);
@@ -183,17 +185,17 @@ async fn states_transitions_and_incidents_round_trip() {
     drop(reader);
     store.close().await.unwrap();
 }
+}
 
+on_both_engines! {
 #[tokio::test]
-async fn a_transition_its_incident_and_the_state_commit_together() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("a.db");
+async fn a_transition_its_incident_and_the_state_commit_together(db: &TestDb) {
     let steps = outage_and_recovery();
     let (degraded, h) = &steps[1];
     let incident = h.incident().unwrap();
 
     // Together: the transition that opened the incident and the incident itself.
-    let store = Store::open(&path, StoreOptions::default()).unwrap();
+    let store = db.open(StoreOptions::default());
     store
         .writer()
         .record_transition(degraded, Some(incident), h)
@@ -213,20 +215,18 @@ async fn a_transition_its_incident_and_the_state_commit_together() {
 
     // All or nothing: when the incident cannot be written, neither the transition nor the
     // state is — and a write queued beside it in the same batch still commits.
-    let path = dir.path().join("b.db");
-    Store::open(&path, StoreOptions::default())
-        .unwrap()
-        .close()
-        .await
+    let db = TestDb::new(db.engine);
+    db.open(StoreOptions::default()).close().await.unwrap();
+    db.connect()
+        .execute_batch(match db.engine {
+            Engine::Sqlite => {
+                "CREATE TRIGGER no_incidents BEFORE INSERT ON incidents
+                 BEGIN SELECT RAISE(ABORT, 'incidents refused'); END;"
+            }
+            Engine::Postgres => "ALTER TABLE incidents ADD CONSTRAINT no_incidents CHECK (false)",
+        })
         .unwrap();
-    Connection::open(&path)
-        .unwrap()
-        .execute_batch(
-            "CREATE TRIGGER no_incidents BEFORE INSERT ON incidents
-             BEGIN SELECT RAISE(ABORT, 'incidents refused'); END;",
-        )
-        .unwrap();
-    let store = Store::open(&path, StoreOptions::default()).unwrap();
+    let store = db.open(StoreOptions::default());
     let w = store.writer();
     let other = RouteId::new("deepseek", "cn", "v3");
     let fresh = Detector::new(&DetectionConfig::default()).route(other.clone(), at(0));
@@ -244,4 +244,5 @@ async fn a_transition_its_incident_and_the_state_commit_together() {
     assert_eq!(states[0].route, other);
     drop(reader);
     store.close().await.unwrap();
+}
 }

@@ -1,21 +1,25 @@
-//! The store on real files: migrations, the batching writer under concurrency, rollups against
-//! the raw rows they summarise (across a restart), retention, and "acknowledged = committed".
+//! The store on real databases — a SQLite file and a PostgreSQL database, every test on
+//! both: migrations, the batching writer under concurrency, rollups against the raw rows
+//! they summarise (across a restart), retention, and "acknowledged = committed".
+
+#[path = "common/pg.rs"]
+mod pg;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
+use pg::TestDb;
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::route::RouteId;
 use probeok::store::histogram::{bucket_bounds, bucket_index};
+use probeok::store::sql::Engine;
 use probeok::store::{
-    latest_version, migrate_to, user_version, Granularity, Rollup, Store, StoreError, StoreOptions,
-    ALL_KINDS,
+    force_version, latest_version, migrate_to, user_version, Granularity, Rollup, Store,
+    StoreError, StoreOptions, ALL_KINDS,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rusqlite::Connection;
 
 fn at(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -111,40 +115,61 @@ fn stored(mut o: ProbeOutcome) -> ProbeOutcome {
     o
 }
 
-fn raw_count(path: &Path) -> i64 {
-    let conn = Connection::open(path).unwrap();
-    conn.query_row("SELECT count(*) FROM outcomes", [], |r| r.get(0))
+fn raw_count(db: &TestDb) -> i64 {
+    db.connect()
+        .query_row("SELECT count(*) FROM outcomes", [], |r| r.get(0))
         .unwrap()
 }
 
-fn schema(path: &Path) -> Vec<String> {
-    let conn = Connection::open(path).unwrap();
-    let mut stmt = conn
-        .prepare(
+/// Every table, column and index, as the engine describes them.
+fn schema(db: &TestDb) -> Vec<String> {
+    let sql = match db.engine {
+        Engine::Sqlite => {
             "SELECT sql FROM sqlite_master
-             WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_stat%' ORDER BY name",
-        )
-        .unwrap();
+             WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_stat%' ORDER BY name"
+        }
+        Engine::Postgres => {
+            "SELECT 'CREATE TABLE ' || table_name || ' ' || column_name || ' ' || data_type
+             FROM information_schema.columns WHERE table_schema = 'public'
+             UNION ALL SELECT indexdef FROM pg_indexes WHERE schemaname = 'public'
+             ORDER BY 1"
+        }
+    };
+    let conn = db.connect();
+    let mut stmt = conn.prepare_cached(sql).unwrap();
     let rows = stmt.query_map([], |r| r.get(0)).unwrap();
     rows.map(Result::unwrap).collect()
 }
 
+/// Whether a table exists.
+fn has_table(db: &TestDb, conn: &probeok::store::sql::Connection, name: &str) -> bool {
+    let sql = match db.engine {
+        Engine::Sqlite => "SELECT count(*) FROM sqlite_master WHERE name = ?1",
+        Engine::Postgres => "SELECT count(*) FROM pg_tables WHERE tablename = ?1",
+    };
+    conn.query_row(sql, [name], |r| r.get::<_, i64>(0)).unwrap() == 1
+}
+
+on_both_engines! {
 #[tokio::test]
-async fn migrations_apply_to_an_empty_database_and_reopening_is_idempotent() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("probeok.db");
-    let store = Store::open(&path, opts()).unwrap();
-    assert_eq!(store.path(), path);
+async fn migrations_apply_to_an_empty_database_and_reopening_is_idempotent(db: &TestDb) {
+    let store = db.open(opts());
+    assert_eq!(store.engine(), db.engine);
+    if db.engine == Engine::Sqlite {
+        assert_eq!(store.path(), db.path());
+    }
     store.close().await.unwrap();
 
-    let conn = Connection::open(&path).unwrap();
+    let conn = db.connect();
     assert_eq!(user_version(&conn).unwrap(), latest_version());
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(mode, "wal");
+    if db.engine == Engine::Sqlite {
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
     drop(conn);
-    let before = schema(&path);
+    let before = schema(db);
     for name in ["outcomes", "rollups", "heartbeats", "probe_skips", "routes"] {
         assert!(
             before
@@ -156,26 +181,33 @@ async fn migrations_apply_to_an_empty_database_and_reopening_is_idempotent() {
 
     // Twice more: no error, same version, same schema.
     for _ in 0..2 {
-        let store = Store::open(&path, opts()).unwrap();
+        let store = db.open(opts());
         store.writer().check_writable().await.unwrap();
         store.close().await.unwrap();
     }
-    let conn = Connection::open(&path).unwrap();
+    let conn = db.connect();
     assert_eq!(user_version(&conn).unwrap(), latest_version());
-    assert_eq!(schema(&path), before);
+    assert_eq!(schema(db), before);
+}
 }
 
+on_both_engines! {
 #[tokio::test]
-async fn a_database_from_each_older_migration_upgrades_and_keeps_its_rows() {
+async fn a_database_from_each_older_migration_upgrades_and_keeps_its_rows(first: &TestDb) {
     assert!(
         latest_version() >= 2,
         "the upgrade path needs two migrations"
     );
     for n in 1..latest_version() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("old.db");
+        let fresh;
+        let db = if n == 1 {
+            first
+        } else {
+            fresh = TestDb::new(first.engine);
+            &fresh
+        };
         {
-            let mut conn = Connection::open(&path).unwrap();
+            let mut conn = db.connect();
             migrate_to(&mut conn, n).unwrap();
             assert_eq!(user_version(&conn).unwrap(), n);
             // What an older release left behind.
@@ -186,16 +218,9 @@ async fn a_database_from_each_older_migration_upgrades_and_keeps_its_rows() {
                  VALUES (1, 'probe', 1767225600000, 1, 321.5, 0, 'PROBE_OK');",
             )
             .unwrap();
-            let skips: i64 = conn
-                .query_row(
-                    "SELECT count(*) FROM sqlite_master WHERE name = 'probe_skips'",
-                    [],
-                    |r| r.get(0),
-                )
-                .unwrap();
-            assert_eq!(skips, i64::from(n >= 2));
+            assert_eq!(has_table(db, &conn, "probe_skips"), n >= 2);
         }
-        let store = Store::open(&path, opts()).unwrap();
+        let store = db.open(opts());
         let r = route(0);
         let t = at("2026-01-01T00:10:00Z");
         store
@@ -211,31 +236,28 @@ async fn a_database_from_each_older_migration_upgrades_and_keeps_its_rows() {
         assert_eq!(old[0].started_at, at("2026-01-01T00:00:00Z"));
         drop(reader);
         store.close().await.unwrap();
-        let conn = Connection::open(&path).unwrap();
+        let conn = db.connect();
         assert_eq!(user_version(&conn).unwrap(), latest_version());
     }
 }
+}
 
+on_both_engines! {
 #[tokio::test]
-async fn a_database_from_a_newer_build_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("new.db");
-    Store::open(&path, opts()).unwrap().close().await.unwrap();
-    Connection::open(&path)
-        .unwrap()
-        .execute_batch(&format!("PRAGMA user_version = {}", latest_version() + 1))
-        .unwrap();
+async fn a_database_from_a_newer_build_is_refused(db: &TestDb) {
+    db.open(opts()).close().await.unwrap();
+    force_version(&db.connect(), latest_version() + 1).unwrap();
     assert!(matches!(
-        Store::open(&path, opts()),
+        db.try_open(opts()),
         Err(StoreError::SchemaTooNew { .. })
     ));
 }
+}
 
+on_both_engines! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn writes_from_many_tasks_all_land() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("many.db");
-    let store = Store::open(&path, opts()).unwrap();
+async fn writes_from_many_tasks_all_land(db: &TestDb) {
+    let store = db.open(opts());
     let t0 = at("2026-03-01T00:00:00Z");
     let mut tasks = Vec::new();
     for task in 0..50usize {
@@ -251,7 +273,7 @@ async fn writes_from_many_tasks_all_land() {
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(raw_count(&path), 10_000);
+    assert_eq!(raw_count(db), 10_000);
     let reader = store.reader().unwrap();
     for g in Granularity::ALL {
         let total: u64 = (0..7)
@@ -266,6 +288,7 @@ async fn writes_from_many_tasks_all_land() {
     }
     drop(reader);
     store.close().await.unwrap();
+}
 }
 
 /// What a bucket should hold, computed straight from raw rows.
@@ -340,10 +363,9 @@ impl Expected {
     }
 }
 
+on_both_engines! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rollups_agree_with_raw_rows_across_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rollups.db");
+async fn rollups_agree_with_raw_rows_across_a_restart(db: &TestDb) {
     let t0 = at("2026-03-01T22:13:00Z");
     let mut rng = StdRng::seed_from_u64(7);
     // ~3 days of outcomes over 3 routes, some arriving late (out of order).
@@ -382,10 +404,10 @@ async fn rollups_agree_with_raw_rows_across_a_restart() {
         }
         store
     };
-    let store = write(Store::open(&path, opts()).unwrap(), first.to_vec()).await;
+    let store = write(db.open(opts()), first.to_vec()).await;
     // Closing mid-stream leaves buckets half filled; the reopened writer must continue them.
     store.close().await.unwrap();
-    let store = write(Store::open(&path, opts()).unwrap(), second.to_vec()).await;
+    let store = write(db.open(opts()), second.to_vec()).await;
 
     let reader = store.reader().unwrap();
     let threshold_ms = 2000.0;
@@ -451,16 +473,16 @@ async fn rollups_agree_with_raw_rows_across_a_restart() {
         assert!(hourly.good_ratio().unwrap() <= hourly.success_ratio().unwrap());
     }
     assert!(checked > 500, "only {checked} buckets checked");
-    assert_eq!(raw_count(&path), 6000);
+    assert_eq!(raw_count(db), 6000);
     drop(reader);
     store.close().await.unwrap();
 }
+}
 
+on_both_engines! {
 #[tokio::test]
-async fn retention_deletes_only_what_is_old() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("retention.db");
-    let store = Store::open(&path, opts()).unwrap();
+async fn retention_deletes_only_what_is_old(db: &TestDb) {
+    let store = db.open(opts());
     let writer = store.writer();
     let now = at("2026-06-10T12:02:30Z");
     let hours = |h: i64| now - chrono::Duration::hours(h);
@@ -558,12 +580,12 @@ async fn retention_deletes_only_what_is_old() {
     drop(reader);
     store.close().await.unwrap();
 }
+}
 
+on_both_engines! {
 #[tokio::test]
-async fn a_resolved_record_is_readable_at_once_from_a_fresh_reader() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ack.db");
-    let store = Store::open(&path, opts()).unwrap();
+async fn a_resolved_record_is_readable_at_once_from_a_fresh_reader(db: &TestDb) {
+    let store = db.open(opts());
     let writer = store.writer();
     let r = route(1);
     let t = at("2026-03-01T10:00:00.123456789Z");
@@ -638,11 +660,12 @@ async fn a_resolved_record_is_readable_at_once_from_a_fresh_reader() {
     drop(reader);
     store.close().await.unwrap();
 }
+}
 
+on_both_engines! {
 #[tokio::test]
-async fn heartbeats_skips_and_writability() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("hb.db"), opts()).unwrap();
+async fn heartbeats_skips_and_writability(db: &TestDb) {
+    let store = db.open(opts());
     let writer = store.writer();
     let t = at("2026-03-01T10:00:00Z");
     writer.heartbeat("scheduler", t).await.unwrap();
@@ -690,12 +713,12 @@ async fn heartbeats_skips_and_writability() {
     ));
     store.close().await.unwrap();
 }
+}
 
+on_both_engines! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn close_commits_what_was_queued_and_nothing_acknowledged_is_lost() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("close.db");
-    let store = Store::open(&path, opts()).unwrap();
+async fn close_commits_what_was_queued_and_nothing_acknowledged_is_lost(db: &TestDb) {
+    let store = db.open(opts());
     let t0 = Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap();
     // One write acknowledged before the close, so the count below never depends on how far
     // the spawned writers got on a loaded machine.
@@ -733,21 +756,27 @@ async fn close_commits_what_was_queued_and_nothing_acknowledged_is_lost() {
         }
     }
     assert!(ok > 0);
-    assert_eq!(raw_count(&path), ok);
+    assert_eq!(raw_count(db), ok);
+}
 }
 
+on_both_engines! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_failing_write_does_not_fail_its_batch_or_skew_rollups() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("poison.db");
-    let store = Store::open(&path, opts()).unwrap();
-    // A trigger stands in for any per-row failure (constraint, I/O) inside a batch.
-    Connection::open(&path)
-        .unwrap()
-        .execute_batch(
-            "CREATE TRIGGER poison BEFORE INSERT ON outcomes WHEN NEW.answer = 'poison'
-             BEGIN SELECT RAISE(ABORT, 'poisoned'); END;",
-        )
+async fn one_failing_write_does_not_fail_its_batch_or_skew_rollups(db: &TestDb) {
+    let store = db.open(opts());
+    // A trigger (a constraint on PostgreSQL) stands in for any per-row failure (constraint,
+    // I/O) inside a batch.
+    db.connect()
+        .execute_batch(match db.engine {
+            Engine::Sqlite => {
+                "CREATE TRIGGER poison BEFORE INSERT ON outcomes WHEN NEW.answer = 'poison'
+                 BEGIN SELECT RAISE(ABORT, 'poisoned'); END;"
+            }
+            Engine::Postgres => {
+                "ALTER TABLE outcomes ADD CONSTRAINT poison
+                 CHECK (answer IS DISTINCT FROM 'poison')"
+            }
+        })
         .unwrap();
     let t0 = at("2026-03-01T00:00:00Z");
     let mut tasks = Vec::new();
@@ -776,7 +805,7 @@ async fn one_failing_write_does_not_fail_its_batch_or_skew_rollups() {
         store.writer().record(nan).await,
         Err(StoreError::Invalid(_))
     ));
-    assert_eq!(raw_count(&path), 392);
+    assert_eq!(raw_count(db), 392);
     let s = store
         .reader()
         .unwrap()
@@ -790,5 +819,92 @@ async fn one_failing_write_does_not_fail_its_batch_or_skew_rollups() {
         .unwrap();
     assert_eq!(s.count, 392);
     assert_eq!(s.latency_sum_us, 392 * 100_000);
+    store.close().await.unwrap();
+}
+}
+
+/// Polls `f` until it holds, for at most 20 s.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sessions_lost_are_reopened_and_an_unreachable_database_is_reported() {
+    let db = TestDb::new(Engine::Postgres);
+    let name = db.pg_name().unwrap().to_owned();
+    let store = db.open(opts());
+    let t0 = at("2026-03-01T00:00:00Z");
+    let w = store.writer();
+    w.record(outcome(route(0), OutcomeKind::Probe, t0, 100.0))
+        .await
+        .unwrap();
+    let admin = pg::admin();
+    let kill = |admin: &probeok::store::sql::Connection| {
+        let mut stmt = admin
+            .prepare_cached(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE datname = ?1 AND pid <> pg_backend_pid()",
+            )
+            .unwrap();
+        for r in stmt.query_map([name.as_str()], |_| Ok(())).unwrap() {
+            r.unwrap();
+        }
+    };
+    // The server ends every session (a restart, a failover): the next write reconnects.
+    kill(&admin);
+    w.record(outcome(
+        route(0),
+        OutcomeKind::Probe,
+        t0 + chrono::Duration::seconds(30),
+        100.0,
+    ))
+    .await
+    .unwrap();
+    assert!(store.reachability().reachable());
+    let reads = || {
+        store
+            .reader()
+            .and_then(|r| r.recent_outcomes(&route(0), 10))
+            .is_ok_and(|v| v.len() == 2)
+    };
+    eventually("readers get live sessions again", reads).await;
+
+    // Unreachable for a while: the write waits, the store says why, and it lands once the
+    // database is back.
+    admin
+        .execute_batch(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+        .unwrap();
+    kill(&admin);
+    let pending = tokio::spawn({
+        let w = w.clone();
+        async move {
+            w.record(outcome(
+                route(0),
+                OutcomeKind::Probe,
+                t0 + chrono::Duration::seconds(60),
+                100.0,
+            ))
+            .await
+        }
+    });
+    eventually("the store reports the database unreachable", || {
+        !store.reachability().reachable()
+    })
+    .await;
+    let why = store.reachability().last_error().unwrap();
+    assert!(why.contains("postgres"), "{why}");
+    assert!(
+        !why.contains("127.0.0.1:") || !why.contains('@'),
+        "no URL in {why}"
+    );
+    admin
+        .execute_batch(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+        .unwrap();
+    pending.await.unwrap().unwrap();
+    assert!(store.reachability().reachable());
     store.close().await.unwrap();
 }

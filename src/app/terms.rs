@@ -83,7 +83,9 @@ pub(super) async fn dispatch<T: Send + 'static>(mut outcomes: mpsc::Receiver<T>,
                 }
             }
             None => {
-                tracing::debug!("this member follows: outcome stored, judged only by a leader that receives it")
+                tracing::debug!(
+                    "this member follows: outcome stored, judged only by a leader that receives it"
+                )
             }
         }
     }

@@ -162,6 +162,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         let r = raw.storage;
         StorageConfig {
             path: r.path.map(PathBuf::from).unwrap_or(d.path),
+            url_env: r.url_env.or(d.url_env),
             retention_days: uint(
                 ck,
                 "storage.retention_days",
@@ -176,7 +177,6 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
                 d.rollup_retention_days,
                 1,
             ),
-            url_env: r.url_env,
         }
     };
 

@@ -159,22 +159,22 @@ impl Default for ServerConfig {
 pub struct StorageConfig {
     /// As written (a relative path is relative to the working directory).
     pub path: PathBuf,
+    /// The environment variable that may hold a `postgres://` URL: when it does, the whole
+    /// store is PostgreSQL and `path` is ignored.
+    pub url_env: Option<String>,
     /// Raw results; also the baseline lookback.
     pub retention_days: u32,
     /// Hourly and daily rollups (5-minute ones are kept 48 h regardless).
     pub rollup_retention_days: u32,
-    /// The environment variable holding a `postgres://` URL: when it is set, the store is
-    /// that database and monitors sharing it form a cluster. Unset: SQLite at `path`.
-    pub url_env: Option<String>,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
         Self {
             path: PathBuf::from("probeok.db"),
+            url_env: None,
             retention_days: 14,
             rollup_retention_days: 400,
-            url_env: None,
         }
     }
 }

@@ -164,9 +164,9 @@ pub(super) struct RawServer {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawStorage {
     pub path: Option<String>,
+    pub url_env: Option<String>,
     pub retention_days: Option<i64>,
     pub rollup_retention_days: Option<i64>,
-    pub url_env: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -285,11 +285,11 @@ impl<'a> Checker<'a> {
         if s.path.as_os_str().is_empty() {
             self.error("storage.path", "must not be empty");
         }
-        self.at_least("storage.retention_days", s.retention_days, 1);
-        self.at_least("storage.rollup_retention_days", s.rollup_retention_days, 1);
         if let Some(name) = &s.url_env {
             self.env_name("storage.url_env", name);
         }
+        self.at_least("storage.retention_days", s.retention_days, 1);
+        self.at_least("storage.rollup_retention_days", s.rollup_retention_days, 1);
         // The lease is checked every second: under 2 s one slow answer would end a term.
         if c.cluster.lease < Duration::from_secs(2) {
             self.error(

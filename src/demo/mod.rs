@@ -166,6 +166,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
             ..ServerConfig::default()
         },
         storage: StorageConfig {
+            url_env: None,
             path: PathBuf::from(DEMO_DB),
             // Raw outcomes as long as the simulated history reaches, so the incidents page
             // accounts each of its incidents (and nothing is deleted on the first start).

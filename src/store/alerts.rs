@@ -1,10 +1,10 @@
-//! Alert tables (`migrations/0004_alerts.sql`): the outbox, the firing alerts and silences.
+//! Alert tables (`migrations/*/0004_alerts.sql`): the outbox, the firing alerts and silences.
 //! Writes go through the writer thread as [`AlertOp`]s (one transaction each, so an enqueue
 //! and the firing-state change that goes with it commit together); reads are [`Reader`]
 //! methods. Messages are stored as JSON text; this module does not look inside them.
 
+use super::sql::{params, Connection, OptionalExtension};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{from_ms, to_ms, Reader, StoreError};
 use crate::silence::Silence;
@@ -144,7 +144,7 @@ pub(crate) fn apply(conn: &Connection, op: &AlertOp) -> Result<u64, StoreError> 
             .prepare_cached(
                 "UPDATE alert_outbox SET attempts = attempts + ?2, next_attempt_ms = ?3,
                      last_error = coalesce(?4, last_error)
-                 WHERE id = ?1 AND status = 'pending' AND (?5 IS NULL OR next_attempt_ms = ?5)",
+                 WHERE id = ?1 AND status = 'pending' AND (CAST(?5 AS BIGINT) IS NULL OR next_attempt_ms = ?5)",
             )?
             .execute(params![
                 id,
@@ -199,7 +199,7 @@ pub(crate) fn apply(conn: &Connection, op: &AlertOp) -> Result<u64, StoreError> 
     }
 }
 
-fn outbox_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(OutboxRow, i64, i64)> {
+fn outbox_row(r: &super::sql::Row<'_>) -> super::sql::Result<(OutboxRow, i64, i64)> {
     Ok((
         OutboxRow {
             id: r.get(0)?,
@@ -224,7 +224,7 @@ impl Reader {
     fn outbox_query(
         &self,
         sql: &str,
-        p: &[&dyn rusqlite::ToSql],
+        p: &[&dyn super::sql::ToSql],
     ) -> Result<Vec<OutboxRow>, StoreError> {
         let mut stmt = self.conn.prepare_cached(sql)?;
         let rows = stmt.query_map(p, outbox_row)?;

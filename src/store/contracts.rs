@@ -1,4 +1,4 @@
-//! The degradation contracts' tables (`migrations/0008_contracts.sql`): `contract_jobs` (the
+//! The degradation contracts' tables (`migrations/*/0008_contracts.sql`): `contract_jobs` (the
 //! `async_queue` behaviour's persisted jobs) and `contract_cache` (the `cached_response`
 //! behaviour's answers).
 //!
@@ -6,8 +6,8 @@
 //! synchronous [`Reader`] methods (call them from `spawn_blocking`). Only the proxy reads
 //! these tables: cached answers are never exposed by any other endpoint.
 
+use super::sql::{params, Connection, Engine, OptionalExtension, Row};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
@@ -264,14 +264,15 @@ const JOB_COLUMNS: &str = "id, owner, feature, model, residency, stream_requeste
 
 /// A row of [`JOB_COLUMNS`] as a job; a bad timestamp or status is reported as a conversion
 /// failure of its column (the store is then corrupt).
-fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
-    let corrupt = |i: usize, e: StoreError| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Integer, Box::new(e))
+fn job_row(r: &Row<'_>) -> super::sql::Result<JobRecord> {
+    let corrupt = |i: usize, e: StoreError| super::sql::SqlError::Convert {
+        column: i,
+        message: e.to_string(),
     };
-    let time = |i: usize| -> rusqlite::Result<DateTime<Utc>> {
+    let time = |i: usize| -> super::sql::Result<DateTime<Utc>> {
         from_ms(r.get(i)?).map_err(|e| corrupt(i, e))
     };
-    let time_opt = |i: usize| -> rusqlite::Result<Option<DateTime<Utc>>> {
+    let time_opt = |i: usize| -> super::sql::Result<Option<DateTime<Utc>>> {
         r.get::<_, Option<i64>>(i)?
             .map(|ms| from_ms(ms).map_err(|e| corrupt(i, e)))
             .transpose()
@@ -321,12 +322,17 @@ impl Reader {
     ) -> Result<Vec<JobRecord>, StoreError> {
         let skip = serde_json::to_string(skip)
             .map_err(|e| StoreError::Invalid(format!("model list: {e}")))?;
+        // The models to leave out, as one JSON array parameter.
+        let skipped = match self.conn.engine() {
+            Engine::Sqlite => "SELECT value FROM json_each(?3)",
+            Engine::Postgres => "SELECT json_array_elements_text(CAST(CAST(?3 AS TEXT) AS JSON))",
+        };
         let rows: Vec<JobRecord> = self
             .conn
             .prepare_cached(&format!(
                 "SELECT {JOB_COLUMNS} FROM contract_jobs
                  WHERE status = 'queued' AND expires_at_ms > ?1
-                   AND model NOT IN (SELECT value FROM json_each(?3))
+                   AND model NOT IN ({skipped})
                  ORDER BY created_at_ms, id LIMIT ?2"
             ))?
             .query_map(
@@ -370,97 +376,5 @@ impl Reader {
             status,
             body,
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::{Store, StoreOptions};
-
-    fn job(id: &str, at: DateTime<Utc>) -> JobRecord {
-        JobRecord {
-            id: id.to_owned(),
-            owner: "o".into(),
-            feature: "default".into(),
-            model: "chat".into(),
-            residency: None,
-            stream_requested: false,
-            request: b"{}".to_vec(),
-            status: JobStatus::Queued,
-            runs: 0,
-            created_at: at,
-            expires_at: at + chrono::Duration::minutes(10),
-            started_at: None,
-            finished_at: None,
-            result_status: None,
-            result_body: None,
-            error: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn jobs_are_bounded_started_once_and_expire() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("c.db"), StoreOptions::default()).unwrap();
-        let w = store.writer();
-        let t0 = DateTime::from_timestamp(1_767_225_600, 0).unwrap();
-        let insert = |id: &str| ContractOp::InsertJob {
-            job: Box::new(job(id, t0)),
-            max_queued: 2,
-        };
-        assert_eq!(w.contract(insert("job_a")).await.unwrap(), 1);
-        assert_eq!(w.contract(insert("job_b")).await.unwrap(), 1);
-        assert_eq!(w.contract(insert("job_c")).await.unwrap(), 0, "queue full");
-        let start = |id: &str| ContractOp::StartJob {
-            id: id.into(),
-            at: t0,
-        };
-        assert_eq!(w.contract(start("job_a")).await.unwrap(), 1);
-        assert_eq!(w.contract(start("job_a")).await.unwrap(), 0, "only once");
-        assert_eq!(w.contract(ContractOp::RequeueRunning).await.unwrap(), 1);
-        let later = t0 + chrono::Duration::minutes(11);
-        assert_eq!(
-            w.contract(ContractOp::ExpireJobs { now: later })
-                .await
-                .unwrap(),
-            2
-        );
-        let r = store.reader().unwrap();
-        let a = r.contract_job("job_a").unwrap().unwrap();
-        assert_eq!(a.status, JobStatus::Expired);
-        assert_eq!(a.runs, 1);
-        assert!(r.queued_contract_jobs(t0, 10, &[]).unwrap().is_empty());
-        // Jobs of models still degraded wait; the others are taken, oldest first.
-        let mut other = job("job_d", t0 + chrono::Duration::seconds(1));
-        other.model = "lite".into();
-        for j in [job("job_c", t0), other] {
-            let op = ContractOp::InsertJob {
-                job: Box::new(j),
-                max_queued: 10,
-            };
-            assert_eq!(w.contract(op).await.unwrap(), 1);
-        }
-        let ids = |skip: &[String]| -> Vec<String> {
-            r.queued_contract_jobs(t0, 10, skip)
-                .unwrap()
-                .into_iter()
-                .map(|j| j.id)
-                .collect()
-        };
-        assert_eq!(ids(&[]), ["job_c", "job_d"]);
-        assert_eq!(ids(&["chat".to_owned()]), ["job_d"]);
-        let purged = w
-            .contract(ContractOp::PurgeJobs {
-                before: later + chrono::Duration::seconds(1),
-                limit: 100,
-            })
-            .await
-            .unwrap();
-        assert_eq!(purged, 2, "ended jobs only");
-        assert!(r.contract_job("job_a").unwrap().is_none());
-        assert!(r.contract_job("job_c").unwrap().is_some());
-        drop(r);
-        store.close().await.unwrap();
     }
 }

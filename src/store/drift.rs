@@ -3,7 +3,7 @@
 //! the runner resumes each route's own history after a restart. Old runs are pruned with the
 //! raw outcomes (`retention_days`).
 
-use rusqlite::{params, Connection};
+use super::sql::{params, Connection};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, outcomes, to_ms, Reader, StoreError, Writer};
@@ -13,19 +13,22 @@ use crate::route::RouteId;
 /// Inserts one run and its cases (inside the writer's transaction).
 pub(crate) fn insert_run(conn: &Connection, run: &SetRun) -> Result<(), StoreError> {
     let route_id = outcomes::intern_route(conn, &run.route)?;
-    conn.prepare_cached(
-        "INSERT INTO drift_runs (route_id, set_name, started_at_ms, passed, answered, cases)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
-        route_id,
-        run.set,
-        to_ms(run.started_at),
-        run.passed() as i64,
-        run.answered() as i64,
-        run.cases.len() as i64,
-    ])?;
-    let run_id = conn.last_insert_rowid();
+    let run_id = conn
+        .prepare_cached(
+            "INSERT INTO drift_runs (route_id, set_name, started_at_ms, passed, answered, cases)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+        )?
+        .query_row(
+            params![
+                route_id,
+                run.set,
+                to_ms(run.started_at),
+                run.passed() as i64,
+                run.answered() as i64,
+                run.cases.len() as i64,
+            ],
+            |r| r.get::<_, i64>(0),
+        )?;
     let mut stmt = conn.prepare_cached(
         "INSERT INTO drift_cases (run_id, ord, case_name, passed, failures, output_chars,
              latency_ms, output_tokens, model_reported, system_fingerprint, error, output)

@@ -1,11 +1,11 @@
-//! The `drills` table (`migrations/0009_drills.sql`) and the reads behind a drill's report:
+//! The `drills` table (`migrations/*/0009_drills.sql`) and the reads behind a drill's report:
 //! proxy requests of its model, probe outcomes of a route, regression set runs — each over
 //! the drill's window, aggregated in SQL (bounded however long the drill).
 
 use std::collections::BTreeMap;
 
+use super::sql::{params, Connection, OptionalExtension, Row};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
@@ -41,24 +41,28 @@ fn json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
 pub(crate) fn apply(conn: &Connection, op: &DrillOp) -> Result<u64, StoreError> {
     match op {
         DrillOp::Start(d) => {
-            conn.prepare_cached(
-                "INSERT INTO drills (route, serves, target_weight, ramp, reason, started_by,
+            let id = conn
+                .prepare_cached(
+                    "INSERT INTO drills (route, serves, target_weight, ramp, reason, started_by,
                      forced, started_at_ms, ends_at_ms, receivers)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            )?
-            .execute(params![
-                d.route.as_str(),
-                d.serves,
-                d.weight,
-                json(&d.ramp)?,
-                d.reason,
-                d.started_by,
-                d.forced,
-                to_ms(d.started_at),
-                to_ms(d.ends_at),
-                json(&d.receivers)?,
-            ])?;
-            Ok(u64::try_from(conn.last_insert_rowid()).unwrap_or(0))
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) RETURNING id",
+                )?
+                .query_row(
+                    params![
+                        d.route.as_str(),
+                        d.serves,
+                        d.weight,
+                        json(&d.ramp)?,
+                        d.reason,
+                        d.started_by,
+                        d.forced,
+                        to_ms(d.started_at),
+                        to_ms(d.ends_at),
+                        json(&d.receivers)?,
+                    ],
+                    |r| r.get::<_, i64>(0),
+                )?;
+            Ok(u64::try_from(id).unwrap_or(0))
         }
         DrillOp::End { id, at, by, who } => {
             let n = conn
@@ -89,7 +93,7 @@ impl Writer {
 const COLUMNS: &str = "id, route, serves, target_weight, ramp, reason, started_by, forced,
     started_at_ms, ends_at_ms, ended_at_ms, ended_by, stopped_by, receivers";
 
-fn read(r: &Row<'_>) -> rusqlite::Result<RawDrill> {
+fn read(r: &Row<'_>) -> super::sql::Result<RawDrill> {
     Ok(RawDrill {
         id: r.get(0)?,
         route: r.get(1)?,
@@ -225,8 +229,9 @@ impl Reader {
     ) -> Result<RequestFigures, StoreError> {
         let mut out = RequestFigures::default();
         let mut stmt = self.conn.prepare_cached(
-            "SELECT COUNT(*), COALESCE(SUM(outcome = 'ok'), 0),
-                    COALESCE(SUM(fallback_reason IS NOT NULL), 0)
+            "SELECT COUNT(*), CAST(COALESCE(SUM(CASE WHEN outcome = 'ok' THEN 1 ELSE 0 END), 0) AS BIGINT),
+                    CAST(COALESCE(SUM(CASE WHEN fallback_reason IS NOT NULL THEN 1 ELSE 0 END), 0)
+                        AS BIGINT)
              FROM proxy_requests WHERE serves = ?1 AND started_at_ms >= ?2 AND started_at_ms < ?3",
         )?;
         let window = params![serves, to_ms(from), to_ms(to)];
@@ -271,7 +276,8 @@ impl Reader {
         let (total, successes, wrong): (i64, i64, i64) = self
             .conn
             .prepare_cached(
-                "SELECT COUNT(*), COALESCE(SUM(success), 0), COALESCE(SUM(verified = 0), 0)
+                "SELECT COUNT(*), CAST(COALESCE(SUM(success), 0) AS BIGINT),
+                        CAST(COALESCE(SUM(CASE WHEN verified = 0 THEN 1 ELSE 0 END), 0) AS BIGINT)
                  FROM outcomes WHERE route_id = ?1 AND kind = ?2
                      AND started_at_ms >= ?3 AND started_at_ms < ?4",
             )?
@@ -312,7 +318,8 @@ impl Reader {
             return Ok(BTreeMap::new());
         };
         let mut stmt = self.conn.prepare_cached(
-            "SELECT set_name, COUNT(*), SUM(passed), SUM(answered), SUM(cases) FROM drift_runs
+            "SELECT set_name, COUNT(*), CAST(SUM(passed) AS BIGINT),
+                    CAST(SUM(answered) AS BIGINT), CAST(SUM(cases) AS BIGINT) FROM drift_runs
              WHERE route_id = ?1 AND started_at_ms >= ?2 AND started_at_ms < ?3
              GROUP BY set_name",
         )?;

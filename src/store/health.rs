@@ -12,8 +12,8 @@
 //! (all of them, not only the first ones the in-memory incident keeps), and the readers put
 //! them back.
 
+use super::sql::{params, Connection, OptionalExtension, Row};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::de::DeserializeOwned;
 
 use super::writer::Command;
@@ -276,7 +276,7 @@ type RawTransition = (
     Option<String>,
 );
 
-fn raw_transition(r: &Row<'_>) -> rusqlite::Result<RawTransition> {
+fn raw_transition(r: &Row<'_>) -> super::sql::Result<RawTransition> {
     Ok((
         r.get(0)?,
         r.get(1)?,
@@ -306,8 +306,8 @@ fn transition(raw: RawTransition) -> Result<Transition, StoreError> {
 }
 
 fn collect_transitions(
-    stmt: &mut rusqlite::CachedStatement<'_>,
-    params: impl rusqlite::Params,
+    stmt: &mut super::sql::Statement<'_>,
+    params: impl super::sql::Params,
 ) -> Result<Vec<Transition>, StoreError> {
     let rows = stmt.query_map(params, raw_transition)?;
     let mut out = Vec::new();

@@ -1,8 +1,8 @@
 //! Bookkeeping tables: `heartbeats` (last sign of life per scheduled job), `probe_skips`
 //! (probes skipped because the previous one overran), `store_meta`, and retention.
 
+use super::sql::{params, Connection};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection};
 
 use super::rollups::Granularity;
 use super::{from_ms, to_ms, Reader, StoreError};
@@ -170,7 +170,7 @@ impl Reader {
 
     /// A `store_meta` value (set with [`super::Writer::set_meta`]); `None` when never set.
     pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
-        use rusqlite::OptionalExtension;
+        use super::sql::OptionalExtension;
         Ok(self
             .conn
             .prepare_cached("SELECT value FROM store_meta WHERE key = ?1")?

@@ -1,31 +1,40 @@
-//! SQLite storage: every outcome raw, rollups for long history, heartbeats and skipped probes.
+//! Storage: every outcome raw, rollups for long history, heartbeats and skipped probes — in a
+//! SQLite file by default, or in a PostgreSQL database when `[storage] url_env` names a
+//! variable holding a `postgres://` URL ([`StoreLocation`]). One store, two engines: the same
+//! schema, queries and behaviour on both (`sql/` is the layer between them).
 //!
 //! - One **writer thread** owns the only write connection. Async callers send commands on a
 //!   bounded channel ([`Writer`]); the thread drains what is queued (up to [`BATCH_CAP`]
 //!   outcomes), applies it in one transaction, commits, then acknowledges each sender. An
-//!   acknowledged write is committed; async code never blocks on SQLite.
+//!   acknowledged write is committed; async code never blocks on the database. On PostgreSQL
+//!   each writer transaction takes an advisory lock first (several processes may share the
+//!   database), and a lost session is reopened with backoff ([`Reachability`]).
 //! - **Rollups** (5-minute, hourly, daily per route and outcome kind) are updated in the same
 //!   transaction as the raw rows, so they can never disagree with them. Percentiles come from
 //!   mergeable histograms ([`histogram`]), so 30 days of p95 never scans raw rows.
-//! - **Readers** ([`Reader`]) open their own read-only connections (WAL lets them run beside
-//!   the writer); their API is synchronous, call it from `spawn_blocking`.
-//! - **Schema** lives in `migrations/`, applied in order at open ([`migrate()`]).
+//! - **Readers** ([`Reader`]) have their own read-only connections (SQLite: opened per reader,
+//!   WAL lets them run beside the writer; PostgreSQL: borrowed from a bounded pool); their API
+//!   is synchronous, call it from `spawn_blocking`.
+//! - **Schema** lives in `migrations/sqlite/` and `migrations/postgres/` (the same versions),
+//!   applied in order at open ([`migrate()`]).
 //!
-//! Files: `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
+//! Files: `sql/` (the connection over both engines: values, dialect, PostgreSQL sessions),
+//! `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
-//! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's metering and idempotency keys),
-//! `contracts.rs` (degradation contracts: async-queue jobs, cached answers),
-//! `drills.rs` (drills and the reads behind their reports),
+//! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's
+//! metering and idempotency keys), `contracts.rs` (degradation contracts: async-queue jobs,
+//! cached answers), `drills.rs` (drills and the reads behind their reports),
 //! `vantage.rs` (outcomes from remote vantages, each agent-made id once),
-//! `stats.rs` (bulk reads over every route for the
-//! published views), `histogram.rs`, `alerts.rs` (the alert
-//! outbox, firing alerts, silences).
+//! `stats.rs` (bulk reads over every route for the published views), `histogram.rs`,
+//! `alerts.rs` (the alert outbox, firing alerts, silences), `copy.rs` (`migrate-store`:
+//! SQLite into PostgreSQL).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod alerts;
 mod contracts;
+pub mod copy;
 mod drift;
 pub mod drills;
 mod health;
@@ -35,25 +44,28 @@ pub mod migrate;
 mod outcomes;
 mod requests;
 mod rollups;
+pub mod sql;
 mod stats;
 mod switch;
 mod vantage;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::OpenFlags;
+use sql::{Connection, Engine, PgPool, PgUrl, SqlError};
 use tokio::sync::{mpsc, oneshot};
 
 pub use contracts::{CachedAnswer, ContractOp, JobRecord, JobStatus};
 pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
-pub use migrate::{latest_version, migrate, migrate_to, user_version};
+pub use migrate::{force_version, latest_version, migrate, migrate_to, user_version};
 pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use rollups::{Granularity, Rollup};
 pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
@@ -83,13 +95,14 @@ pub const ALL_KINDS: &[OutcomeKind] = &[
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    /// An error of either engine (`SqlError::Sqlite`, `SqlError::Postgres`, …).
+    #[error(transparent)]
+    Sql(#[from] SqlError),
     #[error("migration {version} ({name}) failed: {source}")]
     Migration {
         version: u32,
         name: String,
-        source: rusqlite::Error,
+        source: SqlError,
     },
     /// The file was written by a newer probeok; refusing beats corrupting it.
     #[error("database schema version {found} is newer than this build knows ({known})")]
@@ -108,7 +121,109 @@ pub enum StoreError {
     Corrupt(String),
     #[error("could not start the writer thread: {0}")]
     Spawn(std::io::Error),
+    /// `[storage] url_env` names a variable that does not hold a usable URL.
+    #[error("{0}")]
+    Location(String),
 }
+
+impl StoreError {
+    /// The database connection was lost (not a fault of the statement).
+    pub fn is_connection(&self) -> bool {
+        matches!(self, StoreError::Sql(e) if e.is_connection())
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Sql(SqlError::Sqlite(e))
+    }
+}
+
+/// Where the store lives: a SQLite file, or a PostgreSQL database (`[storage] url_env`).
+#[derive(Debug, Clone)]
+pub enum StoreLocation {
+    Sqlite(PathBuf),
+    Postgres(PgUrl),
+}
+
+impl StoreLocation {
+    /// `url_env`'s value when it holds a `postgres://` URL, else the SQLite file at `path`.
+    /// `env` reads a variable (the process environment in production).
+    pub fn resolve(
+        path: &Path,
+        url_env: Option<&str>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<StoreLocation, StoreError> {
+        if let Some(var) = url_env {
+            if let Some(value) = env(var) {
+                if let Some(url) = PgUrl::parse(&value) {
+                    return url
+                        .map(StoreLocation::Postgres)
+                        .map_err(|e| StoreError::Location(format!("${var}: {e}")));
+                }
+            }
+        }
+        Ok(StoreLocation::Sqlite(path.to_owned()))
+    }
+
+    pub fn engine(&self) -> Engine {
+        match self {
+            StoreLocation::Sqlite(_) => Engine::Sqlite,
+            StoreLocation::Postgres(_) => Engine::Postgres,
+        }
+    }
+
+    /// The file, or `host:port/database`: safe to log (never a password).
+    pub fn describe(&self) -> String {
+        match self {
+            StoreLocation::Sqlite(p) => p.display().to_string(),
+            StoreLocation::Postgres(u) => u.describe(),
+        }
+    }
+
+    /// A new read-write connection, configured and not migrated.
+    pub fn connect(&self) -> Result<Connection, StoreError> {
+        match self {
+            StoreLocation::Sqlite(path) => {
+                let conn = rusqlite::Connection::open(path)?;
+                configure(&conn)?;
+                Ok(Connection::from_sqlite(conn))
+            }
+            StoreLocation::Postgres(url) => Ok(Connection::open_postgres(url)?),
+        }
+    }
+}
+
+/// Whether the database answered the writer's last attempt, and its last connection error:
+/// `/readyz` reports it.
+#[derive(Debug, Default)]
+pub struct Reachability {
+    down: AtomicBool,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Reachability {
+    pub fn reachable(&self) -> bool {
+        !self.down.load(Ordering::Relaxed)
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set(&self, error: Option<String>) {
+        self.down.store(error.is_some(), Ordering::Relaxed);
+        if let Some(e) = error {
+            *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        }
+    }
+}
+
+/// Most PostgreSQL sessions readers hold at once; a reader finding all busy waits for one.
+pub const MAX_PG_READERS: usize = 16;
 
 /// Knobs the store needs from the config.
 #[derive(Debug, Clone)]
@@ -132,7 +247,10 @@ pub struct Store {
 }
 
 struct Inner {
-    path: PathBuf,
+    location: StoreLocation,
+    /// PostgreSQL: the readers' sessions.
+    pool: Option<Arc<PgPool>>,
+    reachability: Arc<Reachability>,
     writer: Writer,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -140,7 +258,7 @@ struct Inner {
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("path", &self.inner.path)
+            .field("location", &self.inner.location.describe())
             .finish_non_exhaustive()
     }
 }
@@ -149,17 +267,37 @@ impl Store {
     /// Opens (creating the file, not its directory) and migrates the database, then starts the
     /// writer thread. Blocking file I/O: call it at startup or from `spawn_blocking`.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
-        let mut conn = Connection::open(path)?;
-        configure(&conn)?;
+        Store::open_at(&StoreLocation::Sqlite(path.to_owned()), opts)
+    }
+
+    /// Opens the store wherever it lives (SQLite file or PostgreSQL database), migrating it.
+    /// Blocking network or file I/O: call it at startup or from `spawn_blocking`.
+    pub fn open_at(location: &StoreLocation, opts: StoreOptions) -> Result<Store, StoreError> {
+        let mut conn = location.connect()?;
         migrate(&mut conn)?;
+        let pool = match location {
+            StoreLocation::Sqlite(_) => None,
+            StoreLocation::Postgres(url) => Some(Arc::new(PgPool::new(
+                url.clone(),
+                MAX_PG_READERS,
+                BUSY_TIMEOUT,
+            ))),
+        };
+        let reachability = Arc::new(Reachability::default());
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        let thread = std::thread::Builder::new()
-            .name("probeok-store-writer".into())
-            .spawn(move || writer::run(conn, rx, opts))
-            .map_err(StoreError::Spawn)?;
+        let thread = {
+            let location = location.clone();
+            let reachability = reachability.clone();
+            std::thread::Builder::new()
+                .name("probeok-store-writer".into())
+                .spawn(move || writer::run(conn, location, reachability, rx, opts))
+                .map_err(StoreError::Spawn)?
+        };
         Ok(Store {
             inner: Arc::new(Inner {
-                path: path.to_owned(),
+                location: location.clone(),
+                pool,
+                reachability,
                 writer: Writer::new(tx),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -173,11 +311,40 @@ impl Store {
 
     /// A new read-only connection (blocking to open; use it from `spawn_blocking`).
     pub fn reader(&self) -> Result<Reader, StoreError> {
-        Reader::open(&self.inner.path)
+        match (&self.inner.location, &self.inner.pool) {
+            (_, Some(pool)) => Ok(Reader {
+                conn: Connection::from_postgres(pool.take()?),
+                pool: Some(pool.clone()),
+            }),
+            (StoreLocation::Sqlite(path), None) => Reader::open(path),
+            (StoreLocation::Postgres(url), None) => Ok(Reader {
+                conn: Connection::from_postgres(sql::PgSession::connect(url, true)?),
+                pool: None,
+            }),
+        }
     }
 
+    /// The SQLite file (for a PostgreSQL store, the path it would have had is meaningless:
+    /// an empty path).
     pub fn path(&self) -> &Path {
-        &self.inner.path
+        match &self.inner.location {
+            StoreLocation::Sqlite(p) => p,
+            StoreLocation::Postgres(_) => Path::new(""),
+        }
+    }
+
+    pub fn location(&self) -> &StoreLocation {
+        &self.inner.location
+    }
+
+    pub fn engine(&self) -> Engine {
+        self.inner.location.engine()
+    }
+
+    /// Whether the writer reached the database on its last attempt, and the last
+    /// connection error (for `/readyz`).
+    pub fn reachability(&self) -> &Reachability {
+        &self.inner.reachability
     }
 
     /// Commits everything queued, then stops the writer thread and waits for it. Every writer
@@ -214,7 +381,7 @@ impl Store {
 /// in WAL mode is durable against process crashes (an OS crash may lose the last commits,
 /// never corrupt the file); the busy timeout turns brief lock contention into a short wait
 /// instead of an error.
-pub(crate) fn configure(conn: &Connection) -> Result<(), StoreError> {
+pub(crate) fn configure(conn: &rusqlite::Connection) -> Result<(), StoreError> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
@@ -224,9 +391,23 @@ pub(crate) fn configure(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// A read-only connection. Not `Sync`: give each blocking task its own (they are cheap).
+/// A read-only connection. Not `Sync`: give each blocking task its own (they are cheap: a
+/// SQLite file opened, or a PostgreSQL session borrowed from the store's pool and given back
+/// when the reader drops).
 pub struct Reader {
     conn: Connection,
+    pool: Option<Arc<PgPool>>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            let conn = std::mem::replace(&mut self.conn, Connection::closed());
+            if let Some(session) = conn.into_postgres() {
+                pool.put(session);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Reader {
@@ -238,9 +419,12 @@ impl std::fmt::Debug for Reader {
 impl Reader {
     fn open(path: &Path) -> Result<Reader, StoreError> {
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags)?;
+        let conn = rusqlite::Connection::open_with_flags(path, flags)?;
         configure(&conn)?;
-        Ok(Reader { conn })
+        Ok(Reader {
+            conn: Connection::from_sqlite(conn),
+            pool: None,
+        })
     }
 
     /// The route's interned id, `None` when nothing was ever stored for it.
@@ -262,7 +446,7 @@ pub(crate) fn from_ms(ms: i64) -> Result<DateTime<Utc>, StoreError> {
 /// An empty filter means every kind.
 pub(crate) fn kind_filter_sql(column: &str, kinds: &[OutcomeKind]) -> String {
     if kinds.is_empty() {
-        return String::from("1");
+        return String::from("1 = 1");
     }
     let list: Vec<String> = kinds.iter().map(|k| format!("'{}'", k.as_str())).collect();
     format!("{column} IN ({})", list.join(", "))
@@ -277,11 +461,13 @@ mod tests {
     use super::*;
 
     fn pragma(conn: &Connection, name: &str) -> String {
-        conn.query_row(&format!("PRAGMA {name}"), [], |r| {
-            r.get::<_, rusqlite::types::Value>(0)
-        })
-        .map(|v| format!("{v:?}"))
-        .unwrap()
+        conn.as_sqlite()
+            .unwrap()
+            .query_row(&format!("PRAGMA {name}"), [], |r| {
+                r.get::<_, rusqlite::types::Value>(0)
+            })
+            .map(|v| format!("{v:?}"))
+            .unwrap()
     }
 
     #[tokio::test]
@@ -296,6 +482,8 @@ mod tests {
         // Readers cannot write by mistake.
         assert!(reader
             .conn
+            .as_sqlite()
+            .unwrap()
             .execute("INSERT INTO heartbeats (job, at_ms) VALUES ('x', 1)", [])
             .is_err());
         drop(reader);
@@ -303,8 +491,38 @@ mod tests {
     }
 
     #[test]
+    fn url_env_selects_postgres_only_for_a_postgres_url() {
+        let path = Path::new("probeok.db");
+        let env = |value: &'static str| move |name: &str| (name == "DB").then(|| value.to_owned());
+        let at = |url_env: Option<&str>, value: &'static str| {
+            StoreLocation::resolve(path, url_env, env(value))
+        };
+        assert!(matches!(
+            at(None, "postgres://h/db"),
+            Ok(StoreLocation::Sqlite(_))
+        ));
+        assert!(matches!(
+            at(Some("OTHER"), "postgres://h/db"),
+            Ok(StoreLocation::Sqlite(_))
+        ));
+        assert!(matches!(at(Some("DB"), ""), Ok(StoreLocation::Sqlite(_))));
+        let pg = at(
+            Some("DB"),
+            "postgresql://probeok:pw@db.internal:6432/probeok",
+        )
+        .unwrap();
+        assert_eq!(pg.engine(), Engine::Postgres);
+        assert_eq!(pg.describe(), "db.internal:6432/probeok");
+        assert!(!format!("{pg:?}").contains("pw"));
+        let bad = at(Some("DB"), "postgres://u:pw@h:port/db")
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("$DB") && !bad.contains("pw"), "{bad}");
+    }
+
+    #[test]
     fn in_memory_databases_are_refused_for_lack_of_wal() {
-        let conn = Connection::open_in_memory().unwrap();
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
         assert!(matches!(configure(&conn), Err(StoreError::NotWal(_))));
     }
 }

@@ -1,8 +1,8 @@
 //! The `routes` and `outcomes` tables: one raw row per outcome, every field of
 //! [`ProbeOutcome`]. `started_at` is kept at millisecond precision.
 
+use super::sql::{params, Connection, OptionalExtension, Row};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{from_ms, kind_filter_sql, parse_kind, to_ms, Reader, StoreError};
 use crate::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
@@ -20,9 +20,18 @@ pub(crate) fn intern_route(conn: &Connection, route: &RouteId) -> Result<i64, St
     if let Some(id) = lookup_route(conn, route)? {
         return Ok(id);
     }
-    conn.prepare_cached("INSERT INTO routes (name) VALUES (?1)")?
-        .execute([route.as_str()])?;
-    Ok(conn.last_insert_rowid())
+    // Another process on the same database may intern it first: then look it up again.
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO routes (name) VALUES (?1) ON CONFLICT (name) DO NOTHING RETURNING id",
+        )?
+        .query_row([route.as_str()], |r| r.get(0))
+        .optional()?;
+    match inserted {
+        Some(id) => Ok(id),
+        None => lookup_route(conn, route)?
+            .ok_or_else(|| StoreError::Corrupt(format!("route {route} vanished while interned"))),
+    }
 }
 
 /// Rejects values SQLite would silently mangle (NaN becomes NULL) or that make no sense.
@@ -98,12 +107,12 @@ pub(super) const COLUMNS: &str =
     http_status, error_kind, error_status, error_message, retry_after_ms, answer, first_answer_ms,
     max_tokens_exhausted";
 
-/// Reads a row selected with [`COLUMNS`]. Conversion problems surface as rusqlite errors so
+/// Reads a row selected with [`COLUMNS`]. Conversion problems surface as SQL errors so
 /// they can be raised from inside `query_map`.
 pub(super) fn from_row(
     route: &RouteId,
     r: &Row<'_>,
-) -> rusqlite::Result<Result<ProbeOutcome, StoreError>> {
+) -> super::sql::Result<Result<ProbeOutcome, StoreError>> {
     let kind: String = r.get(0)?;
     let started_ms: i64 = r.get(1)?;
     let error_kind: Option<String> = r.get(13)?;
@@ -144,8 +153,8 @@ pub(super) fn from_row(
 
 fn collect(
     route: &RouteId,
-    stmt: &mut rusqlite::CachedStatement<'_>,
-    params: impl rusqlite::Params,
+    stmt: &mut super::sql::Statement<'_>,
+    params: impl super::sql::Params,
 ) -> Result<Vec<ProbeOutcome>, StoreError> {
     let rows = stmt.query_map(params, |r| from_row(route, r))?;
     let mut out = Vec::new();

@@ -1,4 +1,4 @@
-//! The proxy's tables (`migrations/0006_proxy.sql`): metering — one `proxy_requests` row per
+//! The proxy's tables (`migrations/*/0006_proxy.sql`): metering — one `proxy_requests` row per
 //! request with its `proxy_attempts` — and idempotency keys with their stored answers.
 //!
 //! Writes go through the one writer thread like everything else ([`Writer::record_request`],
@@ -7,8 +7,8 @@
 //! idempotency rows expire with their TTL (expired rows are never answered, and each insert
 //! deletes a few expired ones).
 
+use super::sql::{params, Connection, OptionalExtension};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
 use super::writer::{Ack, Command};
@@ -104,31 +104,35 @@ fn finite(v: f64) -> Option<f64> {
 
 pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(), StoreError> {
     let latency = finite(r.latency_ms).unwrap_or(0.0);
-    conn.prepare_cached(
-        "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
+    let pk = conn
+        .prepare_cached(
+            "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
              stream, attempts, fallback_reason, prompt_tokens, completion_tokens, cost, currency,
              latency_ms, contract, trace_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-    )?
-    .execute(params![
-        r.request_id,
-        r.serves,
-        to_ms(r.started_at),
-        r.route,
-        r.outcome,
-        r.status,
-        r.stream,
-        r.attempts.len() as i64,
-        r.fallback_reason,
-        r.prompt_tokens.map(|v| v as i64),
-        r.completion_tokens.map(|v| v as i64),
-        r.cost.and_then(finite),
-        r.currency,
-        latency,
-        r.contract,
-        r.trace_id,
-    ])?;
-    let pk = conn.last_insert_rowid();
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+         RETURNING id",
+        )?
+        .query_row(
+            params![
+                r.request_id,
+                r.serves,
+                to_ms(r.started_at),
+                r.route,
+                r.outcome,
+                r.status,
+                r.stream,
+                r.attempts.len() as i64,
+                r.fallback_reason,
+                r.prompt_tokens.map(|v| v as i64),
+                r.completion_tokens.map(|v| v as i64),
+                r.cost.and_then(finite),
+                r.currency,
+                latency,
+                r.contract,
+                r.trace_id,
+            ],
+            |row| row.get::<_, i64>(0),
+        )?;
     let mut stmt = conn.prepare_cached(
         "INSERT INTO proxy_attempts (request_pk, n, route, reason, status_class, status, ttfb_ms,
              latency_ms, prompt_tokens, completion_tokens, cost, outcome)
@@ -248,15 +252,16 @@ type RequestRow = (
 impl Reader {
     /// Metered requests, newest first, filtered (`limit` is the caller's bounded value).
     pub fn proxy_requests(&self, f: &RequestFilter) -> Result<Vec<RequestRecord>, StoreError> {
+        // The casts give PostgreSQL each optional filter's type (an `IS NULL` alone has none).
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, request_id, serves, started_at_ms, route, outcome, status, stream,
                     fallback_reason, prompt_tokens, completion_tokens, cost, currency, latency_ms,
                     contract, trace_id
              FROM proxy_requests r
-             WHERE (?1 IS NULL OR started_at_ms >= ?1)
-               AND (?2 IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
+             WHERE (CAST(?1 AS BIGINT) IS NULL OR started_at_ms >= ?1)
+               AND (CAST(?2 AS TEXT) IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
                                           WHERE a.request_pk = r.id AND a.route = ?2))
-               AND (?3 IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
+               AND (CAST(?3 AS TEXT) IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
                                           WHERE a.request_pk = r.id AND a.reason = ?3))
              ORDER BY started_at_ms DESC, id DESC LIMIT ?4",
         )?;

@@ -7,8 +7,8 @@
 
 use std::collections::HashMap;
 
+use super::sql::{params, Connection, OptionalExtension};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
 
 use super::histogram::LatencyHistogram;
 use super::{from_ms, kind_filter_sql, parse_kind, to_ms, Reader, StoreError};

@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 
+use super::sql::params;
 use chrono::{DateTime, Utc};
-use rusqlite::params;
 
 use super::rollups::Figures;
 use super::{from_ms, kind_filter_sql, to_ms, Granularity, Reader, Rollup, StoreError};
@@ -93,7 +93,8 @@ impl Reader {
         }
         // The primary key is (granularity_s, bucket_start_ms, route_id, kind): one range scan.
         let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT route_id, SUM(count), SUM(successes), SUM(good) FROM rollups
+            "SELECT route_id, CAST(SUM(count) AS BIGINT), CAST(SUM(successes) AS BIGINT),
+                 CAST(SUM(good) AS BIGINT) FROM rollups
              WHERE granularity_s = ?1 AND bucket_start_ms >= ?2 AND bucket_start_ms < ?3 AND {}
              GROUP BY route_id",
             kind_filter_sql("kind", kinds)
@@ -215,7 +216,8 @@ impl Reader {
     ) -> Result<DailyCounts, StoreError> {
         let names = self.route_names()?;
         let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT route_id, bucket_start_ms, SUM(count), SUM(successes), SUM(good) FROM rollups
+            "SELECT route_id, bucket_start_ms, CAST(SUM(count) AS BIGINT),
+                 CAST(SUM(successes) AS BIGINT), CAST(SUM(good) AS BIGINT) FROM rollups
              WHERE granularity_s = ?1 AND bucket_start_ms >= ?2 AND bucket_start_ms < ?3 AND {}
              GROUP BY route_id, bucket_start_ms ORDER BY bucket_start_ms",
             kind_filter_sql("kind", kinds)

@@ -2,7 +2,7 @@
 //! through the one writer thread, read back newest first for `GET /api/v1/switches` and the
 //! status page.
 
-use rusqlite::{params, Connection};
+use super::sql::{params, Connection};
 
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};

@@ -2,8 +2,8 @@
 //! its agent-made `uid` (a resend is a duplicate, not a second row). Kept apart from
 //! `outcomes` so the monitor's own charts, rollups and baselines stay its own vantage's.
 
+use super::sql::{params, Connection};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection};
 
 use super::outcomes::{from_row, validate, COLUMNS};
 use super::writer::Command;

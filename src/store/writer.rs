@@ -5,12 +5,22 @@
 //! applies it all in one `BEGIN IMMEDIATE` transaction, commits, and only then answers each
 //! sender — so an `Ok` means committed. If a batch fails, its commands are retried one per
 //! transaction, so one bad command cannot fail its neighbours.
+//!
+//! On PostgreSQL several processes may write the same database (a monitor pair, proxies).
+//! Each writer transaction takes one advisory lock first, so writers take turns as SQLite's
+//! write lock makes them, and the rollup buckets are re-read in every batch instead of
+//! trusted from memory. A lost connection is reopened with backoff and the batch retried;
+//! [`super::Reachability`] says whether the database answered.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
+
+use super::sql::{Connection, Engine};
+use super::{Reachability, StoreLocation};
 
 use super::health::{self, HealthWrite};
 use super::jobs::{self, RetentionReport, Target};
@@ -23,6 +33,14 @@ use crate::route::RouteId;
 /// Rows deleted per retention step. Each step is one command, so queued inserts get their turn
 /// between steps and the write lock is never held for a long delete.
 pub const RETENTION_BATCH: usize = 1000;
+
+/// The advisory lock every PostgreSQL writer transaction takes ("probeok" and 2 in its bytes).
+const PG_WRITER_LOCK: i64 = 0x7072_6f62_656f_6b02;
+
+/// How long the writer keeps reconnecting before it fails the batch it holds (the next batch
+/// tries again); the pauses between attempts double up to [`RECONNECT_MAX_PAUSE`].
+const RECONNECT_WINDOW: Duration = Duration::from_secs(15);
+const RECONNECT_MAX_PAUSE: Duration = Duration::from_secs(2);
 
 /// 5-minute rollups serve 24 h charts; two days is plenty.
 const FIVE_MINUTE_RETENTION: chrono::Duration = chrono::Duration::hours(48);
@@ -303,12 +321,20 @@ impl Writer {
 
 /// The writer thread's body: runs until `Shutdown` or until every sender is gone, committing
 /// whatever was queued before it returns.
-pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Command>, opts: StoreOptions) {
+pub(crate) fn run(
+    mut conn: Connection,
+    location: StoreLocation,
+    reachability: Arc<Reachability>,
+    mut rx: mpsc::Receiver<Command>,
+    opts: StoreOptions,
+) {
     let mut state = State {
         threshold_ms: opts.latency_threshold.as_secs_f64() * 1000.0,
         route_ids: HashMap::new(),
         rollups: RollupCache::default(),
         masks: VecDeque::new(),
+        location,
+        reachability,
     };
     let mut shutdowns = Vec::new();
     loop {
@@ -338,7 +364,9 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Command>, opts: S
         state.process(&mut conn, batch);
     }
     // Lets SQLite refresh its planner statistics, as recommended before closing.
-    let _ = conn.execute_batch("PRAGMA optimize");
+    if conn.engine() == Engine::Sqlite {
+        let _ = conn.execute_batch("PRAGMA optimize");
+    }
     drop(conn);
     for c in shutdowns {
         c.answer(Ok(0), &mut VecDeque::new());
@@ -352,14 +380,68 @@ struct State {
     rollups: RollupCache,
     /// Per-item answers of the committed `Vantage` commands not yet answered.
     masks: VecDeque<Vec<bool>>,
+    location: StoreLocation,
+    reachability: Arc<Reachability>,
 }
 
 impl State {
+    /// Replaces a lost connection, retrying with backoff for up to [`RECONNECT_WINDOW`].
+    fn reconnect(&mut self, conn: &mut Connection) -> Result<(), StoreError> {
+        let deadline = Instant::now() + RECONNECT_WINDOW;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match self.location.connect() {
+                Ok(c) => {
+                    *conn = c;
+                    self.forget();
+                    tracing::info!(database = %self.location.describe(), "store reconnected");
+                    self.reachability.set(None);
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.reachability.set(Some(e.to_string()));
+                    if Instant::now() + pause > deadline {
+                        return Err(e);
+                    }
+                    tracing::warn!(database = %self.location.describe(), error = %e, "store unreachable; retrying");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RECONNECT_MAX_PAUSE);
+                }
+            }
+        }
+    }
+
+    /// [`State::apply`], reconnecting first when the connection is gone and once more when
+    /// the batch failed because it went away.
+    fn apply_connected(
+        &mut self,
+        conn: &mut Connection,
+        cmds: &[Command],
+    ) -> Result<Vec<u64>, StoreError> {
+        if !conn.is_alive() {
+            self.reconnect(conn)?;
+        }
+        match self.apply(conn, cmds) {
+            Err(e) if e.is_connection() => {
+                self.forget();
+                self.reachability.set(Some(e.to_string()));
+                self.reconnect(conn)?;
+                self.apply(conn, cmds)
+            }
+            other => {
+                if other.is_ok() && !self.reachability.reachable() {
+                    self.reachability.set(None);
+                }
+                other
+            }
+        }
+    }
+
     fn process(&mut self, conn: &mut Connection, batch: Vec<Command>) {
         if batch.is_empty() {
             return;
         }
-        match self.apply(conn, &batch) {
+        match self.apply_connected(conn, &batch) {
             Ok(replies) => {
                 for (c, r) in batch.into_iter().zip(replies) {
                     c.answer(Ok(r), &mut self.masks);
@@ -375,7 +457,7 @@ impl State {
                 self.forget();
                 tracing::warn!(error = %e, commands = batch.len(), "store batch failed; retrying one command per transaction");
                 for c in batch {
-                    match self.apply(conn, std::slice::from_ref(&c)) {
+                    match self.apply_connected(conn, std::slice::from_ref(&c)) {
                         Ok(r) => c.answer(Ok(r.first().copied().unwrap_or(0)), &mut self.masks),
                         Err(e) => {
                             self.forget();
@@ -406,7 +488,14 @@ impl State {
     /// Applies commands in one transaction; the replies (rows deleted for retention, else 0)
     /// only once it committed.
     fn apply(&mut self, conn: &mut Connection, cmds: &[Command]) -> Result<Vec<u64>, StoreError> {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = conn.transaction()?;
+        if tx.engine() == Engine::Postgres {
+            tx.query_row("SELECT pg_advisory_xact_lock(?1)", [PG_WRITER_LOCK], |_| {
+                Ok(())
+            })?;
+            // Another process may have written these buckets since this one last did.
+            self.rollups.clear();
+        }
         let mut replies = Vec::with_capacity(cmds.len());
         for c in cmds {
             let reply = match c {

@@ -574,9 +574,10 @@ pub async fn status(
         .map(|v| v.view.borrow().clone())
         .filter(|v| !v.routes.is_empty());
     let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        let bytes =
-            status_bytes_with(&routes, &health, &figures, now, &breakers, budget, &filter, role)
-                .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;
+        let bytes = status_bytes_with(
+            &routes, &health, &figures, now, &breakers, budget, &filter, role,
+        )
+        .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;
         let Some(view) = vantages else {
             return Ok(bytes);
         };

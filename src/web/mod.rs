@@ -145,14 +145,32 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// How long `/readyz` waits for the store's writability check.
+const READYZ_STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The store takes writes, keeps up with the probes (its lag is at most
 /// [`crate::lag::MAX_READY_LAG`]) and no scheduled job has been silent for `[heartbeat]
 /// stale_after` (a job that never beat counts from the service's start). 503 names each problem, and the
 /// stale jobs with how long they have been silent.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     let mut problems = Vec::new();
-    if let Err(e) = state.store.writer().check_writable().await {
-        problems.push(format!("store not writable: {e}"));
+    // A writer reconnecting to an unreachable database holds its queue; say so instead of
+    // waiting for it.
+    match tokio::time::timeout(READYZ_STORE_WAIT, state.store.writer().check_writable()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => problems.push(format!("store not writable: {e}")),
+        Err(_) => {
+            let why = state.store.reachability().last_error().unwrap_or_default();
+            problems.push(format!(
+                "store not writable: no answer within {}s (database {}: {why})",
+                READYZ_STORE_WAIT.as_secs(),
+                if state.store.reachability().reachable() {
+                    "busy"
+                } else {
+                    "unreachable"
+                },
+            ));
+        }
     }
     let now = state.clock.now();
     if let Some(lag) = state.metrics.store_lag() {

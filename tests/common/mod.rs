@@ -20,6 +20,7 @@ pub mod alerts;
 pub mod app;
 pub mod cluster;
 pub mod pages;
+pub mod pg;
 pub mod scale;
 pub mod upstream;
 

@@ -1,0 +1,8 @@
+-- PostgreSQL dialect of migrations/sqlite/0010_first_answer.sql: the same tables, columns and indexes (BIGINT,
+-- DOUBLE PRECISION, byte-ordered TEXT as SQLite compares it, BYTEA). Append-only, like its twin.
+-- probeok schema: the first answer token of a probe (a reasoning model's `ttft_ms` counts its
+-- reasoning tokens), and whether `max_tokens` ran out before any answer arrived. Older rows
+-- have neither: NULL and 0.
+ALTER TABLE outcomes ADD COLUMN first_answer_ms DOUBLE PRECISION;
+ALTER TABLE outcomes ADD COLUMN max_tokens_exhausted BIGINT NOT NULL DEFAULT 0
+    CHECK (max_tokens_exhausted IN (0, 1));
