@@ -88,6 +88,8 @@ pub struct StartOptions {
     pub config_file: Option<std::path::PathBuf>,
     /// The heartbeat monitor's periods.
     pub heartbeat: crate::heartbeat::Options,
+    /// The in-process proxy's client keys, instead of reading `[proxy] client_keys_env`.
+    pub proxy_client_keys: Option<Vec<crate::secret::Secret>>,
 }
 
 /// Runs until `shutdown` is cancelled and everything has drained.
@@ -283,6 +285,7 @@ pub async fn start_with(
             store: Some(store.clone()),
             clock: clock.clone(),
             live: Some(live.receiver()),
+            client_keys: options.proxy_client_keys.clone(),
             ..crate::proxy::ProxyOptions::default()
         };
         let proxy =

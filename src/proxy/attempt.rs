@@ -202,6 +202,7 @@ impl Timing {
             kind: OutcomeKind::Passive,
             started_at: self.started_at,
             success: error.is_none(),
+            attributed_to: None,
             verified: None,
             ttfb_ms,
             ttft_ms,

@@ -15,7 +15,8 @@
 //!    answer ([`cache`]) or an async job ([`jobs`], with its worker).
 //! 4. `failover`: the candidates ([`select`], pure, over the proxy's view of the weights,
 //!    [`weights`]), tried in order under per-route concurrency limits, circuit breakers and
-//!    backoff ([`breaker`]) and the extra-cost budget; one attempt ([`attempt`]: per-candidate
+//!    backoff ([`breaker`]; a client's own failures are neutral there, [`attribution`]) and the
+//!    extra-cost budget; one attempt ([`attempt`]: per-candidate
 //!    budget, stream watchdog, failover classes, 429 rests) at a time; a committed stream is
 //!    forwarded by [`stream`].
 //! 5. `request`: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
@@ -27,6 +28,7 @@
 //! families on the monitor's `/metrics`; [`remote`] links a standalone proxy to its monitor.
 
 pub mod attempt;
+pub mod attribution;
 pub mod breaker;
 pub mod cache;
 pub mod contract;
@@ -93,6 +95,9 @@ pub struct ProxyOptions {
     /// The live config (hot reload): contracts are read from here per request. `None`: the
     /// config the proxy was built with, for good.
     pub live: Option<tokio::sync::watch::Receiver<Arc<Config>>>,
+    /// The client keys themselves, instead of reading `client_keys_env` (an embedder or a
+    /// test hands the values over rather than setting the environment).
+    pub client_keys: Option<Vec<crate::secret::Secret>>,
 }
 
 impl Default for ProxyOptions {
@@ -105,6 +110,7 @@ impl Default for ProxyOptions {
             feed: None,
             clock: Arc::new(SystemClock),
             live: None,
+            client_keys: None,
         }
     }
 }
@@ -137,6 +143,8 @@ struct Inner {
     degraded_since: Mutex<HashMap<String, DateTime<Utc>>>,
     clock: Arc<dyn Clock>,
     breakers: Breakers,
+    /// Recent outcomes per route and client: whose fault a failure is.
+    ledger: Arc<attribution::Ledger>,
     counters: ProxyCounters,
     meter: Option<Meter>,
     idempotency: Option<Arc<idempotency::Idempotency>>,
@@ -201,7 +209,10 @@ impl Proxy {
             })
             .collect();
         let upstream = Upstream::new(&routes).map_err(|e| ProxyError::Client(e.to_string()))?;
-        let client_keys = ClientKeys::from_env(&config.client_keys_env);
+        let client_keys = match opts.client_keys.clone() {
+            Some(keys) => ClientKeys::given(keys),
+            None => ClientKeys::from_env(&config.client_keys_env),
+        };
         let max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
         let store = opts.store.as_ref();
         let breakers = Breakers::new(routes.iter().map(|r| &r.id), &config.breaker);
@@ -225,6 +236,7 @@ impl Proxy {
                 degraded_since: Mutex::new(HashMap::new()),
                 clock,
                 breakers,
+                ledger: Arc::default(),
                 counters: ProxyCounters::default(),
                 meter: store.map(|s| Meter::spawn(s.writer()).0),
                 jobs: store.map(|s| Arc::new(jobs::Jobs::new(s.clone(), max_body))),

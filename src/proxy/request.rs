@@ -163,6 +163,8 @@ pub(crate) struct RequestCtx {
     pub probeok: Option<Value>,
     /// Where a successful answer is remembered for `cached_response`.
     pub cache: Option<cache::Slot>,
+    /// The client's tag ([`super::attribution::client_tag`]; empty without client auth).
+    pub client: String,
 }
 
 impl RequestCtx {
@@ -182,6 +184,7 @@ impl RequestCtx {
             contract: None,
             probeok: None,
             cache: None,
+            client: String::new(),
         }
     }
 
@@ -357,6 +360,11 @@ impl Tail {
     fn judge(outcome: Option<&ProbeOutcome>) -> (Verdict, AttemptOutcome, Outcome) {
         match outcome {
             Some(o) if o.success => (Verdict::Success, AttemptOutcome::Ok, Outcome::Ok),
+            Some(o) if o.attributed_to.is_some() => (
+                Verdict::Neutral,
+                AttemptOutcome::Interrupted,
+                Outcome::Interrupted,
+            ),
             Some(o)
                 if o.error
                     .as_ref()

@@ -13,6 +13,7 @@
 //! the body and no outcome is sent: the route did nothing wrong, nor was its answer complete.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use eventsource_stream::Event;
@@ -21,6 +22,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::attempt::{class_of, Class, Committed, PassiveSink};
+use super::attribution::Ledger;
 use crate::budget::Reservation;
 use crate::probe::sse::{BodyFault, ReadFault};
 use crate::probe::wire::{Step, StreamDecoder};
@@ -43,6 +45,8 @@ struct State {
     /// The extra-cost reservation of a non-primary route and the prompt's estimated tokens:
     /// settled with the metered output when the stream ends.
     charge: Option<(Reservation, u64)>,
+    /// The proxy's ledger and the client's tag: whether a failure is the request's own.
+    whose: (Arc<Ledger>, String),
 }
 
 /// The client's body for a committed stream.
@@ -51,6 +55,7 @@ pub(crate) fn body(
     sink: PassiveSink,
     on_end: OnEnd,
     charge: Option<(Reservation, u64)>,
+    whose: (Arc<Ledger>, String),
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     let state = State {
         c,
@@ -58,6 +63,7 @@ pub(crate) fn body(
         sink,
         on_end: Some(on_end),
         charge,
+        whose,
     };
     futures_util::stream::unfold(state, |mut st| async move {
         let chunk = st.next().await?;
@@ -96,13 +102,26 @@ impl State {
     fn finish(&mut self, error: Option<ProbeError>) {
         self.phase = Phase::Ended;
         let c = &self.c;
-        let outcome = c.timing.outcome(
+        let now = Instant::now();
+        let (ledger, client) = &self.whose;
+        let own = match &error {
+            None => {
+                ledger.record(&c.route.id, client, None, now);
+                false
+            }
+            Some(e) if class_of(e) == Class::ClientFault => false,
+            Some(e) => ledger.record(&c.route.id, client, Some(e), now),
+        };
+        let mut outcome = (c.timing).outcome(
             &c.route.id,
-            Instant::now(),
+            now,
             Some(200),
             error,
             Some(c.decoder.collected()),
         );
+        if own {
+            outcome.attributed_to = Some(client.clone());
+        }
         if let Some(f) = self.on_end.take() {
             f(&outcome);
         }

@@ -119,6 +119,7 @@ fn from_row(route: &RouteId, r: &Row<'_>) -> rusqlite::Result<Result<ProbeOutcom
             kind: parse_kind(&kind)?,
             started_at: from_ms(started_ms)?,
             success: r.get(2)?,
+            attributed_to: None,
             verified: r.get(3)?,
             ttfb_ms: r.get(4)?,
             ttft_ms: r.get(5)?,
