@@ -323,6 +323,7 @@ impl<'a> Failover<'a> {
             first_byte_timeout: (p.first_byte_overrides.get(&route.id).copied())
                 .unwrap_or(p.config.first_byte_timeout),
             stream_idle_timeout: p.config.stream_idle_timeout,
+            max_stream_duration: p.config.max_stream_duration,
         };
         // An open route here is a last resort; a half-open one takes a trial slot.
         let _ = p.breakers.admit(&route.id, Instant::now());

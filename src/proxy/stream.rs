@@ -3,7 +3,8 @@
 //!
 //! After the commit point there is never a failover and never a second model's text: an
 //! upstream error event, a stall past `stream_idle_timeout`, an end without a finish reason /
-//! `[DONE]`, or a malformed chunk ends the client's stream with the documented
+//! `[DONE]`, a malformed chunk (an SSE line over 1 MiB too) or a stream older than
+//! `max_stream_duration` ends the client's stream with the documented
 //! `data: {"error":{"message":…,"type":"upstream_error","code":"provider_interrupted"}}`.
 //! The end rules are the probe's (`probe::openai::OpenAiStream`): a finish reason plus `[DONE]`
 //! or the usage chunk. When an upstream finished properly but dropped `[DONE]`, the proxy
@@ -190,8 +191,12 @@ impl State {
                     }
                     Err(e) => Some(self.interrupt(e)),
                 },
-                Some(Err(ReadFault::Body(BodyFault::Stalled | BodyFault::Timeout))) => {
+                Some(Err(ReadFault::Body(BodyFault::Stalled))) => {
                     Some(self.interrupt(ProbeError::Stalled))
+                }
+                // Past `max_stream_duration`.
+                Some(Err(ReadFault::Body(BodyFault::Timeout))) => {
+                    Some(self.interrupt(ProbeError::Timeout))
                 }
                 Some(Err(ReadFault::Framing(message))) => {
                     Some(self.interrupt(ProbeError::Malformed { message }))
