@@ -12,6 +12,9 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
 
+/// What [`ContractOp::InsertJob`] answers when the owner's share of the queue is full.
+pub const OWNER_SHARE_FULL: u64 = 2;
+
 /// Old cached answers deleted per insert.
 const CACHE_PRUNE: i64 = 64;
 
@@ -86,10 +89,12 @@ pub struct CachedAnswer {
 /// A write to the contract tables. The writer answers a count (see each op).
 #[derive(Debug, Clone)]
 pub enum ContractOp {
-    /// Inserts a job unless `max_queued` jobs are already queued: 1 inserted, 0 queue full.
+    /// Inserts a job unless `max_queued` jobs are already queued (0) or its owner already has
+    /// `max_per_owner` of them queued (2, [`OWNER_SHARE_FULL`]): 1 inserted.
     InsertJob {
         job: Box<JobRecord>,
         max_queued: u64,
+        max_per_owner: u64,
     },
     /// `queued` → `running` (one more run): 1 when it was queued, else 0 (someone else took
     /// it, or it expired).
@@ -127,12 +132,24 @@ fn opt_ms(t: Option<DateTime<Utc>>) -> Option<i64> {
 
 pub(crate) fn apply(conn: &Connection, op: &ContractOp) -> Result<u64, StoreError> {
     let n = match op {
-        ContractOp::InsertJob { job, max_queued } => {
+        ContractOp::InsertJob {
+            job,
+            max_queued,
+            max_per_owner,
+        } => {
             let queued: i64 = conn
                 .prepare_cached("SELECT COUNT(*) FROM contract_jobs WHERE status = 'queued'")?
                 .query_row([], |r| r.get(0))?;
             if u64::try_from(queued).unwrap_or(0) >= *max_queued {
                 return Ok(0);
+            }
+            let owned: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM contract_jobs WHERE status = 'queued' AND owner = ?1",
+                )?
+                .query_row(params![job.owner], |r| r.get(0))?;
+            if u64::try_from(owned).unwrap_or(0) >= *max_per_owner {
+                return Ok(OWNER_SHARE_FULL);
             }
             conn.prepare_cached(
                 "INSERT INTO contract_jobs (id, owner, feature, model, residency,
@@ -400,6 +417,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn one_owner_fills_only_its_share_of_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db"), StoreOptions::default()).unwrap();
+        let w = store.writer();
+        let t0 = DateTime::from_timestamp(1_767_225_600, 0).unwrap();
+        let share = |id: &str, owner: &str| {
+            let mut j = job(id, t0);
+            j.owner = owner.into();
+            ContractOp::InsertJob {
+                job: Box::new(j),
+                max_queued: 10,
+                max_per_owner: 2,
+            }
+        };
+        assert_eq!(w.contract(share("job_1", "greedy")).await.unwrap(), 1);
+        assert_eq!(w.contract(share("job_2", "greedy")).await.unwrap(), 1);
+        assert_eq!(
+            w.contract(share("job_3", "greedy")).await.unwrap(),
+            OWNER_SHARE_FULL
+        );
+        assert_eq!(w.contract(share("job_4", "modest")).await.unwrap(), 1);
+        // A job that left the queue frees its place in the share.
+        let start = ContractOp::StartJob {
+            id: "job_1".into(),
+            at: t0,
+        };
+        assert_eq!(w.contract(start).await.unwrap(), 1);
+        assert_eq!(w.contract(share("job_5", "greedy")).await.unwrap(), 1);
+    }
+
+    #[tokio::test]
     async fn jobs_are_bounded_started_once_and_expire() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("c.db"), StoreOptions::default()).unwrap();
@@ -408,6 +456,7 @@ mod tests {
         let insert = |id: &str| ContractOp::InsertJob {
             job: Box::new(job(id, t0)),
             max_queued: 2,
+            max_per_owner: 2,
         };
         assert_eq!(w.contract(insert("job_a")).await.unwrap(), 1);
         assert_eq!(w.contract(insert("job_b")).await.unwrap(), 1);
@@ -438,6 +487,7 @@ mod tests {
             let op = ContractOp::InsertJob {
                 job: Box::new(j),
                 max_queued: 10,
+                max_per_owner: 10,
             };
             assert_eq!(w.contract(op).await.unwrap(), 1);
         }

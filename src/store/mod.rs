@@ -47,7 +47,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{mpsc, oneshot};
 
-pub use contracts::{CachedAnswer, ContractOp, JobRecord, JobStatus};
+pub use contracts::{CachedAnswer, ContractOp, JobRecord, JobStatus, OWNER_SHARE_FULL};
 pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
