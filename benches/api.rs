@@ -290,6 +290,7 @@ async fn run() {
         drift: None,
         drills: None,
         figures: Default::default(),
+        guards: Default::default(),
         shutdown: shutdown.clone(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

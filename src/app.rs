@@ -355,6 +355,7 @@ pub async fn start_with(
         drift: Some(drift.rx.clone()),
         drills: Some(drills),
         figures: Default::default(),
+        guards: Default::default(),
         shutdown: shutdown.clone(),
     };
     let alert_task = {

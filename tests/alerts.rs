@@ -509,6 +509,7 @@ async fn maintenance_and_silences_suppress() {
         drift: None,
         drills: None,
         figures: Default::default(),
+        guards: Default::default(),
         shutdown,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

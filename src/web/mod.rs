@@ -27,6 +27,7 @@ pub mod badges;
 pub mod drift;
 pub mod drills;
 pub mod feed;
+pub mod guards;
 pub mod i18n;
 pub mod ingest;
 pub mod metrics;
@@ -94,6 +95,8 @@ pub struct AppState {
     pub drills: Option<crate::drill::DrillService>,
     /// The store figures `/api/v1/status` reuses for a few seconds.
     pub figures: Arc<FiguresCache>,
+    /// The bound on public reads and the cached `/readyz` answer ([`guards`]).
+    pub guards: Arc<guards::Guards>,
     /// Cancelled at shutdown: long-polls and SSE streams end on it so graceful shutdown is
     /// never held open by a subscriber.
     pub shutdown: CancellationToken,
@@ -145,6 +148,14 @@ pub async fn healthz() -> Json<serde_json::Value> {
 /// (a job that never beat counts from the service's start). 503 names each problem, and the
 /// stale jobs with how long they have been silent.
 pub async fn readyz(State(state): State<AppState>) -> Response {
+    let guards = state.guards.clone();
+    let now = state.clock.now();
+    let r = guards.ready(now, || check_ready(state)).await;
+    (r.status, Json(r.body)).into_response()
+}
+
+/// `/readyz`'s checks, run at most once per [`guards::READY_TTL`].
+async fn check_ready(state: AppState) -> guards::Ready {
     let mut problems = Vec::new();
     if let Err(e) = state.store.writer().check_writable().await {
         problems.push(format!("store not writable: {e}"));
@@ -169,18 +180,20 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         Err(e) => problems.push(format!("cannot read heartbeats: {e}")),
     }
     if problems.is_empty() {
-        Json(json!({"status": "ready"})).into_response()
+        guards::Ready {
+            status: StatusCode::OK,
+            body: json!({"status": "ready"}),
+        }
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({
+        guards::Ready {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            body: json!({
                 "status": "not_ready",
                 "problems": problems,
                 "stale_jobs": stale_jobs,
                 "stale_after_s": stale_after.as_secs(),
-            })),
-        )
-            .into_response()
+            }),
+        }
     }
 }
 

@@ -189,6 +189,7 @@ impl Harness {
             drift: None,
             drills: None,
             figures: Default::default(),
+            guards: Default::default(),
             shutdown: shutdown.clone(),
         };
         Self {
