@@ -76,6 +76,7 @@ fn outcome(
         kind,
         started_at: at,
         success: ok,
+        attributed_to: None,
         verified: ok.then_some(true),
         ttfb_ms: Some(total_ms * 0.3),
         ttft_ms: Some(total_ms * 0.45),
@@ -289,6 +290,7 @@ async fn run() {
         drift: None,
         drills: None,
         figures: Default::default(),
+        guards: Default::default(),
         shutdown: shutdown.clone(),
         vantages: None,
     };

@@ -30,6 +30,7 @@ fn outcome(route: &RouteId, kind: OutcomeKind, when: DateTime<Utc>) -> ProbeOutc
         kind,
         started_at: when,
         success: true,
+        attributed_to: None,
         verified: (kind != OutcomeKind::Passive).then_some(true),
         ttfb_ms: Some(150.0),
         ttft_ms: Some(300.0),

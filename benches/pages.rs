@@ -83,6 +83,7 @@ async fn main() {
                 kind: OutcomeKind::Probe,
                 started_at: at,
                 success: ok,
+                attributed_to: None,
                 verified: ok.then_some(true),
                 ttfb_ms: Some(ms * 0.3),
                 ttft_ms: Some(ms * 0.5),

@@ -53,6 +53,7 @@ fn realistic(rng: &mut StdRng, route: RouteId, started_at: DateTime<Utc>) -> Pro
         },
         started_at,
         success: !failed,
+        attributed_to: None,
         verified: (!failed).then_some(true),
         ttfb_ms: Some(total_ms * 0.3),
         ttft_ms: Some(total_ms * 0.45),

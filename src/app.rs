@@ -113,6 +113,8 @@ pub struct StartOptions {
     /// The member's role, driven by the caller (tests); `None`: from the config — a lease on
     /// the PostgreSQL database `[storage] url_env` names, else always the leader.
     pub role: Option<crate::cluster::RoleRx>,
+    /// The in-process proxy's client keys, instead of reading `[proxy] client_keys_env`.
+    pub proxy_client_keys: Option<Vec<crate::secret::Secret>>,
 }
 
 /// Runs until `shutdown` is cancelled and everything has drained.
@@ -333,6 +335,7 @@ pub async fn start_with(
             clock: clock.clone(),
             live: Some(live.receiver()),
             tracer: tracer.clone(),
+            client_keys: options.proxy_client_keys.clone(),
             ..crate::proxy::ProxyOptions::default()
         };
         let proxy =
@@ -402,6 +405,7 @@ pub async fn start_with(
         drift: Some(drift_rx),
         drills: Some(drills.clone()),
         figures: Default::default(),
+        guards: Default::default(),
         shutdown: shutdown.clone(),
         vantages: Some(vantages),
     };

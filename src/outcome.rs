@@ -167,6 +167,12 @@ pub struct ProbeOutcome {
     pub started_at: DateTime<Utc>,
     /// Transport and protocol succeeded (a wrong answer is still a success, `verified=false`).
     pub success: bool,
+    /// Set by the proxy on a passive failure it attributes to the request itself (this
+    /// client's requests fail on the route while other clients' succeed): the client's tag,
+    /// never its key. Neither the breaker nor the detector counts such a failure against the
+    /// route; it feeds the route's `request_side` finding instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributed_to: Option<String>,
     /// The trimmed answer equalled `expect` (or, for throughput probes, 1..40 in order).
     /// `None` when there was no complete answer to check, or for passive outcomes.
     pub verified: Option<bool>,

@@ -448,6 +448,7 @@ fn overrun(
         kind,
         started_at,
         success: false,
+        attributed_to: None,
         verified: None,
         ttfb_ms: None,
         ttft_ms: None,

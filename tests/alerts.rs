@@ -509,6 +509,7 @@ async fn maintenance_and_silences_suppress() {
         drift: None,
         drills: None,
         figures: Default::default(),
+        guards: Default::default(),
         shutdown,
         vantages: None,
     };

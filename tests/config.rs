@@ -598,6 +598,7 @@ fn proxy_section_defaults_and_located_errors() {
     assert_eq!(p.max_attempts, 5);
     assert_eq!(p.max_retry_wait, Duration::from_secs(30));
     assert_eq!(p.stream_idle_timeout, Duration::from_secs(30));
+    assert_eq!(p.max_stream_duration, Duration::from_secs(30 * 60));
     assert_eq!(p.max_body, 10 * 1024 * 1024);
     assert_eq!(p.idempotency_ttl, Duration::from_secs(86_400));
     assert_eq!(p.client_keys_env, "PROBEOK_CLIENT_KEYS");
@@ -631,6 +632,6 @@ fn proxy_section_defaults_and_located_errors() {
     );
     assert_eq!(
         errors(&format!("{PROVIDERS}{ROUTE}[proxy]\nenable = true\n")),
-        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_body`, `idempotency_ttl`, `client_keys_env`, `allow_unauthenticated`, `breaker`"]
+        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `client_keys_env`, `allow_unauthenticated`, `breaker`"]
     );
 }

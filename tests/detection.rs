@@ -33,6 +33,7 @@ fn outcome(route: &RouteId, kind: OutcomeKind, when: DateTime<Utc>) -> ProbeOutc
         kind,
         started_at: when,
         success: true,
+        attributed_to: None,
         verified: (kind != OutcomeKind::Passive).then_some(true),
         ttfb_ms: Some(150.0),
         ttft_ms: Some(300.0),
@@ -705,6 +706,66 @@ fn request_side_finding() {
         );
     }
     assert_eq!(sim.h.state(), State::Normal);
+}
+
+/// Failures the proxy attributed to one client's own requests never reach the route's error
+/// rate: a flood of them leaves the route NORMAL, and the finding names the client; a tally
+/// per client is bounded and forgets clients whose failures left the error window.
+#[test]
+fn attributed_failures_are_the_requests_not_the_routes() {
+    let cfg = cfg();
+    let r = rid("qwen");
+    let mut sim = Sim::seeded(&cfg, r.clone(), 40, 1100.0, 300.0);
+    for s in 0..120 {
+        sim.tick(at(s as f64));
+        if s % 30 == 0 {
+            sim.feed(probe(&r, at(s as f64 + 0.05), 1100.0), at(s as f64 + 0.05));
+        }
+        for k in 1..10 {
+            let when = at(s as f64 + 0.1 * k as f64);
+            let mut o = failing(
+                outcome(&r, OutcomeKind::Passive, when),
+                ProbeError::TimeoutBeforeFirstByte,
+            );
+            o.attributed_to = Some(format!("key:{:08}", k % 3));
+            sim.feed(o, when);
+            sim.feed(passive(&r, when, true), when);
+        }
+    }
+    assert_eq!(sim.h.state(), State::Normal, "{:?}", sim.transitions);
+    assert!(sim.transitions.is_empty(), "{:?}", sim.transitions);
+    let c = sim.h.window().counts(at(120.0), 300);
+    assert_eq!(c.passive_failures, 0, "{c:?}");
+    let s = RouteSummary::of(&sim.h, &sim.det, at(120.0));
+    assert_eq!(s.attributed.len(), 3, "{:?}", s.attributed);
+    let f = findings(&[s], None);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].kind, FindingKind::RequestSide);
+    assert!(
+        f[0].text
+            .contains("client key:00000001: 360 requests failed (timeout_before_first_byte)"),
+        "{}",
+        f[0].text
+    );
+    // Once the route's own probes fail, the failures are no longer the requests' alone.
+    let mut failing_now = RouteSummary::of(&sim.h, &sim.det, at(120.0));
+    failing_now.probe_failing = true;
+    assert!(findings(&[failing_now], None).is_empty());
+    // Bounded, and forgotten after the error window.
+    for k in 0..50 {
+        let when = at(121.0);
+        let mut o = failing(outcome(&r, OutcomeKind::Passive, when), ProbeError::Timeout);
+        o.attributed_to = Some(format!("key:x{k}"));
+        sim.feed(o, when);
+    }
+    assert_eq!(
+        sim.h.attributed().len(),
+        probeok::health::findings::MAX_ATTRIBUTED_CLIENTS
+    );
+    let later = at(121.0 + cfg.error_window.as_secs_f64() + 1.0);
+    assert!(RouteSummary::of(&sim.h, &sim.det, later)
+        .attributed
+        .is_empty());
 }
 
 /// Restart: persist RouteHealth as JSON, rebuild the baseline from the same outcomes, and

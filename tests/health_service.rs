@@ -88,6 +88,7 @@ fn probe(route: &RouteId, when: DateTime<Utc>, total_ms: f64) -> ProbeOutcome {
         kind: OutcomeKind::Probe,
         started_at: when,
         success: true,
+        attributed_to: None,
         verified: Some(true),
         ttfb_ms: Some(150.0),
         ttft_ms: Some(total_ms * 0.8),

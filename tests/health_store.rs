@@ -33,6 +33,7 @@ fn probe(route: &RouteId, when: DateTime<Utc>, ok: bool) -> ProbeOutcome {
         kind: OutcomeKind::Probe,
         started_at: when,
         success: ok,
+        attributed_to: None,
         verified: ok.then_some(true),
         ttfb_ms: Some(150.0),
         ttft_ms: Some(300.0),

@@ -33,6 +33,7 @@ fn outcome(route: &RouteId, i: i64) -> ProbeOutcome {
         },
         started_at: t0() + Duration::seconds(i * 30),
         success: i % 7 != 0,
+        attributed_to: None,
         verified: Some(i % 7 != 0),
         ttfb_ms: Some(80.0 + i as f64),
         ttft_ms: None,

@@ -27,6 +27,7 @@ fn outcome(route: &RouteId, kind: OutcomeKind, at: DateTime<Utc>, status: u16) -
         kind,
         started_at: at,
         success: ok,
+        attributed_to: None,
         verified: (ok && kind != OutcomeKind::Passive).then_some(true),
         ttfb_ms: Some(120.0),
         ttft_ms: ok.then_some(300.0),

@@ -44,6 +44,7 @@ fn outcome(route: &RouteId, at: DateTime<Utc>, ok: bool) -> ProbeOutcome {
         kind: OutcomeKind::Probe,
         started_at: at,
         success: ok,
+        attributed_to: None,
         verified: ok.then_some(true),
         ttfb_ms: ok.then_some(20.0),
         ttft_ms: ok.then_some(40.0),

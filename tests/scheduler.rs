@@ -123,6 +123,7 @@ impl Prober for Recorder {
                 kind,
                 started_at: Utc::now(),
                 success: true,
+                attributed_to: None,
                 verified: Some(true),
                 ttfb_ms: Some(1.0),
                 ttft_ms: Some(2.0),

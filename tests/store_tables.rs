@@ -50,6 +50,38 @@ fn job(id: &str, at: DateTime<Utc>) -> JobRecord {
 
 on_both_engines! {
 #[tokio::test]
+async fn one_owner_fills_only_its_share_of_the_queue(db: &TestDb) {
+    let store = db.open(StoreOptions::default());
+    let w = store.writer();
+    let t0 = DateTime::from_timestamp(1_767_225_600, 0).unwrap();
+    let share = |id: &str, owner: &str| {
+        let mut j = job(id, t0);
+        j.owner = owner.into();
+        ContractOp::InsertJob {
+            job: Box::new(j),
+            max_queued: 10,
+            max_per_owner: 2,
+        }
+    };
+    assert_eq!(w.contract(share("job_1", "greedy")).await.unwrap(), 1);
+    assert_eq!(w.contract(share("job_2", "greedy")).await.unwrap(), 1);
+    assert_eq!(
+        w.contract(share("job_3", "greedy")).await.unwrap(),
+        probeok::store::OWNER_SHARE_FULL
+    );
+    assert_eq!(w.contract(share("job_4", "modest")).await.unwrap(), 1);
+    // A job that left the queue frees its place in the share.
+    let start = ContractOp::StartJob {
+        id: "job_1".into(),
+        at: t0,
+    };
+    assert_eq!(w.contract(start).await.unwrap(), 1);
+    assert_eq!(w.contract(share("job_5", "greedy")).await.unwrap(), 1);
+}
+}
+
+on_both_engines! {
+#[tokio::test]
 async fn jobs_are_bounded_started_once_and_expire(db: &TestDb) {
     let store = db.open(StoreOptions::default());
     let w = store.writer();
@@ -57,6 +89,7 @@ async fn jobs_are_bounded_started_once_and_expire(db: &TestDb) {
     let insert = |id: &str| ContractOp::InsertJob {
         job: Box::new(job(id, t0)),
         max_queued: 2,
+        max_per_owner: 2,
     };
     assert_eq!(w.contract(insert("job_a")).await.unwrap(), 1);
     assert_eq!(w.contract(insert("job_b")).await.unwrap(), 1);
@@ -87,6 +120,7 @@ async fn jobs_are_bounded_started_once_and_expire(db: &TestDb) {
         let op = ContractOp::InsertJob {
             job: Box::new(j),
             max_queued: 10,
+            max_per_owner: 10,
         };
         assert_eq!(w.contract(op).await.unwrap(), 1);
     }
@@ -120,6 +154,7 @@ fn outcome(route: &RouteId, kind: OutcomeKind, at: DateTime<Utc>, ok: bool) -> P
         kind,
         started_at: at,
         success: ok,
+        attributed_to: None,
         verified: Some(ok),
         ttfb_ms: Some(100.0),
         ttft_ms: Some(150.0),

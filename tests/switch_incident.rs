@@ -43,6 +43,7 @@ fn outcome(route: &RouteId, kind: OutcomeKind, when: DateTime<Utc>, ms: f64) -> 
         kind,
         started_at: when,
         success: true,
+        attributed_to: None,
         verified: (kind != OutcomeKind::Passive).then_some(true),
         ttfb_ms: Some(150.0),
         ttft_ms: Some(ms * 0.8),

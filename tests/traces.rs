@@ -508,6 +508,7 @@ fn probe_outcome() -> ProbeOutcome {
         kind: OutcomeKind::Probe,
         started_at: chrono::Utc::now(),
         success: true,
+        attributed_to: None,
         verified: Some(true),
         ttfb_ms: Some(40.0),
         ttft_ms: Some(60.0),

@@ -415,6 +415,20 @@ impl AlertService {
         {
             tracing::warn!(error = %e, "cannot prune old alert rows");
         }
+        let bound = AlertOp::Bound {
+            max_rows: super::outbox::MAX_ROWS,
+        };
+        match self.store.writer().alert(bound).await {
+            Ok(0) => {}
+            Ok(evicted) => {
+                tracing::warn!(
+                    evicted,
+                    "alert outbox over its row bound: oldest rows deleted"
+                );
+                self.metrics().evicted(evicted);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot bound the alert outbox"),
+        }
         Ok(n)
     }
 

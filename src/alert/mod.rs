@@ -525,13 +525,25 @@ pub(crate) fn cut(s: &str, n: usize) -> String {
 }
 
 /// `probeok_alerts_total{channel,result}`: `delivered`, `failed` (one failed attempt),
-/// `dropped` (past the maximum age), `suppressed` (maintenance or silence).
+/// `dropped` (past the maximum age), `suppressed` (maintenance or silence); and
+/// `probeok_alert_outbox_evicted_total`, rows deleted to keep the outbox within its row bound.
 #[derive(Debug, Default)]
 pub struct AlertMetrics {
     counts: Mutex<BTreeMap<(String, &'static str), u64>>,
+    evicted: std::sync::atomic::AtomicU64,
 }
 
 impl AlertMetrics {
+    /// Counts outbox rows deleted for the row bound.
+    pub fn evicted(&self, n: u64) {
+        (self.evicted).fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Outbox rows deleted for the row bound so far.
+    pub fn evicted_total(&self) -> u64 {
+        self.evicted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn add(&self, channel: &str, result: &'static str) {
         let mut m = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         *m.entry((channel.to_owned(), result)).or_default() += 1;

@@ -6,7 +6,9 @@
 //! - a failure → attempt counted, next try after [`backoff`] (exponential with jitter); the
 //!   channel's other due rows wait for the next round instead of hammering a dead receiver;
 //! - over the channel's per-minute limit (DingTalk: 20) → deferred, no attempt counted;
-//! - older than [`MAX_AGE`] → `dropped`, with a log line and `probeok_alerts_total{result=dropped}`.
+//! - older than [`MAX_AGE`] → `dropped`, with a log line and `probeok_alerts_total{result=dropped}`;
+//! - beyond [`MAX_ROWS`] rows in all, the oldest are deleted (done ones first) by the engine's
+//!   maintenance, counted in `probeok_alert_outbox_evicted_total`.
 //!
 //! Every row is claimed before it is handled ([`CLAIM_FOR`], one conditional UPDATE): monitors
 //! sharing one database (a leader and the one taking over from it) never both send a row.
@@ -25,6 +27,10 @@ use super::{AlertError, AlertMetrics, Message, Notifier, RenderCtx};
 use crate::store::alerts::{AlertOp, OutboxRow};
 use crate::store::Store;
 
+/// Rows the outbox keeps at most, whatever their age: past it the oldest delivered and
+/// dropped rows go first, pending ones only when nothing else is left (counted in
+/// `probeok_alert_outbox_evicted_total`). An alert storm cannot grow the table without bound.
+pub const MAX_ROWS: u64 = 100_000;
 /// A message still undelivered this long after it was written is given up.
 pub const MAX_AGE: chrono::Duration = chrono::Duration::hours(24);
 /// First retry after about this long…

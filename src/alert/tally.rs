@@ -239,6 +239,7 @@ mod tests {
             kind: OutcomeKind::Probe,
             started_at: t,
             success,
+            attributed_to: None,
             verified: None,
             ttfb_ms: None,
             ttft_ms: None,

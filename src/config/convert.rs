@@ -513,6 +513,12 @@ fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
             r.stream_idle_timeout,
             d.stream_idle_timeout,
         ),
+        max_stream_duration: duration(
+            ck,
+            "proxy.max_stream_duration",
+            r.max_stream_duration,
+            d.max_stream_duration,
+        ),
         max_body,
         idempotency_ttl: duration(
             ck,

@@ -561,6 +561,9 @@ pub struct ProxyConfig {
     pub max_retry_wait: Duration,
     /// A committed stream with no byte for this long is interrupted (`provider_interrupted`).
     pub stream_idle_timeout: Duration,
+    /// The longest a committed stream may last (an answer that never ends holds a route slot
+    /// and the client forever); longer ones are interrupted (`provider_interrupted`).
+    pub max_stream_duration: Duration,
     /// Request bodies above this many bytes are refused with 413, unread.
     pub max_body: u64,
     /// How long an idempotency key's answer is kept (`proxy::idempotency`).
@@ -583,6 +586,7 @@ impl Default for ProxyConfig {
             max_attempts: 5,
             max_retry_wait: Duration::from_secs(30),
             stream_idle_timeout: Duration::from_secs(30),
+            max_stream_duration: Duration::from_secs(30 * 60),
             max_body: 10 * 1024 * 1024,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             client_keys_env: "PROBEOK_CLIENT_KEYS".into(),

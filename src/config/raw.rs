@@ -312,6 +312,7 @@ pub(super) struct RawProxy {
     pub max_attempts: Option<i64>,
     pub max_retry_wait: Option<String>,
     pub stream_idle_timeout: Option<String>,
+    pub max_stream_duration: Option<String>,
     pub max_body: Option<String>,
     pub idempotency_ttl: Option<String>,
     pub client_keys_env: Option<String>,

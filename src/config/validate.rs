@@ -233,6 +233,7 @@ impl<'a> Checker<'a> {
             ("proxy.first_byte_timeout", p.first_byte_timeout),
             ("proxy.total_timeout", p.total_timeout),
             ("proxy.stream_idle_timeout", p.stream_idle_timeout),
+            ("proxy.max_stream_duration", p.max_stream_duration),
             ("proxy.idempotency_ttl", p.idempotency_ttl),
             ("proxy.breaker.window", p.breaker.window),
             ("proxy.breaker.open_for", p.breaker.open_for),

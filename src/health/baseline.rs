@@ -497,6 +497,7 @@ mod tests {
             kind: OutcomeKind::Probe,
             started_at: at,
             success: true,
+            attributed_to: None,
             verified: Some(true),
             ttfb_ms: None,
             ttft_ms: Some(ms / 2.0),

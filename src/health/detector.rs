@@ -188,8 +188,15 @@ impl Detector {
         if o.route != h.route {
             return None;
         }
-        let j = classify::judge(o, baseline);
         let passive = o.kind == OutcomeKind::Passive;
+        if let (true, false, Some(client)) = (passive, o.success, &o.attributed_to) {
+            // The request's own failure (see `super::findings`): not the route's.
+            let error = o.error.as_ref().map_or("unknown", |e| e.kind());
+            let window_s = self.cfg.error_window.as_secs();
+            super::findings::note_attributed(&mut h.attributed, client, error, now, window_s);
+            return None;
+        }
+        let j = classify::judge(o, baseline);
         if j.counted {
             h.window.add(now, j.failed, passive);
             h.since_tick.total = h.since_tick.total.saturating_add(1);
@@ -787,6 +794,7 @@ mod tests {
             kind: OutcomeKind::Probe,
             started_at: at,
             success: false,
+            attributed_to: None,
             verified: None,
             ttfb_ms: None,
             ttft_ms: None,

@@ -58,6 +58,7 @@ mod tests {
             kind: crate::outcome::OutcomeKind::Passive,
             started_at: chrono::Utc::now(),
             success: error.is_none(),
+            attributed_to: None,
             verified: None,
             ttfb_ms: Some(10.0),
             ttft_ms: Some(20.0),

@@ -9,6 +9,13 @@
 //! finding (their failures escalate nothing while it holds), with
 //! [`Suppression::RequestSide`] on a request-side route (its passive failures leave its error
 //! rate), and back to [`Suppression::None`] when the finding is gone.
+//!
+//! **Attribution per client.** The proxy marks a passive failure as the request's own
+//! (`ProbeOutcome::attributed_to`) when that client's requests fail on the route while other
+//! clients' requests there succeed (a huge prompt, an enormous `max_tokens` timing out). The
+//! detector never counts such a failure against the route; it keeps a bounded tally per
+//! client ([`Attributed`]), and while the route's probes are not failing that tally is a
+//! `request_side` finding naming the client and what failed.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -31,6 +38,60 @@ pub struct RouteSummary {
     /// The passive-only error rate is judged above `critical_error_rate` (with the minimum
     /// samples and failures).
     pub passive_failing: bool,
+    /// Clients whose failures on the route the proxy attributed to their own requests, within
+    /// the error window.
+    pub attributed: Vec<Attributed>,
+}
+
+/// Passive failures of one client that were attributed to its requests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attributed {
+    /// The client's tag (never its key).
+    pub client: String,
+    pub failures: u32,
+    /// The stable code of the latest failure (`timeout`, `stalled`, …).
+    pub error: String,
+    pub first_at: DateTime<Utc>,
+    pub last_at: DateTime<Utc>,
+}
+
+/// Clients tallied per route, at most (the oldest tally is forgotten first).
+pub const MAX_ATTRIBUTED_CLIENTS: usize = 8;
+
+/// Adds one attributed failure to `list` at `now`, forgetting tallies whose latest failure
+/// is `window_s` old.
+pub(super) fn note_attributed(
+    list: &mut Vec<Attributed>,
+    client: &str,
+    error: &str,
+    now: DateTime<Utc>,
+    window_s: u64,
+) {
+    prune_attributed(list, now, window_s);
+    if let Some(a) = list.iter_mut().find(|a| a.client == client) {
+        a.failures = a.failures.saturating_add(1);
+        a.error = error.to_owned();
+        a.last_at = a.last_at.max(now);
+        return;
+    }
+    if list.len() >= MAX_ATTRIBUTED_CLIENTS {
+        if let Some(oldest) = (0..list.len()).min_by_key(|&i| list[i].last_at) {
+            list.remove(oldest);
+        }
+    }
+    list.push(Attributed {
+        client: client.to_owned(),
+        failures: 1,
+        error: error.to_owned(),
+        first_at: now,
+        last_at: now,
+    });
+}
+
+/// Forgets the tallies whose latest failure left the window.
+pub(super) fn prune_attributed(list: &mut Vec<Attributed>, now: DateTime<Utc>, window_s: u64) {
+    let span = chrono::Duration::seconds(i64::try_from(window_s).unwrap_or(i64::MAX / 1000));
+    list.retain(|a| now.signed_duration_since(a.last_at) < span);
 }
 
 impl RouteSummary {
@@ -47,6 +108,11 @@ impl RouteSummary {
             passive_total: c.passive_total,
             passive_failures: c.passive_failures,
             passive_failing: since.is_some(),
+            attributed: {
+                let mut a = h.attributed().to_vec();
+                prune_attributed(&mut a, now, detector.config().error_window.as_secs());
+                a
+            },
         }
     }
 }
@@ -120,19 +186,34 @@ pub fn findings(routes: &[RouteSummary], control_ok: Option<bool>) -> Vec<Findin
         if egress && r.probe_failing {
             continue;
         }
-        if r.passive_failing && !r.probe_failing && r.probe_ok_during_passive_failures {
-            out.push(Finding {
-                kind: FindingKind::RequestSide,
-                routes: vec![r.route.clone()],
-                providers: vec![r.route.split().0.to_owned()],
-                code: "request_side".into(),
-                text: format!(
-                    "probes succeed while {} of {} real requests failed: the requests, not the \
-                     provider, look at fault",
-                    r.passive_failures, r.passive_total
-                ),
-            });
+        let route_wide =
+            r.passive_failing && !r.probe_failing && r.probe_ok_during_passive_failures;
+        let per_client = !r.probe_failing && !r.attributed.is_empty();
+        if !route_wide && !per_client {
+            continue;
         }
+        let mut parts = Vec::new();
+        if route_wide {
+            parts.push(format!(
+                "probes succeed while {} of {} real requests failed: the requests, not the \
+                 provider, look at fault",
+                r.passive_failures, r.passive_total
+            ));
+        }
+        for a in &r.attributed {
+            parts.push(format!(
+                "client {}: {} requests failed ({}) while probes and other clients' requests \
+                 on the route succeed: its own requests, not the route, look at fault",
+                a.client, a.failures, a.error
+            ));
+        }
+        out.push(Finding {
+            kind: FindingKind::RequestSide,
+            routes: vec![r.route.clone()],
+            providers: vec![r.route.split().0.to_owned()],
+            code: "request_side".into(),
+            text: parts.join("; "),
+        });
     }
     out
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::baseline::TpsRef;
 use super::classify::{Dims, Signal};
 use super::evidence::{Incident, Transition};
+use super::findings::Attributed;
 use super::split::Split;
 use super::window::{Counts, ErrorWindow};
 use super::{FailureMode, Reason, State};
@@ -84,6 +85,10 @@ pub struct RouteHealth {
     /// a confirmation probe would confirm).
     #[serde(default)]
     pub(super) last_core: Dims,
+    /// Passive failures the proxy attributed to their clients' own requests: never in the
+    /// error window, tallied per client for the `request_side` finding.
+    #[serde(default)]
+    pub(super) attributed: Vec<Attributed>,
 }
 
 impl RouteHealth {
@@ -119,6 +124,7 @@ impl RouteHealth {
             last_closed: None,
             split: Split::default(),
             last_core: Dims::NONE,
+            attributed: Vec::new(),
         }
     }
 
@@ -165,6 +171,11 @@ impl RouteHealth {
     /// The answers are currently not `PROBE_OK`.
     pub fn behavior_changed(&self) -> bool {
         self.behavior
+    }
+    /// Per client, the passive failures attributed to its requests (see
+    /// [`super::findings`]).
+    pub fn attributed(&self) -> &[Attributed] {
+        &self.attributed
     }
     pub fn window(&self) -> &ErrorWindow {
         &self.window

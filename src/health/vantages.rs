@@ -391,6 +391,7 @@ stale_after = "10s"
             kind: OutcomeKind::Probe,
             started_at: at,
             success: ok,
+            attributed_to: None,
             verified: ok.then_some(true),
             ttfb_ms: Some(10.0),
             ttft_ms: Some(20.0),

@@ -618,6 +618,7 @@ fn assemble(
         kind,
         started_at,
         success,
+        attributed_to: None,
         verified,
         ttfb_ms,
         ttft_ms,

@@ -8,6 +8,11 @@
 //! event, while a parser-level timer would call such a stream stalled. SSE framing itself is
 //! left to `eventsource-stream`, which implements the WHATWG rules (CRLF, comments, multi-line
 //! `data:`, split UTF-8 sequences across chunks).
+//!
+//! That parser buffers a line, and an event, until its end: an upstream that never sends a
+//! newline would grow it without bound. [`events`] therefore cuts the body before the parser
+//! once a line passes [`MAX_LINE`] bytes or an event [`MAX_EVENT`]: the stream ends as
+//! malformed, and memory stays at one line plus one network chunk.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +56,57 @@ pub(crate) enum ReadFault {
 }
 
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// The longest SSE line read from an upstream.
+pub const MAX_LINE: usize = 1024 * 1024;
+/// The longest SSE event (its lines together) read from an upstream.
+pub const MAX_EVENT: usize = 4 * 1024 * 1024;
+
+/// Bytes since the last line end and since the last blank line, across chunks.
+#[derive(Debug, Default, Clone, Copy)]
+struct Lengths {
+    line: usize,
+    event: usize,
+    /// The previous byte was `\r` (a `\n` right after it ends the same line).
+    cr: bool,
+}
+
+impl Lengths {
+    /// Counts `chunk`; `Err` with the reason once a bound is passed.
+    fn feed(&mut self, chunk: &[u8]) -> Result<(), String> {
+        for &b in chunk {
+            match b {
+                b'\n' if self.cr => self.cr = false,
+                b'\n' | b'\r' => {
+                    if self.line == 0 {
+                        self.event = 0; // a blank line ends the event
+                    }
+                    self.line = 0;
+                    self.cr = b == b'\r';
+                }
+                _ => {
+                    self.line += 1;
+                    self.event += 1;
+                    self.cr = false;
+                }
+            }
+            if self.line > MAX_LINE {
+                return Err(format!("an SSE line longer than {MAX_LINE} bytes"));
+            }
+            if self.event > MAX_EVENT {
+                return Err(format!("an SSE event longer than {MAX_EVENT} bytes"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the line bound lets through to the SSE parser.
+#[derive(Debug)]
+enum Bounded {
+    Body(BodyFault),
+    TooLong(String),
+}
 
 /// The longest silence tolerated between byte chunks. `Fixed` holds for the whole body;
 /// `AfterArmed` tolerates any silence (up to the deadline) until the reader arms it — at the
@@ -143,9 +199,23 @@ pub(crate) async fn read_body(
 pub(crate) fn events(
     bytes: impl Stream<Item = Result<Bytes, BodyFault>> + Send,
 ) -> impl Stream<Item = Result<Event, ReadFault>> + Send {
-    bytes.eventsource().map(|r| {
+    let bytes = Box::pin(bytes);
+    let bounded =
+        futures_util::stream::unfold(Some((bytes, Lengths::default())), |state| async move {
+            let (mut bytes, mut lengths) = state?;
+            match bytes.next().await? {
+                Err(f) => Some((Err(Bounded::Body(f)), None)),
+                Ok(chunk) => match lengths.feed(&chunk) {
+                    // The chunk that passes a bound never reaches the parser.
+                    Err(why) => Some((Err(Bounded::TooLong(why)), None)),
+                    Ok(()) => Some((Ok(chunk), Some((bytes, lengths)))),
+                },
+            }
+        });
+    bounded.eventsource().map(|r| {
         r.map_err(|e| match e {
-            EventStreamError::Transport(f) => ReadFault::Body(f),
+            EventStreamError::Transport(Bounded::Body(f)) => ReadFault::Body(f),
+            EventStreamError::Transport(Bounded::TooLong(why)) => ReadFault::Framing(why),
             EventStreamError::Utf8(e) => ReadFault::Framing(format!("invalid UTF-8: {e}")),
             EventStreamError::Parser(e) => ReadFault::Framing(format!("invalid SSE: {e}")),
         })
@@ -220,6 +290,74 @@ mod tests {
             matches!(got.last(), Some(Err(ReadFault::Framing(_)))),
             "{got:?}"
         );
+    }
+
+    /// A line or an event past its bound ends the stream as a framing error after the events
+    /// before it, whatever the chunking, and nothing of it is buffered beyond the bound.
+    #[tokio::test]
+    async fn an_endless_line_ends_the_stream_as_malformed() {
+        let now = Instant::now();
+        let far = now + Duration::from_secs(60);
+        let piece = Bytes::from(vec![b'x'; 64 * 1024]);
+        let mut parts: Vec<reqwest::Result<Bytes>> =
+            vec![Ok(Bytes::from_static(b"data: {\"a\":1}\n\ndata: "))];
+        // 10 MiB without a newline, in 64 KiB chunks, then a proper end that is never read.
+        parts.extend((0..160).map(|_| Ok(piece.clone())));
+        parts.push(Ok(Bytes::from_static(b"\n\ndata: [DONE]\n\n")));
+        let got: Vec<_> = events(guarded_bytes(
+            futures_util::stream::iter(parts),
+            now,
+            Duration::from_secs(5),
+            far,
+        ))
+        .collect()
+        .await;
+        assert_eq!(
+            got.len(),
+            2,
+            "{:?}",
+            got.iter().map(|e| e.is_ok()).collect::<Vec<_>>()
+        );
+        assert_eq!(got[0].as_ref().map(|e| e.data.as_str()), Ok("{\"a\":1}"));
+        assert_eq!(
+            got[1],
+            Err(ReadFault::Framing(format!(
+                "an SSE line longer than {MAX_LINE} bytes"
+            )))
+        );
+
+        // Many short lines in one event: the event's bound.
+        let line = Bytes::from(format!("data: {}\n", "y".repeat(1000)));
+        let parts: Vec<reqwest::Result<Bytes>> = (0..5000).map(|_| Ok(line.clone())).collect();
+        let got: Vec<_> = events(guarded_bytes(
+            futures_util::stream::iter(parts),
+            now,
+            Duration::from_secs(5),
+            far,
+        ))
+        .collect()
+        .await;
+        assert!(
+            matches!(got.last(), Some(Err(ReadFault::Framing(m))) if m.contains("event")),
+            "{:?}",
+            got.last()
+        );
+
+        // Lines just under the bound, and CRLF line ends, pass.
+        let mut l = Lengths::default();
+        assert!(l.feed(&vec![b'z'; MAX_LINE]).is_ok());
+        assert!(l.feed(b"\r\n\r\n").is_ok());
+        assert!(l.feed(&vec![b'z'; MAX_LINE]).is_ok());
+        assert!(l.feed(b"z").is_err());
+        // CRLF lines of one event add up to the event's bound.
+        let mut l = Lengths::default();
+        let crlf = format!("data: {}\r\n", "y".repeat(1000));
+        let n = (0..5000)
+            .take_while(|_| l.feed(crlf.as_bytes()).is_ok())
+            .count();
+        assert!(n < 5000 && n * 1006 >= MAX_EVENT - 1006, "{n}");
+        let mut l = Lengths::default();
+        assert!((0..5000).all(|_| l.feed(format!("{crlf}\r\n").as_bytes()).is_ok()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -202,6 +202,7 @@ impl Timing {
             kind: OutcomeKind::Passive,
             started_at: self.started_at,
             success: error.is_none(),
+            attributed_to: None,
             verified: None,
             ttfb_ms,
             ttft_ms,
@@ -284,6 +285,8 @@ pub struct Limits {
     pub first_byte_timeout: Duration,
     /// Streams after the commit point: the longest silence tolerated.
     pub stream_idle_timeout: Duration,
+    /// Streams: the longest they may last, from the response headers.
+    pub max_stream_duration: Duration,
 }
 
 impl Upstream {
@@ -358,7 +361,8 @@ impl Upstream {
             call.answer(response, headers_at).await
         } else {
             let idle = limits.stream_idle_timeout;
-            call.commit(response, headers_at, first_deadline, idle)
+            let end = headers_at + limits.max_stream_duration;
+            call.commit(response, headers_at, first_deadline, idle, end)
                 .await
         }
     }
@@ -512,15 +516,11 @@ impl Call<'_> {
         headers_at: Instant,
         first_deadline: Instant,
         idle: Duration,
+        end: Instant,
     ) -> Attempt {
         let status = Some(response.status().as_u16());
-        let bytes = sse::guarded_bytes(
-            response.bytes_stream(),
-            headers_at,
-            idle,
-            // After the commit point only the idle timeout ends a stream.
-            headers_at + Duration::from_secs(365 * 24 * 3600),
-        );
+        // After the commit point the idle timeout and the stream's longest life end it.
+        let bytes = sse::guarded_bytes(response.bytes_stream(), headers_at, idle, end);
         let mut events: Events = Box::pin(sse::events(bytes));
         let mut decoder = OpenAiStream::default();
         let first = match tokio::time::timeout_at(first_deadline, events.next()).await {

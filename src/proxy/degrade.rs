@@ -237,6 +237,14 @@ impl Applying<'_> {
                     probeok: self.block("degraded"),
                 }))
             }
+            jobs::Created::ClientFull => {
+                self.used(ctx, Some(Outcome::Rejected));
+                Some(Err(Reject::ClientQueueFull {
+                    max: jobs::MAX_QUEUED_PER_CLIENT,
+                    retry_after,
+                    probeok: self.block("degraded"),
+                }))
+            }
             jobs::Created::Unavailable => {
                 unavailable(ctx);
                 None

@@ -323,6 +323,7 @@ impl<'a> Failover<'a> {
             first_byte_timeout: (p.first_byte_overrides.get(&route.id).copied())
                 .unwrap_or(p.config.first_byte_timeout),
             stream_idle_timeout: p.config.stream_idle_timeout,
+            max_stream_duration: p.config.max_stream_duration,
         };
         // An open route here is a last resort; a half-open one takes a trial slot.
         let _ = p.breakers.admit(&route.id, Instant::now());
@@ -389,6 +390,8 @@ impl<'a> Failover<'a> {
             r.settle(input, output);
         }
         let verdict = if outcome.success {
+            p.ledger
+                .record(&route.id, &self.ctx.client, None, Instant::now());
             Verdict::Success
         } else {
             Verdict::Neutral
@@ -455,7 +458,9 @@ impl<'a> Failover<'a> {
             })
         };
         let charge = reservation.map(|r| (r, self.prompt_tokens));
-        let inner = stream::body(c, self.inner().passive.clone(), on_end, charge);
+        let p = self.inner();
+        let whose = (p.ledger.clone(), self.ctx.client.clone());
+        let inner = stream::body(c, p.passive.clone(), on_end, charge, whose);
         let body = inner
             .map(move |chunk| {
                 let _held = &permit;
@@ -471,7 +476,7 @@ impl<'a> Failover<'a> {
         route: &Arc<Route>,
         reservation: Option<Reservation>,
         error: ProbeError,
-        outcome: ProbeOutcome,
+        mut outcome: ProbeOutcome,
     ) {
         let p = self.inner();
         if let Some(r) = reservation {
@@ -479,8 +484,13 @@ impl<'a> Failover<'a> {
         }
         let class = class_of(&error);
         let rate_limited = matches!(error, ProbeError::RateLimited { .. });
-        // 429s rest the route until Retry-After; they do not also count as failures.
-        let verdict = if rate_limited {
+        let own = (p.ledger).record(&route.id, &self.ctx.client, Some(&error), Instant::now());
+        if own {
+            outcome.attributed_to = Some(self.ctx.client.clone());
+        }
+        // 429s rest the route until Retry-After; they do not also count as failures; nor
+        // does a failure that is the request's own.
+        let verdict = if rate_limited || own {
             Verdict::Neutral
         } else {
             Verdict::Failure

@@ -34,6 +34,11 @@ impl ClientKeys {
         }))
     }
 
+    /// These keys (none: client auth off).
+    pub fn given(keys: Vec<Secret>) -> Self {
+        Self(Some(keys).filter(|k| !k.is_empty()))
+    }
+
     /// The client's key (empty when client auth is off). Digests are compared in constant
     /// time (so neither the content nor the length of a key leaks through timing), and every
     /// key is compared, matched or not.

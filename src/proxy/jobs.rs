@@ -3,7 +3,10 @@
 //!
 //! - A job is stored (request body, the client-key hash as owner, feature, model, times)
 //!   before the 202 is sent: nothing accepted is lost on restart. At most [`MAX_QUEUED`] jobs
-//!   wait at once; beyond that the request gets 503 `queue_full`.
+//!   wait at once; beyond that the request gets 503 `queue_full`. With client keys, one
+//!   client holds at most [`MAX_QUEUED_PER_CLIENT`] of them (one client cannot fill the queue,
+//!   each job with a `max_body` request, for everyone); beyond that it gets 429
+//!   `client_queue_full`.
 //! - The worker ([`Proxy::spawn_jobs`]) takes queued jobs whose model is no longer DEGRADED or
 //!   CRITICAL, oldest first, at most [`WorkerOptions::concurrency`] at once, and runs each
 //!   through the proxy's normal path without contracts, non-streaming (a queued streaming
@@ -43,6 +46,8 @@ use crate::store::{ContractOp, JobRecord, JobStatus, Store};
 
 /// Jobs waiting at most; more get 503 `queue_full`.
 pub const MAX_QUEUED: u64 = 10_000;
+/// Jobs one client (one client key) may have waiting at once.
+pub const MAX_QUEUED_PER_CLIENT: u64 = MAX_QUEUED / 10;
 /// Runs of one job at most (transient failures are retried while the TTL lasts).
 pub const MAX_RUNS: u32 = 3;
 /// The worker's heartbeat job name (`heartbeats` table, `/readyz`).
@@ -82,6 +87,8 @@ pub enum Created {
     Queued(Box<JobRecord>),
     /// [`MAX_QUEUED`] jobs are waiting.
     Full,
+    /// The client already has [`MAX_QUEUED_PER_CLIENT`] jobs waiting.
+    ClientFull,
     /// The store could not take it (logged).
     Unavailable,
 }
@@ -115,12 +122,20 @@ impl Jobs {
             result_body: None,
             error: None,
         };
+        // Without client auth every request is the same owner: the whole queue is its share.
+        let max_per_owner = if job.owner == contract::owner_of("") {
+            MAX_QUEUED
+        } else {
+            MAX_QUEUED_PER_CLIENT
+        };
         let op = ContractOp::InsertJob {
             job: Box::new(job.clone()),
             max_queued: MAX_QUEUED,
+            max_per_owner,
         };
         match self.store.writer().contract(op).await {
             Ok(0) => Created::Full,
+            Ok(crate::store::OWNER_SHARE_FULL) => Created::ClientFull,
             Ok(_) => {
                 self.notify.notify_one();
                 Created::Queued(Box::new(job))

@@ -15,7 +15,8 @@
 //!    answer ([`cache`]) or an async job ([`jobs`], with its worker).
 //! 4. `failover`: the candidates ([`select`], pure, over the proxy's view of the weights,
 //!    [`weights`]), tried in order under per-route concurrency limits, circuit breakers and
-//!    backoff ([`breaker`]) and the extra-cost budget; one attempt ([`attempt`]: per-candidate
+//!    backoff ([`breaker`]; a client's own failures are neutral there, [`attribution`]) and the
+//!    extra-cost budget; one attempt ([`attempt`]: per-candidate
 //!    budget, stream watchdog, failover classes, 429 rests) at a time; a committed stream is
 //!    forwarded by [`stream`].
 //! 5. `request`: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
@@ -30,6 +31,7 @@
 //! families on the monitor's `/metrics`; [`remote`] links a standalone proxy to its monitor.
 
 pub mod attempt;
+pub mod attribution;
 pub mod breaker;
 pub mod cache;
 pub mod contract;
@@ -99,6 +101,9 @@ pub struct ProxyOptions {
     pub live: Option<tokio::sync::watch::Receiver<Arc<Config>>>,
     /// Where request and attempt spans go (off by default).
     pub tracer: crate::trace::Tracer,
+    /// The client keys themselves, instead of reading `client_keys_env` (an embedder or a
+    /// test hands the values over rather than setting the environment).
+    pub client_keys: Option<Vec<crate::secret::Secret>>,
 }
 
 impl Default for ProxyOptions {
@@ -112,6 +117,7 @@ impl Default for ProxyOptions {
             clock: Arc::new(SystemClock),
             live: None,
             tracer: crate::trace::Tracer::off(),
+            client_keys: None,
         }
     }
 }
@@ -144,6 +150,8 @@ struct Inner {
     degraded_since: Mutex<HashMap<String, DateTime<Utc>>>,
     clock: Arc<dyn Clock>,
     breakers: Breakers,
+    /// Recent outcomes per route and client: whose fault a failure is.
+    ledger: Arc<attribution::Ledger>,
     counters: ProxyCounters,
     meter: Option<Meter>,
     idempotency: Option<Arc<idempotency::Idempotency>>,
@@ -210,7 +218,10 @@ impl Proxy {
             .collect();
         let upstream =
             Upstream::new(&routes, &full.env).map_err(|e| ProxyError::Client(e.to_string()))?;
-        let client_keys = ClientKeys::from_env(&full.env, &config.client_keys_env);
+        let client_keys = match opts.client_keys.clone() {
+            Some(keys) => ClientKeys::given(keys),
+            None => ClientKeys::from_env(&full.env, &config.client_keys_env),
+        };
         let max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
         let store = opts.store.as_ref();
         let breakers = Breakers::new(routes.iter().map(|r| &r.id), &config.breaker);
@@ -234,6 +245,7 @@ impl Proxy {
                 degraded_since: Mutex::new(HashMap::new()),
                 clock,
                 breakers,
+                ledger: Arc::default(),
                 counters: ProxyCounters::default(),
                 meter: store.map(|s| Meter::spawn(s.writer()).0),
                 jobs: store.map(|s| Arc::new(jobs::Jobs::new(s.clone(), max_body))),

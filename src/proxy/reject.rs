@@ -88,6 +88,13 @@ pub enum Reject {
         retry_after: Duration,
         probeok: Value,
     },
+    /// An `async_queue` contract applied but this client already has its share of the queue.
+    #[error("this client already has {max} jobs waiting in the queue for degraded requests; retry later")]
+    ClientQueueFull {
+        max: u64,
+        retry_after: Duration,
+        probeok: Value,
+    },
     #[error("no such job (jobs are kept 24 hours after they end)")]
     JobNotFound,
     #[error("jobs cannot be read right now; retry later")]
@@ -110,6 +117,8 @@ const INVALID: &str = "invalid_request_error";
 const UPSTREAM: &str = "upstream_error";
 const SERVER: &str = "server_error";
 const UNAVAILABLE: &str = "service_unavailable";
+/// OpenAI's type for 429s.
+const RATE_LIMIT: &str = "rate_limit_error";
 
 impl Reject {
     fn parts(&self) -> Parts<'_> {
@@ -206,6 +215,19 @@ impl Reject {
                 retry_after: Some(*retry_after),
                 probeok: Some(probeok),
                 ..plain(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, "queue_full")
+            },
+            Self::ClientQueueFull {
+                retry_after,
+                probeok,
+                ..
+            } => Parts {
+                retry_after: Some(*retry_after),
+                probeok: Some(probeok),
+                ..plain(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    RATE_LIMIT,
+                    "client_queue_full",
+                )
             },
             Self::JobNotFound => plain(StatusCode::NOT_FOUND, INVALID, "job_not_found"),
             Self::JobStoreUnavailable => plain(

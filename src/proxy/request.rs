@@ -165,6 +165,8 @@ pub(crate) struct RequestCtx {
     pub cache: Option<cache::Slot>,
     /// The request's trace (`None`: tracing is off).
     pub trace: Option<Box<crate::trace::RequestTrace>>,
+    /// The client's tag ([`super::attribution::client_tag`]; empty without client auth).
+    pub client: String,
 }
 
 impl RequestCtx {
@@ -185,6 +187,7 @@ impl RequestCtx {
             probeok: None,
             cache: None,
             trace: None,
+            client: String::new(),
         }
     }
 
@@ -364,6 +367,11 @@ impl Tail {
     fn judge(outcome: Option<&ProbeOutcome>) -> (Verdict, AttemptOutcome, Outcome) {
         match outcome {
             Some(o) if o.success => (Verdict::Success, AttemptOutcome::Ok, Outcome::Ok),
+            Some(o) if o.attributed_to.is_some() => (
+                Verdict::Neutral,
+                AttemptOutcome::Interrupted,
+                Outcome::Interrupted,
+            ),
             Some(o)
                 if o.error
                     .as_ref()

@@ -76,6 +76,7 @@ async fn handle(
     let p = &proxy.inner;
     let intake = intake::read(p, headers, body).await?;
     ctx.stream = intake.needs.stream;
+    ctx.client = super::attribution::client_tag(&intake.client_key);
     match intake::claim(p, headers, &intake).await? {
         Claim::None => {}
         Claim::Proceed(guard) => ctx.guard = Some(guard),

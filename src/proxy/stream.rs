@@ -3,7 +3,8 @@
 //!
 //! After the commit point there is never a failover and never a second model's text: an
 //! upstream error event, a stall past `stream_idle_timeout`, an end without a finish reason /
-//! `[DONE]`, or a malformed chunk ends the client's stream with the documented
+//! `[DONE]`, a malformed chunk (an SSE line over 1 MiB too) or a stream older than
+//! `max_stream_duration` ends the client's stream with the documented
 //! `data: {"error":{"message":…,"type":"upstream_error","code":"provider_interrupted"}}`.
 //! The end rules are the probe's (`probe::openai::OpenAiStream`): a finish reason plus `[DONE]`
 //! or the usage chunk. When an upstream finished properly but dropped `[DONE]`, the proxy
@@ -13,6 +14,7 @@
 //! the body and no outcome is sent: the route did nothing wrong, nor was its answer complete.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use eventsource_stream::Event;
@@ -21,6 +23,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::attempt::{class_of, Class, Committed, PassiveSink};
+use super::attribution::Ledger;
 use crate::budget::Reservation;
 use crate::probe::sse::{BodyFault, ReadFault};
 use crate::probe::wire::{Step, StreamDecoder};
@@ -43,6 +46,8 @@ struct State {
     /// The extra-cost reservation of a non-primary route and the prompt's estimated tokens:
     /// settled with the metered output when the stream ends.
     charge: Option<(Reservation, u64)>,
+    /// The proxy's ledger and the client's tag: whether a failure is the request's own.
+    whose: (Arc<Ledger>, String),
 }
 
 /// The client's body for a committed stream.
@@ -51,6 +56,7 @@ pub(crate) fn body(
     sink: PassiveSink,
     on_end: OnEnd,
     charge: Option<(Reservation, u64)>,
+    whose: (Arc<Ledger>, String),
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     let state = State {
         c,
@@ -58,6 +64,7 @@ pub(crate) fn body(
         sink,
         on_end: Some(on_end),
         charge,
+        whose,
     };
     futures_util::stream::unfold(state, |mut st| async move {
         let chunk = st.next().await?;
@@ -96,13 +103,26 @@ impl State {
     fn finish(&mut self, error: Option<ProbeError>) {
         self.phase = Phase::Ended;
         let c = &self.c;
-        let outcome = c.timing.outcome(
+        let now = Instant::now();
+        let (ledger, client) = &self.whose;
+        let own = match &error {
+            None => {
+                ledger.record(&c.route.id, client, None, now);
+                false
+            }
+            Some(e) if class_of(e) == Class::ClientFault => false,
+            Some(e) => ledger.record(&c.route.id, client, Some(e), now),
+        };
+        let mut outcome = (c.timing).outcome(
             &c.route.id,
-            Instant::now(),
+            now,
             Some(200),
             error,
             Some(c.decoder.collected()),
         );
+        if own {
+            outcome.attributed_to = Some(client.clone());
+        }
         if let Some(f) = self.on_end.take() {
             f(&outcome);
         }
@@ -171,8 +191,12 @@ impl State {
                     }
                     Err(e) => Some(self.interrupt(e)),
                 },
-                Some(Err(ReadFault::Body(BodyFault::Stalled | BodyFault::Timeout))) => {
+                Some(Err(ReadFault::Body(BodyFault::Stalled))) => {
                     Some(self.interrupt(ProbeError::Stalled))
+                }
+                // Past `max_stream_duration`.
+                Some(Err(ReadFault::Body(BodyFault::Timeout))) => {
+                    Some(self.interrupt(ProbeError::Timeout))
                 }
                 Some(Err(ReadFault::Framing(message))) => {
                     Some(self.interrupt(ProbeError::Malformed { message }))

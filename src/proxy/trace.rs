@@ -200,6 +200,7 @@ mod tests {
             kind: OutcomeKind::Passive,
             started_at: chrono::Utc::now(),
             success: status == 200,
+            attributed_to: None,
             verified: None,
             ttfb_ms: Some(10.0),
             ttft_ms: (status == 200).then_some(15.0),

@@ -129,6 +129,7 @@ pub fn outcome<R: Rng + ?Sized>(
         kind,
         started_at: at,
         success: false,
+        attributed_to: None,
         verified: None,
         ttfb_ms: None,
         ttft_ms: None,

@@ -88,6 +88,11 @@ pub enum AlertOp {
     Prune {
         before: DateTime<Utc>,
     },
+    /// Keeps the outbox within `max_rows`: deletes the oldest rows beyond it, delivered and
+    /// dropped ones first, pending ones only when nothing else is left. Answers how many.
+    Bound {
+        max_rows: u64,
+    },
 }
 
 pub(crate) fn apply(conn: &Connection, op: &AlertOp) -> Result<u64, StoreError> {
@@ -195,6 +200,24 @@ pub(crate) fn apply(conn: &Connection, op: &AlertOp) -> Result<u64, StoreError> 
                 .prepare_cached("DELETE FROM alert_silences WHERE ends_ms < ?1")?
                 .execute(params![t])?;
             Ok((a + b) as u64)
+        }
+        AlertOp::Bound { max_rows } => {
+            let rows: i64 = conn
+                .prepare_cached("SELECT COUNT(*) FROM alert_outbox")?
+                .query_row([], |r| r.get(0))?;
+            let over = rows.saturating_sub(i64::try_from(*max_rows).unwrap_or(i64::MAX));
+            if over <= 0 {
+                return Ok(0);
+            }
+            let n = conn
+                .prepare_cached(
+                    "DELETE FROM alert_outbox WHERE id IN
+                         (SELECT id FROM alert_outbox
+                          ORDER BY CASE WHEN status = 'pending' THEN 1 ELSE 0 END, id
+                          LIMIT ?1)",
+                )?
+                .execute(params![over])?;
+            Ok(n as u64)
         }
     }
 }
@@ -331,5 +354,55 @@ impl Reader {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Store, StoreOptions};
+
+    /// Past its row bound the outbox loses its oldest done rows first, pending ones last.
+    #[tokio::test]
+    async fn the_outbox_is_bounded_by_rows_done_ones_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("a.db"), StoreOptions::default()).unwrap();
+        let w = store.writer();
+        let t0 = DateTime::from_timestamp(1_767_225_600, 0).unwrap();
+        let entries = (0..6)
+            .map(|i| NewEntry {
+                dedup_key: format!("k{i}#ch"),
+                channel: "ch".into(),
+                message: "{}".into(),
+                created_at: t0 + chrono::Duration::seconds(i),
+            })
+            .collect();
+        let op = AlertOp::Enqueue {
+            entries,
+            firing: Vec::new(),
+            resolved: Vec::new(),
+        };
+        assert_eq!(w.alert(op).await.unwrap(), 6);
+        let ids: Vec<i64> = (store.reader().unwrap().outbox_all().unwrap())
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        // The two newest were delivered, the others are pending.
+        for id in &ids[4..] {
+            let op = AlertOp::Delivered { id: *id, at: t0 };
+            w.alert(op).await.unwrap();
+        }
+        assert_eq!(w.alert(AlertOp::Bound { max_rows: 6 }).await.unwrap(), 0);
+        assert_eq!(w.alert(AlertOp::Bound { max_rows: 3 }).await.unwrap(), 3);
+        let mut left: Vec<(String, String)> = (store.reader().unwrap().outbox_all().unwrap())
+            .into_iter()
+            .map(|r| (r.dedup_key, r.status))
+            .collect();
+        left.sort();
+        let pending = |k: &str| (k.to_owned(), "pending".to_owned());
+        assert_eq!(
+            left,
+            vec![pending("k1#ch"), pending("k2#ch"), pending("k3#ch")]
+        );
     }
 }

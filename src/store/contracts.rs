@@ -12,6 +12,9 @@ use chrono::{DateTime, Utc};
 use super::writer::{Ack, Command};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
 
+/// What [`ContractOp::InsertJob`] answers when the owner's share of the queue is full.
+pub const OWNER_SHARE_FULL: u64 = 2;
+
 /// Old cached answers deleted per insert.
 const CACHE_PRUNE: i64 = 64;
 
@@ -86,10 +89,12 @@ pub struct CachedAnswer {
 /// A write to the contract tables. The writer answers a count (see each op).
 #[derive(Debug, Clone)]
 pub enum ContractOp {
-    /// Inserts a job unless `max_queued` jobs are already queued: 1 inserted, 0 queue full.
+    /// Inserts a job unless `max_queued` jobs are already queued (0) or its owner already has
+    /// `max_per_owner` of them queued (2, [`OWNER_SHARE_FULL`]): 1 inserted.
     InsertJob {
         job: Box<JobRecord>,
         max_queued: u64,
+        max_per_owner: u64,
     },
     /// `queued` → `running` (one more run): 1 when it was queued, else 0 (someone else took
     /// it, or it expired).
@@ -127,12 +132,24 @@ fn opt_ms(t: Option<DateTime<Utc>>) -> Option<i64> {
 
 pub(crate) fn apply(conn: &Connection, op: &ContractOp) -> Result<u64, StoreError> {
     let n = match op {
-        ContractOp::InsertJob { job, max_queued } => {
+        ContractOp::InsertJob {
+            job,
+            max_queued,
+            max_per_owner,
+        } => {
             let queued: i64 = conn
                 .prepare_cached("SELECT COUNT(*) FROM contract_jobs WHERE status = 'queued'")?
                 .query_row([], |r| r.get(0))?;
             if u64::try_from(queued).unwrap_or(0) >= *max_queued {
                 return Ok(0);
+            }
+            let owned: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM contract_jobs WHERE status = 'queued' AND owner = ?1",
+                )?
+                .query_row(params![job.owner], |r| r.get(0))?;
+            if u64::try_from(owned).unwrap_or(0) >= *max_per_owner {
+                return Ok(OWNER_SHARE_FULL);
             }
             conn.prepare_cached(
                 "INSERT INTO contract_jobs (id, owner, feature, model, residency,

@@ -61,7 +61,7 @@ use rusqlite::OpenFlags;
 use sql::{Connection, Engine, PgPool, PgUrl, SqlError};
 use tokio::sync::{mpsc, oneshot};
 
-pub use contracts::{CachedAnswer, ContractOp, JobRecord, JobStatus};
+pub use contracts::{CachedAnswer, ContractOp, JobRecord, JobStatus, OWNER_SHARE_FULL};
 pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;

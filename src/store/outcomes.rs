@@ -132,6 +132,7 @@ pub(super) fn from_row(
             kind: parse_kind(&kind)?,
             started_at: from_ms(started_ms)?,
             success: r.get(2)?,
+            attributed_to: None,
             verified: r.get(3)?,
             ttfb_ms: r.get(4)?,
             ttft_ms: r.get(5)?,

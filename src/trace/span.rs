@@ -209,6 +209,7 @@ mod tests {
             kind: OutcomeKind::Probe,
             started_at: chrono::Utc::now(),
             success: error.is_none(),
+            attributed_to: None,
             verified: None,
             ttfb_ms: Some(50.0),
             ttft_ms: error.is_none().then_some(80.0),

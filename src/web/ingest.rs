@@ -80,6 +80,9 @@ struct Item {
     model_reported: Option<String>,
     http_status: Option<u16>,
     error: Option<ItemError>,
+    /// The sending proxy attributed this failure to its client's own request.
+    #[serde(default)]
+    attributed_to: Option<String>,
 }
 
 /// What an agent's item adds to a passive one.
@@ -190,6 +193,9 @@ fn validate(state: &AppState, item: Item, now: DateTime<Utc>) -> Result<ProbeOut
         kind: OutcomeKind::Passive,
         started_at: item.started_at,
         success: item.success,
+        attributed_to: (item.attributed_to)
+            .filter(|_| !item.success)
+            .map(|c| truncate_chars(&c, 64)),
         verified: None,
         ttfb_ms: item.ttfb_ms,
         ttft_ms: item.ttft_ms,

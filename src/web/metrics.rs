@@ -162,6 +162,8 @@ pub struct Metrics {
     /// scrape time (channels come from the config, results are a fixed set).
     alerts: Family<AlertLabels, Counter>,
     alert_source: OnceLock<Arc<AlertMetrics>>,
+    /// `probeok_alert_outbox_evicted_total`, from the same source.
+    alert_evicted: Counter,
     proxy: crate::proxy::export::ProxySlot,
     /// `probeok_budget_extra_cost{kind}` and `probeok_budget_used_ratio`, read from the
     /// hourly extra-cost budget at scrape time.
@@ -327,6 +329,12 @@ impl Metrics {
             "Alert deliveries by channel and result (delivered, failed, dropped, suppressed)",
             alerts.clone(),
         );
+        let alert_evicted = Counter::default();
+        registry.register(
+            "alert_outbox_evicted",
+            "Alert outbox rows deleted to keep the outbox within its row bound",
+            alert_evicted.clone(),
+        );
         registry.register(
             "build",
             "Build information",
@@ -364,6 +372,7 @@ impl Metrics {
             vantage_probes,
             alerts,
             alert_source: OnceLock::new(),
+            alert_evicted,
             proxy,
             budget_cost,
             budget_used,
@@ -612,6 +621,8 @@ impl Metrics {
                 // The source only grows; bring the exported counter up to it.
                 c.inc_by(n.saturating_sub(c.get()));
             }
+            let e = &self.alert_evicted;
+            e.inc_by(source.evicted_total().saturating_sub(e.get()));
         }
         if let Some(b) = self.budget.get() {
             let snap = b.snapshot();
@@ -700,6 +711,7 @@ mod tests {
             kind: OutcomeKind::Probe,
             started_at: chrono::Utc::now(),
             success: ok,
+            attributed_to: None,
             verified: Some(ok),
             ttfb_ms: Some(120.0),
             ttft_ms: Some(200.0),

@@ -27,6 +27,7 @@ pub mod badges;
 pub mod drift;
 pub mod drills;
 pub mod feed;
+pub mod guards;
 pub mod i18n;
 pub mod ingest;
 pub mod metrics;
@@ -95,6 +96,8 @@ pub struct AppState {
     pub drills: Option<crate::drill::DrillService>,
     /// The store figures `/api/v1/status` reuses for a few seconds.
     pub figures: Arc<FiguresCache>,
+    /// The bound on public reads and the cached `/readyz` answer ([`guards`]).
+    pub guards: Arc<guards::Guards>,
     /// Cancelled at shutdown: long-polls and SSE streams end on it so graceful shutdown is
     /// never held open by a subscriber.
     pub shutdown: CancellationToken,
@@ -153,6 +156,14 @@ const READYZ_STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(3)
 /// stale_after` (a job that never beat counts from the service's start). 503 names each problem, and the
 /// stale jobs with how long they have been silent.
 pub async fn readyz(State(state): State<AppState>) -> Response {
+    let guards = state.guards.clone();
+    let now = state.clock.now();
+    let r = guards.ready(now, || check_ready(state)).await;
+    (r.status, Json(r.body)).into_response()
+}
+
+/// `/readyz`'s checks, run at most once per [`guards::READY_TTL`].
+async fn check_ready(state: AppState) -> guards::Ready {
     let mut problems = Vec::new();
     // A writer reconnecting to an unreachable database holds its queue; say so instead of
     // waiting for it.
@@ -202,19 +213,21 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     }
     let role = state.metrics.role().as_str();
     if problems.is_empty() {
-        Json(json!({"status": "ready", "role": role})).into_response()
+        guards::Ready {
+            status: StatusCode::OK,
+            body: json!({"status": "ready", "role": role}),
+        }
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({
+        guards::Ready {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            body: json!({
                 "status": "not_ready",
                 "role": role,
                 "problems": problems,
                 "stale_jobs": stale_jobs,
                 "stale_after_s": stale_after.as_secs(),
-            })),
-        )
-            .into_response()
+            }),
+        }
     }
 }
 

@@ -6,10 +6,9 @@
 //! - `GET /api/v1/admin/silences` → `{"silences":[…]}` (active and future ones);
 //! - `DELETE /api/v1/admin/silences/{id}` → 204, or 404.
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{to_bytes, Body};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -27,13 +26,25 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     super::check_admin(&state.config.current(), headers)
 }
 
+/// The token is checked before a byte of the body is read: an unauthenticated client cannot
+/// make the monitor read (or wait for) anything.
 pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
-    let body = body.map_err(|e| ApiError::from_body(&e, MAX_BODY))?;
+    let too_large = || ApiError::TooLarge {
+        code: "payload_too_large",
+        message: format!("the body is larger than {MAX_BODY} bytes"),
+    };
+    let declared = (headers.get(header::CONTENT_LENGTH))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    let body = to_bytes(body, MAX_BODY).await.map_err(|_| too_large())?;
     let req: NewSilence = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request("invalid_json", e.to_string()))?;
     let silence = req

@@ -20,6 +20,8 @@ pub struct Entry {
     pub handler: MethodRouter<AppState>,
     /// The OpenAPI operation object (summary, parameters, responses, …).
     pub doc: Value,
+    /// A public read: served under [`super::guards::bounded_read`].
+    pub public_read: bool,
 }
 
 impl Entry {
@@ -50,7 +52,14 @@ impl Entry {
             },
             handler,
             doc,
+            public_read: false,
         }
+    }
+
+    /// Marks a public read (pages, status API, badges, feeds): bounded with the others.
+    pub fn public_read(mut self) -> Self {
+        self.public_read = true;
+        self
     }
 }
 
@@ -81,20 +90,23 @@ pub fn table() -> Vec<Entry> {
             "/api/v1/status",
             get(api::status),
             openapi::status(),
-        ),
+        )
+        .public_read(),
         Entry::documented_as(
             M::GET,
             "/api/v1/routes/{*rest}",
             "/api/v1/routes/{id}/probes",
             get(api::route_tail),
             openapi::route_probes(),
-        ),
+        )
+        .public_read(),
         Entry::new(
             M::GET,
             "/api/v1/incidents",
             get(api::incidents),
             openapi::incidents(),
-        ),
+        )
+        .public_read(),
         // The weights feed.
         Entry::new(
             M::GET,
@@ -115,13 +127,14 @@ pub fn table() -> Vec<Entry> {
             post(ingest::handler),
             openapi::ingest(),
         ),
-        Entry::new(M::GET, "/api/v1/drift", get(drift::drift), drift::doc()),
+        Entry::new(M::GET, "/api/v1/drift", get(drift::drift), drift::doc()).public_read(),
         Entry::new(
             M::GET,
             "/api/v1/switches",
             get(switches::list),
             switches::doc(),
-        ),
+        )
+        .public_read(),
         Entry::new(M::GET, requests::PATH, get(requests::list), requests::doc()),
         // Drills.
         Entry::new(
@@ -185,7 +198,8 @@ pub fn table() -> Vec<Entry> {
             "/",
             get(pages::status),
             openapi::html_page("Public status page", "statusPage", false),
-        ),
+        )
+        .public_read(),
         Entry::documented_as(
             M::GET,
             "/routes/{*rest}",
@@ -196,7 +210,8 @@ pub fn table() -> Vec<Entry> {
                 "routePage",
                 true,
             ),
-        ),
+        )
+        .public_read(),
         Entry::new(
             M::GET,
             "/incidents",
@@ -206,8 +221,9 @@ pub fn table() -> Vec<Entry> {
                 "incidentsPage",
                 false,
             ),
-        ),
-        Entry::new(M::GET, "/incidents.atom", get(atom::handler), atom::doc()),
+        )
+        .public_read(),
+        Entry::new(M::GET, "/incidents.atom", get(atom::handler), atom::doc()).public_read(),
         // Badges (image/svg+xml, tagged `pages`): a route's (one wildcard, the tail names the
         // badge) and a logical model's.
         Entry::documented_as(
@@ -216,14 +232,16 @@ pub fn table() -> Vec<Entry> {
             "/badges/{id}/{badge}",
             get(badges::route),
             badges::route_doc(),
-        ),
+        )
+        .public_read(),
         Entry::documented_as(
             M::GET,
             "/badges/model/{*rest}",
             "/badges/model/{serves}/state.svg",
             get(badges::model),
             badges::model_doc(),
-        ),
+        )
+        .public_read(),
         Entry::new(
             M::GET,
             "/static/style.css",
@@ -237,7 +255,16 @@ pub fn table() -> Vec<Entry> {
 /// with different methods share its route.
 pub fn router(entries: Vec<Entry>, state: AppState) -> Router {
     let mut by_path: Vec<(&'static str, MethodRouter<AppState>)> = Vec::new();
+    let bound = axum::middleware::from_fn_with_state(state.clone(), super::guards::bounded_read);
     for e in entries {
+        let e = if e.public_read {
+            Entry {
+                handler: e.handler.layer(bound.clone()),
+                ..e
+            }
+        } else {
+            e
+        };
         match by_path.iter_mut().find(|(p, _)| *p == e.endpoint.path) {
             Some((_, handlers)) => *handlers = std::mem::take(handlers).merge(e.handler),
             None => by_path.push((e.endpoint.path, e.handler)),

@@ -106,6 +106,7 @@ pub fn outcome(
         kind,
         started_at: at,
         success: ok,
+        attributed_to: None,
         verified: ok.then_some(true),
         ttfb_ms: ok.then_some(ms / 4.0),
         ttft_ms: ok.then_some(ms / 2.0),
@@ -188,6 +189,7 @@ impl Harness {
             drift: None,
             drills: None,
             figures: Default::default(),
+            guards: Default::default(),
             shutdown: shutdown.clone(),
             vantages: None,
         };
