@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use common::cluster::Db;
 use probeok::route::RouteId;
 use probeok::sim::{self, Scenario, SimConfig, SimRoute};
-use probeok::store::{Store, StoreOptions};
+use probeok::store::sql::PgUrl;
+use probeok::store::{Store, StoreLocation, StoreOptions};
 use tokio_util::sync::CancellationToken;
 
 const LEASE_S: u64 = 3;
@@ -166,9 +167,11 @@ async fn kill_9_of_the_leader_hands_the_lead_over_and_probing_goes_on_once() {
         },
         sim_stop.clone(),
     ));
-    let store_path = dir.path().join("pair.db");
-    // The schema first, so both members open a migrated store.
-    Store::open(&store_path, StoreOptions::default())
+    // Both members' store is the PostgreSQL database their `url_env` names (`path` is then
+    // ignored); the schema first, so both open a migrated store.
+    let store_path = dir.path().join("ignored.db");
+    let location = StoreLocation::Postgres(PgUrl::parse(&db.url).unwrap().unwrap());
+    Store::open_at(&location, StoreOptions::default())
         .unwrap()
         .close()
         .await
@@ -186,7 +189,7 @@ async fn kill_9_of_the_leader_hands_the_lead_over_and_probing_goes_on_once() {
     let b = start(&cb, pb, &db.url, &dir.path().join("b.log"));
     until_role(&http, &b, "follower", Duration::from_secs(20)).await;
 
-    let store = Store::open(&store_path, StoreOptions::default()).unwrap();
+    let store = Store::open_at(&location, StoreOptions::default()).unwrap();
     // Both run, one probes.
     let t0 = chrono::Utc::now();
     tokio::time::sleep(Duration::from_secs(5)).await;
