@@ -56,9 +56,19 @@ use super::vantages::{Board, VantageLink, VantageView};
 // The multi-vantage part of the shell: agents' outcomes, the quorum, the published view.
 #[path = "service_vantages.rs"]
 mod multi;
+// The persister task: transitions, incidents and states written in order.
+#[path = "service_persist.rs"]
+mod persist;
+// A cluster follower: the stored states published through the same path.
+#[path = "service_follow.rs"]
+mod follow;
+use persist::{persist_loop, send};
+// What a route shows and what of it is worth saving or publishing.
+#[path = "service_view.rs"]
+mod view;
 use super::{
-    Baseline, BaselineSnapshot, Detector, HealthEvent, HealthRx, HealthSnapshot, Incident,
-    IncidentSummary, RouteHealth, RouteStatus, State, Suppression, Transition,
+    Baseline, Detector, HealthEvent, HealthRx, HealthSnapshot, Incident, RouteHealth, RouteStatus,
+    State, Suppression, Transition,
 };
 use crate::clock::Clock;
 use crate::config::Config;
@@ -68,6 +78,7 @@ use crate::scheduler::{Confirm, CONFIRM_QUEUE};
 use crate::store::{Store, StoreError, Writer, ALL_KINDS};
 use crate::vantage::VantageOutcome;
 use multi::next_remote;
+use view::{fingerprint, same_finding, same_view, status};
 
 /// The job name of the service's heartbeat (`/readyz`).
 pub const HEARTBEAT_JOB: &str = "health";
@@ -341,61 +352,6 @@ impl HealthService {
     /// The counts of what publishing has cost, kept while the service runs.
     pub fn publish_counts(&self) -> Arc<PublishCounts> {
         self.counts.clone()
-    }
-
-    /// Publishes into `tx` from now on, its receivers seeing this service's snapshot at once:
-    /// a cluster member's successive services (one per leader or follower term) share one
-    /// watch, so the pages, the weights and the proxy never notice the change of term.
-    pub fn publish_into(&mut self, tx: watch::Sender<Arc<HealthSnapshot>>) {
-        // Read before sending: `tx` may be this service's own channel already.
-        let current = self.snapshot.borrow().clone();
-        tx.send_replace(current);
-        self.snapshot = tx;
-    }
-
-    /// A follower's service (another member of the cluster leads and judges): every
-    /// `every` it reads the stored route states and publishes them through the same path as
-    /// its own judgements, with the findings recomputed from them, until `shutdown`. It
-    /// judges nothing and stores nothing; the leader's transitions (stored at once) and
-    /// periodic saves are what it shows.
-    pub async fn follow(mut self, store: Store, every: Duration, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
-        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-            }
-            let reading = store.clone();
-            let stored = tokio::task::spawn_blocking(move || {
-                reading.reader()?.route_health_all::<RouteHealth>()
-            })
-            .await;
-            match stored {
-                Ok(Ok(rows)) => {
-                    failing = false;
-                    let now = self.clock.now();
-                    for row in rows {
-                        if let Some(&i) = self.index.get(&row.route) {
-                            self.routes[i].health = row.health;
-                            self.refresh(i, now);
-                        }
-                    }
-                    self.refresh_baselines();
-                    self.evaluate_findings();
-                    self.publish();
-                }
-                Ok(Err(e)) => {
-                    if !failing {
-                        tracing::error!(error = %e, "follower: cannot read the stored route states; showing the last ones");
-                    }
-                    failing = true;
-                }
-                Err(e) => tracing::error!(error = %e, "follower: reading route states panicked"),
-            }
-        }
-        tracing::debug!("follower's health view stopped");
     }
 
     /// A sender of [`HealthCommand`]s to this service (call before [`HealthService::run`];
@@ -811,93 +767,6 @@ impl HealthService {
     }
 }
 
-/// What a tick may change that is worth saving.
-fn fingerprint(
-    h: &RouteHealth,
-) -> (
-    State,
-    u32,
-    Option<DateTime<Utc>>,
-    Option<DateTime<Utc>>,
-    Suppression,
-) {
-    (
-        h.state(),
-        h.streak(),
-        h.normal_since(),
-        h.error_rate_high_since(),
-        h.suppression(),
-    )
-}
-
-/// Successful share of counted outcomes over the error window, to 0.01, and whether the
-/// window is over the detector's floors (`min_error_samples` outcomes, `min_failures`
-/// failures) so the weights may follow it.
-fn success_ratio(h: &RouteHealth, detector: &Detector, now: DateTime<Utc>) -> (Option<f64>, bool) {
-    let cfg = detector.config();
-    let c = h.window().counts(now, cfg.error_window.as_secs());
-    let ratio = (c.total > 0).then(|| ((1.0 - c.rate()) * 100.0).round() / 100.0);
-    let judged = c.total >= cfg.min_error_samples && c.failures >= cfg.min_failures;
-    (ratio, judged)
-}
-
-/// The route as published. `baseline`: the one already shown (refreshed on its own timer),
-/// or `None` to compute it now.
-fn status(
-    h: &RouteHealth,
-    b: &Baseline,
-    detector: &Detector,
-    now: DateTime<Utc>,
-    baseline: Option<Option<BaselineSnapshot>>,
-) -> RouteStatus {
-    let (success_ratio, success_judged) = success_ratio(h, detector, now);
-    RouteStatus {
-        route: h.route().clone(),
-        state: h.display_state(),
-        judged: h.state(),
-        since: h.since(),
-        reason: h.reason().cloned(),
-        failure_mode: h.failure_mode(),
-        baseline: baseline.unwrap_or_else(|| b.snapshot(now)),
-        success_ratio,
-        success_judged,
-        behavior_changed: h.behavior_changed(),
-        incident: h.incident().map(IncidentSummary::from),
-        split: h.split().clone(),
-    }
-}
-
-/// Equal for consumers: everything but the reason's text, the baseline and the split's
-/// figures. The split's verdicts count while the route is in trouble (which signal moved is
-/// news then); on a healthy route a lone late first token is not worth a new snapshot.
-fn same_view(a: &RouteStatus, b: &RouteStatus) -> bool {
-    let verdicts = |s: &RouteStatus| {
-        (!matches!(s.judged, State::Normal | State::Unknown)).then(|| {
-            (
-                s.split.ttft.as_ref().map(|t| t.late),
-                s.split.tps.as_ref().map(|t| t.low),
-            )
-        })
-    };
-    a.state == b.state
-        && a.judged == b.judged
-        && a.since == b.since
-        && a.reason.as_ref().map(|r| &r.code) == b.reason.as_ref().map(|r| &r.code)
-        && a.failure_mode == b.failure_mode
-        && a.success_ratio == b.success_ratio
-        && a.success_judged == b.success_judged
-        && a.behavior_changed == b.behavior_changed
-        && a.incident == b.incident
-        && verdicts(a) == verdicts(b)
-}
-
-/// The same finding over time: one egress finding, one request-side finding per route.
-fn same_finding(a: &Finding, b: &Finding) -> bool {
-    a.kind == b.kind
-        && (a.kind == FindingKind::Egress || a.routes == b.routes)
-        && (a.kind != FindingKind::VantageStale || a.providers == b.providers)
-}
-
 async fn next_command(rx: &mut Option<mpsc::Receiver<HealthCommand>>) -> HealthCommand {
     match rx {
         Some(r) => match r.recv().await {
@@ -921,81 +790,5 @@ async fn next_control(rx: &mut Option<mpsc::Receiver<bool>>) -> bool {
             }
         },
         None => std::future::pending().await,
-    }
-}
-
-async fn send(persist: &mpsc::Sender<Persist>, p: Persist) {
-    if persist.send(p).await.is_err() {
-        tracing::error!("the health persister has stopped; a state change is not saved");
-    }
-}
-
-/// Writes in order; a failed write is logged with what it was, and the next one is tried.
-/// Transitions already queued together go in one transaction (retried one by one if it
-/// fails), so a mass event costs a few commits, not one per route.
-async fn persist_loop(writer: Writer, mut rx: mpsc::Receiver<Persist>) {
-    let mut next = None;
-    loop {
-        let p = match next.take() {
-            Some(p) => p,
-            None => match rx.recv().await {
-                Some(p) => p,
-                None => return,
-            },
-        };
-        match p {
-            Persist::Transition {
-                transition,
-                incident,
-                health,
-            } => {
-                let mut batch = vec![(transition, incident, health)];
-                while batch.len() < TRANSITION_BATCH {
-                    match rx.try_recv() {
-                        Ok(Persist::Transition {
-                            transition,
-                            incident,
-                            health,
-                        }) => batch.push((transition, incident, health)),
-                        Ok(other) => {
-                            next = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                store_transitions(&writer, &batch).await;
-            }
-            Persist::Save { states, at } => {
-                if let Err(e) = writer.save_health(&states, at).await {
-                    tracing::error!(routes = states.len(), error = %e, "cannot save route states");
-                }
-            }
-            Persist::Heartbeat(at) => {
-                if let Err(e) = writer.heartbeat(HEARTBEAT_JOB, at).await {
-                    tracing::error!(error = %e, "cannot write the health heartbeat");
-                }
-            }
-        }
-    }
-}
-
-/// Transitions stored together at most.
-const TRANSITION_BATCH: usize = 512;
-
-type TransitionWrite = (Box<Transition>, Option<Box<Incident>>, Box<RouteHealth>);
-
-async fn store_transitions(writer: &Writer, batch: &[TransitionWrite]) {
-    let items: Vec<(&Transition, Option<&Incident>, &RouteHealth)> = batch
-        .iter()
-        .map(|(t, i, h)| (&**t, i.as_deref(), &**h))
-        .collect();
-    if items.len() > 1 && writer.record_transitions(&items).await.is_ok() {
-        return;
-    }
-    for (t, i, h) in items {
-        if let Err(e) = writer.record_transition(t, i, h).await {
-            tracing::error!(route = %t.route, from = %t.from, to = %t.to, error = %e, "cannot store a transition");
-        }
     }
 }

@@ -1,0 +1,69 @@
+//! The health service of a cluster follower: it judges nothing and publishes what the
+//! leader stored, through the same publish path as a leader's own judgements.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use super::{HealthService, HealthSnapshot, RouteHealth};
+use crate::store::Store;
+
+impl HealthService {
+    /// Publishes into `tx` from now on, its receivers seeing this service's snapshot at once:
+    /// a cluster member's successive services (one per leader or follower term) share one
+    /// watch, so the pages, the weights and the proxy never notice the change of term.
+    pub fn publish_into(&mut self, tx: watch::Sender<Arc<HealthSnapshot>>) {
+        // Read before sending: `tx` may be this service's own channel already.
+        let current = self.snapshot.borrow().clone();
+        tx.send_replace(current);
+        self.snapshot = tx;
+    }
+
+    /// A follower's service (another member of the cluster leads and judges): every
+    /// `every` it reads the stored route states and publishes them through the same path as
+    /// its own judgements, with the findings recomputed from them, until `shutdown`. It
+    /// judges nothing and stores nothing; the leader's transitions (stored at once) and
+    /// periodic saves are what it shows.
+    pub async fn follow(mut self, store: Store, every: Duration, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let reading = store.clone();
+            let stored = tokio::task::spawn_blocking(move || {
+                reading.reader()?.route_health_all::<RouteHealth>()
+            })
+            .await;
+            match stored {
+                Ok(Ok(rows)) => {
+                    failing = false;
+                    let now = self.clock.now();
+                    for row in rows {
+                        if let Some(&i) = self.index.get(&row.route) {
+                            self.routes[i].health = row.health;
+                            self.refresh(i, now);
+                        }
+                    }
+                    self.refresh_baselines();
+                    self.evaluate_findings();
+                    self.publish();
+                }
+                Ok(Err(e)) => {
+                    if !failing {
+                        tracing::error!(error = %e, "follower: cannot read the stored route states; showing the last ones");
+                    }
+                    failing = true;
+                }
+                Err(e) => tracing::error!(error = %e, "follower: reading route states panicked"),
+            }
+        }
+        tracing::debug!("follower's health view stopped");
+    }
+}

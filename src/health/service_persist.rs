@@ -1,0 +1,83 @@
+//! The health service's persister: every write the detection loop asks for, in order, on a
+//! task of its own so the loop never waits on the store.
+
+use tokio::sync::mpsc;
+
+use super::{Incident, Persist, RouteHealth, Transition, HEARTBEAT_JOB};
+use crate::store::Writer;
+
+pub(super) async fn send(persist: &mpsc::Sender<Persist>, p: Persist) {
+    if persist.send(p).await.is_err() {
+        tracing::error!("the health persister has stopped; a state change is not saved");
+    }
+}
+
+/// Writes in order; a failed write is logged with what it was, and the next one is tried.
+/// Transitions already queued together go in one transaction (retried one by one if it
+/// fails), so a mass event costs a few commits, not one per route.
+pub(super) async fn persist_loop(writer: Writer, mut rx: mpsc::Receiver<Persist>) {
+    let mut next = None;
+    loop {
+        let p = match next.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        match p {
+            Persist::Transition {
+                transition,
+                incident,
+                health,
+            } => {
+                let mut batch = vec![(transition, incident, health)];
+                while batch.len() < TRANSITION_BATCH {
+                    match rx.try_recv() {
+                        Ok(Persist::Transition {
+                            transition,
+                            incident,
+                            health,
+                        }) => batch.push((transition, incident, health)),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                store_transitions(&writer, &batch).await;
+            }
+            Persist::Save { states, at } => {
+                if let Err(e) = writer.save_health(&states, at).await {
+                    tracing::error!(routes = states.len(), error = %e, "cannot save route states");
+                }
+            }
+            Persist::Heartbeat(at) => {
+                if let Err(e) = writer.heartbeat(HEARTBEAT_JOB, at).await {
+                    tracing::error!(error = %e, "cannot write the health heartbeat");
+                }
+            }
+        }
+    }
+}
+
+/// Transitions stored together at most.
+const TRANSITION_BATCH: usize = 512;
+
+type TransitionWrite = (Box<Transition>, Option<Box<Incident>>, Box<RouteHealth>);
+
+async fn store_transitions(writer: &Writer, batch: &[TransitionWrite]) {
+    let items: Vec<(&Transition, Option<&Incident>, &RouteHealth)> = batch
+        .iter()
+        .map(|(t, i, h)| (&**t, i.as_deref(), &**h))
+        .collect();
+    if items.len() > 1 && writer.record_transitions(&items).await.is_ok() {
+        return;
+    }
+    for (t, i, h) in items {
+        if let Err(e) = writer.record_transition(t, i, h).await {
+            tracing::error!(route = %t.route, from = %t.from, to = %t.to, error = %e, "cannot store a transition");
+        }
+    }
+}
