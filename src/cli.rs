@@ -17,6 +17,10 @@ use crate::sim::{self, Scenario, SimConfig};
 use crate::store::{Store, StoreOptions};
 use crate::{app, demo, drift};
 
+// The fleet's commands: a remote vantage's agent, and moving a store into PostgreSQL.
+mod fleet;
+pub use fleet::{agent, migrate_store};
+
 /// What went wrong, as the user should read it.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -790,126 +794,4 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
     }
     store.close().await.map_err(CliError::runtime)?;
     served.map_err(CliError::runtime)
-}
-
-/// `probeok agent`: probes the routes of one `[[vantage]]` and pushes the outcomes to the
-/// monitor; needs those routes' provider keys and the ingest token from the environment.
-pub async fn agent(
-    path: &Path,
-    vantage: String,
-    server: String,
-    data: Option<std::path::PathBuf>,
-    listen: std::net::SocketAddr,
-) -> Result<(), CliError> {
-    use crate::agent::{AgentError, AgentOptions};
-    let (config, warnings) = load(path)?;
-    warn_all(&warnings);
-    let routes = crate::agent::routes_of(&config, &vantage)
-        .map_err(|e| CliError::Invalid(vec![format!("error: {e}")]))?;
-    let mut missing: Vec<String> = routes
-        .iter()
-        .filter_map(|r| r.api_key_env.as_deref())
-        .filter(|var| crate::secret::Secret::from_env(var).is_none())
-        .map(|var| format!("error: provider key variable {var} is not set"))
-        .collect();
-    missing.sort();
-    missing.dedup();
-    let token = crate::secret::Secret::from_env(&config.server.ingest_token_env);
-    if token.is_none() {
-        missing.push(format!(
-            "error: the ingest token variable {} is not set",
-            config.server.ingest_token_env
-        ));
-    }
-    let Some(token) = token.filter(|_| missing.is_empty()) else {
-        return Err(CliError::Invalid(missing));
-    };
-    let shutdown = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone());
-    let opts = AgentOptions {
-        vantage,
-        server,
-        data,
-        listen,
-        push: Default::default(),
-    };
-    let running = crate::agent::start(
-        config,
-        opts,
-        token,
-        Arc::new(crate::clock::SystemClock),
-        shutdown,
-    )
-    .await
-    .map_err(|e| match e {
-        AgentError::Invalid(m) => CliError::Invalid(vec![format!("error: {m}")]),
-        e => CliError::Runtime(e.to_string()),
-    })?;
-    running
-        .done
-        .await
-        .map_err(CliError::runtime)?
-        .map_err(CliError::runtime)
-}
-
-/// `probeok migrate-store`: copies the SQLite store at `from` (migrated first) into the
-/// PostgreSQL store named by the variable `to_env`, then compares the row counts of every
-/// table. A target with rows is refused unless `replace`.
-pub async fn migrate_store(
-    path: &Path,
-    from: &Path,
-    to_env: &str,
-    replace: bool,
-) -> Result<(), CliError> {
-    use crate::store::{copy, sql::PgUrl, StoreLocation};
-    let (config, warnings) = load(path)?;
-    warn_all(&warnings);
-    if !from.is_file() {
-        return Err(CliError::Invalid(vec![format!(
-            "--from {}: no such file",
-            from.display()
-        )]));
-    }
-    let url = match std::env::var(to_env).ok().as_deref().map(PgUrl::parse) {
-        Some(Some(Ok(url))) => url,
-        Some(Some(Err(e))) => return Err(CliError::Invalid(vec![format!("${to_env}: {e}")])),
-        _ => {
-            return Err(CliError::Invalid(vec![format!(
-                "--to-env {to_env}: the variable must hold a postgres:// URL"
-            )]))
-        }
-    };
-    let opts = StoreOptions {
-        latency_threshold: config.slo.latency_threshold,
-    };
-    let (source, target) = (
-        StoreLocation::Sqlite(from.to_owned()),
-        StoreLocation::Postgres(url),
-    );
-    tracing::info!(from = %source.describe(), to = %target.describe(), "copying the store");
-    let report = tokio::task::spawn_blocking(move || -> Result<copy::CopyReport, String> {
-        // Opening migrates both to this build's schema; the copies then match column for column.
-        for at in [&source, &target] {
-            let store =
-                Store::open_at(at, opts.clone()).map_err(|e| format!("{}: {e}", at.describe()))?;
-            drop(store);
-        }
-        let (s, t) = (source.connect(), target.connect());
-        let (s, t) = (s.map_err(|e| e.to_string())?, t.map_err(|e| e.to_string())?);
-        copy::copy_sqlite_to_postgres(&s, &t, replace, |table, n| {
-            tracing::debug!(table, rows = n, "copied");
-        })
-        .map_err(|e| e.to_string())
-    })
-    .await
-    .map_err(CliError::runtime)?
-    .map_err(CliError::Runtime)?;
-    crate::stdout::print(format_args!("{}", report.text()));
-    if report.counts_match() {
-        Ok(())
-    } else {
-        Err(CliError::Runtime(
-            "row counts differ between the stores".into(),
-        ))
-    }
 }
