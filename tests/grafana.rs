@@ -5,11 +5,14 @@
 //! 127.0.0.1:0 after it probed a simulated provider and proxied one request. A real
 //! Prometheus then parses and evaluates every expression, so a typo in PromQL fails too.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::upstream::{self, openai, Reply, Script};
 use probeok::sim::{self, Scenario, SimConfig, SimRoute};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -296,6 +299,40 @@ async fn start_refusing_upstream() -> std::net::SocketAddr {
     addr
 }
 
+/// What the test writes in its proxied requests so that the flaky upstream fails them.
+const FAIL_OVER_MARK: &str = "fail over, please";
+
+/// An upstream that answers every probe but fails (503, OpenAI's overload body) the requests
+/// that carry [`FAIL_OVER_MARK`]: its route stays NORMAL under probing, so the proxy keeps
+/// choosing it and fails over — the counter does not depend on which comes first, probe or
+/// request.
+async fn start_flaky_upstream() -> upstream::Server {
+    use axum::http::StatusCode;
+    let (server, _) = upstream::fake("/v1/chat/completions", |req| {
+        if String::from_utf8_lossy(&req.body).contains(FAIL_OVER_MARK) {
+            return Reply::now(upstream::json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                openai::error("The server is overloaded", "server_error", None),
+            ));
+        }
+        let streamed = req.json()["stream"].as_bool().unwrap_or(false);
+        if streamed {
+            Reply::now(
+                Script::new()
+                    .send_all(openai::stream(&["PROBE", "_OK"], "stop", Some(2)))
+                    .sse(),
+            )
+        } else {
+            Reply::now(upstream::json(
+                StatusCode::OK,
+                openai::body("PROBE_OK", "stop", Some(2)),
+            ))
+        }
+    })
+    .await;
+    server
+}
+
 /// A webhook receiver that takes every alert.
 async fn start_webhook() -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -313,6 +350,7 @@ fn free_port() -> u16 {
 fn config_text(
     sim: std::net::SocketAddr,
     refusing: std::net::SocketAddr,
+    flaky: &str,
     db: &Path,
     port: u16,
     proxy_port: u16,
@@ -357,6 +395,13 @@ kind = "openai"
   id = "r1"
   base_url = "http://{refusing}/v1"
 
+[[provider]]
+id = "flaky"
+kind = "openai"
+  [[provider.region]]
+  id = "r1"
+  base_url = "{flaky}/v1"
+
 [[route]]
 provider = "sim"
 region = "r1"
@@ -367,6 +412,14 @@ weight = 50
 
 [[route]]
 provider = "refusing"
+region = "r1"
+model = "m1"
+serves = "chat"
+tier = "primary"
+weight = 50
+
+[[route]]
+provider = "flaky"
 region = "r1"
 model = "m1"
 serves = "chat"
@@ -426,6 +479,7 @@ async fn every_metric_the_dashboard_names_is_on_metrics() {
     let shutdown = CancellationToken::new();
     let sim_addr = start_sim(shutdown.child_token()).await;
     let refusing = start_refusing_upstream().await;
+    let flaky = start_flaky_upstream().await;
     let webhook = start_webhook().await;
     let (port, proxy_port) = (free_port(), free_port());
     let config = dir.path().join("probeok.toml");
@@ -434,6 +488,7 @@ async fn every_metric_the_dashboard_names_is_on_metrics() {
         config_text(
             sim_addr,
             refusing,
+            &flaky.base_url(),
             &dir.path().join("grafana.db"),
             port,
             proxy_port,
@@ -465,12 +520,12 @@ async fn every_metric_the_dashboard_names_is_on_metrics() {
             "after 120 s the dashboard still names metrics without a series on /metrics: {last}"
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
-        // Real requests through the proxy: half go to the refusing route first and fail over.
+        // Real requests through the proxy; those that go to the flaky route first fail over.
         let _ = http
             .post(format!("http://127.0.0.1:{proxy_port}/v1/chat/completions"))
             .json(&serde_json::json!({
                 "model": "chat",
-                "messages": [{"role": "user", "content": "hello"}],
+                "messages": [{"role": "user", "content": FAIL_OVER_MARK}],
             }))
             .send()
             .await;
