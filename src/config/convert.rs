@@ -526,6 +526,12 @@ fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
             r.idempotency_ttl,
             d.idempotency_ttl,
         ),
+        idempotency_wait: duration(
+            ck,
+            "proxy.idempotency_wait",
+            r.idempotency_wait,
+            d.idempotency_wait,
+        ),
         idempotency_keys_per_client: uint(
             ck,
             "proxy.idempotency_keys_per_client",

@@ -59,6 +59,9 @@ impl Cache {
         now: DateTime<Utc>,
         max_age: Duration,
     ) -> Option<CachedAnswer> {
+        if !self.store.health().available() {
+            return None;
+        }
         let since = chrono::Duration::from_std(max_age)
             .ok()
             .and_then(|d| now.checked_sub_signed(d))
@@ -78,6 +81,9 @@ impl Cache {
 
     /// Remembers a successful answer, in the background (the request never waits for it).
     pub fn remember(&self, slot: Slot, status: u16, body: Vec<u8>, now: DateTime<Utc>) {
+        if !self.store.health().available() {
+            return;
+        }
         if body.len() > self.max_body {
             tracing::debug!(
                 bytes = body.len(),

@@ -7,8 +7,8 @@
 //!   in a writer transaction (on PostgreSQL under the writers' advisory lock), so of any number
 //!   of proxies exactly one gets it. The claim has a lease ([`CLAIM_LEASE`]) that the running
 //!   request renews; a proxy that dies mid-request leaves it to lapse, and the key is free again.
-//! - A repeat while the first runs waits for its answer, polling the store, up to [`WAIT`];
-//!   still running then: 409 `idempotency_in_progress`.
+//! - A repeat while the first runs waits for its answer, polling the store, up to
+//!   `idempotency_wait`; still running then: 409 `idempotency_in_progress`.
 //! - When the first request ends with an upstream's answer (2xx, or the client's own 4xx
 //!   returned as is), the answer is stored (status, the headers that matter, body — for streams
 //!   the full event sequence) until the TTL; a repeat gets it back with
@@ -35,8 +35,6 @@ use crate::store::{claim, IdempotencyEntry, IdempotencyOp, IdempotentAnswer, Sto
 
 /// How long a claim holds without renewal; the running request renews it every third of it.
 pub const CLAIM_LEASE: Duration = Duration::from_secs(60);
-/// How long a repeat waits for the first request's answer before 409.
-pub const WAIT: Duration = Duration::from_secs(10);
 /// The first poll of a waiting repeat; later polls back off to [`POLL_MAX`].
 const POLL_MIN: Duration = Duration::from_millis(20);
 const POLL_MAX: Duration = Duration::from_millis(250);
@@ -62,6 +60,8 @@ pub struct Idempotency {
     store: Store,
     clock: Arc<dyn Clock>,
     ttl: Duration,
+    /// How long a repeat waits for a running first request's answer.
+    wait: Duration,
     max_answer: usize,
     /// Live keys one client may hold.
     per_client: u64,
@@ -149,6 +149,7 @@ impl Idempotency {
         store: Store,
         clock: Arc<dyn Clock>,
         ttl: Duration,
+        wait: Duration,
         max_answer: usize,
         per_client: u64,
     ) -> Arc<Self> {
@@ -156,6 +157,7 @@ impl Idempotency {
             store,
             clock,
             ttl,
+            wait,
             max_answer,
             per_client,
         })
@@ -188,7 +190,7 @@ impl Idempotency {
         } else {
             self.per_client
         };
-        let deadline = tokio::time::Instant::now() + WAIT;
+        let deadline = tokio::time::Instant::now() + self.wait;
         let mut pause = POLL_MIN;
         let mut now = now;
         loop {

@@ -114,6 +114,10 @@ impl Jobs {
 
     /// Persists a new queued job (committed before this returns).
     pub async fn create(&self, new: NewJob) -> Created {
+        if !self.store.health().available() {
+            // Read-only mode: no job can be kept, and the writer would only wait to fail.
+            return Created::Unavailable;
+        }
         let job = JobRecord {
             id: format!("job_{:032x}", rand::random::<u128>()),
             owner: new.owner,

@@ -261,6 +261,7 @@ impl Proxy {
                         s.clone(),
                         opts.clock.clone(),
                         config.idempotency_ttl,
+                        config.idempotency_wait,
                         max_body,
                         config.idempotency_keys_per_client.into(),
                     )
