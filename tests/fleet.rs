@@ -304,12 +304,24 @@ impl Replica {
 
 /// Starts `probeok proxy` on `db_url` and waits until it answers `/readyz`.
 async fn start(dir: &Path, name: &str, db_url: &str, upstream: &str, extra: &str) -> Replica {
+    start_with(dir, name, db_url, upstream, extra, &[]).await
+}
+
+async fn start_with(
+    dir: &Path,
+    name: &str,
+    db_url: &str,
+    upstream: &str,
+    extra: &str,
+    args: &[&str],
+) -> Replica {
     let port = free_port();
     let config = write_config(dir, name, port, upstream, extra);
     let log = dir.join(format!("{name}.log"));
     let child = Command::new(env!("CARGO_BIN_EXE_probeok"))
         .args(["proxy", "--config"])
         .arg(&config)
+        .args(args)
         .env_remove("PROBEOK_CONFIG")
         .env(URL_VAR, db_url)
         .env(KEYS_VAR, "key-a,key-b")
@@ -551,12 +563,28 @@ async fn set_reachable(db: &Db, reachable: bool) {
     } else {
         admin
             .batch_execute(&format!(
-                "ALTER DATABASE {name} ALLOW_CONNECTIONS false;
-                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'",
-                name = db.name
+                "ALTER DATABASE {} ALLOW_CONNECTIONS false",
+                db.name
             ))
             .await
             .unwrap();
+        // A session that was being opened as the door closed may still come in: end them
+        // until none is left.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let rows = admin
+                .query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+                    &[&db.name],
+                )
+                .await
+                .unwrap();
+            if rows.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "sessions on {} stay", db.name);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
@@ -575,7 +603,28 @@ async fn without_its_database_a_proxy_serves_buffers_and_refuses_only_idempotent
     let db = Db::create().await;
     let dir = tempfile::tempdir().unwrap();
     let (up, calls) = upstream(Duration::ZERO).await;
-    let a = start(dir.path(), "a", &db.url, &up.base_url(), "").await;
+    // The monitor's ingest, where the passive outcomes go whatever the database does (its
+    // weights feed is absent here: the proxy routes on the configured weights).
+    let (monitor, ingested) = fake("/api/v1/ingest", |_| {
+        Reply::now(json(StatusCode::OK, serde_json::json!({"accepted": 1})))
+    })
+    .await;
+    let passive = move || -> usize {
+        ingested
+            .all()
+            .iter()
+            .map(|c| c.json().as_array().map_or(0, Vec::len))
+            .sum()
+    };
+    let a = start_with(
+        dir.path(),
+        "a",
+        &db.url,
+        &up.base_url(),
+        "",
+        &["--weights-from", &monitor.base_url()],
+    )
+    .await;
     let http = reqwest::Client::new();
     let ok = chat(&http, &a.base, "key-a", None).send().await.unwrap();
     assert_eq!(ok.status(), 200);
@@ -604,7 +653,14 @@ async fn without_its_database_a_proxy_serves_buffers_and_refuses_only_idempotent
     for _ in 0..OUTAGE_REQUESTS {
         let r = chat(&http, &a.base, "key-a", None).send().await.unwrap();
         assert_eq!(r.status(), 200, "normal requests are served");
-        assert_eq!(r.headers()["x-probeok-store"], "unavailable");
+        assert_eq!(
+            r.headers()
+                .get("x-probeok-store")
+                .map(|v| v.to_str().unwrap()),
+            Some("unavailable"),
+            "{}",
+            a.log()
+        );
     }
     let before = calls.load(Ordering::SeqCst);
     let r = chat(&http, &a.base, "key-a", Some("pay-1"))
@@ -616,6 +672,16 @@ async fn without_its_database_a_proxy_serves_buffers_and_refuses_only_idempotent
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "store_unavailable");
     assert_eq!(calls.load(Ordering::SeqCst), before, "never sent upstream");
+    // Every attempt of the outage reached the monitor as a passive outcome.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while passive() < 1 + OUTAGE_REQUESTS {
+        assert!(
+            Instant::now() < deadline,
+            "{} passive outcomes ingested",
+            passive()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     set_reachable(&db, true).await;
     let back = Instant::now();
