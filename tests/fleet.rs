@@ -277,7 +277,8 @@ serves = "chat"
 tier = "primary"
 weight = 100
 "#,
-        db = dir.join(format!("{name}-unused.db")).display(),
+        // Without the URL variable every replica uses this one SQLite file.
+        db = dir.join("shared.db").display(),
     );
     std::fs::write(&path, body).unwrap();
     path
@@ -304,13 +305,13 @@ impl Replica {
 
 /// Starts `probeok proxy` on `db_url` and waits until it answers `/readyz`.
 async fn start(dir: &Path, name: &str, db_url: &str, upstream: &str, extra: &str) -> Replica {
-    start_with(dir, name, db_url, upstream, extra, &[]).await
+    start_with(dir, name, Some(db_url), upstream, extra, &[]).await
 }
 
 async fn start_with(
     dir: &Path,
     name: &str,
-    db_url: &str,
+    db_url: Option<&str>,
     upstream: &str,
     extra: &str,
     args: &[&str],
@@ -318,12 +319,15 @@ async fn start_with(
     let port = free_port();
     let config = write_config(dir, name, port, upstream, extra);
     let log = dir.join(format!("{name}.log"));
-    let child = Command::new(env!("CARGO_BIN_EXE_probeok"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_probeok"));
+    if let Some(url) = db_url {
+        cmd.env(URL_VAR, url);
+    }
+    let child = cmd
         .args(["proxy", "--config"])
         .arg(&config)
         .args(args)
         .env_remove("PROBEOK_CONFIG")
-        .env(URL_VAR, db_url)
         .env(KEYS_VAR, "key-a,key-b")
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -447,6 +451,33 @@ async fn one_idempotency_key_on_two_replicas_at_once_reaches_the_upstream_once()
     store.close().await.unwrap();
     drop((a, b));
     db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_idempotency_key_on_two_processes_on_one_sqlite_file_reaches_the_upstream_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (up, calls) = upstream(Duration::from_millis(400)).await;
+    let a = start_with(dir.path(), "a", None, &up.base_url(), "", &[]).await;
+    let b = start_with(dir.path(), "b", None, &up.base_url(), "", &[]).await;
+    let http = reqwest::Client::new();
+    let (ra, rb) = tokio::join!(
+        chat(&http, &a.base, "key-a", Some("order-1")).send(),
+        chat(&http, &b.base, "key-a", Some("order-1")).send(),
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(
+        (ra.status().as_u16(), rb.status().as_u16()),
+        (200, 200),
+        "{}\n{}",
+        a.log(),
+        b.log()
+    );
+    assert_eq!(
+        ra.bytes().await.unwrap(),
+        rb.bytes().await.unwrap(),
+        "equal answers"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one upstream call");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -619,7 +650,7 @@ async fn without_its_database_a_proxy_serves_buffers_and_refuses_only_idempotent
     let a = start_with(
         dir.path(),
         "a",
-        &db.url,
+        Some(&db.url),
         &up.base_url(),
         "",
         &["--weights-from", &monitor.base_url()],
