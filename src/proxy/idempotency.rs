@@ -236,8 +236,10 @@ impl Idempotency {
                         max: self.per_client,
                     }
                 }
-                // Another request claimed it between the read and the claim: read again.
-                Ok(_) => {}
+                // Another request claimed it between the read and the claim: read again,
+                // within the same wait.
+                Ok(_) if tokio::time::Instant::now() < deadline => {}
+                Ok(_) => return Lookup::InProgress,
                 Err(e) => return self.unavailable(&e),
             }
         }
