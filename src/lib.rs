@@ -131,7 +131,10 @@
 //!   the documented failover classes (`proxy::attempt`), committed streams (`proxy::stream`),
 //!   its own view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
 //!   Circuit breakers and backoff (`proxy::breaker`), metering (`proxy::meter`), idempotency
-//!   keys (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`).
+//!   keys claimed in the store so every proxy on one database honours them
+//!   (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`), and
+//!   read-only mode while the database is unreachable (`proxy::readonly`: the store check,
+//!   `x-probeok-store`, the proxy's `/readyz`; the mode itself is `store::StoreHealth`).
 //!   Degradation contracts: the pure decision (`proxy::contract`: feature header, model
 //!   state, cache keys, `user_message`), applying it (`proxy::degrade`), cached answers
 //!   (`proxy::cache`), async-queue jobs with their worker and `GET /v1/jobs/{id}`

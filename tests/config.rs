@@ -601,6 +601,9 @@ fn proxy_section_defaults_and_located_errors() {
     assert_eq!(p.max_stream_duration, Duration::from_secs(30 * 60));
     assert_eq!(p.max_body, 10 * 1024 * 1024);
     assert_eq!(p.idempotency_ttl, Duration::from_secs(86_400));
+    assert_eq!(p.idempotency_wait, Duration::from_secs(10));
+    assert_eq!(p.idempotency_keys_per_client, 10_000);
+    assert_eq!(p.cached_answers_per_client, 1_000);
     assert_eq!(p.client_keys_env, "PROBEOK_CLIENT_KEYS");
     assert_eq!(p.breaker.failure_ratio, 0.5);
     assert_eq!(p.breaker.window, Duration::from_secs(60));
@@ -632,6 +635,6 @@ fn proxy_section_defaults_and_located_errors() {
     );
     assert_eq!(
         errors(&format!("{PROVIDERS}{ROUTE}[proxy]\nenable = true\n")),
-        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `client_keys_env`, `allow_unauthenticated`, `breaker`"]
+        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `idempotency_wait`, `idempotency_keys_per_client`, `cached_answers_per_client`, `client_keys_env`, `allow_unauthenticated`, `breaker`"]
     );
 }

@@ -455,7 +455,11 @@ async fn idempotency_keys_replay_conflict_and_expire() {
     .await;
     let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
     let px = start_with(
-        config(&[&a], &[], |p| p.idempotency_ttl = Duration::from_secs(2)),
+        config(&[&a], &[], |p| {
+            p.idempotency_ttl = Duration::from_secs(2);
+            // The first answer is held until the second returns: no waiting for it.
+            p.idempotency_wait = Duration::ZERO;
+        }),
         Setup {
             store: true,
             clock: Some(clock.clone()),

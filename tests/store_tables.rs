@@ -74,6 +74,8 @@ async fn one_owner_fills_only_its_share_of_the_queue(db: &TestDb) {
     let start = ContractOp::StartJob {
         id: "job_1".into(),
         at: t0,
+        worker: "w1".into(),
+        lease_until: t0 + chrono::Duration::seconds(30),
     };
     assert_eq!(w.contract(start).await.unwrap(), 1);
     assert_eq!(w.contract(share("job_5", "greedy")).await.unwrap(), 1);
@@ -97,6 +99,8 @@ async fn jobs_are_bounded_started_once_and_expire(db: &TestDb) {
     let start = |id: &str| ContractOp::StartJob {
         id: id.into(),
         at: t0,
+        worker: "w1".into(),
+        lease_until: t0 + chrono::Duration::seconds(30),
     };
     assert_eq!(w.contract(start("job_a")).await.unwrap(), 1);
     assert_eq!(w.contract(start("job_a")).await.unwrap(), 0, "only once");
@@ -355,6 +359,7 @@ async fn metering_filters_and_idempotency_keys(db: &TestDb) {
 
     let answer = IdempotentAnswer {
         scope_key: "k1".into(),
+        owner: "o1".into(),
         body_hash: "h".into(),
         expires_at: t0() + Duration::minutes(10),
         status: 200,
@@ -371,6 +376,7 @@ async fn metering_filters_and_idempotency_keys(db: &TestDb) {
 
     let cached = CachedAnswer {
         key: "c1".into(),
+        owner: "o1".into(),
         feature: "default".into(),
         stream: false,
         stored_at: t0(),
@@ -380,6 +386,7 @@ async fn metering_filters_and_idempotency_keys(db: &TestDb) {
     let upsert = ContractOp::CacheUpsert {
         answer: Box::new(cached.clone()),
         purge_before: t0() - Duration::hours(1),
+        max_per_owner: 10,
     };
     w.contract(upsert).await.unwrap();
     assert_eq!(r.cached_answer("c1", t0()).unwrap(), Some(cached));

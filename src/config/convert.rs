@@ -526,6 +526,26 @@ fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
             r.idempotency_ttl,
             d.idempotency_ttl,
         ),
+        idempotency_wait: duration(
+            ck,
+            "proxy.idempotency_wait",
+            r.idempotency_wait,
+            d.idempotency_wait,
+        ),
+        idempotency_keys_per_client: uint(
+            ck,
+            "proxy.idempotency_keys_per_client",
+            r.idempotency_keys_per_client,
+            d.idempotency_keys_per_client,
+            1,
+        ),
+        cached_answers_per_client: uint(
+            ck,
+            "proxy.cached_answers_per_client",
+            r.cached_answers_per_client,
+            d.cached_answers_per_client,
+            1,
+        ),
         client_keys_env: r.client_keys_env.unwrap_or(d.client_keys_env),
         allow_unauthenticated: r.allow_unauthenticated.unwrap_or(d.allow_unauthenticated),
         breaker: BreakerConfig {

@@ -568,6 +568,12 @@ pub struct ProxyConfig {
     pub max_body: u64,
     /// How long an idempotency key's answer is kept (`proxy::idempotency`).
     pub idempotency_ttl: Duration,
+    /// How long a repeat of a key still running waits for its answer before 409.
+    pub idempotency_wait: Duration,
+    /// Live idempotency keys one client (one client key) may hold; beyond, 429.
+    pub idempotency_keys_per_client: u32,
+    /// Cached answers (`cached_response`) one client may hold; beyond, its oldest is replaced.
+    pub cached_answers_per_client: u32,
     /// Comma-separated client keys; while the variable is unset, clients need no key.
     pub client_keys_env: String,
     /// A proxy on a non-loopback address with no client keys spends the provider keys for
@@ -589,6 +595,9 @@ impl Default for ProxyConfig {
             max_stream_duration: Duration::from_secs(30 * 60),
             max_body: 10 * 1024 * 1024,
             idempotency_ttl: Duration::from_secs(24 * 3600),
+            idempotency_wait: Duration::from_secs(10),
+            idempotency_keys_per_client: 10_000,
+            cached_answers_per_client: 1_000,
             client_keys_env: "PROBEOK_CLIENT_KEYS".into(),
             allow_unauthenticated: false,
             breaker: BreakerConfig::default(),

@@ -315,6 +315,9 @@ pub(super) struct RawProxy {
     pub max_stream_duration: Option<String>,
     pub max_body: Option<String>,
     pub idempotency_ttl: Option<String>,
+    pub idempotency_wait: Option<String>,
+    pub idempotency_keys_per_client: Option<i64>,
+    pub cached_answers_per_client: Option<i64>,
     pub client_keys_env: Option<String>,
     pub allow_unauthenticated: Option<bool>,
     #[serde(default)]

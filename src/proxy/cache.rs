@@ -10,6 +10,10 @@
 //! - An answer is served only while younger than the contract's `max_age`; rows older than the
 //!   longest configured max age are deleted (a few per insert, the rest by the job worker's
 //!   maintenance). Answers larger than `max_body` are not kept. Nothing else reads the table.
+//! - One client holds at most `cached_answers_per_client` answers (counted in the insert's
+//!   transaction): beyond, its own oldest is replaced, so one client cannot push everyone
+//!   else's answers out. The answer is already sent by then: nobody is refused for it.
+//! - Every proxy on one database shares the table: an answer one stored is served by all.
 
 use std::time::Duration;
 
@@ -21,6 +25,8 @@ use crate::store::{CachedAnswer, ContractOp, Store};
 #[derive(Debug, Clone)]
 pub struct Slot {
     pub key: String,
+    /// The client-key digest: whose share the answer counts against.
+    pub owner: String,
     pub feature: String,
     pub stream: bool,
     /// Answers stored before this are out of every contract's max age.
@@ -32,11 +38,17 @@ pub struct Slot {
 pub struct Cache {
     store: Store,
     max_body: usize,
+    /// Answers one client may hold; its oldest is replaced beyond.
+    per_client: u64,
 }
 
 impl Cache {
-    pub fn new(store: Store, max_body: usize) -> Self {
-        Self { store, max_body }
+    pub fn new(store: Store, max_body: usize, per_client: u64) -> Self {
+        Self {
+            store,
+            max_body,
+            per_client,
+        }
     }
 
     /// The answer under `key` if it is younger than `max_age` at `now`. A store that cannot be
@@ -47,6 +59,9 @@ impl Cache {
         now: DateTime<Utc>,
         max_age: Duration,
     ) -> Option<CachedAnswer> {
+        if !self.store.health().available() {
+            return None;
+        }
         let since = chrono::Duration::from_std(max_age)
             .ok()
             .and_then(|d| now.checked_sub_signed(d))
@@ -66,6 +81,9 @@ impl Cache {
 
     /// Remembers a successful answer, in the background (the request never waits for it).
     pub fn remember(&self, slot: Slot, status: u16, body: Vec<u8>, now: DateTime<Utc>) {
+        if !self.store.health().available() {
+            return;
+        }
         if body.len() > self.max_body {
             tracing::debug!(
                 bytes = body.len(),
@@ -77,6 +95,7 @@ impl Cache {
         let op = ContractOp::CacheUpsert {
             answer: Box::new(CachedAnswer {
                 key: slot.key,
+                owner: slot.owner,
                 feature: slot.feature,
                 stream: slot.stream,
                 stored_at: now,
@@ -84,6 +103,7 @@ impl Cache {
                 body,
             }),
             purge_before: slot.purge_before,
+            max_per_owner: self.per_client,
         };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {

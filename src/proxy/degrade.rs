@@ -51,6 +51,7 @@ pub(super) async fn apply(
             let longest = contract::longest_cache_age(&live.contracts).unwrap_or_default();
             ctx.cache = Some(cache::Slot {
                 key: contract::cache_key(&req.request, req.needs.stream, feature, &owner),
+                owner: owner.clone(),
                 feature: feature.to_owned(),
                 stream: req.needs.stream,
                 purge_before: now - chrono::Duration::from_std(longest).unwrap_or_default(),

@@ -1,29 +1,43 @@
-//! `Idempotency-Key`: a repeated key within `idempotency_ttl` never reaches an upstream twice.
+//! `Idempotency-Key`: a repeated key within `idempotency_ttl` never reaches an upstream twice,
+//! whichever proxy of a fleet on one database it reaches.
 //!
 //! - A key is scoped per client: `sha256(client key)[..16] ":" key` (the client key itself is
 //!   never stored). Keys are 1–255 visible ASCII characters, else 400.
-//! - While the first request runs, the key is held in memory: a repeat gets 409
-//!   `idempotency_in_progress`. One process owns its keys; proxies behind one load balancer
-//!   should route a client's retries to the same proxy or share nothing but the answers.
+//! - The first request **claims** the key in the store before it runs: a pending row, inserted
+//!   in a writer transaction (on PostgreSQL under the writers' advisory lock), so of any number
+//!   of proxies exactly one gets it. The claim has a lease ([`CLAIM_LEASE`]) that the running
+//!   request renews; a proxy that dies mid-request leaves it to lapse, and the key is free again.
+//! - A repeat while the first runs waits for its answer, polling the store, up to
+//!   `idempotency_wait`; still running then: 409 `idempotency_in_progress`.
 //! - When the first request ends with an upstream's answer (2xx, or the client's own 4xx
-//!   returned as is), the answer is stored in SQLite (status, the headers that matter, body —
-//!   for streams the full event sequence) until the TTL; a repeat gets it back with
+//!   returned as is), the answer is stored (status, the headers that matter, body — for streams
+//!   the full event sequence) until the TTL; a repeat gets it back with
 //!   `x-probeok-idempotent-replay: true`. The same key with a different body gets 422.
-//! - Answers the proxy made up (every candidate failed, 503/504; bad input) are not stored: no
-//!   upstream produced an answer, so a retry with the same key may try again. A client that
-//!   hangs up mid-stream leaves nothing stored either. Answers larger than `max_body` are not
-//!   stored (logged), bounding the table.
-//! - A store that cannot be read fails closed (503): the guarantee is "never twice".
+//! - Answers the proxy made up (every candidate failed, 503/504; bad input) are not stored and
+//!   the claim is released: no upstream produced an answer, so a retry may try again. A client
+//!   that hangs up mid-stream leaves nothing stored either. Answers larger than `max_body` are
+//!   not stored (logged).
+//! - One client holds at most `idempotency_keys_per_client` live keys (checked in the claim's
+//!   transaction; without client auth there is one client and no share): beyond, 429
+//!   `client_idempotency_keys_full`.
+//! - A store that is unavailable (read-only mode) or cannot be read fails closed with 503
+//!   `store_unavailable`: the guarantee is "never twice".
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderMap;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-use crate::store::{IdempotentAnswer, Store};
+use crate::clock::Clock;
+use crate::store::{claim, IdempotencyEntry, IdempotencyOp, IdempotentAnswer, Store, StoreError};
+
+/// How long a claim holds without renewal; the running request renews it every third of it.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(60);
+/// The first poll of a waiting repeat; later polls back off to [`POLL_MAX`].
+const POLL_MIN: Duration = Duration::from_millis(20);
+const POLL_MAX: Duration = Duration::from_millis(250);
 
 /// Headers kept with a stored answer.
 pub const KEPT_HEADERS: &[&str] = &[
@@ -41,44 +55,72 @@ pub const KEPT_HEADERS: &[&str] = &[
     "x-probeok-user-message",
 ];
 
-/// The idempotency keys of one proxy.
-#[derive(Debug)]
+/// The idempotency keys of one proxy (shared with every proxy on its database).
 pub struct Idempotency {
     store: Store,
+    clock: Arc<dyn Clock>,
     ttl: Duration,
+    /// How long a repeat waits for a running first request's answer.
+    wait: Duration,
     max_answer: usize,
-    in_flight: Mutex<HashSet<String>>,
+    /// Live keys one client may hold.
+    per_client: u64,
+}
+
+impl std::fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("ttl", &self.ttl)
+            .field("per_client", &self.per_client)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a request with a key should do.
 pub enum Lookup {
     /// The stored answer.
     Replay(IdempotentAnswer),
-    /// The first request with this key is still running.
+    /// The first request with this key is still running (past the wait).
     InProgress,
     /// The key was used with another body.
     Mismatch,
-    /// The store could not be read.
+    /// The client holds its share of keys already.
+    ClientFull { max: u64 },
+    /// The store is unavailable or could not be read.
     Unavailable,
     /// First use: proceed, and store the answer through the guard.
     Proceed(Guard),
 }
 
-/// Holds a key while its first request runs; releases it when dropped.
+/// Holds a key's claim while its first request runs (renewing it); releases it when dropped
+/// without an answer stored.
 pub struct Guard {
     owner: Arc<Idempotency>,
     scope: String,
+    client: String,
     body_hash: String,
+    renew: tokio::task::AbortHandle,
+    answered: bool,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let mut set = self
-            .owner
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        set.remove(&self.scope);
+        self.renew.abort();
+        if self.answered {
+            return;
+        }
+        let writer = self.owner.store.writer();
+        let op = IdempotencyOp::Release {
+            scope_key: self.scope.clone(),
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = writer.idempotency(op).await {
+                    // The claim lapses with its lease instead.
+                    tracing::warn!(error = %e, "cannot release an idempotency key");
+                }
+            });
+        }
     }
 }
 
@@ -103,16 +145,32 @@ pub fn key_of(headers: &HeaderMap) -> Result<Option<String>, BadKey> {
 }
 
 impl Idempotency {
-    pub fn new(store: Store, ttl: Duration, max_answer: usize) -> Arc<Self> {
+    pub fn new(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        ttl: Duration,
+        wait: Duration,
+        max_answer: usize,
+        per_client: u64,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
+            clock,
             ttl,
+            wait,
             max_answer,
-            in_flight: Mutex::new(HashSet::new()),
+            per_client,
         })
     }
 
-    /// Looks `key` up for the client `client_key` (empty without client auth).
+    fn unavailable(&self, e: &StoreError) -> Lookup {
+        self.store.health().failed(e, self.clock.now());
+        tracing::error!(error = %e, "cannot check an idempotency key");
+        Lookup::Unavailable
+    }
+
+    /// Looks `key` up for the client `client_key` (empty without client auth): the stored
+    /// answer, the claim, or a bounded wait for another request's answer.
     pub async fn lookup(
         self: &Arc<Self>,
         client_key: &str,
@@ -120,34 +178,101 @@ impl Idempotency {
         body: &[u8],
         now: DateTime<Utc>,
     ) -> Lookup {
-        let scope = format!(
-            "{}:{key}",
-            &hex(&Sha256::digest(client_key.as_bytes()))[..16]
-        );
+        if !self.store.health().available() {
+            return Lookup::Unavailable;
+        }
+        let client = super::contract::owner_of(client_key);
+        let scope = format!("{}:{key}", &client[..16]);
         let body_hash = hex(&Sha256::digest(body));
-        {
-            let mut set = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            if !set.insert(scope.clone()) {
-                return Lookup::InProgress;
+        // Without client auth every request is one client: the whole table is its share.
+        let max_per_owner = if client_key.is_empty() {
+            u64::MAX
+        } else {
+            self.per_client
+        };
+        let deadline = tokio::time::Instant::now() + self.wait;
+        let mut pause = POLL_MIN;
+        let mut now = now;
+        loop {
+            let store = self.store.clone();
+            let s = scope.clone();
+            let read =
+                tokio::task::spawn_blocking(move || store.reader()?.idempotency_entry(&s, now))
+                    .await;
+            match read {
+                Ok(Ok(Some(IdempotencyEntry::Answered(a)))) if a.body_hash == body_hash => {
+                    return Lookup::Replay(a)
+                }
+                Ok(Ok(Some(IdempotencyEntry::Answered(_)))) => return Lookup::Mismatch,
+                Ok(Ok(Some(IdempotencyEntry::Pending { body_hash: h, .. }))) => {
+                    if h != body_hash {
+                        return Lookup::Mismatch;
+                    }
+                    if tokio::time::Instant::now() + pause > deadline {
+                        return Lookup::InProgress;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(POLL_MAX);
+                    now = self.clock.now();
+                    continue;
+                }
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => return self.unavailable(&e),
+                Err(_) => return Lookup::Unavailable,
+            }
+            let op = IdempotencyOp::Claim {
+                scope_key: scope.clone(),
+                owner: client.clone(),
+                body_hash: body_hash.clone(),
+                now,
+                lease_until: now + chrono::Duration::from_std(CLAIM_LEASE).unwrap_or_default(),
+                expires_at: now + chrono::Duration::from_std(self.ttl).unwrap_or_default(),
+                max_per_owner,
+            };
+            match self.store.writer().idempotency(op).await {
+                Ok(claim::CLAIMED) => return Lookup::Proceed(self.guard(scope, client, body_hash)),
+                Ok(claim::OWNER_SHARE_FULL) => {
+                    return Lookup::ClientFull {
+                        max: self.per_client,
+                    }
+                }
+                // Another request claimed it between the read and the claim: read again,
+                // within the same wait.
+                Ok(_) if tokio::time::Instant::now() < deadline => {}
+                Ok(_) => return Lookup::InProgress,
+                Err(e) => return self.unavailable(&e),
             }
         }
-        // From here the key is ours until the guard drops.
-        let guard = Guard {
-            owner: self.clone(),
-            scope: scope.clone(),
-            body_hash: body_hash.clone(),
-        };
-        let store = self.store.clone();
-        let read = tokio::task::spawn_blocking(move || store.reader()?.idempotent(&scope, now));
-        match read.await {
-            Ok(Ok(Some(answer))) if answer.body_hash == body_hash => Lookup::Replay(answer),
-            Ok(Ok(Some(_))) => Lookup::Mismatch,
-            Ok(Ok(None)) => Lookup::Proceed(guard),
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "cannot read idempotency keys");
-                Lookup::Unavailable
+    }
+
+    /// The claim's guard, with the task that renews its lease while the request runs.
+    fn guard(self: &Arc<Self>, scope: String, client: String, body_hash: String) -> Guard {
+        let writer = self.store.writer();
+        let clock = self.clock.clone();
+        let key = scope.clone();
+        let renew = tokio::spawn(async move {
+            let every = CLAIM_LEASE / 3;
+            loop {
+                tokio::time::sleep(every).await;
+                let until =
+                    clock.now() + chrono::Duration::from_std(CLAIM_LEASE).unwrap_or_default();
+                let op = IdempotencyOp::Renew {
+                    scope_key: key.clone(),
+                    until,
+                };
+                if let Err(e) = writer.idempotency(op).await {
+                    tracing::warn!(error = %e, "cannot renew an idempotency key's claim");
+                }
             }
-            Err(_) => Lookup::Unavailable,
+        })
+        .abort_handle();
+        Guard {
+            owner: self.clone(),
+            scope,
+            client,
+            body_hash,
+            renew,
+            answered: false,
         }
     }
 }
@@ -156,7 +281,7 @@ impl Guard {
     /// Stores the first request's answer (then releases the key). Resolves once committed, so
     /// a repeat sent after the answer finds it.
     pub async fn store(
-        self,
+        mut self,
         status: u16,
         headers: &HeaderMap,
         stream: bool,
@@ -180,6 +305,7 @@ impl Guard {
         let expires_at = now + chrono::Duration::from_std(self.owner.ttl).unwrap_or_default();
         let answer = IdempotentAnswer {
             scope_key: self.scope.clone(),
+            owner: self.client.clone(),
             body_hash: self.body_hash.clone(),
             expires_at,
             status,
@@ -187,14 +313,18 @@ impl Guard {
             stream,
             body,
         };
-        if let Err(e) = self
+        match self
             .owner
             .store
             .writer()
             .store_idempotent(answer, now)
             .await
         {
-            tracing::error!(error = %e, "cannot store an idempotent answer");
+            Ok(()) => self.answered = true,
+            Err(e) => {
+                self.owner.store.health().failed(&e, now);
+                tracing::error!(error = %e, "cannot store an idempotent answer");
+            }
         }
     }
 }

@@ -216,7 +216,8 @@ pub(crate) async fn claim(
         idempotency::Lookup::Replay(a) => Ok(Claim::Replay(replay(a))),
         idempotency::Lookup::InProgress => Err(Reject::IdempotencyInProgress),
         idempotency::Lookup::Mismatch => Err(Reject::IdempotencyKeyReused),
-        idempotency::Lookup::Unavailable => Err(Reject::IdempotencyUnavailable),
+        idempotency::Lookup::ClientFull { max } => Err(Reject::ClientIdempotencyFull { max }),
+        idempotency::Lookup::Unavailable => Err(Reject::StoreUnavailable),
     }
 }
 

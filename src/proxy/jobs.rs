@@ -14,8 +14,13 @@
 //!   and body, bounded by `max_body` — is stored; a 5xx or 429 made of every route failing is
 //!   retried up to [`MAX_RUNS`] runs while the TTL lasts. A job not run before its TTL is
 //!   `expired`. A run is metered like any request, under the job's id as its request id.
-//! - **At least once**: a job found `running` at start (its run was cut off by a stop or a
-//!   crash) is queued again, so an upstream may see the same request twice.
+//! - **One worker per run, across a fleet**: every proxy on one database runs a worker; a job
+//!   is taken with a conditional update (`queued` → `running`, in a writer transaction), so
+//!   exactly one worker gets it. Its claim holds for [`JOB_LEASE`] and the worker renews it
+//!   while the run lasts.
+//! - **At least once**: a job whose claim lapsed (its worker stopped, crashed or lost the
+//!   database mid-run) is queued again and taken by any worker, so an upstream may see the
+//!   same request twice.
 //! - Finished and expired jobs are deleted after [`WorkerOptions::retention`] (24 h). The
 //!   worker also purges cached answers older than the longest `cached_response` max age, and
 //!   beats the heartbeat [`HEARTBEAT_JOB`].
@@ -58,12 +63,16 @@ const DEFAULT_POLL: Duration = Duration::from_secs(60);
 const SCAN: usize = 64;
 /// Rows deleted per purge step.
 const PURGE_BATCH: u64 = 1000;
+/// How long a worker's claim on a running job holds without renewal (renewed every third).
+pub const JOB_LEASE: Duration = Duration::from_secs(30);
 
 /// The proxy's job queue.
 #[derive(Debug)]
 pub struct Jobs {
     store: Store,
     max_body: usize,
+    /// This worker's name in the jobs it claims.
+    worker: String,
     /// Wakes the worker (a new job may be runnable at once).
     notify: Notify,
 }
@@ -98,12 +107,17 @@ impl Jobs {
         Self {
             store,
             max_body,
+            worker: format!("w_{:016x}", rand::random::<u64>()),
             notify: Notify::new(),
         }
     }
 
     /// Persists a new queued job (committed before this returns).
     pub async fn create(&self, new: NewJob) -> Created {
+        if !self.store.health().available() {
+            // Read-only mode: no job can be kept, and the writer would only wait to fail.
+            return Created::Unavailable;
+        }
         let job = JobRecord {
             id: format!("job_{:032x}", rand::random::<u128>()),
             owner: new.owner,
@@ -316,22 +330,43 @@ async fn work(
     shutdown: CancellationToken,
 ) {
     let writer = jobs.store.writer();
-    match writer.contract(ContractOp::RequeueRunning).await {
-        Ok(0) => {}
-        Ok(n) => tracing::warn!(
-            jobs = n,
-            "async jobs cut off by the last stop are queued again (at least once)"
-        ),
-        Err(e) => tracing::error!(error = %e, "cannot requeue interrupted async jobs"),
-    }
-    let sem = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let concurrency = opts.concurrency.max(1);
+    let sem = Arc::new(Semaphore::new(concurrency));
     let mut weights = Some(weights);
     let mut last_beat: Option<Instant> = None;
     let mut last_purge: Option<Instant> = None;
+    let mut last_renew = Instant::now();
     loop {
         let Some(inner) = weak.upgrade() else { break };
         let proxy = Proxy { inner };
         let now = proxy.inner.clock.now();
+        if !jobs.store.health().available() {
+            // Read-only mode: the jobs wait in the database; nothing here can reach them.
+            drop(proxy);
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(opts.tick) => continue,
+            }
+        }
+        // Runs of this worker keep their claims; lapsed ones (anyone's) are queued again.
+        if sem.available_permits() < concurrency && last_renew.elapsed() >= JOB_LEASE / 3 {
+            last_renew = Instant::now();
+            let op = ContractOp::RenewJobs {
+                worker: jobs.worker.clone(),
+                until: now + lease(),
+            };
+            if let Err(e) = writer.contract(op).await {
+                tracing::error!(error = %e, "cannot renew the claims of running async jobs");
+            }
+        }
+        match writer.contract(ContractOp::RequeueLapsed { now }).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                jobs = n,
+                "async jobs whose worker stopped mid-run are queued again (at least once)"
+            ),
+            Err(e) => tracing::error!(error = %e, "cannot requeue lapsed async jobs"),
+        }
         if let Err(e) = writer.contract(ContractOp::ExpireJobs { now }).await {
             tracing::error!(error = %e, "cannot expire async jobs");
         }
@@ -361,6 +396,10 @@ async fn work(
             alive = weights_changed => if !alive { weights = None },
         }
     }
+}
+
+fn lease() -> chrono::Duration {
+    chrono::Duration::from_std(JOB_LEASE).unwrap_or_default()
 }
 
 /// Deletes jobs ended before the retention and cached answers past every max age, in
@@ -429,6 +468,8 @@ async fn dispatch(proxy: &Proxy, jobs: &Jobs, sem: &Arc<Semaphore>, now: DateTim
         let start = ContractOp::StartJob {
             id: job.id.clone(),
             at: now,
+            worker: jobs.worker.clone(),
+            lease_until: now + lease(),
         };
         match writer.contract(start).await {
             Ok(1) => {}

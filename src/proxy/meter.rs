@@ -1,7 +1,12 @@
 //! Metering: one [`RequestRecord`] per request with its attempts, written through the store's
 //! writer by a background task fed over a bounded queue ([`Meter`]) — the request path only
-//! does a `try_send`, never waits for SQLite. A full queue drops the record, counted and
-//! logged. Readable at `GET /api/v1/requests` (`web::requests`, admin token).
+//! does a `try_send`, never waits for the database. A full queue drops the record, counted
+//! and logged. Readable at `GET /api/v1/requests` (`web::requests`, admin token).
+//!
+//! While the database is unreachable (read-only mode) the queue is the buffer: the record
+//! being written is kept and retried every [`RETRY_PAUSE`] (the store is marked unavailable),
+//! the others wait behind it, and once the database returns they are written in the writer's
+//! usual batches. Only a record the store refuses for another reason is dropped (logged).
 //!
 //! [`ProxyCounters`] keeps `probeok_proxy_requests_total{serves,route,outcome}` and
 //! `probeok_proxy_failovers_total{reason}` and `probeok_contract_uses_total{feature,contract}`
@@ -13,15 +18,21 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::clock::Clock;
 use crate::route::Price;
-use crate::store::{RequestRecord, Writer};
+use crate::store::{RequestRecord, StoreHealth, Writer};
 
-/// Records waiting for the writer.
+/// Records waiting for the writer (also the read-only mode buffer).
 pub const METER_QUEUE: usize = 4096;
+/// Records handed to the writer at once.
+const FLUSH_BATCH: usize = 256;
+/// The pause before writing a record again after the database was unreachable.
+pub const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Distinct label sets per counter family, at most.
 pub const MAX_LABEL_SETS: usize = 4096;
 
@@ -44,13 +55,42 @@ pub struct Meter {
 
 impl Meter {
     /// Starts the task that writes records through `writer`; it ends once every `Meter` clone
-    /// is dropped and the queue is drained.
-    pub fn spawn(writer: Writer) -> (Self, tokio::task::JoinHandle<()>) {
+    /// is dropped and the queue is drained. Connection failures mark `health` unavailable and
+    /// are retried; the store's return is noticed by them or by the proxy's check.
+    pub fn spawn(
+        writer: Writer,
+        health: Arc<StoreHealth>,
+        clock: Arc<dyn Clock>,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::channel::<RequestRecord>(METER_QUEUE);
         let task = tokio::spawn(async move {
-            while let Some(r) = rx.recv().await {
-                if let Err(e) = writer.record_request(r).await {
-                    tracing::error!(error = %e, "cannot store a metered proxy request");
+            let mut batch = Vec::with_capacity(FLUSH_BATCH);
+            while rx.recv_many(&mut batch, FLUSH_BATCH).await > 0 {
+                let mut pending = std::mem::take(&mut batch);
+                // Sent at once, they share the writer's transactions: a buffer of thousands
+                // is written in a few commits when the database returns.
+                loop {
+                    let sent = pending.iter().map(|r| writer.record_request(r.clone()));
+                    let results = futures_util::future::join_all(sent).await;
+                    let mut retry = Vec::new();
+                    let mut written = false;
+                    for (r, result) in pending.into_iter().zip(results) {
+                        match result {
+                            Ok(()) => written = true,
+                            Err(e) if health.failed(&e, clock.now()) => retry.push(r),
+                            Err(e) => {
+                                tracing::error!(error = %e, "cannot store a metered proxy request");
+                            }
+                        }
+                    }
+                    if written {
+                        health.recovered();
+                    }
+                    if retry.is_empty() {
+                        break;
+                    }
+                    pending = retry;
+                    tokio::time::sleep(RETRY_PAUSE).await;
                 }
             }
         });
@@ -71,6 +111,11 @@ impl Meter {
                 tracing::warn!(dropped = n, "metering records dropped (store queue full)");
             }
         }
+    }
+
+    /// Records queued and not yet written (the read-only mode buffer's fill).
+    pub fn waiting(&self) -> usize {
+        METER_QUEUE - self.tx.capacity()
     }
 
     /// Records dropped so far.

@@ -42,6 +42,7 @@ pub mod idempotency;
 mod intake;
 pub mod jobs;
 pub mod meter;
+pub mod readonly;
 mod record;
 mod reject;
 pub mod remote;
@@ -169,6 +170,8 @@ struct Inner {
     jobs: Option<Arc<jobs::Jobs>>,
     /// `cached_response` answers (needs the store).
     cache: Option<cache::Cache>,
+    /// The store itself: its health is read-only mode's switch.
+    store: Option<Store>,
     tracer: crate::trace::Tracer,
 }
 
@@ -247,12 +250,23 @@ impl Proxy {
                 breakers,
                 ledger: Arc::default(),
                 counters: ProxyCounters::default(),
-                meter: store.map(|s| Meter::spawn(s.writer()).0),
+                meter: store
+                    .map(|s| Meter::spawn(s.writer(), s.health().clone(), opts.clock.clone()).0),
                 jobs: store.map(|s| Arc::new(jobs::Jobs::new(s.clone(), max_body))),
-                cache: store.map(|s| cache::Cache::new(s.clone(), max_body)),
-                idempotency: store.map(|s| {
-                    idempotency::Idempotency::new(s.clone(), config.idempotency_ttl, max_body)
+                cache: store.map(|s| {
+                    cache::Cache::new(s.clone(), max_body, config.cached_answers_per_client.into())
                 }),
+                idempotency: store.map(|s| {
+                    idempotency::Idempotency::new(
+                        s.clone(),
+                        opts.clock.clone(),
+                        config.idempotency_ttl,
+                        config.idempotency_wait,
+                        max_body,
+                        config.idempotency_keys_per_client.into(),
+                    )
+                }),
+                store: store.cloned(),
                 limits,
                 body_read_timeout: opts.body_read_timeout,
                 header_read_timeout: opts.header_read_timeout,
@@ -263,7 +277,20 @@ impl Proxy {
                     .live
                     .unwrap_or_else(|| tokio::sync::watch::channel(Arc::new(full.clone())).1),
             }),
-        })
+        }
+        .watch_store())
+    }
+
+    /// Starts the store check of read-only mode ([`readonly`]); it ends with the proxy.
+    fn watch_store(self) -> Self {
+        if let Some(store) = &self.inner.store {
+            readonly::watch(
+                Arc::downgrade(&self.inner),
+                store.clone(),
+                self.inner.clock.clone(),
+            );
+        }
+        self
     }
 
     /// Accounts non-primary serving against `budget` from now on (once; a second call is
@@ -275,6 +302,12 @@ impl Proxy {
     /// Passive outcomes dropped because the queue was full.
     pub fn passive_dropped(&self) -> u64 {
         self.inner.passive.dropped()
+    }
+
+    /// Whether the proxy's store answers (`None` without one): what read-only mode goes by,
+    /// and what other rules of the request path (a client's spend limit) may read.
+    pub fn store_health(&self) -> Option<Arc<crate::store::StoreHealth>> {
+        self.inner.store.as_ref().map(|s| s.health().clone())
     }
 
     /// Every route's circuit breaker, now.

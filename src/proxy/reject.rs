@@ -41,8 +41,13 @@ pub enum Reject {
     IdempotencyInProgress,
     #[error("this Idempotency-Key was used with a different request body")]
     IdempotencyKeyReused,
-    #[error("idempotency keys cannot be checked right now; retry later")]
-    IdempotencyUnavailable,
+    /// The store is unavailable (read-only mode) or could not be read: an idempotent request
+    /// cannot be deduplicated, so it is not sent at all.
+    #[error("the proxy's database is unavailable, so this Idempotency-Key cannot be checked; retry later")]
+    StoreUnavailable,
+    /// The client holds its share of live idempotency keys.
+    #[error("this client already holds {max} live Idempotency-Keys; retry later or without one")]
+    ClientIdempotencyFull { max: u64 },
     #[error("the model `{model}` does not exist: GET /v1/models lists the models served here")]
     ModelNotFound { model: String },
     /// No route of the model has what the request needs (`missing`: what they lacked).
@@ -151,11 +156,18 @@ impl Reject {
                 INVALID,
                 "idempotency_key_reused",
             ),
-            Self::IdempotencyUnavailable => plain(
-                StatusCode::SERVICE_UNAVAILABLE,
-                SERVER,
-                "idempotency_unavailable",
-            ),
+            Self::StoreUnavailable => Parts {
+                retry_after: Some(Duration::from_secs(5)),
+                ..plain(StatusCode::SERVICE_UNAVAILABLE, SERVER, "store_unavailable")
+            },
+            Self::ClientIdempotencyFull { .. } => Parts {
+                retry_after: Some(Duration::from_secs(60)),
+                ..plain(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    RATE_LIMIT,
+                    "client_idempotency_keys_full",
+                )
+            },
             Self::ModelNotFound { .. } => plain(StatusCode::NOT_FOUND, INVALID, "model_not_found"),
             Self::NoCapableRoute { missing, .. } => {
                 let code = if missing == &["context_window"] {

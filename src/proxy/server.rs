@@ -1,5 +1,5 @@
 //! The proxy's HTTP surface: [`router`] (`POST /v1/chat/completions`, `GET /v1/models`,
-//! `GET /v1/jobs/{id}`) and [`serve`], which runs it on a listener with a header read timeout,
+//! `GET /v1/jobs/{id}`, `GET /readyz`) and [`serve`], which runs it on a listener with a header read timeout,
 //! a head limit, bounded connections and graceful shutdown.
 
 use axum::body::Body;
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::intake::{self, Claim};
 use super::reject::Reject;
 use super::request::{finish, request_id, Answer, RequestCtx};
-use super::{degrade, failover, jobs, select, Proxy};
+use super::{degrade, failover, jobs, readonly, select, Proxy};
 
 pub use crate::listen::HEADER_READ_TIMEOUT;
 
@@ -25,7 +25,12 @@ pub fn router(proxy: Proxy) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/v1/jobs/{id}", get(jobs::get_job))
+        .route("/readyz", get(readonly::readyz))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            proxy.clone(),
+            readonly::disclose,
+        ))
         .with_state(proxy)
 }
 

@@ -78,6 +78,8 @@ pub struct JobRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedAnswer {
     pub key: String,
+    /// Whose answer it is (the client-key digest), for the per-client share.
+    pub owner: String,
     pub feature: String,
     /// `body` is a stream's SSE event sequence.
     pub stream: bool,
@@ -96,9 +98,22 @@ pub enum ContractOp {
         max_queued: u64,
         max_per_owner: u64,
     },
-    /// `queued` → `running` (one more run): 1 when it was queued, else 0 (someone else took
-    /// it, or it expired).
-    StartJob { id: String, at: DateTime<Utc> },
+    /// `queued` → `running` (one more run) for `worker`, its claim held until `lease_until`:
+    /// 1 when it was queued, else 0 (another worker took it, or it expired).
+    StartJob {
+        id: String,
+        at: DateTime<Utc>,
+        worker: String,
+        lease_until: DateTime<Utc>,
+    },
+    /// Extends the claims of `worker`'s running jobs to `until`. The count.
+    RenewJobs {
+        worker: String,
+        until: DateTime<Utc>,
+    },
+    /// Running jobs whose claim lapsed by `now` (their worker died or lost the database)
+    /// back to `queued`. The count.
+    RequeueLapsed { now: DateTime<Utc> },
     /// `running` → `succeeded` | `failed` with the run's result.
     FinishJob {
         id: String,
@@ -117,10 +132,13 @@ pub enum ContractOp {
     /// Finished or expired jobs that ended before `before`, at most `limit`. The count.
     PurgeJobs { before: DateTime<Utc>, limit: u64 },
     /// Stores (or replaces) a cached answer, first deleting a few answers stored before
-    /// `purge_before` (cleanup keeps up with inserts without stalling one).
+    /// `purge_before` (cleanup keeps up with inserts without stalling one). An owner holding
+    /// `max_per_owner` answers already has its oldest replaced: one client cannot fill the
+    /// cache for everyone. 1 stored.
     CacheUpsert {
         answer: Box<CachedAnswer>,
         purge_before: DateTime<Utc>,
+        max_per_owner: u64,
     },
     /// Cached answers stored before `before`, at most `limit`. The count.
     CachePurge { before: DateTime<Utc>, limit: u64 },
@@ -176,12 +194,30 @@ pub(crate) fn apply(conn: &Connection, op: &ContractOp) -> Result<u64, StoreErro
                 job.error,
             ])?
         }
-        ContractOp::StartJob { id, at } => conn
+        ContractOp::StartJob {
+            id,
+            at,
+            worker,
+            lease_until,
+        } => conn
             .prepare_cached(
-                "UPDATE contract_jobs SET status = 'running', runs = runs + 1, started_at_ms = ?2
+                "UPDATE contract_jobs SET status = 'running', runs = runs + 1, started_at_ms = ?2,
+                     worker = ?3, lease_until_ms = ?4
                  WHERE id = ?1 AND status = 'queued' AND expires_at_ms > ?2",
             )?
-            .execute(params![id, to_ms(*at)])?,
+            .execute(params![id, to_ms(*at), worker, to_ms(*lease_until)])?,
+        ContractOp::RenewJobs { worker, until } => conn
+            .prepare_cached(
+                "UPDATE contract_jobs SET lease_until_ms = ?2
+                 WHERE status = 'running' AND worker = ?1",
+            )?
+            .execute(params![worker, to_ms(*until)])?,
+        ContractOp::RequeueLapsed { now } => conn
+            .prepare_cached(
+                "UPDATE contract_jobs SET status = 'queued', worker = NULL, lease_until_ms = NULL
+                 WHERE status = 'running' AND (lease_until_ms IS NULL OR lease_until_ms <= ?1)",
+            )?
+            .execute(params![to_ms(*now)])?,
         ContractOp::FinishJob {
             id,
             status,
@@ -209,7 +245,10 @@ pub(crate) fn apply(conn: &Connection, op: &ContractOp) -> Result<u64, StoreErro
             )?
             .execute(params![id])?,
         ContractOp::RequeueRunning => conn
-            .prepare_cached("UPDATE contract_jobs SET status = 'queued' WHERE status = 'running'")?
+            .prepare_cached(
+                "UPDATE contract_jobs SET status = 'queued', worker = NULL, lease_until_ms = NULL
+                 WHERE status = 'running'",
+            )?
             .execute([])?,
         ContractOp::ExpireJobs { now } => conn
             .prepare_cached(
@@ -232,18 +271,35 @@ pub(crate) fn apply(conn: &Connection, op: &ContractOp) -> Result<u64, StoreErro
         ContractOp::CacheUpsert {
             answer,
             purge_before,
+            max_per_owner,
         } => {
             conn.prepare_cached(
                 "DELETE FROM contract_cache WHERE key IN
                      (SELECT key FROM contract_cache WHERE stored_at_ms < ?1 LIMIT ?2)",
             )?
             .execute(params![to_ms(*purge_before), CACHE_PRUNE])?;
+            // The owner's share, counted without the row this replaces.
+            let owned: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM contract_cache WHERE owner = ?1 AND key <> ?2",
+                )?
+                .query_row(params![answer.owner, answer.key], |r| r.get(0))?;
+            let over = u64::try_from(owned).unwrap_or(0) + 1;
+            if over > *max_per_owner {
+                let evict = i64::try_from(over - *max_per_owner).unwrap_or(i64::MAX);
+                conn.prepare_cached(
+                    "DELETE FROM contract_cache WHERE key IN
+                         (SELECT key FROM contract_cache WHERE owner = ?1 AND key <> ?2
+                          ORDER BY stored_at_ms, key LIMIT ?3)",
+                )?
+                .execute(params![answer.owner, answer.key, evict])?;
+            }
             conn.prepare_cached(
-                "INSERT INTO contract_cache (key, feature, stream, stored_at_ms, status, body)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                "INSERT INTO contract_cache (key, feature, stream, stored_at_ms, status, body, owner)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT (key) DO UPDATE SET feature = excluded.feature,
                      stream = excluded.stream, stored_at_ms = excluded.stored_at_ms,
-                     status = excluded.status, body = excluded.body",
+                     status = excluded.status, body = excluded.body, owner = excluded.owner",
             )?
             .execute(params![
                 answer.key,
@@ -252,6 +308,7 @@ pub(crate) fn apply(conn: &Connection, op: &ContractOp) -> Result<u64, StoreErro
                 to_ms(answer.stored_at),
                 answer.status,
                 answer.body,
+                answer.owner,
             ])?
         }
         ContractOp::CachePurge { before, limit } => conn
@@ -317,6 +374,15 @@ fn job_row(r: &Row<'_>) -> super::sql::Result<JobRecord> {
 }
 
 impl Reader {
+    /// How many cached answers `owner` holds.
+    pub fn cached_answers_of(&self, owner: &str) -> Result<u64, StoreError> {
+        let n: i64 = self
+            .conn
+            .prepare_cached("SELECT COUNT(*) FROM contract_cache WHERE owner = ?1")?
+            .query_row([owner], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// One job by id.
     pub fn contract_job(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
         let row = self
@@ -369,7 +435,7 @@ impl Reader {
         let row = self
             .conn
             .prepare_cached(
-                "SELECT feature, stream, stored_at_ms, status, body FROM contract_cache
+                "SELECT feature, stream, stored_at_ms, status, body, owner FROM contract_cache
                  WHERE key = ?1 AND stored_at_ms >= ?2",
             )?
             .query_row(params![key, to_ms(since)], |r| {
@@ -379,14 +445,16 @@ impl Reader {
                     r.get::<_, i64>(2)?,
                     r.get::<_, u16>(3)?,
                     r.get::<_, Vec<u8>>(4)?,
+                    r.get::<_, String>(5)?,
                 ))
             })
             .optional()?;
-        let Some((feature, stream, at, status, body)) = row else {
+        let Some((feature, stream, at, status, body, owner)) = row else {
             return Ok(None);
         };
         Ok(Some(CachedAnswer {
             key: key.to_owned(),
+            owner,
             feature,
             stream,
             stored_at: from_ms(at)?,

@@ -41,6 +41,7 @@ mod health;
 pub mod histogram;
 mod jobs;
 pub mod migrate;
+mod mode;
 mod outcomes;
 mod requests;
 mod rollups;
@@ -66,7 +67,11 @@ pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
 pub use migrate::{force_version, latest_version, migrate, migrate_to, user_version};
-pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
+pub use mode::{StoreHealth, StoreMode};
+pub use requests::{
+    claim, AttemptRecord, IdempotencyEntry, IdempotencyOp, IdempotentAnswer, RequestFilter,
+    RequestRecord,
+};
 pub use rollups::{Granularity, Rollup};
 pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
 pub use vantage::VantageWrite;
@@ -251,6 +256,8 @@ struct Inner {
     /// PostgreSQL: the readers' sessions.
     pool: Option<Arc<PgPool>>,
     reachability: Arc<Reachability>,
+    /// Whether the database answers, as the proxy's read-only mode sees it.
+    health: Arc<StoreHealth>,
     writer: Writer,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -298,6 +305,7 @@ impl Store {
                 location: location.clone(),
                 pool,
                 reachability,
+                health: Arc::default(),
                 writer: Writer::new(tx),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -345,6 +353,12 @@ impl Store {
     /// connection error (for `/readyz`).
     pub fn reachability(&self) -> &Reachability {
         &self.inner.reachability
+    }
+
+    /// Whether the database answers (real failures of store calls and a periodic check, see
+    /// [`StoreHealth`]): what read-only mode reads on the request path, without a round trip.
+    pub fn health(&self) -> &Arc<StoreHealth> {
+        &self.inner.health
     }
 
     /// Commits everything queued, then stops the writer thread and waits for it. Every writer

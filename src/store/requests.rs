@@ -1,5 +1,11 @@
-//! The proxy's tables (`migrations/*/0006_proxy.sql`): metering — one `proxy_requests` row per
-//! request with its `proxy_attempts` — and idempotency keys with their stored answers.
+//! The proxy's tables (`migrations/*/0006_proxy.sql`, `0014_fleet.sql`): metering — one
+//! `proxy_requests` row per request with its `proxy_attempts` — and idempotency keys with
+//! their stored answers.
+//!
+//! An idempotency key is claimed before its first request runs ([`IdempotencyOp::Claim`]): a
+//! pending row with a lease, inserted in a writer transaction (on PostgreSQL under the
+//! writers' advisory lock), so of several proxies on one database exactly one gets it. The
+//! claim also checks the client's share of the table in the same transaction.
 //!
 //! Writes go through the one writer thread like everything else ([`Writer::record_request`],
 //! [`Writer::store_idempotent`]); reads are synchronous [`Reader`] methods (call them from
@@ -88,6 +94,8 @@ pub struct RequestFilter {
 #[derive(Debug, Clone, PartialEq)]
 pub struct IdempotentAnswer {
     pub scope_key: String,
+    /// Whose key it is (the client-key digest), for the per-client share.
+    pub owner: String,
     pub body_hash: String,
     pub expires_at: DateTime<Utc>,
     pub status: u16,
@@ -96,6 +104,53 @@ pub struct IdempotentAnswer {
     pub stream: bool,
     /// The answer body, or a stream's full event sequence.
     pub body: Vec<u8>,
+}
+
+/// What [`IdempotencyOp::Claim`] answers.
+pub mod claim {
+    /// Someone holds the key already (a pending claim or an answer): read it.
+    pub const TAKEN: u64 = 0;
+    /// The key is this caller's now.
+    pub const CLAIMED: u64 = 1;
+    /// The client already holds its share of keys.
+    pub const OWNER_SHARE_FULL: u64 = 2;
+}
+
+/// A write to the idempotency table besides storing an answer.
+#[derive(Debug, Clone)]
+pub enum IdempotencyOp {
+    /// Claims `scope_key` for a first request: a pending row held until `lease_until`, kept
+    /// (once answered) until `expires_at`. An expired row or a lapsed claim is replaced. See
+    /// [`claim`] for the answers.
+    Claim {
+        scope_key: String,
+        owner: String,
+        body_hash: String,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+        /// Keys one owner may hold (pending or answered, not expired) at once.
+        max_per_owner: u64,
+    },
+    /// Gives a pending claim up (its request ended without an answer to keep). 1 if released.
+    Release { scope_key: String },
+    /// Extends a pending claim to `until` (its request is still running). 1 if renewed.
+    Renew {
+        scope_key: String,
+        until: DateTime<Utc>,
+    },
+}
+
+/// An idempotency key as the store holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IdempotencyEntry {
+    /// The first request's answer.
+    Answered(IdempotentAnswer),
+    /// The first request is still running (on this proxy or another), until `until` at most.
+    Pending {
+        body_hash: String,
+        until: DateTime<Utc>,
+    },
 }
 
 fn finite(v: f64) -> Option<f64> {
@@ -174,24 +229,31 @@ pub(crate) fn delete_old(
     Ok(n as u64)
 }
 
-pub(crate) fn upsert_idempotent(
-    conn: &Connection,
-    a: &IdempotentAnswer,
-    now: DateTime<Utc>,
-) -> Result<(), StoreError> {
+fn prune_idempotent(conn: &Connection, now: DateTime<Utc>) -> Result<(), StoreError> {
     conn.prepare_cached(
         "DELETE FROM idempotency WHERE scope_key IN
              (SELECT scope_key FROM idempotency WHERE expires_at_ms <= ?1 LIMIT ?2)",
     )?
     .execute(params![to_ms(now), IDEMPOTENCY_PRUNE])?;
+    Ok(())
+}
+
+pub(crate) fn upsert_idempotent(
+    conn: &Connection,
+    a: &IdempotentAnswer,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    prune_idempotent(conn, now)?;
     let headers = serde_json::to_string(&a.headers)
         .map_err(|e| StoreError::Invalid(format!("idempotent headers: {e}")))?;
     conn.prepare_cached(
-        "INSERT INTO idempotency (scope_key, body_hash, expires_at_ms, status, headers, stream, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+        "INSERT INTO idempotency (scope_key, body_hash, expires_at_ms, status, headers, stream,
+             body, owner, claimed_until_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL)
          ON CONFLICT (scope_key) DO UPDATE SET body_hash = excluded.body_hash,
              expires_at_ms = excluded.expires_at_ms, status = excluded.status,
-             headers = excluded.headers, stream = excluded.stream, body = excluded.body",
+             headers = excluded.headers, stream = excluded.stream, body = excluded.body,
+             owner = excluded.owner, claimed_until_ms = NULL",
     )?
     .execute(params![
         a.scope_key,
@@ -201,8 +263,81 @@ pub(crate) fn upsert_idempotent(
         headers,
         a.stream,
         a.body,
+        a.owner,
     ])?;
     Ok(())
+}
+
+pub(crate) fn apply_idempotency(conn: &Connection, op: &IdempotencyOp) -> Result<u64, StoreError> {
+    match op {
+        IdempotencyOp::Claim {
+            scope_key,
+            owner,
+            body_hash,
+            now,
+            lease_until,
+            expires_at,
+            max_per_owner,
+        } => {
+            let now_ms = to_ms(*now);
+            prune_idempotent(conn, *now)?;
+            let held: Option<(i64, Option<i64>)> = conn
+                .prepare_cached(
+                    "SELECT expires_at_ms, claimed_until_ms FROM idempotency WHERE scope_key = ?1",
+                )?
+                .query_row(params![scope_key], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            if let Some((expires, claimed)) = held {
+                let live = expires > now_ms && claimed.is_none_or(|until| until > now_ms);
+                if live {
+                    return Ok(claim::TAKEN);
+                }
+                // Expired, or its claimant died before answering: the key is free again.
+                conn.prepare_cached("DELETE FROM idempotency WHERE scope_key = ?1")?
+                    .execute(params![scope_key])?;
+            }
+            let owned: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM idempotency WHERE owner = ?1 AND expires_at_ms > ?2",
+                )?
+                .query_row(params![owner, now_ms], |r| r.get(0))?;
+            if u64::try_from(owned).unwrap_or(0) >= *max_per_owner {
+                return Ok(claim::OWNER_SHARE_FULL);
+            }
+            conn.prepare_cached(
+                "INSERT INTO idempotency (scope_key, body_hash, expires_at_ms, status, headers,
+                     stream, body, owner, claimed_until_ms)
+                 VALUES (?1, ?2, ?3, 0, '[]', ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![
+                scope_key,
+                body_hash,
+                to_ms(*expires_at),
+                false,
+                Vec::<u8>::new(),
+                owner,
+                to_ms(*lease_until),
+            ])?;
+            Ok(claim::CLAIMED)
+        }
+        IdempotencyOp::Release { scope_key } => {
+            let n = conn
+                .prepare_cached(
+                    "DELETE FROM idempotency WHERE scope_key = ?1 AND claimed_until_ms IS NOT NULL",
+                )?
+                .execute(params![scope_key])?;
+            Ok(n as u64)
+        }
+        IdempotencyOp::Renew { scope_key, until } => {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE idempotency SET claimed_until_ms = ?2
+                     WHERE scope_key = ?1 AND claimed_until_ms IS NOT NULL",
+                )?
+                .execute(params![scope_key, to_ms(*until)])?;
+            Ok(n as u64)
+        }
+    }
 }
 
 impl Writer {
@@ -227,6 +362,12 @@ impl Writer {
             ack,
         })
         .await
+    }
+
+    /// Claims or releases an idempotency key; resolves after COMMIT with the op's answer.
+    pub async fn idempotency(&self, op: IdempotencyOp) -> Result<u64, StoreError> {
+        self.request(|ack: Ack<u64>| Command::Idempotency { op, ack })
+            .await
     }
 }
 
@@ -390,17 +531,32 @@ impl Reader {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// The stored answer to `scope_key`, unless it expired by `now`.
+    /// The stored answer to `scope_key`, unless it expired by `now` (a pending claim is no
+    /// answer).
     pub fn idempotent(
         &self,
         scope_key: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<IdempotentAnswer>, StoreError> {
+        Ok(match self.idempotency_entry(scope_key, now)? {
+            Some(IdempotencyEntry::Answered(a)) => Some(a),
+            _ => None,
+        })
+    }
+
+    /// The key's answer or its live pending claim at `now`; `None` when it is free (never
+    /// used, expired, or its claim lapsed).
+    pub fn idempotency_entry(
+        &self,
+        scope_key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<IdempotencyEntry>, StoreError> {
         let row = self
             .conn
             .prepare_cached(
-                "SELECT body_hash, expires_at_ms, status, headers, stream, body FROM idempotency
-                 WHERE scope_key = ?1 AND expires_at_ms > ?2",
+                "SELECT body_hash, expires_at_ms, status, headers, stream, body, owner,
+                        claimed_until_ms
+                 FROM idempotency WHERE scope_key = ?1 AND expires_at_ms > ?2",
             )?
             .query_row(params![scope_key, to_ms(now)], |r| {
                 Ok((
@@ -410,22 +566,34 @@ impl Reader {
                     r.get::<_, String>(3)?,
                     r.get::<_, bool>(4)?,
                     r.get::<_, Vec<u8>>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, Option<i64>>(7)?,
                 ))
             })
             .optional()?;
-        let Some((body_hash, expires, status, headers, stream, body)) = row else {
+        let Some((body_hash, expires, status, headers, stream, body, owner, claimed)) = row else {
             return Ok(None);
         };
+        if let Some(until) = claimed {
+            if until <= to_ms(now) {
+                return Ok(None);
+            }
+            return Ok(Some(IdempotencyEntry::Pending {
+                body_hash,
+                until: from_ms(until)?,
+            }));
+        }
         let headers: Vec<(String, String)> = serde_json::from_str(&headers)
             .map_err(|e| StoreError::Corrupt(format!("idempotent headers: {e}")))?;
-        Ok(Some(IdempotentAnswer {
+        Ok(Some(IdempotencyEntry::Answered(IdempotentAnswer {
             scope_key: scope_key.to_owned(),
+            owner,
             body_hash,
             expires_at: from_ms(expires)?,
             status,
             headers,
             stream,
             body,
-        }))
+        })))
     }
 }

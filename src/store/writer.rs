@@ -104,6 +104,11 @@ pub(crate) enum Command {
         now: DateTime<Utc>,
         ack: Ack<()>,
     },
+    /// An idempotency key claimed or released (`store/requests.rs`).
+    Idempotency {
+        op: super::requests::IdempotencyOp,
+        ack: Ack<u64>,
+    },
     /// One switch controller record (`store/switch.rs`).
     Switch {
         record: Box<crate::records::switch::SwitchRecord>,
@@ -165,6 +170,7 @@ impl Command {
             Command::Retention { ack, .. }
             | Command::Alert { ack, .. }
             | Command::Contract { ack, .. }
+            | Command::Idempotency { ack, .. }
             | Command::Drill { ack, .. } => {
                 let _ = ack.send(result);
             }
@@ -530,6 +536,7 @@ impl State {
                     super::requests::upsert_idempotent(&tx, answer, *now)?;
                     0
                 }
+                Command::Idempotency { op, .. } => super::requests::apply_idempotency(&tx, op)?,
                 Command::Switch { record, .. } => {
                     super::switch::insert(&tx, record)?;
                     0

@@ -161,7 +161,9 @@ impl PgSession {
         });
         let client = wait(rx)
             .map_err(|_| SqlError::Connect("the connection task stopped".into()))?
-            .map_err(SqlError::Postgres)?;
+            // Any failure to open a session is a connection failure (a refused socket, or a
+            // server that takes no connections to this database right now).
+            .map_err(|e| SqlError::Connect(super::pg_message(&e)))?;
         if read_only {
             wait(client.batch_execute("SET default_transaction_read_only = on"))?;
         }
