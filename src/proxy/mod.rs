@@ -42,12 +42,15 @@ pub mod idempotency;
 mod intake;
 pub mod jobs;
 pub mod meter;
+mod notice;
+pub mod profile;
 mod record;
 mod reject;
 pub mod remote;
 mod request;
 pub mod select;
 mod server;
+pub mod shadow;
 pub mod stream;
 mod trace;
 pub mod weights;
@@ -104,6 +107,8 @@ pub struct ProxyOptions {
     /// The client keys themselves, instead of reading `client_keys_env` (an embedder or a
     /// test hands the values over rather than setting the environment).
     pub client_keys: Option<Vec<crate::secret::Secret>>,
+    /// The shadow copies' queue and concurrency.
+    pub shadow: shadow::ShadowLimits,
 }
 
 impl Default for ProxyOptions {
@@ -118,6 +123,7 @@ impl Default for ProxyOptions {
             live: None,
             tracer: crate::trace::Tracer::off(),
             client_keys: None,
+            shadow: shadow::ShadowLimits::default(),
         }
     }
 }
@@ -139,11 +145,13 @@ struct Inner {
     config: ProxyConfig,
     routes: Vec<Arc<Route>>,
     weights: WeightsRx,
-    upstream: Upstream,
+    upstream: Arc<Upstream>,
     rests: Rests,
     passive: PassiveSink,
     /// Off when the variable is unset.
     client_keys: ClientKeys,
+    /// Route profiles (`request = {…}`), by route.
+    profiles: HashMap<RouteId, crate::config::RequestProfile>,
     /// Routes whose own `first_byte_timeout` overrides the proxy's stream watchdog.
     first_byte_overrides: HashMap<RouteId, Duration>,
     /// Logical model → since when it has been served degraded (all weights 0).
@@ -169,6 +177,8 @@ struct Inner {
     jobs: Option<Arc<jobs::Jobs>>,
     /// `cached_response` answers (needs the store).
     cache: Option<cache::Cache>,
+    /// `[[shadow]]` copies and their comparisons (`None`: no shadow configured).
+    shadows: Option<shadow::Shadows>,
     tracer: crate::trace::Tracer,
 }
 
@@ -207,7 +217,21 @@ impl Proxy {
     ) -> Result<Self, ProxyError> {
         let clock = opts.clock.clone();
         let config = &full.proxy;
-        let routes: Vec<Arc<Route>> = full.routes().into_iter().map(Arc::new).collect();
+        let all: Vec<Arc<Route>> = full.routes().into_iter().map(Arc::new).collect();
+        // A shadow route gets copies only: never a candidate for real traffic.
+        let shadowed = full.shadow_routes();
+        let routes: Vec<Arc<Route>> = (all.iter())
+            .filter(|r| !shadowed.contains(&r.id))
+            .cloned()
+            .collect();
+        let profiles = full
+            .routes
+            .iter()
+            .filter_map(|r| {
+                let p = r.request.clone()?;
+                Some((RouteId::new(&r.provider, &r.region, &r.model), p))
+            })
+            .collect();
         let first_byte_overrides = full
             .routes
             .iter()
@@ -216,8 +240,11 @@ impl Proxy {
                 Some((RouteId::new(&r.provider, &r.region, &r.model), fbt))
             })
             .collect();
-        let upstream =
-            Upstream::new(&routes, &full.env).map_err(|e| ProxyError::Client(e.to_string()))?;
+        let upstream = Upstream::new(&all, &full.env)
+            .map(Arc::new)
+            .map_err(|e| ProxyError::Client(e.to_string()))?;
+        let shadows =
+            shadow::Shadows::start(full, &all, upstream.clone(), clock.clone(), opts.shadow);
         let client_keys = match opts.client_keys.clone() {
             Some(keys) => ClientKeys::given(keys),
             None => ClientKeys::from_env(&full.env, &config.client_keys_env),
@@ -242,6 +269,7 @@ impl Proxy {
                 passive: PassiveSink::new(passive),
                 client_keys,
                 first_byte_overrides,
+                profiles,
                 degraded_since: Mutex::new(HashMap::new()),
                 clock,
                 breakers,
@@ -254,6 +282,7 @@ impl Proxy {
                     idempotency::Idempotency::new(s.clone(), config.idempotency_ttl, max_body)
                 }),
                 limits,
+                shadows,
                 body_read_timeout: opts.body_read_timeout,
                 header_read_timeout: opts.header_read_timeout,
                 feed: opts.feed,
@@ -280,6 +309,15 @@ impl Proxy {
     /// Every route's circuit breaker, now.
     pub fn breakers(&self) -> Vec<BreakerSnapshot> {
         self.inner.breakers.snapshot(Instant::now())
+    }
+
+    /// Per `[[shadow]]`, the comparison with the real answers over the last hour and day.
+    pub fn shadow_report(&self) -> Vec<serde_json::Value> {
+        self.inner
+            .shadows
+            .as_ref()
+            .map(shadow::Shadows::report)
+            .unwrap_or_default()
     }
 
     /// `probeok_proxy_requests_total` and `probeok_proxy_failovers_total`, with drop counts.
