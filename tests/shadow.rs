@@ -20,7 +20,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing;
 use axum::Router;
 use bytes::Bytes;
 use common::{fake, json, openai, Reply, Script};
@@ -80,7 +80,7 @@ async fn gated(completion_tokens: u32) -> Gated {
         completion_tokens,
     };
     let router = Router::new()
-        .route("/chat/completions", post(gated_answer))
+        .route("/chat/completions", routing::post(gated_answer))
         .with_state(state);
     Gated {
         server: common::spawn(router).await,
@@ -168,6 +168,8 @@ struct Running {
     base: String,
     proxy: Proxy,
     shutdown: CancellationToken,
+    /// Every passive outcome the proxy reported.
+    passive: Arc<std::sync::Mutex<Vec<probeok::probe::ProbeOutcome>>>,
 }
 
 impl Drop for Running {
@@ -180,8 +182,14 @@ async fn serve(config: &Config, limits: ShadowLimits) -> Running {
     config.validate().expect("valid config");
     let (_wtx, wrx) = watch::channel(Arc::new(WeightsView::from_config(&config.routes())));
     std::mem::forget(_wtx);
-    let (ptx, prx) = mpsc::channel(64);
-    std::mem::forget(prx);
+    let (ptx, mut prx) = mpsc::channel(64);
+    let passive = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = passive.clone();
+    tokio::spawn(async move {
+        while let Some(o) = prx.recv().await {
+            seen.lock().unwrap().push(o);
+        }
+    });
     let opts = ProxyOptions {
         shadow: limits,
         ..ProxyOptions::default()
@@ -195,6 +203,7 @@ async fn serve(config: &Config, limits: ShadowLimits) -> Running {
         base: format!("http://{addr}/v1"),
         proxy: p,
         shutdown,
+        passive,
     }
 }
 
@@ -719,4 +728,48 @@ async fn the_service_reports_shadows_and_probes_stay_probes() {
     }
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(20), running.done).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_shadow_touches_nothing_of_the_real_routes() {
+    let (main, _) = primary().await;
+    let (broken, broken_reqs) = fake("/chat/completions", |_| {
+        Reply::now(json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            openai::error("down", "server_error", None),
+        ))
+    })
+    .await;
+    let p = serve(
+        &config(&main.base_url(), &broken.base_url(), Some(shadowing(100.0))),
+        ShadowLimits::default(),
+    )
+    .await;
+    for _ in 0..8 {
+        let r = post(&p.base, &ask(false), &[]).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-probeok-route"], "fake/main/m1");
+        assert_eq!(r.headers()["x-probeok-mode"], "normal");
+    }
+    until("eight failed copies compared", || {
+        report(&p.proxy)["last_hour"]["compared"] == 8
+    })
+    .await;
+    let h = report(&p.proxy)["last_hour"].clone();
+    assert_eq!(h["success"]["shadow"], 0, "{h}");
+    assert_eq!(h["success"]["primary"], 8, "{h}");
+    assert_eq!(h["success"]["either"], 8, "{h}");
+    assert_eq!(broken_reqs.all().len(), 8, "one copy each, never retried");
+    // No breaker of the shadow route, the real one closed; detection heard of the real
+    // route only.
+    let breakers = p.proxy.breakers();
+    assert!(breakers
+        .iter()
+        .all(|b| b.route.as_str() != "fake/shadow/m2"));
+    assert!(breakers
+        .iter()
+        .all(|b| b.state == probeok::proxy::BreakerState::Closed));
+    let passive = p.passive.lock().unwrap().clone();
+    assert_eq!(passive.len(), 8);
+    assert!(passive.iter().all(|o| o.route.as_str() == "fake/main/m1"));
 }

@@ -135,6 +135,8 @@ impl Applying<'_> {
         ctx.cache = None;
         let age = (self.now - hit.stored_at).num_seconds().max(0);
         let (content_type, body) = if hit.stream {
+            // The notice puts these keys into the replay's first chunk.
+            ctx.probeok = Some(self.block("degraded"));
             ("text/event-stream", hit.body)
         } else {
             let block = self.block("degraded");

@@ -20,7 +20,12 @@
 //!    budget, stream watchdog, failover classes, 429 rests) at a time; a committed stream is
 //!    forwarded by [`stream`].
 //! 5. `request`: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
-//!    metering ([`meter`], `record`), counters, the idempotency key and the cache.
+//!    metering ([`meter`], `record`), counters, the idempotency key and the cache; the
+//!    `"probeok"` object of a non-normal answer (`notice`); a sampled request's copies to its
+//!    `[[shadow]]` routes, once the answer is complete ([`shadow`]).
+//!
+//! Each attempt sends the request as the route's profile shapes it ([`profile`],
+//! `[[route]] request`); routes named by a `[[shadow]]` are never candidates.
 //!
 //! Traced requests ([`crate::trace`], `[tracing]`) are one span each with a child span per
 //! attempt (`trace`).

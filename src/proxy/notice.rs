@@ -16,6 +16,9 @@ use serde_json::{json, Map, Value};
 
 use super::request::{Mode, RequestCtx};
 
+/// The contract behaviour that serves from another logical model.
+pub(super) const FALLBACK_MODEL: &str = "fallback_model";
+
 /// The notice of this request's answer, with the contract's own keys first; `None` for a
 /// normal answer.
 pub(super) fn block(ctx: &RequestCtx) -> Option<Map<String, Value>> {
@@ -27,7 +30,7 @@ pub(super) fn block(ctx: &RequestCtx) -> Option<Map<String, Value>> {
     let reason = (d.degraded_reason.map(str::to_owned))
         .or_else(|| d.fallback_reason.clone())
         .or_else(|| ctx.contract.map(|c| format!("contract_{c}")));
-    let reduced = d.reduced || ctx.probeok.is_some();
+    let reduced = d.reduced || ctx.contract == Some(FALLBACK_MODEL);
     let ours = json!({
         "mode": mode.as_str(),
         "degraded_reason": reason,

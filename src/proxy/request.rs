@@ -173,7 +173,8 @@ pub(crate) struct RequestCtx {
     pub replay: bool,
     /// The contract behaviour that answered (metered in `proxy_requests.contract`).
     pub contract: Option<&'static str>,
-    /// The `"probeok"` object added to the upstream's JSON answer (a contract's fallback).
+    /// A contract's own keys of the `"probeok"` object, for answers the contract did not
+    /// build itself (a fallback model's, a replayed cached stream).
     pub probeok: Option<Value>,
     /// Where a successful answer is remembered for `cached_response`.
     pub cache: Option<cache::Slot>,
@@ -296,7 +297,7 @@ async fn finish_plain(proxy: &Proxy, mut ctx: RequestCtx, r: Response) -> Respon
     // The copies leave once the client's answer is complete (a contract's own answer is not
     // the model's: nothing to compare).
     if let (Some(pending), Some(shadows)) = (ctx.shadow.take(), &p.shadows) {
-        if ctx.contract.is_none() || ctx.probeok.is_some() {
+        if ctx.contract.is_none() || ctx.contract == Some(notice::FALLBACK_MODEL) {
             let last = ctx.attempts.last();
             let primary = shadow::plain_side(
                 ctx.outcome == Outcome::Ok && status == 200,

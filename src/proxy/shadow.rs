@@ -90,12 +90,15 @@ impl Entry {
         true
     }
 
-    /// The reservation replaced by what the copy cost.
-    fn settle(&self, reserved: f64, actual: f64, now: DateTime<Utc>) {
+    /// The reservation (made in the hour `reserved_in`) replaced by what the copy cost; a copy
+    /// that outlived its hour is charged to the hour it ended in.
+    fn settle(&self, reserved_in: i64, reserved: f64, actual: f64, now: DateTime<Utc>) {
         let hour = now.timestamp().div_euclid(3600);
         let mut s = self.spend.lock().unwrap_or_else(|e| e.into_inner());
-        if s.0 == hour {
+        if s.0 == reserved_in {
             s.1 = (s.1 - reserved + actual).max(0.0);
+        } else if s.0 == hour {
+            s.1 += actual;
         } else {
             *s = (hour, actual);
         }
@@ -139,6 +142,8 @@ struct Job {
     wants_json: bool,
     primary: Side,
     reserved: f64,
+    /// The hour (since the epoch) the reservation was made in.
+    reserved_in: i64,
 }
 
 /// What the sender needs, shared with the worker.
@@ -251,11 +256,12 @@ impl Shadows {
                 wants_json: pending.wants_json,
                 primary,
                 reserved: estimate,
+                reserved_in: now.timestamp().div_euclid(3600),
             };
             match self.tx.try_send(job) {
                 Ok(()) => e.history().copied(now),
                 Err(_) => {
-                    e.settle(estimate, 0.0, now);
+                    e.settle(now.timestamp().div_euclid(3600), estimate, 0.0, now);
                     e.history().skipped(Skip::QueueFull, now);
                 }
             }
@@ -349,7 +355,7 @@ impl Sender {
             prompt.unwrap_or(prompt_estimate),
             completion,
         );
-        e.settle(job.reserved, actual, now);
+        e.settle(job.reserved_in, job.reserved, actual, now);
         e.history().compared(Comparison {
             at: now,
             primary: job.primary,
@@ -405,5 +411,70 @@ pub(crate) fn plain_side(
         ttft_ms,
         output_tokens,
         valid: compare::validity(wants_json, content.as_deref()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn entry(max_cost_per_hour: f64) -> Entry {
+        let config = Config::default();
+        let rc = crate::config::RouteConfig::default();
+        Entry {
+            cfg: ShadowConfig {
+                serves: "chat".into(),
+                route: "p/r/m".into(),
+                ratio: 1.0,
+                max_cost_per_hour,
+            },
+            route: Arc::new(Route {
+                id: RouteId::new("p", "r", "m"),
+                provider: "p".into(),
+                region: "r".into(),
+                model: "m".into(),
+                kind: crate::route::ProviderKind::Openai,
+                base_url: "http://127.0.0.1:1".into(),
+                api_key_env: None,
+                serves: "chat".into(),
+                tier: crate::route::Tier::Primary,
+                weight: 100,
+                price: Some(Price {
+                    input_per_mtok: 0.0,
+                    output_per_mtok: 1e6,
+                    currency: "USD".into(),
+                }),
+                capabilities: Vec::new(),
+                context_window: None,
+                residency: None,
+                slo: 0.999,
+                probe: config.probe_settings(&rc),
+            }),
+            profile: None,
+            history: Mutex::default(),
+            spend: Mutex::new((0, 0.0)),
+        }
+    }
+
+    #[test]
+    fn the_budget_reserves_the_maximum_settles_the_real_cost_and_turns_with_the_hour() {
+        let e = entry(3.0);
+        // One output token costs 1.0 here: a copy with max_tokens 2 reserves 2.0.
+        let ask = serde_json::json!({"max_tokens": 2, "messages": []});
+        assert!((e.estimate(&ask) - 2.0).abs() < 1e-9);
+        let t = Utc.with_ymd_and_hms(2026, 1, 1, 10, 30, 0).unwrap();
+        let hour = t.timestamp().div_euclid(3600);
+        assert!(e.reserve(2.0, t));
+        assert!(!e.reserve(2.0, t), "2 + 2 > 3");
+        e.settle(hour, 2.0, 1.0, t);
+        assert!((e.spent(t) - 1.0).abs() < 1e-9);
+        assert!(e.reserve(2.0, t), "1 + 2 <= 3");
+        // The next hour starts afresh; a copy reserved in the last hour is charged to it.
+        let next = t + chrono::Duration::hours(1);
+        assert_eq!(e.spent(next), 0.0);
+        assert!(e.reserve(2.0, next));
+        e.settle(hour, 2.0, 0.5, next);
+        assert!((e.spent(next) - 2.5).abs() < 1e-9);
     }
 }

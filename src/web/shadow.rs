@@ -33,7 +33,7 @@ pub async fn report(
 
 pub(super) fn doc() -> Value {
     let pair = json!({"type": "object", "properties": {
-        "primary": {"type": ["number", "null"]}, "shadow": {"type": ["number", "null"]}}});
+        "primary": {"type": "number", "nullable": true}, "shadow": {"type": "number", "nullable": true}}});
     let window = json!({"type": "object", "properties": {
         "copied": {"type": "integer"},
         "compared": {"type": "integer"},
@@ -46,10 +46,10 @@ pub(super) fn doc() -> Value {
         "success_ratio": pair,
         "latency_ms_p50": pair,
         "ttft_ms_p50": pair,
-        "output_length_ratio": {"type": ["number", "null"]},
+        "output_length_ratio": {"type": "number", "nullable": true},
         "validity": {"type": "object", "properties": {
             "checked": {"type": "integer"},
-            "primary": {"type": ["number", "null"]}, "shadow": {"type": ["number", "null"]}}}}});
+            "primary": {"type": "number", "nullable": true}, "shadow": {"type": "number", "nullable": true}}}}});
     json!({"summary": "Shadow routes compared with the real answers (last hour, last day)",
         "operationId": "shadow",
         "security": [{"adminToken": []}],
@@ -59,7 +59,7 @@ pub(super) fn doc() -> Value {
                     "shadows": {"type": "array", "items": {"type": "object", "properties": {
                         "serves": {"type": "string"}, "route": {"type": "string"},
                         "ratio": {"type": "number"}, "max_cost_per_hour": {"type": "number"},
-                        "spent_this_hour": {"type": "number"}, "currency": {"type": ["string", "null"]},
+                        "spent_this_hour": {"type": "number"}, "currency": {"type": "string", "nullable": true},
                         "last_hour": window, "last_day": window}}}}}}}},
             "503": error_response("No proxy in this process (not_running)")}))})
 }

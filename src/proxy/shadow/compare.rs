@@ -14,7 +14,7 @@ pub const MAX_COMPARISONS: usize = 10_000;
 /// Minutes of copied/skipped counts kept (a day).
 const MINUTES: usize = 24 * 60;
 /// Content read from a side's answer for the validity check, at most.
-pub const MAX_CONTENT: usize = 1024 * 1024;
+pub const MAX_CONTENT: usize = 256 * 1024;
 
 /// One side of a comparison.
 #[derive(Debug, Clone, Default, PartialEq)]
