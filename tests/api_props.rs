@@ -49,7 +49,6 @@ const ENDPOINTS: &[(&str, &str, &[&str])] = &[
         "/api/v1/requests",
         &["limit", "route", "reason", "since"],
     ),
-    ("GET", "/api/v1/shadow", &[]),
     ("GET", "/api/v1/drills", &["limit"]),
     ("GET", "/api/v1/drills/{n}", &[]),
     ("GET", "/api/v1/admin/silences", &[]),
