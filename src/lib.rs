@@ -138,7 +138,10 @@
 //!   Degradation contracts: the pure decision (`proxy::contract`: feature header, model
 //!   state, cache keys, `user_message`), applying it (`proxy::degrade`), cached answers
 //!   (`proxy::cache`), async-queue jobs with their worker and `GET /v1/jobs/{id}`
-//!   (`proxy::jobs`); their tables in `store::contracts`.
+//!   (`proxy::jobs`); their tables in `store::contracts`. Route profiles
+//!   (`proxy::profile`), the `"probeok"` object of degraded answers (`proxy::notice`), and
+//!   `[[shadow]]` copies compared with the real answers (`proxy::shadow`, pure comparison in
+//!   `proxy::shadow::compare`).
 //!
 //! **Wiring** — may import anything; nothing imports it.
 //!

@@ -197,6 +197,8 @@ pub fn plan(old: &Config, new: &Config) -> (Config, Plan) {
     restart!("vantage", vantages);
     restart!("quorum", quorum);
     restart!("agent", agent);
+    // The proxy's shadows (queue, worker, histories) are built with the proxy.
+    restart!("shadow", shadows);
     // Later diagnostics point into the file as it is now.
     next.source_map = new.source_map.clone();
     (next, p)

@@ -107,12 +107,12 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown key, named with the valid ones",
             with_route("intervall = \"30s\"\n"),
-            vec!["p.toml:17:1: route[0].intervall: unknown key `intervall`, expected one of `provider`, `region`, `model`, `serves`, `tier`, `weight`, `price`, `capabilities`, `context_window`, `residency`, `interval`, `timeout`, `first_byte_timeout`, `stall_timeout`, `max_tokens`, `slo`, `confirm_after`"],
+            vec!["p.toml:17:1: route[0].intervall: unknown key `intervall`, expected one of `provider`, `region`, `model`, `serves`, `tier`, `weight`, `price`, `capabilities`, `context_window`, `residency`, `interval`, `timeout`, `first_byte_timeout`, `stall_timeout`, `max_tokens`, `slo`, `confirm_after`, `request`"],
         ),
         (
             "unknown section, named with the valid ones",
             format!("[hearbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`"],
+            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`, `shadow`"],
         ),
         (
             "cluster: the URL itself instead of its variable, a lease too short to check",
@@ -132,6 +132,28 @@ fn bad_configs_give_exact_located_diagnostics() {
                 "p.toml:23:32: contract[1].degraded.cached_response: invalid duration \"5x\": unknown time unit \"x\", supported units: ns, us/µs, ms, sec, min, hours, days, weeks, months, years (and few variations)",
                 "p.toml:24:1: contract[2]: set degraded, critical or both",
                 "p.toml:25:11: contract[2].feature: must be 1-64 characters of a-z, A-Z, 0-9, \"_\", \"-\", \".\" (it travels in the x-probeok-feature header)",
+            ],
+        ),
+        (
+            "route profiles: an empty prefix, mistyped and reserved parameters (unknown ones pass)",
+            with_route("request = { system_prefix = \"\", set = { temperature = \"hot\", max_tokens = -1, stream = true, x_custom = \"ok\" }, drop = [\"logprobs\", \"messages\"] }\n"),
+            vec![
+                "p.toml:17:29: route[0].request.system_prefix: must be 1 to 16384 bytes of text",
+                "p.toml:17:55: route[0].request.set.temperature: must be a number from 0 to 2, got \"hot\"",
+                "p.toml:17:75: route[0].request.set.max_tokens: must be an integer of at least 1, got -1",
+                "p.toml:17:88: route[0].request.set.stream: `stream` is the client's to choose: a profile may not set it",
+                "p.toml:17:133: route[0].request.drop[1]: `messages` is the client's to choose: a profile may not drop it",
+            ],
+        ),
+        (
+            "shadows: unknown model and route, ratios outside (0, 1], a negative budget",
+            with_route("[[shadow]]\nserves = \"nope\"\nroute = \"x/y/z\"\nratio = 0.0\n[[shadow]]\nserves = \"chat-main\"\nroute = \"qwen/cn-beijing/qwen-max\"\nratio = 1.5\nmax_cost_per_hour = -1.0\n"),
+            vec![
+                "p.toml:18:10: shadow[0].serves: \"nope\" is not a logical model: no route serves it",
+                "p.toml:19:9: shadow[0].route: \"x/y/z\" is not a configured route (write provider/region/model)",
+                "p.toml:20:9: shadow[0].ratio: must be in (0, 1], e.g. 0.05, got 0",
+                "p.toml:24:9: shadow[1].ratio: must be in (0, 1], e.g. 0.05, got 1.5",
+                "p.toml:25:21: shadow[1].max_cost_per_hour: must be 0 or more, got -1",
             ],
         ),
         (

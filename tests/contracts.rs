@@ -297,7 +297,9 @@ async fn reject_answers_503_with_the_message_and_retry_after_without_an_upstream
     );
     assert_eq!(
         body["probeok"],
-        j!({"mode": "degraded", "feature": "default", "contract": "reject", "user_message": MESSAGE})
+        j!({"mode": "degraded", "feature": "default", "contract": "reject", "user_message": MESSAGE,
+            "degraded_reason": "contract_reject", "degraded_since": null, "route": null,
+            "quality_hint": "normal"})
     );
     assert_eq!(main.reqs.all().len(), 1, "no upstream call");
 
@@ -367,7 +369,9 @@ async fn fallback_model_serves_a_degraded_model_from_the_fallback_openly() {
     assert_eq!(body["choices"][0]["message"]["content"], "lite #1");
     assert_eq!(
         body["probeok"],
-        j!({"mode": "fallback", "feature": "default", "contract": "fallback_model", "user_message": MESSAGE})
+        j!({"mode": "fallback", "feature": "default", "contract": "fallback_model", "user_message": MESSAGE,
+            "degraded_reason": "contract_fallback_model", "degraded_since": null,
+            "route": "p1/r/up-1", "quality_hint": "reduced"})
     );
     assert_eq!(
         lite.reqs.last().json()["model"],
@@ -376,7 +380,7 @@ async fn fallback_model_serves_a_degraded_model_from_the_fallback_openly() {
     );
     assert!(main.reqs.all().is_empty());
 
-    // A stream from the fallback: the header says it (SSE events stay the upstream's).
+    // A stream from the fallback: the header says it, and so does the first chunk.
     let mut streamed = chat();
     streamed["stream"] = j!(true);
     let r = px.post(streamed, &[]).await;
@@ -386,6 +390,15 @@ async fn fallback_model_serves_a_degraded_model_from_the_fallback_openly() {
     assert_eq!(decode(header(&r, "x-probeok-user-message")), MESSAGE);
     let text = r.text().await.unwrap();
     assert!(text.contains("lite") && text.contains("[DONE]"), "{text}");
+    let first: Value = serde_json::from_str(
+        text.split("\n\n")
+            .next()
+            .and_then(|e| e.strip_prefix("data: "))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first["probeok"]["contract"], "fallback_model");
+    assert_eq!(first["probeok"]["quality_hint"], "reduced");
     assert!(main.reqs.all().is_empty());
     px.stop().await;
 }
@@ -765,11 +778,19 @@ async fn cached_streams_are_replayed_as_their_events_and_kept_apart_from_plain_a
     assert_eq!(header(&r, "x-probeok-cache"), "hit");
     assert_eq!(header(&r, "content-type"), "text/event-stream");
     assert_eq!(decode(header(&r, "x-probeok-user-message")), MESSAGE);
-    assert_eq!(
-        r.text().await.unwrap(),
-        live,
-        "the same events, byte for byte"
-    );
+    // The same events, byte for byte, but for the notice in the first one.
+    let replay = r.text().await.unwrap();
+    let (first, rest) = replay.split_once("\n\n").unwrap();
+    let (live_first, live_rest) = live.split_once("\n\n").unwrap();
+    assert_eq!(rest, live_rest, "the same events after the first");
+    let mut first: Value = serde_json::from_str(first.strip_prefix("data: ").unwrap()).unwrap();
+    let notice = first.as_object_mut().unwrap().remove("probeok").unwrap();
+    assert_eq!(notice["contract"], "cached_response");
+    assert_eq!(notice["mode"], "degraded");
+    assert_eq!(notice["quality_hint"], "normal");
+    let live_first: Value =
+        serde_json::from_str(live_first.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(first, live_first);
     assert_eq!(main.reqs.all().len(), 1);
 
     // The same request without streaming is another entry: a miss.

@@ -365,6 +365,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         vantages: super::vantage::vantages(ck, raw.vantages),
         quorum: super::vantage::quorum(ck, raw.quorum),
         agent: super::vantage::agent(ck, raw.agent),
+        shadows: super::shadow::shadows(raw.shadows),
         source_map: map.clone(),
         env: crate::secret::Env::process(),
     }
@@ -653,6 +654,7 @@ fn route(ck: &mut Checker<'_>, i: usize, r: RawRoute) -> RouteConfig {
         max_tokens: opt_uint(ck, "max_tokens", r.max_tokens, 1),
         slo: r.slo,
         confirm_after: confirm_after(ck, &format!("{p}.confirm_after"), r.confirm_after),
+        request: (r.request).map(|q| super::profile::profile(ck, &format!("{p}.request"), q)),
     }
 }
 

@@ -17,7 +17,9 @@
 mod convert;
 mod diag;
 mod keys;
+mod profile;
 mod raw;
+mod shadow;
 mod source_map;
 mod validate;
 mod vantage;
@@ -36,6 +38,8 @@ use crate::severity::Severity;
 pub(crate) use convert::parse_located;
 pub use diag::{ConfigErrors, Diagnostic};
 pub use keys::{known_keys, KeysError};
+pub use profile::RequestProfile;
+pub use shadow::ShadowConfig;
 pub use source_map::SourceMap;
 pub(crate) use validate::Checker;
 pub use vantage::{AgentConfig, QuorumConfig, VantageConfig, VantageError};
@@ -84,6 +88,8 @@ pub struct Config {
     pub quorum: QuorumConfig,
     /// `[agent]`: what `probeok agent` keeps while the monitor is away.
     pub agent: AgentConfig,
+    /// `[[shadow]]`: routes that get a sampled copy of a logical model's traffic.
+    pub shadows: Vec<ShadowConfig>,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -119,6 +125,7 @@ impl Default for Config {
             vantages: Vec::new(),
             quorum: QuorumConfig::default(),
             agent: AgentConfig::default(),
+            shadows: Vec::new(),
             source_map: SourceMap::default(),
             env: Env::process(),
         }
@@ -482,6 +489,8 @@ pub struct RouteConfig {
     pub slo: Option<f64>,
     /// Overrides `[probe] confirm_after` for this route.
     pub confirm_after: Option<ConfirmAfter>,
+    /// `request = {…}`: the profile applied to the proxy requests this route serves.
+    pub request: Option<RequestProfile>,
 }
 
 impl Default for RouteConfig {
@@ -504,6 +513,7 @@ impl Default for RouteConfig {
             max_tokens: None,
             slo: None,
             confirm_after: None,
+            request: None,
         }
     }
 }

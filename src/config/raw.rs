@@ -61,6 +61,25 @@ pub(super) struct RawConfig {
     pub quorum: RawQuorum,
     #[serde(default)]
     pub agent: RawAgent,
+    #[serde(default, rename = "shadow")]
+    pub shadows: Vec<RawShadow>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawShadow {
+    pub serves: String,
+    pub route: String,
+    pub ratio: f64,
+    pub max_cost_per_hour: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawProfile {
+    pub system_prefix: Option<String>,
+    pub set: Option<toml::Table>,
+    pub drop: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -286,6 +305,7 @@ pub(super) struct RawRoute {
     pub slo: Option<f64>,
     // Confirmation probes.
     pub confirm_after: Option<String>,
+    pub request: Option<RawProfile>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -59,7 +59,7 @@ impl<'a> Checker<'a> {
         self.failed.insert(path.to_owned());
     }
 
-    fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
         let d = self.diagnostic(path.into(), message.into());
         self.warnings.push(d);
     }
@@ -120,6 +120,8 @@ impl<'a> Checker<'a> {
             self.error("tracing.sample_ratio", "must be between 0 and 1");
         }
         super::vantage::check(self, c);
+        super::profile::check(self, c);
+        super::shadow::check(self, c);
     }
 
     fn contracts(&mut self, c: &Config) {

@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{
     Behaviour, Config, ContractConfig, DetectionConfig, DriftConfig, EgressConfig, ProbeConfig,
-    ProviderConfig, ProxyConfig, RegionConfig, RouteConfig, ServerConfig, SloConfig, StorageConfig,
+    ProviderConfig, ProxyConfig, RegionConfig, RouteConfig, ServerConfig, ShadowConfig, SloConfig,
+    StorageConfig,
 };
 use crate::route::{Capability, Price, ProviderKind, Tier};
 use crate::sim::{self, Scenario, SimConfig, SimRoute};
@@ -85,6 +86,16 @@ pub fn demo_contract() -> ContractConfig {
     }
 }
 
+/// The demo's shadow: `openai/eu-west/gpt-4o-mini` gets copies of `chat-lite` only.
+pub fn demo_shadow() -> ShadowConfig {
+    ShadowConfig {
+        serves: "chat-lite".to_owned(),
+        route: "openai/eu-west/gpt-4o-mini".to_owned(),
+        ratio: 0.2,
+        max_cost_per_hour: 0.5,
+    }
+}
+
 /// A running demo: its config (routes aimed at the simulator) and the simulator's address.
 pub struct Demo {
     pub config: Config,
@@ -145,6 +156,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
                     max_tokens: None,
                     slo: None,
                     confirm_after: None,
+                    request: None,
                 });
             }
         }
@@ -197,6 +209,9 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
         // A degradation contract for every request (no x-probeok-feature needed): the last
         // good answer while a model is DEGRADED, an explicit 503 while it is CRITICAL.
         contracts: vec![demo_contract()],
+        // A route in shadow before its canary: a fifth of chat-lite's requests are copied to
+        // it and compared on its page and at /api/v1/shadow; it serves no real traffic.
+        shadows: vec![demo_shadow()],
         ..Config::default()
     };
     tracing::info!(

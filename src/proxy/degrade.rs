@@ -2,9 +2,9 @@
 //!
 //! Every contract answer says so: `x-probeok-mode` (`fallback` for a fallback model, else
 //! `degraded`), `x-probeok-user-message` (percent-encoded UTF-8) when the contract has one,
-//! and in JSON bodies a top-level `"probeok": {mode, feature, contract, user_message}` (the
-//! OpenAI SDKs keep unknown fields). Streams (a fallback's, or a replayed cached stream) carry
-//! the header only. When a behaviour cannot be used, the request is served as without a
+//! and a top-level `"probeok": {mode, feature, contract, user_message}` (the OpenAI SDKs keep
+//! unknown fields), completed by [`super::notice`] as every non-normal answer is — in a JSON
+//! body or a stream's first chunk. When a behaviour cannot be used, the request is served as without a
 //! contract and `x-probeok-contract` says why (`fallback_model_unusable`,
 //! `async_queue_unavailable`); a `cached_response` miss says `x-probeok-cache: miss`.
 //! Contract answers still get `x-request-id`, `x-probeok-route` (`none` when no upstream was
@@ -136,6 +136,8 @@ impl Applying<'_> {
         ctx.cache = None;
         let age = (self.now - hit.stored_at).num_seconds().max(0);
         let (content_type, body) = if hit.stream {
+            // The notice puts these keys into the replay's first chunk.
+            ctx.probeok = Some(self.block("degraded"));
             ("text/event-stream", hit.body)
         } else {
             let block = self.block("degraded");
@@ -274,24 +276,4 @@ fn fallback_usable(proxy: &Proxy, fallback: &str, req: &Intake, view: &WeightsVi
         Ok(plan) => !plan.degraded && !plan.candidates.is_empty(),
         Err(_) => false,
     }
-}
-
-/// `r` with the `"probeok"` object added to its JSON body (other bodies as they are).
-pub(super) async fn add_block(r: Response, block: &Value) -> Response {
-    let json = r
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !json {
-        return r;
-    }
-    let (mut parts, body) = r.into_parts();
-    // Already a complete body in memory (the upstream's answer, bounded when read).
-    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
-        return Response::from_parts(parts, Body::empty());
-    };
-    let out = contract::with_block(&bytes, block).map_or(bytes, Bytes::from);
-    parts.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(parts, Body::from(out))
 }

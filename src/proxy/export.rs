@@ -47,6 +47,12 @@ impl ProxyStats {
         self.proxy().map(|p| p.breakers()).unwrap_or_default()
     }
 
+    /// Per `[[shadow]]`, the comparison over the last hour and day (empty once the proxy is
+    /// gone).
+    pub fn shadow_report(&self) -> Vec<serde_json::Value> {
+        self.proxy().map(|p| p.shadow_report()).unwrap_or_default()
+    }
+
     /// The proxy's counters (empty once the proxy is gone).
     pub fn counters(&self) -> CountersSnapshot {
         self.proxy().map(|p| p.counters()).unwrap_or_default()

@@ -131,6 +131,13 @@ fn disclose_plan(p: &Inner, ctx: &mut RequestCtx, model: &str, plan: &Plan) {
         }
     }
     .or(feed_stale);
+    ctx.d.degraded_reason = if plan.degraded {
+        Some("all_routes_unhealthy")
+    } else if ctx.d.degraded_since.is_some() {
+        Some("weights_feed_stale")
+    } else {
+        None
+    };
     if !plan.resting.is_empty() {
         ctx.d.fallback_reason = Some(Detour::RateLimited.as_str().to_owned());
     }
@@ -330,12 +337,18 @@ impl<'a> Failover<'a> {
         self.ctx.d.attempts += 1;
         self.ctx.d.route = Some(route.id.clone());
         self.ctx.price = route.price.clone();
+        self.ctx.d.reduced = route.tier == Tier::Fallback;
         if self.ctx.d.fallback_reason.is_none() && route.tier != Tier::Primary && !self.degraded {
             self.ctx.d.fallback_reason = Some(Detour::NoPrimaryUsable.as_str().to_owned());
         }
         let trace = super::trace::next_attempt(self.ctx);
+        // The route's own profile, for this route only: the next candidate gets the client's
+        // request as it came.
+        let profiled = (p.profiles.get(&route.id))
+            .and_then(|pr| super::profile::apply(pr, route.kind, self.request));
+        self.ctx.d.profile = profiled.is_some().then(|| route.id.clone());
         let outgoing = Outgoing {
-            body: self.request,
+            body: profiled.as_ref().unwrap_or(self.request),
             stream: self.stream,
             request_id: &self.ctx.d.request_id,
             trace: trace.as_ref(),

@@ -20,7 +20,12 @@
 //!    budget, stream watchdog, failover classes, 429 rests) at a time; a committed stream is
 //!    forwarded by [`stream`].
 //! 5. `request`: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
-//!    metering ([`meter`], `record`), counters, the idempotency key and the cache.
+//!    metering ([`meter`], `record`), counters, the idempotency key and the cache; the
+//!    `"probeok"` object of a non-normal answer (`notice`); a sampled request's copies to its
+//!    `[[shadow]]` routes, once the answer is complete ([`shadow`]).
+//!
+//! Each attempt sends the request as the route's profile shapes it ([`profile`],
+//! `[[route]] request`); routes named by a `[[shadow]]` are never candidates.
 //!
 //! Traced requests ([`crate::trace`], `[tracing]`) are one span each with a child span per
 //! attempt (`trace`).
@@ -43,12 +48,15 @@ mod intake;
 pub mod jobs;
 pub mod meter;
 pub mod readonly;
+mod notice;
+pub mod profile;
 mod record;
 mod reject;
 pub mod remote;
 mod request;
 pub mod select;
 mod server;
+pub mod shadow;
 pub mod stream;
 mod trace;
 pub mod weights;
@@ -105,6 +113,8 @@ pub struct ProxyOptions {
     /// The client keys themselves, instead of reading `client_keys_env` (an embedder or a
     /// test hands the values over rather than setting the environment).
     pub client_keys: Option<Vec<crate::secret::Secret>>,
+    /// The shadow copies' queue and concurrency.
+    pub shadow: shadow::ShadowLimits,
 }
 
 impl Default for ProxyOptions {
@@ -119,6 +129,7 @@ impl Default for ProxyOptions {
             live: None,
             tracer: crate::trace::Tracer::off(),
             client_keys: None,
+            shadow: shadow::ShadowLimits::default(),
         }
     }
 }
@@ -140,11 +151,13 @@ struct Inner {
     config: ProxyConfig,
     routes: Vec<Arc<Route>>,
     weights: WeightsRx,
-    upstream: Upstream,
+    upstream: Arc<Upstream>,
     rests: Rests,
     passive: PassiveSink,
     /// Off when the variable is unset.
     client_keys: ClientKeys,
+    /// Route profiles (`request = {…}`), by route.
+    profiles: HashMap<RouteId, crate::config::RequestProfile>,
     /// Routes whose own `first_byte_timeout` overrides the proxy's stream watchdog.
     first_byte_overrides: HashMap<RouteId, Duration>,
     /// Logical model → since when it has been served degraded (all weights 0).
@@ -172,6 +185,8 @@ struct Inner {
     cache: Option<cache::Cache>,
     /// The store itself: its health is read-only mode's switch.
     store: Option<Store>,
+    /// `[[shadow]]` copies and their comparisons (`None`: no shadow configured).
+    shadows: Option<shadow::Shadows>,
     tracer: crate::trace::Tracer,
 }
 
@@ -210,7 +225,21 @@ impl Proxy {
     ) -> Result<Self, ProxyError> {
         let clock = opts.clock.clone();
         let config = &full.proxy;
-        let routes: Vec<Arc<Route>> = full.routes().into_iter().map(Arc::new).collect();
+        let all: Vec<Arc<Route>> = full.routes().into_iter().map(Arc::new).collect();
+        // A shadow route gets copies only: never a candidate for real traffic.
+        let shadowed = full.shadow_routes();
+        let routes: Vec<Arc<Route>> = (all.iter())
+            .filter(|r| !shadowed.contains(&r.id))
+            .cloned()
+            .collect();
+        let profiles = full
+            .routes
+            .iter()
+            .filter_map(|r| {
+                let p = r.request.clone()?;
+                Some((RouteId::new(&r.provider, &r.region, &r.model), p))
+            })
+            .collect();
         let first_byte_overrides = full
             .routes
             .iter()
@@ -219,8 +248,11 @@ impl Proxy {
                 Some((RouteId::new(&r.provider, &r.region, &r.model), fbt))
             })
             .collect();
-        let upstream =
-            Upstream::new(&routes, &full.env).map_err(|e| ProxyError::Client(e.to_string()))?;
+        let upstream = Upstream::new(&all, &full.env)
+            .map(Arc::new)
+            .map_err(|e| ProxyError::Client(e.to_string()))?;
+        let shadows =
+            shadow::Shadows::start(full, &all, upstream.clone(), clock.clone(), opts.shadow);
         let client_keys = match opts.client_keys.clone() {
             Some(keys) => ClientKeys::given(keys),
             None => ClientKeys::from_env(&full.env, &config.client_keys_env),
@@ -245,6 +277,7 @@ impl Proxy {
                 passive: PassiveSink::new(passive),
                 client_keys,
                 first_byte_overrides,
+                profiles,
                 degraded_since: Mutex::new(HashMap::new()),
                 clock,
                 breakers,
@@ -268,6 +301,7 @@ impl Proxy {
                 }),
                 store: store.cloned(),
                 limits,
+                shadows,
                 body_read_timeout: opts.body_read_timeout,
                 header_read_timeout: opts.header_read_timeout,
                 feed: opts.feed,
@@ -313,6 +347,15 @@ impl Proxy {
     /// Every route's circuit breaker, now.
     pub fn breakers(&self) -> Vec<BreakerSnapshot> {
         self.inner.breakers.snapshot(Instant::now())
+    }
+
+    /// Per `[[shadow]]`, the comparison with the real answers over the last hour and day.
+    pub fn shadow_report(&self) -> Vec<serde_json::Value> {
+        self.inner
+            .shadows
+            .as_ref()
+            .map(shadow::Shadows::report)
+            .unwrap_or_default()
     }
 
     /// `probeok_proxy_requests_total` and `probeok_proxy_failovers_total`, with drop counts.

@@ -25,7 +25,7 @@ use super::attempt::{class_of, Class};
 use super::breaker::Verdict;
 use super::record::{self, AttemptOutcome, Outcome, Tried, Usage};
 use super::reject::Reject;
-use super::{cache, degrade, idempotency, trace, Proxy};
+use super::{cache, idempotency, notice, shadow, trace, Proxy};
 use crate::probe::ProbeOutcome;
 use crate::route::{Price, Route, RouteId};
 use crate::store::RequestRecord;
@@ -61,6 +61,14 @@ pub(crate) struct Disclosure {
     pub mode: Option<Mode>,
     /// More headers a contract answer carries (`x-probeok-user-message`, …).
     pub extra: Vec<(&'static str, String)>,
+    /// The answering route's profile changed the request (`x-probeok-profile`).
+    pub profile: Option<RouteId>,
+    /// Since when, and why, the model is served degraded (`all_routes_unhealthy`,
+    /// `weights_feed_stale`), for the answer's `"probeok"` object.
+    pub degraded_reason: Option<&'static str>,
+    /// Served by a `fallback`-tier route or a contract's fallback model: `quality_hint`
+    /// `reduced`.
+    pub reduced: bool,
 }
 
 impl Disclosure {
@@ -73,6 +81,9 @@ impl Disclosure {
             fallback_reason: None,
             mode: None,
             extra: Vec::new(),
+            profile: None,
+            degraded_reason: None,
+            reduced: false,
         }
     }
 
@@ -117,6 +128,9 @@ impl Disclosure {
             );
         }
         set("x-request-id", &self.request_id);
+        if let Some(route) = &self.profile {
+            set("x-probeok-profile", route.as_str());
+        }
         for (name, value) in &self.extra {
             set(name, value);
         }
@@ -159,7 +173,8 @@ pub(crate) struct RequestCtx {
     pub replay: bool,
     /// The contract behaviour that answered (metered in `proxy_requests.contract`).
     pub contract: Option<&'static str>,
-    /// The `"probeok"` object added to the upstream's JSON answer (a contract's fallback).
+    /// A contract's own keys of the `"probeok"` object, for answers the contract did not
+    /// build itself (a fallback model's, a replayed cached stream).
     pub probeok: Option<Value>,
     /// Where a successful answer is remembered for `cached_response`.
     pub cache: Option<cache::Slot>,
@@ -167,6 +182,8 @@ pub(crate) struct RequestCtx {
     pub trace: Option<Box<crate::trace::RequestTrace>>,
     /// The client's tag ([`super::attribution::client_tag`]; empty without client auth).
     pub client: String,
+    /// Sampled for `[[shadow]]` copies, sent once the answer is complete.
+    pub shadow: Option<Box<shadow::Pending>>,
 }
 
 impl RequestCtx {
@@ -188,6 +205,7 @@ impl RequestCtx {
             cache: None,
             trace: None,
             client: String::new(),
+            shadow: None,
         }
     }
 
@@ -276,13 +294,35 @@ async fn finish_plain(proxy: &Proxy, mut ctx: RequestCtx, r: Response) -> Respon
             cache.remember(slot, status, body.to_vec(), p.clock.now());
         }
     }
+    // The copies leave once the client's answer is complete (a contract's own answer is not
+    // the model's: nothing to compare).
+    if let (Some(pending), Some(shadows)) = (ctx.shadow.take(), &p.shadows) {
+        if ctx.contract.is_none() || ctx.contract == Some(notice::FALLBACK_MODEL) {
+            let last = ctx.attempts.last();
+            let primary = shadow::plain_side(
+                ctx.outcome == Outcome::Ok && status == 200,
+                ctx.start.elapsed(),
+                last.and_then(|a| a.ttft_ms),
+                last.and_then(|a| a.usage.completion_tokens),
+                pending.wants_json,
+                ctx.answer.as_deref(),
+            );
+            shadows.offer(*pending, Some(primary));
+        }
+    }
+    // A degraded answer says so in its body; a replay of its idempotency key says the same.
+    if let Some(block) = notice::block(&ctx) {
+        r = notice::add(r, &block).await;
+        if let Some(body) = &ctx.answer {
+            if let Some(with) = notice::json_body(body, &block) {
+                ctx.answer = Some(Bytes::from(with));
+            }
+        }
+    }
     if let (Some(guard), Some(body)) = (ctx.guard.take(), ctx.answer.take()) {
         guard
             .store(status, r.headers(), false, body.to_vec(), p.clock.now())
             .await;
-    }
-    if let Some(block) = &ctx.probeok {
-        r = degrade::add_block(r, block).await;
     }
     r
 }
@@ -303,6 +343,17 @@ fn finish_stream(
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    // The notice rides in the first chunk (before the tee: a replay says the same).
+    let body = match notice::block(&ctx) {
+        None => body,
+        Some(block) => body
+            .enumerate()
+            .map(move |(i, chunk)| match chunk {
+                Ok(c) if i == 0 => Ok(notice::first_event(&c, &block).unwrap_or(c)),
+                other => other,
+            })
+            .boxed(),
+    };
     let tail = Tail {
         proxy: proxy.clone(),
         headers: r.headers().clone(),
@@ -360,6 +411,9 @@ impl Tail {
         }
         if let Some(u) = Usage::in_stream_chunk(chunk) {
             self.prompt_tokens = u.prompt_tokens;
+        }
+        if let Some(pending) = self.ctx.shadow.as_mut().filter(|p| p.wants_json) {
+            shadow::compare::add_stream_content(chunk, &mut pending.content);
         }
     }
 
@@ -423,6 +477,19 @@ impl Tail {
             meter.send(self.ctx.record(200, result));
         }
         trace::finish(&p.tracer, &self.ctx, 200, result);
+        if let (Some(pending), Some(shadows)) = (self.ctx.shadow.take(), &p.shadows) {
+            // A client that hung up leaves nothing to compare with.
+            let primary = (result != Outcome::ClientGone).then(|| shadow::compare::Side {
+                success: result == Outcome::Ok,
+                latency_ms: outcome.as_ref().map_or(0.0, |o| o.total_ms),
+                ttft_ms: outcome.as_ref().and_then(|o| o.ttft_ms),
+                output_tokens: outcome
+                    .as_ref()
+                    .and_then(|o| o.output_tokens.map(u64::from)),
+                valid: shadow::compare::validity(pending.wants_json, Some(&pending.content)),
+            });
+            shadows.offer(*pending, primary);
+        }
         let keep = complete && matches!(result, Outcome::Ok | Outcome::ClientError);
         let tee = if keep { self.tee.take() } else { None };
         if let (Some(tee), true) = (&tee, result == Outcome::Ok && self.ctx.contract.is_none()) {

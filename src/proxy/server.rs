@@ -82,6 +82,11 @@ async fn handle(
     let intake = intake::read(p, headers, body).await?;
     ctx.stream = intake.needs.stream;
     ctx.client = super::attribution::client_tag(&intake.client_key);
+    if let Some(shadows) = &p.shadows {
+        let keyed = headers.contains_key("idempotency-key");
+        ctx.shadow = (shadows.sample(&intake.model, keyed, &intake.request, intake.needs.stream))
+            .map(Box::new);
+    }
     match intake::claim(p, headers, &intake).await? {
         Claim::None => {}
         Claim::Proceed(guard) => ctx.guard = Some(guard),

@@ -9,7 +9,8 @@
 //! - [`ingest`]: `POST /api/v1/ingest` (passive outcomes, bearer token).
 //! - [`feed`]: the weights feed — `/api/v1/weights` (ETag, long-poll) and its SSE stream.
 //! - [`drift`]: `/api/v1/drift`; [`switches`]: `/api/v1/switches`; [`requests`]:
-//!   `/api/v1/requests` (the proxy's metering).
+//!   `/api/v1/requests` (the proxy's metering); [`shadow`]: `/api/v1/shadow` (shadow routes
+//!   compared with the real answers).
 //! - [`drills`]: `/api/v1/drills` and the drills admin API; [`silences`]: the silences admin
 //!   API; [`reload`]: `POST /api/v1/admin/reload`.
 //! - [`metrics`]: `/metrics` (OpenMetrics via `prometheus-client`).
@@ -35,6 +36,7 @@ pub mod openapi;
 pub mod pages;
 pub mod reload;
 pub mod requests;
+pub mod shadow;
 pub mod silences;
 pub mod switches;
 pub mod table;

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{
     api, atom, badges, drift, drills, feed, ingest, metrics, openapi, pages, reload, requests,
-    silences, switches, AppState, Endpoint,
+    shadow, silences, switches, AppState, Endpoint,
 };
 
 /// One endpoint: where it is, what serves it, and how the OpenAPI document describes it.
@@ -136,6 +136,7 @@ pub fn table() -> Vec<Entry> {
         )
         .public_read(),
         Entry::new(M::GET, requests::PATH, get(requests::list), requests::doc()),
+        Entry::new(M::GET, shadow::PATH, get(shadow::report), shadow::doc()),
         // Drills.
         Entry::new(
             M::GET,

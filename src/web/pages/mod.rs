@@ -42,6 +42,7 @@ mod chart;
 mod incidents;
 mod lines;
 mod route;
+mod shadow;
 mod status;
 mod vantages;
 

@@ -45,6 +45,8 @@ pub struct RoutePage {
     pub vantages: Vec<VantageRow>,
     pub vantage_local: Option<String>,
     pub vw: VantageWords,
+    /// On a shadow route: its comparison with the pool's answers.
+    pub shadow: Option<super::shadow::ShadowBox>,
 }
 
 /// "0.4 s / 3.9 s": a reasoning model answers well after its first (reasoning) token; a
@@ -114,7 +116,11 @@ pub async fn route(
         .as_ref()
         .map(|v| v.view.borrow().clone())
         .unwrap_or_default();
+    let shadow_report = (state.metrics.proxy())
+        .map(|p| p.shadow_report())
+        .unwrap_or_default();
     let body = RoutePage {
+        shadow: super::shadow::shadow_box(lang, &shadow_report, &route.id),
         vantages: rows(&view, &route.id, lang, &when),
         vantage_local: local(&health, &route.id),
         vw: words(lang),
