@@ -127,6 +127,12 @@ impl StreamDecoder for OpenAiStream {
                 if let Some(r) = delta.get("refusal").and_then(Value::as_str) {
                     self.refusal.push_str(r);
                 }
+                for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                    let index = call["index"].as_u64().unwrap_or(0);
+                    let args = call["function"]["arguments"].as_str().unwrap_or("");
+                    self.c
+                        .push_tool_args(usize::try_from(index).unwrap_or(usize::MAX), args);
+                }
             }
             if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
                 self.c.length_cut = f == "length";

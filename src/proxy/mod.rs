@@ -20,7 +20,8 @@
 //!    budget, stream watchdog, failover classes, 429 rests) at a time; a committed stream is
 //!    forwarded by [`stream`].
 //! 5. `request`: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
-//!    metering ([`meter`], `record`), counters, the idempotency key and the cache.
+//!    metering ([`meter`], `record`), counters, the route observables ([`observe`], with the
+//!    structured-output check of [`structured`]), the idempotency key and the cache.
 //!
 //! Traced requests ([`crate::trace`], `[tracing]`) are one span each with a child span per
 //! attempt (`trace`).
@@ -42,6 +43,7 @@ pub mod idempotency;
 mod intake;
 pub mod jobs;
 pub mod meter;
+pub mod observe;
 mod record;
 mod reject;
 pub mod remote;
@@ -49,6 +51,7 @@ mod request;
 pub mod select;
 mod server;
 pub mod stream;
+pub mod structured;
 mod trace;
 pub mod weights;
 
@@ -154,6 +157,8 @@ struct Inner {
     ledger: Arc<attribution::Ledger>,
     counters: ProxyCounters,
     meter: Option<Meter>,
+    /// Route observables from this proxy's traffic (needs the store).
+    observer: Option<observe::Observer>,
     idempotency: Option<Arc<idempotency::Idempotency>>,
     /// Route → its in-flight slots.
     limits: HashMap<RouteId, Arc<Semaphore>>,
@@ -248,6 +253,7 @@ impl Proxy {
                 ledger: Arc::default(),
                 counters: ProxyCounters::default(),
                 meter: store.map(|s| Meter::spawn(s.writer()).0),
+                observer: store.map(|s| observe::Observer::spawn(s.writer(), opts.clock.clone())),
                 jobs: store.map(|s| Arc::new(jobs::Jobs::new(s.clone(), max_body))),
                 cache: store.map(|s| cache::Cache::new(s.clone(), max_body)),
                 idempotency: store.map(|s| {
@@ -270,6 +276,14 @@ impl Proxy {
     /// ignored).
     pub fn set_budget(&self, budget: Arc<Budget>) {
         let _ = self.inner.budget.set(budget);
+    }
+
+    /// Writes the route observables counted so far (they are written every
+    /// [`observe::FLUSH_EVERY`] anyway) and waits for the commit.
+    pub async fn flush_observed(&self) {
+        if let Some(o) = &self.inner.observer {
+            o.flush().await;
+        }
     }
 
     /// Passive outcomes dropped because the queue was full.

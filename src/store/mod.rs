@@ -41,6 +41,7 @@ mod health;
 pub mod histogram;
 mod jobs;
 pub mod migrate;
+pub mod observed;
 mod outcomes;
 mod requests;
 mod rollups;
@@ -65,6 +66,7 @@ pub use contracts::{CachedAnswer, ContractOp, JobRecord, JobStatus, OWNER_SHARE_
 pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
+pub use observed::{ObservedBucket, ObservedRow, Span};
 pub use migrate::{force_version, latest_version, migrate, migrate_to, user_version};
 pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use rollups::{Granularity, Rollup};
