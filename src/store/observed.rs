@@ -114,6 +114,11 @@ pub struct ObservedRow {
     pub bucket: ObservedBucket,
 }
 
+/// Milliseconds since the epoch, as bucket starts are written.
+pub fn to_ms_pub(t: DateTime<Utc>) -> i64 {
+    to_ms(t)
+}
+
 fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
