@@ -92,7 +92,7 @@ fn drift_and_admin_schemas() -> Value {
             "properties": {
                 "id": {"type": "string", "description": "route|set|kind, stable while the finding lasts"},
                 "route": {"type": "string"}, "set": {"type": "string"},
-                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed"]},
+                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed", "validity_drop"]},
                 "severity": {"type": "string", "enum": ["info", "warning"]},
                 "failure_mode": {"type": "string", "nullable": true},
                 "detected_at": {"type": "string", "format": "date-time"},
