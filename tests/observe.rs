@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use common::app::{at, Harness};
+use common::pg::TestDb;
 use common::{fake, json, openai, Reply, Script, Server};
 use probeok::config::{Config, ProviderConfig, RegionConfig, RouteConfig};
 use probeok::drift::traffic::{self, TrafficOptions};
@@ -375,4 +376,60 @@ async fn the_openai_sdks_structured_requests_are_judged() {
     assert_eq!((s["checked"].as_u64(), s["valid"].as_u64()), (Some(11), Some(6)), "{s}");
     let tpot = route["observed"]["1h"]["tpot_ms"]["p50"].as_f64().unwrap();
     assert!((tpot - 20.0).abs() / 20.0 <= 0.10, "tpot {tpot} ms");
+}
+
+on_both_engines! {
+#[tokio::test]
+async fn observed_rows_are_per_source_replaced_summed_and_pruned(db: &TestDb) {
+    use probeok::store::{ObservedBucket, ObservedRow, Span};
+    let store = db.open(probeok::store::StoreOptions::default());
+    let now = at("2026-03-04T10:00:30Z");
+    let minute = Span::Minute.start(now);
+    let row = |source: &str, requests: u64, valid: u64, error: &str| {
+        let mut bucket = ObservedBucket {
+            requests,
+            ok: requests,
+            checked: requests,
+            valid,
+            cost_sum: 1.5,
+            cost_n: 1,
+            ..ObservedBucket::default()
+        };
+        bucket.ttft.record(250.0);
+        bucket.tpot.record(200.0);
+        bucket.note_error(error);
+        ObservedRow {
+            span: Span::Minute,
+            bucket_ms: minute,
+            route: ROUTE.into(),
+            source: source.into(),
+            bucket,
+        }
+    };
+    let w = store.writer();
+    w.record_observed(vec![row("a", 1, 1, "e1")], now).await.unwrap();
+    // The same source rewrites its row whole; another source adds its own.
+    w.record_observed(vec![row("a", 4, 3, "e1"), row("b", 2, 1, "e2")], now)
+        .await
+        .unwrap();
+    // A row older than the minutes' retention is pruned by the next write.
+    let mut old = row("a", 9, 9, "old");
+    old.bucket_ms = Span::Minute.start(now - chrono::Duration::days(3));
+    w.record_observed(vec![old], now - chrono::Duration::days(3)).await.unwrap();
+    w.record_observed(vec![row("b", 2, 1, "e2")], now).await.unwrap();
+    let reader = store.reader().unwrap();
+    let all = reader
+        .observed(Span::Minute, minute - 10 * 86_400_000, minute + 60_000)
+        .unwrap();
+    let b = &all[ROUTE];
+    assert_eq!((b.requests, b.checked, b.valid), (6, 6, 4));
+    assert_eq!(b.cost_n, 2);
+    assert_eq!(b.ttft.count(), 2);
+    assert_eq!(b.errors, ["e1", "e2"]);
+    let buckets = reader
+        .observed_buckets(Span::Minute, minute - 10 * 86_400_000, minute + 60_000)
+        .unwrap();
+    assert_eq!(buckets[ROUTE].len(), 1, "the 3-day-old minute is gone");
+    store.close().await.unwrap();
+}
 }

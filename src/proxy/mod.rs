@@ -107,6 +107,9 @@ pub struct ProxyOptions {
     /// The client keys themselves, instead of reading `client_keys_env` (an embedder or a
     /// test hands the values over rather than setting the environment).
     pub client_keys: Option<Vec<crate::secret::Secret>>,
+    /// Count the route observables (with a store; on by default; a benchmark turns it off to
+    /// measure what they add).
+    pub observe: bool,
 }
 
 impl Default for ProxyOptions {
@@ -121,6 +124,7 @@ impl Default for ProxyOptions {
             live: None,
             tracer: crate::trace::Tracer::off(),
             client_keys: None,
+            observe: true,
         }
     }
 }
@@ -253,7 +257,8 @@ impl Proxy {
                 ledger: Arc::default(),
                 counters: ProxyCounters::default(),
                 meter: store.map(|s| Meter::spawn(s.writer()).0),
-                observer: store.map(|s| observe::Observer::spawn(s.writer(), opts.clock.clone())),
+                observer: (store.filter(|_| opts.observe))
+                    .map(|s| observe::Observer::spawn(s.writer(), opts.clock.clone())),
                 jobs: store.map(|s| Arc::new(jobs::Jobs::new(s.clone(), max_body))),
                 cache: store.map(|s| cache::Cache::new(s.clone(), max_body)),
                 idempotency: store.map(|s| {
@@ -301,6 +306,7 @@ impl Proxy {
         let mut s = self.inner.counters.snapshot();
         s.meter_dropped = self.inner.meter.as_ref().map_or(0, Meter::dropped);
         s.passive_dropped = self.inner.passive.dropped();
+        s.observed_dropped = (self.inner.observer.as_ref()).map_or(0, observe::Observer::dropped);
         s
     }
 }
