@@ -98,7 +98,13 @@ async fn proxy(up: std::net::SocketAddr, store: &Store, observe: bool) -> String
 }
 
 /// `n` requests from `clients` concurrent clients; every latency, sorted (ms).
-async fn run(client: &reqwest::Client, url: &str, body: &str, clients: usize, n: usize) -> Vec<f64> {
+async fn run(
+    client: &reqwest::Client,
+    url: &str,
+    body: &str,
+    clients: usize,
+    n: usize,
+) -> Vec<f64> {
     let per = n / clients;
     let mut tasks = Vec::new();
     for _ in 0..clients {

@@ -32,9 +32,14 @@ const SPEC: &[common::app::Spec<'static>] = &[("fake", "r1", "up-model", "chat",
 async fn upstream() -> Server {
     let (server, _reqs) = fake("/chat/completions", |req| {
         let body = req.json();
-        let word = body["messages"][0]["content"].as_str().unwrap_or("").to_owned();
+        let word = body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
         if body["stream"] == true {
-            let pieces = ["{", "\"a\"", ":", " 1", ",", " \"b\"", ":", " 2", ",", " \"c\":3", "}"];
+            let pieces = [
+                "{", "\"a\"", ":", " 1", ",", " \"b\"", ":", " 2", ",", " \"c\":3", "}",
+            ];
             return Reply::now(
                 Script::new()
                     .every(
@@ -46,7 +51,9 @@ async fn upstream() -> Server {
         }
         let answer = match word.as_str() {
             "broken" => openai::body("{\"ok\": tru", "stop", Some(3)),
-            "schema-bad" => openai::body("{\"name\": \"Ann\", \"age\": \"three\"}", "stop", Some(3)),
+            "schema-bad" => {
+                openai::body("{\"name\": \"Ann\", \"age\": \"three\"}", "stop", Some(3))
+            }
             "schema-good" => openai::body("{\"name\": \"Ann\", \"age\": 3}", "stop", Some(3)),
             "refuse" => j!({"id": "c1", "object": "chat.completion", "model": "up-model",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": null},
@@ -86,7 +93,11 @@ async fn rig(now: &str) -> Rig {
         region: "r1".into(),
         model: "up-model".into(),
         serves: "chat".into(),
-        capabilities: vec![Capability::Stream, Capability::JsonSchema, Capability::Tools],
+        capabilities: vec![
+            Capability::Stream,
+            Capability::JsonSchema,
+            Capability::Tools,
+        ],
         // 12 prompt and 3 completion tokens cost 12 + 6 = 18.
         price: Some(Price {
             input_per_mtok: 1_000_000.0,
@@ -197,7 +208,10 @@ async fn real_traffic_shows_validity_refusals_pace_and_cost() {
     assert!((refusals - 1.0 / 12.0).abs() < 1e-6, "{h1}");
     // 6 valid + 2 broken + 1 schema violation + 1 schema match + the valid stream.
     let s = &h1["structured"];
-    assert_eq!((s["checked"].as_u64(), s["valid"].as_u64()), (Some(11), Some(8)));
+    assert_eq!(
+        (s["checked"].as_u64(), s["valid"].as_u64()),
+        (Some(11), Some(8))
+    );
     let errors: Vec<&str> = s["errors"]
         .as_array()
         .unwrap()
@@ -213,7 +227,9 @@ async fn real_traffic_shows_validity_refusals_pace_and_cost() {
         "{errors:?}"
     );
     assert!(
-        !errors.iter().any(|e| e.contains("tru") || e.contains("three")),
+        !errors
+            .iter()
+            .any(|e| e.contains("tru") || e.contains("three")),
         "no answer text in the evidence: {errors:?}"
     );
     // TPOT: 11 tokens 20 ms apart → (last − first) / 10 = 20 ms.
@@ -223,7 +239,10 @@ async fn real_traffic_shows_validity_refusals_pace_and_cost() {
     // Every answer with usage: 12 + 2 × 3 = 18 (the stream: 12 + 2 × 11 = 34; the
     // refusal reported none): (10 × 18 + 34) / 11.
     let cost = h1["cost_per_success"].as_f64().unwrap();
-    assert!((cost - (10.0 * 18.0 + 34.0) / 11.0).abs() < 1e-6, "cost {cost}");
+    assert!(
+        (cost - (10.0 * 18.0 + 34.0) / 11.0).abs() < 1e-6,
+        "cost {cost}"
+    );
     // The currency is the monitor's price of the route; this monitor's config names none.
     assert_eq!(route["observed"]["currency"], Value::Null);
     assert_eq!(route["observed"]["24h"]["requests"], 12);
@@ -291,7 +310,10 @@ async fn a_sustained_validity_drop_becomes_a_behavior_changed_finding() {
     let f = &found[0];
     assert_eq!(f.kind, DriftKind::ValidityDrop);
     assert_eq!(f.route.as_str(), ROUTE);
-    assert_eq!((f.evidence.before.passed, f.evidence.before.total), (60, 60));
+    assert_eq!(
+        (f.evidence.before.passed, f.evidence.before.total),
+        (60, 60)
+    );
     assert_eq!((f.evidence.after.passed, f.evidence.after.total), (24, 48));
     assert!(f.evidence.p_value.unwrap() < opts.alpha);
     assert_eq!(f.evidence.runs.len(), 2);
@@ -372,13 +394,20 @@ async fn the_openai_sdks_structured_requests_are_judged() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON from the script");
     assert_eq!(v["plain"].as_array().unwrap().len(), 10);
-    assert_eq!(v["plain"][1], "{\"ok\": tru", "the client got the answer as it was");
+    assert_eq!(
+        v["plain"][1], "{\"ok\": tru",
+        "the client got the answer as it was"
+    );
     assert_eq!(v["stream"], "{\"a\": 1, \"b\": 2, \"c\":3}");
     rig.proxy.flush_observed().await;
     let route = rig.status_route().await;
     let s = &route["observed"]["1h"]["structured"];
     // 5 valid + 5 cut non-streamed answers, and the valid stream.
-    assert_eq!((s["checked"].as_u64(), s["valid"].as_u64()), (Some(11), Some(6)), "{s}");
+    assert_eq!(
+        (s["checked"].as_u64(), s["valid"].as_u64()),
+        (Some(11), Some(6)),
+        "{s}"
+    );
     let tpot = route["observed"]["1h"]["tpot_ms"]["p50"].as_f64().unwrap();
     assert!((tpot - 20.0).abs() / 20.0 <= 0.10, "tpot {tpot} ms");
 }

@@ -214,9 +214,8 @@ pub(super) async fn lead(
         token.clone(),
     );
     tasks.push(traffic_task);
-    let (merged_tx, merged) = watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(
-        m.clock.now(),
-    )));
+    let (merged_tx, merged) =
+        watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(m.clock.now())));
     tasks.push(merge_drift(runs, traffic, merged_tx, token.clone()));
     tasks.push(relay(merged.clone(), m.drift.clone(), token.clone()));
     tasks.push(crate::drift::events::spawn(

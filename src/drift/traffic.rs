@@ -235,7 +235,10 @@ pub fn spawn(
     clock: Arc<dyn Clock>,
     o: TrafficOptions,
     token: CancellationToken,
-) -> (watch::Receiver<Arc<Vec<DriftFinding>>>, tokio::task::JoinHandle<()>) {
+) -> (
+    watch::Receiver<Arc<Vec<DriftFinding>>>,
+    tokio::task::JoinHandle<()>,
+) {
     let (tx, rx) = watch::channel(Arc::new(Vec::<DriftFinding>::new()));
     let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(o.every);
@@ -257,7 +260,9 @@ pub fn spawn(
                         changed
                     });
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "drift: cannot read the route observables"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "drift: cannot read the route observables")
+                }
                 Err(e) => tracing::warn!(error = %e, "drift: the observables check failed"),
             }
         }
@@ -323,7 +328,10 @@ mod tests {
         let mut hours = HashMap::new();
         let mut h = BTreeMap::new();
         for i in 1..=24 {
-            h.insert(Span::Hour.start(now) - i * 3_600_000 - 3_600_000, bucket(99, 100));
+            h.insert(
+                Span::Hour.start(now) - i * 3_600_000 - 3_600_000,
+                bucket(99, 100),
+            );
         }
         hours.insert("p/r/m".to_owned(), h);
         let found = evaluate(&minutes, &hours, now, &o);

@@ -269,9 +269,8 @@ impl Rollup {
             }
         }
         let dirty = &self.dirty;
-        self.buckets.retain(|k, _| {
-            dirty.contains(k) || k.0.start(now) == k.2
-        });
+        self.buckets
+            .retain(|k, _| dirty.contains(k) || k.0.start(now) == k.2);
     }
 }
 
@@ -303,7 +302,10 @@ mod tests {
         );
         r.add(now, &[seen("a", false, 429)], None);
         let a = &r.buckets[&(Span::Minute, "a".to_owned(), Span::Minute.start(now))];
-        assert_eq!((a.requests, a.ok, a.server_error, a.rate_limited), (2, 0, 1, 1));
+        assert_eq!(
+            (a.requests, a.ok, a.server_error, a.rate_limited),
+            (2, 0, 1, 1)
+        );
         let b = &r.buckets[&(Span::Hour, "b".to_owned(), Span::Hour.start(now))];
         assert_eq!((b.requests, b.ok, b.checked, b.valid), (1, 1, 1, 0));
         assert_eq!(b.errors, ["content is not JSON"]);
@@ -335,6 +337,9 @@ mod tests {
             Validity::NotChecked("answer_too_large")
         );
         let s = Streamed { cut: false, ..s };
-        assert_eq!(verdict(&Expect::JsonObject, Content::Streamed(s)), Validity::Valid);
+        assert_eq!(
+            verdict(&Expect::JsonObject, Content::Streamed(s)),
+            Validity::Valid
+        );
     }
 }

@@ -267,7 +267,10 @@ impl Tried {
 /// The outcome's error is a content-policy refusal (`finish_reason: "content_filter"`, a
 /// `refusal` field, Anthropic's `stop_reason: "refusal"`, a provider's content-policy 400).
 pub fn is_refusal(outcome: &ProbeOutcome) -> bool {
-    matches!(outcome.error, Some(crate::probe::ProbeError::Refused { .. }))
+    matches!(
+        outcome.error,
+        Some(crate::probe::ProbeError::Refused { .. })
+    )
 }
 
 /// The request's tokens and cost: those of the last attempt sent, when its answer reached the

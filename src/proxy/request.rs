@@ -269,7 +269,9 @@ async fn finish_plain(proxy: &Proxy, mut ctx: RequestCtx, r: Response) -> Respon
     let route = ctx.d.route.as_ref().map_or("none", RouteId::as_str);
     p.counters.request(&ctx.serves, route, ctx.outcome.as_str());
     if let Some(observer) = &p.observer {
-        let answer = (ctx.outcome == Outcome::Ok).then(|| ctx.answer.clone()).flatten();
+        let answer = (ctx.outcome == Outcome::Ok)
+            .then(|| ctx.answer.clone())
+            .flatten();
         observer.request(&ctx, answer.map(super::observe::Content::Body));
     }
     if !ctx.serves.is_empty() {

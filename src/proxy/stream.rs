@@ -50,7 +50,11 @@ pub(crate) struct Streamed {
 }
 
 /// Time per output token from the first and last content event and the token count.
-pub(crate) fn tpot_ms(first: Option<Instant>, last: Option<Instant>, tokens: Option<u32>) -> Option<f64> {
+pub(crate) fn tpot_ms(
+    first: Option<Instant>,
+    last: Option<Instant>,
+    tokens: Option<u32>,
+) -> Option<f64> {
     let (first, last, n) = (first?, last?, tokens?);
     if n < 2 || last <= first {
         return None;

@@ -238,7 +238,10 @@ mod tests {
         let Validity::Invalid(e) = check(&r, r#"{"name": "Ann", "age": "three"}"#, &[]) else {
             panic!("a schema violation must be invalid")
         };
-        assert_eq!(e, "content does not match the schema at /age (keyword type)");
+        assert_eq!(
+            e,
+            "content does not match the schema at /age (keyword type)"
+        );
         assert!(!e.contains("three"));
         let Validity::Invalid(e) = check(&r, r#"{"name": "Ann"}"#, &[]) else {
             panic!("a missing property must be invalid")
@@ -265,11 +268,17 @@ mod tests {
         let r = json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {
             "description": big
         }}}});
-        assert_eq!(check(&r, "{}", &[]), Validity::NotChecked("schema_too_large"));
+        assert_eq!(
+            check(&r, "{}", &[]),
+            Validity::NotChecked("schema_too_large")
+        );
         let bad = json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {
             "type": 12
         }}}});
-        assert_eq!(check(&bad, "{}", &[]), Validity::NotChecked("schema_unusable"));
+        assert_eq!(
+            check(&bad, "{}", &[]),
+            Validity::NotChecked("schema_unusable")
+        );
         for i in 0..(MAX_CACHED_SCHEMAS + 5) {
             let r = json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {
                 "type": "object", "title": format!("s{i}")

@@ -66,8 +66,8 @@ pub use contracts::{CachedAnswer, ContractOp, JobRecord, JobStatus, OWNER_SHARE_
 pub use health::StoredHealth;
 pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
-pub use observed::{ObservedBucket, ObservedRow, Span};
 pub use migrate::{force_version, latest_version, migrate, migrate_to, user_version};
+pub use observed::{ObservedBucket, ObservedRow, Span};
 pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use rollups::{Granularity, Rollup};
 pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};

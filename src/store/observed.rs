@@ -175,7 +175,10 @@ pub(crate) fn upsert(
             errors,
         ])?;
     }
-    for (span, keep) in [(Span::Minute, MINUTE_RETENTION), (Span::Hour, HOUR_RETENTION)] {
+    for (span, keep) in [
+        (Span::Minute, MINUTE_RETENTION),
+        (Span::Hour, HOUR_RETENTION),
+    ] {
         conn.prepare_cached(
             "DELETE FROM route_observed WHERE (span_s, bucket_ms, route, source) IN
                  (SELECT span_s, bucket_ms, route, source FROM route_observed

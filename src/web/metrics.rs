@@ -581,12 +581,14 @@ impl Metrics {
             let Some((labels, _)) = self.routes.get(&r.id) else {
                 continue;
             };
-            let view = (figures.observed.h1.get(r.id.as_str()))
-                .and_then(super::api::ObservedView::of);
+            let view =
+                (figures.observed.h1.get(r.id.as_str())).and_then(super::api::ObservedView::of);
             let values = [
                 view.as_ref().and_then(|v| v.success_ratio),
                 view.as_ref().and_then(|v| v.structured.validity_ratio),
-                view.as_ref().and_then(|v| v.tpot_ms.p95).map(|ms| ms / 1000.0),
+                view.as_ref()
+                    .and_then(|v| v.tpot_ms.p95)
+                    .map(|ms| ms / 1000.0),
             ];
             for (family, value) in self.observed.iter().zip(values) {
                 match value {

@@ -1,9 +1,9 @@
 //! The route page's "real traffic" table: `observed` of `/api/v1/status` for the last hour and
 //! the last 24 h, one line per observable.
 
-use crate::web::i18n::Lang;
 use crate::route::Route;
 use crate::web::api::{Figures, Observed, ObservedView};
+use crate::web::i18n::Lang;
 
 /// One line of the table.
 pub struct ObservedLine {
@@ -34,7 +34,11 @@ pub fn table(lang: Lang, route: &Route, figures: &Figures) -> ObservedTable {
     let (heading, window, empty) = if zh {
         ("真实流量", "窗口", "过去 24 小时没有经过代理的流量。")
     } else {
-        ("Real traffic", "Window", "No proxy traffic in the last 24 h.")
+        (
+            "Real traffic",
+            "Window",
+            "No proxy traffic in the last 24 h.",
+        )
     };
     if o.h1.is_none() && o.h24.is_none() {
         return ObservedTable {
