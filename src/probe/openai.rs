@@ -238,6 +238,20 @@ mod tests {
     const USAGE: &str = r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#;
 
     #[test]
+    fn streamed_tool_call_arguments_are_assembled() {
+        let call = |i: u32, args: &str| {
+            serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": i, "function": {"arguments": args}}]}}]})
+            .to_string()
+        };
+        let (a, b, c) = (call(0, "{\"x\":"), call(1, "{}"), call(0, " 1}"));
+        let done = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#;
+        let got = run(&[&a, &b, &c, done, "[DONE]"]).unwrap();
+        assert_eq!(got.tool_args, ["{\"x\": 1}", "{}"]);
+        assert!(!got.text_cut);
+    }
+
+    #[test]
     fn complete_stream_with_usage() {
         let c = run(&[HELLO, STOP, USAGE, "[DONE]"]).unwrap();
         assert_eq!(c.text, "PROBE_OK");

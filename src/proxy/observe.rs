@@ -8,7 +8,7 @@
 //! is held only until it is judged.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,21 @@ use crate::store::{ObservedBucket, ObservedRow, Span, Writer};
 pub const OBSERVE_QUEUE: usize = 4096;
 /// How often changed buckets are written.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(10);
+/// Answers larger than this are not judged ("not checked"), so the queue never holds a
+/// large body alive.
+pub const MAX_JUDGED_BYTES: usize = 256 * 1024;
+/// Answer bytes waiting in the queue to be judged, at most; beyond it answers go unjudged.
+pub const MAX_PENDING_BYTES: usize = 16 * 1024 * 1024;
+/// Buckets held in memory, at most (a store that stays down must not grow them forever):
+/// past it the oldest unwritten ones are dropped.
+pub const MAX_BUCKETS: usize = 100_000;
+
+/// What the task judges: the answer, or why it is not judged.
+enum Judge {
+    /// The answer and the bytes it holds in the queue.
+    Answer(Content, usize),
+    Skip(&'static str),
+}
 
 /// The answer to judge.
 pub(crate) enum Content {
@@ -54,7 +69,7 @@ struct Seen {
 enum Msg {
     Seen {
         seen: Vec<Seen>,
-        judge: Option<(String, Expect, Content)>,
+        judge: Option<(String, Expect, Judge)>,
     },
     Flush(oneshot::Sender<()>),
 }
@@ -64,6 +79,8 @@ enum Msg {
 pub struct Observer {
     tx: mpsc::Sender<Msg>,
     dropped: Arc<AtomicU64>,
+    /// Answer bytes queued for judging.
+    pending: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -78,10 +95,13 @@ impl Observer {
     pub fn spawn(writer: Writer, clock: Arc<dyn Clock>) -> Self {
         let (tx, rx) = mpsc::channel(OBSERVE_QUEUE);
         let source = format!("{:016x}", rand::random::<u64>());
-        tokio::spawn(run(rx, Rollup::new(source), writer, clock));
+        let pending = Arc::new(AtomicUsize::new(0));
+        let rollup = Rollup::new(source);
+        tokio::spawn(run(rx, rollup, writer, clock, pending.clone()));
         Self {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),
+            pending,
         }
     }
 
@@ -111,16 +131,41 @@ impl Observer {
         let last = seen.last().filter(|s| s.ok && !s.refused);
         let judge = match (last, answer) {
             (Some(s), Some(content)) if !ctx.expect.is_nothing() => {
-                Some((s.route.clone(), ctx.expect.clone(), content))
+                Some((s.route.clone(), ctx.expect.clone(), self.hold(content)))
             }
             _ => None,
         };
+        let held = match &judge {
+            Some((_, _, Judge::Answer(_, n))) => *n,
+            _ => 0,
+        };
         if self.tx.try_send(Msg::Seen { seen, judge }).is_err() {
+            self.pending.fetch_sub(held, Ordering::Relaxed);
             let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             if n.is_power_of_two() {
                 tracing::warn!(dropped = n, "route observations dropped (queue full)");
             }
         }
+    }
+
+    /// The answer to queue for judging, within [`MAX_JUDGED_BYTES`] and
+    /// [`MAX_PENDING_BYTES`].
+    fn hold(&self, content: Content) -> Judge {
+        let n = match &content {
+            Content::Body(b) => b.len(),
+            Content::Streamed(s) => {
+                s.text.len() + s.tool_args.iter().map(String::len).sum::<usize>()
+            }
+        };
+        if n > MAX_JUDGED_BYTES {
+            return Judge::Skip("answer_too_large");
+        }
+        let before = self.pending.fetch_add(n, Ordering::Relaxed);
+        if before + n > MAX_PENDING_BYTES {
+            self.pending.fetch_sub(n, Ordering::Relaxed);
+            return Judge::Skip("queue_full");
+        }
+        Judge::Answer(content, n)
     }
 
     /// Writes what is counted so far and waits for the commit.
@@ -137,14 +182,29 @@ impl Observer {
     }
 }
 
-async fn run(mut rx: mpsc::Receiver<Msg>, mut r: Rollup, writer: Writer, clock: Arc<dyn Clock>) {
+async fn run(
+    mut rx: mpsc::Receiver<Msg>,
+    mut r: Rollup,
+    writer: Writer,
+    clock: Arc<dyn Clock>,
+    pending: Arc<AtomicUsize>,
+) {
     let mut tick = tokio::time::interval(FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(Msg::Seen { seen, judge }) => {
-                    let validity = judge.map(|(route, expect, content)| (route, verdict(&expect, content)));
+                    let validity = judge.map(|(route, expect, judge)| {
+                        let v = match judge {
+                            Judge::Answer(content, n) => {
+                                pending.fetch_sub(n, Ordering::Relaxed);
+                                verdict(&expect, content)
+                            }
+                            Judge::Skip(why) => Validity::NotChecked(why),
+                        };
+                        (route, v)
+                    });
                     r.add(clock.now(), &seen, validity);
                 }
                 Some(Msg::Flush(ack)) => {
@@ -313,6 +373,24 @@ mod tests {
         let tpot = b.tpot_ms(0.5).unwrap();
         assert!((tpot - 20.0).abs() / 20.0 < 0.1, "{tpot}");
         assert_eq!(r.dirty.len(), 4);
+    }
+
+    #[test]
+    fn answers_held_for_judging_are_bounded() {
+        let (tx, _rx) = mpsc::channel(4);
+        let o = Observer {
+            tx,
+            dropped: Arc::default(),
+            pending: Arc::default(),
+        };
+        let big = Content::Body(Bytes::from(vec![b' '; MAX_JUDGED_BYTES + 1]));
+        assert!(matches!(o.hold(big), Judge::Skip("answer_too_large")));
+        o.pending.store(MAX_PENDING_BYTES - 10, Ordering::Relaxed);
+        let small = || Content::Body(Bytes::from_static(b"{\"choices\": []}"));
+        assert!(matches!(o.hold(small()), Judge::Skip("queue_full")));
+        o.pending.store(0, Ordering::Relaxed);
+        assert!(matches!(o.hold(small()), Judge::Answer(_, 15)));
+        assert_eq!(o.pending.load(Ordering::Relaxed), 15);
     }
 
     #[test]
