@@ -17,6 +17,7 @@ use axum::routing::post;
 use axum::Router;
 use probeok::config::{Config, ProviderConfig, RegionConfig, RouteConfig};
 use probeok::proxy::{self, Proxy, ProxyOptions, WeightsView};
+use probeok::route::Capability;
 use probeok::store::{Store, StoreOptions};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -78,6 +79,7 @@ async fn proxy(up: std::net::SocketAddr, store: &Store, observe: bool) -> String
         region: "r1".into(),
         model: "m".into(),
         serves: "chat".into(),
+        capabilities: vec![Capability::Stream, Capability::JsonSchema],
         ..RouteConfig::default()
     });
     config.proxy.enabled = true;
