@@ -66,7 +66,8 @@
 //!   `health::control` (the `[egress] control_url` probe).
 //! - [`drift`]: offline regression sets (`probes/*.toml`) run per route on a schedule and
 //!   compared with the route's own history (Fisher's exact test, Mann–Whitney U): drift
-//!   findings with evidence (served at `GET /api/v1/drift`), the quality gate for backup routes.
+//!   findings with evidence (served at `GET /api/v1/drift`), the quality gate for backup routes;
+//!   real traffic's structured-output validity against the route's own past (`drift::traffic`).
 //! - [`weights`]: health (with drift, switch overrides, proxy breakers and drill caps: one
 //!   `weights::Inputs`) → integer traffic weights per logical model by tier (the pure
 //!   `weights::compute`), versioned only on real change, serialised once per version,
@@ -135,6 +136,8 @@
 //!   (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`), and
 //!   read-only mode while the database is unreachable (`proxy::readonly`: the store check,
 //!   `x-probeok-store`, the proxy's `/readyz`; the mode itself is `store::StoreHealth`).
+//!   Route observables from real traffic (`proxy::observe`: minute and hour rollups off the
+//!   request path) with the structured-output check (`proxy::structured`, pure).
 //!   Degradation contracts: the pure decision (`proxy::contract`: feature header, model
 //!   state, cache keys, `user_message`), applying it (`proxy::degrade`), cached answers
 //!   (`proxy::cache`), async-queue jobs with their worker and `GET /v1/jobs/{id}`

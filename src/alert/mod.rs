@@ -105,7 +105,7 @@ pub enum Subject {
 pub struct DriftAlert {
     pub route: RouteId,
     pub set: String,
-    /// `pass_rate_drop`, `length_shift` or `model_changed`.
+    /// `pass_rate_drop`, `length_shift`, `validity_drop` or `model_changed`.
     pub kind: String,
     /// `fisher_exact_one_sided`, `mann_whitney_u_two_sided` or `none`.
     pub test: String,

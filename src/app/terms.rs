@@ -185,6 +185,7 @@ pub(super) async fn lead(
     )));
     // Drift: regression sets on their own schedule (heartbeat job "drift"), its findings
     // into the member's watch and, opened and closed, to the alert engine.
+    let mut runs = None;
     match crate::drift::spawn(
         &m.config,
         &m.routes,
@@ -197,19 +198,32 @@ pub(super) async fn lead(
     .await
     {
         Ok(drift) => {
-            tasks.push(relay(drift.rx.clone(), m.drift.clone(), token.clone()));
-            tasks.push(crate::drift::events::spawn(
-                drift.rx,
-                m.events.clone(),
-                m.clock.clone(),
-                token.clone(),
-            ));
+            runs = Some(drift.rx);
             tasks.push(drift.task);
         }
         Err(e) => {
             tracing::error!(error = %e, "drift: the regression sets are unusable; no regression runs this term")
         }
     }
+    // Real traffic's structured-output validity is drift evidence too: its findings join the
+    // regression sets' in the member's watch, and reach the alert engine the same way.
+    let (traffic, traffic_task) = crate::drift::traffic::spawn(
+        m.store.clone(),
+        m.clock.clone(),
+        crate::drift::traffic::TrafficOptions::default(),
+        token.clone(),
+    );
+    tasks.push(traffic_task);
+    let (merged_tx, merged) =
+        watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(m.clock.now())));
+    tasks.push(merge_drift(runs, traffic, merged_tx, token.clone()));
+    tasks.push(relay(merged.clone(), m.drift.clone(), token.clone()));
+    tasks.push(crate::drift::events::spawn(
+        merged,
+        m.events.clone(),
+        m.clock.clone(),
+        token.clone(),
+    ));
     // The switch controller: SWITCHED through this term's detection, its overrides into the
     // weights, its status on `/metrics`, the status page and `GET /api/v1/switches`.
     let switch = crate::switch::spawn(
@@ -258,6 +272,48 @@ pub(super) async fn lead(
 }
 
 /// Copies a term's watch into the member's until the term ends (or the source is gone).
+/// The regression runner's snapshot (when it runs) with real traffic's findings merged in,
+/// republished whenever either changes; a side that ends keeps its last value.
+fn merge_drift(
+    mut runs: Option<watch::Receiver<Arc<crate::drift::DriftSnapshot>>>,
+    mut traffic: watch::Receiver<Arc<Vec<crate::drift::DriftFinding>>>,
+    to: watch::Sender<Arc<crate::drift::DriftSnapshot>>,
+    token: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut base = to.borrow().clone();
+        let mut traffic_open = true;
+        loop {
+            if let Some(r) = runs.as_mut() {
+                base = r.borrow_and_update().clone();
+            }
+            let found = traffic.borrow_and_update().clone();
+            to.send_replace(Arc::new(base.with_traffic(&found)));
+            let runs_changed = async {
+                match runs.as_mut() {
+                    Some(r) => r.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            let traffic_changed = async {
+                if traffic_open {
+                    traffic.changed().await.is_ok()
+                } else {
+                    std::future::pending().await
+                }
+            };
+            tokio::select! {
+                _ = token.cancelled() => return,
+                ok = runs_changed => if !ok { runs = None },
+                ok = traffic_changed => if !ok { traffic_open = false },
+            }
+            if runs.is_none() && !traffic_open {
+                return;
+            }
+        }
+    })
+}
+
 fn relay<T: Clone + Send + Sync + 'static>(
     mut from: watch::Receiver<T>,
     to: watch::Sender<T>,

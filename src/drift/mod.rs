@@ -16,6 +16,9 @@
 //! - The snapshot ([`DriftSnapshot`]) is what `GET /api/v1/drift` serves.
 //! - [`events`]: findings opened/closed as `HealthEvent::DriftFinding` for the alert engine.
 //! - [`report`]: the text report of `probeok regress`.
+//! - [`traffic`]: structured-output validity of real proxy traffic against the route's own
+//!   past (`validity_drop` findings, merged into the snapshot with
+//!   [`DriftSnapshot::with_traffic`]).
 //!
 //! Consumers (alerts, weights, status page) read the [`DriftSnapshot`]: its findings (each
 //! with a stable [`DriftFinding::id`] to track open/closed, see [`DriftSnapshot::diff`]) and
@@ -28,6 +31,7 @@ pub mod report;
 pub mod runner;
 pub mod sets;
 pub mod stats;
+pub mod traffic;
 pub mod validate;
 
 use std::sync::Arc;
@@ -54,6 +58,9 @@ pub enum DriftKind {
     LengthShift,
     /// The reported model or `system_fingerprint` changed (informational).
     ModelChanged,
+    /// Real traffic's structured-output validity fell below this route's own past
+    /// ([`traffic`]).
+    ValidityDrop,
 }
 
 impl DriftKind {
@@ -62,6 +69,7 @@ impl DriftKind {
             DriftKind::PassRateDrop => "pass_rate_drop",
             DriftKind::LengthShift => "length_shift",
             DriftKind::ModelChanged => "model_changed",
+            DriftKind::ValidityDrop => "validity_drop",
         }
     }
 }
@@ -256,6 +264,14 @@ impl DriftSnapshot {
                 })
                 .collect(),
         }
+    }
+
+    /// This snapshot with real traffic's findings ([`traffic`]) in place of any earlier ones.
+    pub fn with_traffic(&self, traffic: &[DriftFinding]) -> Self {
+        let mut out = self.clone();
+        out.findings.retain(|f| f.kind != DriftKind::ValidityDrop);
+        out.findings.extend(traffic.iter().cloned());
+        out
     }
 
     /// The route's current findings.

@@ -127,6 +127,12 @@ impl StreamDecoder for OpenAiStream {
                 if let Some(r) = delta.get("refusal").and_then(Value::as_str) {
                     self.refusal.push_str(r);
                 }
+                for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                    let index = call["index"].as_u64().unwrap_or(0);
+                    let args = call["function"]["arguments"].as_str().unwrap_or("");
+                    self.c
+                        .push_tool_args(usize::try_from(index).unwrap_or(usize::MAX), args);
+                }
             }
             if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
                 self.c.length_cut = f == "length";
@@ -230,6 +236,20 @@ mod tests {
     const HELLO: &str = r#"{"model":"m1","system_fingerprint":"fp","choices":[{"index":0,"delta":{"content":"PROBE_OK"}}]}"#;
     const STOP: &str = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#;
     const USAGE: &str = r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#;
+
+    #[test]
+    fn streamed_tool_call_arguments_are_assembled() {
+        let call = |i: u32, args: &str| {
+            serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": i, "function": {"arguments": args}}]}}]})
+            .to_string()
+        };
+        let (a, b, c) = (call(0, "{\"x\":"), call(1, "{}"), call(0, " 1}"));
+        let done = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#;
+        let got = run(&[&a, &b, &c, done, "[DONE]"]).unwrap();
+        assert_eq!(got.tool_args, ["{\"x\": 1}", "{}"]);
+        assert!(!got.text_cut);
+    }
 
     #[test]
     fn complete_stream_with_usage() {

@@ -28,12 +28,40 @@ pub(crate) struct Collected {
     /// The provider stopped because `max_tokens` ran out (`finish_reason: "length"`,
     /// `stop_reason: "max_tokens"`).
     pub length_cut: bool,
+    /// Some answer text did not fit [`MAX_COLLECTED_BYTES`]: `text` is a prefix.
+    pub text_cut: bool,
+    /// Tool calls' `arguments`, by call index, as streamed (bounded like the text; a cut
+    /// sets `text_cut` too).
+    pub tool_args: Vec<String>,
 }
+
+/// Tool calls kept per answer.
+const MAX_TOOL_CALLS: usize = 16;
 
 impl Collected {
     /// Appends answer text; returns whether anything non-empty arrived.
     pub fn push_text(&mut self, s: &str) -> bool {
-        push_bounded(&mut self.text, s)
+        let before = self.text.len();
+        let any = push_bounded(&mut self.text, s);
+        self.text_cut |= self.text.len() - before < s.len();
+        any
+    }
+
+    /// Appends a fragment of tool call `index`'s arguments.
+    pub fn push_tool_args(&mut self, index: usize, s: &str) {
+        if index >= MAX_TOOL_CALLS {
+            self.text_cut = true;
+            return;
+        }
+        if self.tool_args.len() <= index {
+            self.tool_args.resize(index + 1, String::new());
+        }
+        let used: usize = self.tool_args.iter().map(String::len).sum();
+        if used + s.len() > MAX_COLLECTED_BYTES {
+            self.text_cut = true;
+            return;
+        }
+        self.tool_args[index].push_str(s);
     }
 
     pub fn push_reasoning(&mut self, s: &str) -> bool {

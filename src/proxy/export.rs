@@ -192,6 +192,7 @@ impl Collector for ProxySlot {
         for (what, n) in [
             ("meter", counters.meter_dropped),
             ("passive", counters.passive_dropped),
+            ("observed", counters.observed_dropped),
         ] {
             ConstCounter::new(n).encode(family.encode_family(&DroppedLabels { what })?)?;
         }

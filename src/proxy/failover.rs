@@ -59,6 +59,7 @@ pub(crate) async fn route(
     disclose_plan(p, ctx, model, &plan);
     let degraded = plan.degraded;
     let candidates = breakers_last(p, ctx, plan.candidates, now);
+    ctx.expect = super::structured::Expect::of(request);
     let mut run = Failover::new(proxy, ctx, request, needs.stream, candidates, degraded, now);
     while let Some((route, remaining)) = run.next_route().await {
         let Some(slot) = run.admit(&route) else {
@@ -466,8 +467,8 @@ impl<'a> Failover<'a> {
         let slot: OutcomeSlot = Arc::new(Mutex::new(None));
         let on_end = {
             let slot = slot.clone();
-            Box::new(move |o: &ProbeOutcome| {
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(o.clone());
+            Box::new(move |o: &ProbeOutcome, streamed: stream::Streamed| {
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some((o.clone(), streamed));
             })
         };
         let charge = reservation.map(|r| (r, self.prompt_tokens));

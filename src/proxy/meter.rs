@@ -146,6 +146,8 @@ pub struct CountersSnapshot {
     pub meter_dropped: u64,
     /// Passive outcomes dropped (queue full, or the remote monitor unreachable).
     pub passive_dropped: u64,
+    /// Route observations dropped (queue full).
+    pub observed_dropped: u64,
 }
 
 /// The proxy's counters.
@@ -228,6 +230,7 @@ impl ProxyCounters {
             contract_uses,
             meter_dropped: 0,
             passive_dropped: 0,
+            observed_dropped: 0,
         }
     }
 }

@@ -20,7 +20,8 @@
 //!    budget, stream watchdog, failover classes, 429 rests) at a time; a committed stream is
 //!    forwarded by [`stream`].
 //! 5. `request`: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
-//!    metering ([`meter`], `record`), counters, the idempotency key and the cache; the
+//!    metering ([`meter`], `record`), counters, the route observables ([`observe`], with the
+//!    structured-output check of [`structured`]), the idempotency key and the cache; the
 //!    `"probeok"` object of a non-normal answer (`notice`); a sampled request's copies to its
 //!    `[[shadow]]` routes, once the answer is complete ([`shadow`]).
 //!
@@ -50,6 +51,7 @@ pub mod meter;
 pub mod readonly;
 mod notice;
 pub mod profile;
+pub mod observe;
 mod record;
 mod reject;
 pub mod remote;
@@ -58,6 +60,7 @@ pub mod select;
 mod server;
 pub mod shadow;
 pub mod stream;
+pub mod structured;
 mod trace;
 pub mod weights;
 
@@ -115,6 +118,9 @@ pub struct ProxyOptions {
     pub client_keys: Option<Vec<crate::secret::Secret>>,
     /// The shadow copies' queue and concurrency.
     pub shadow: shadow::ShadowLimits,
+    /// Count the route observables (with a store; on by default; a benchmark turns it off to
+    /// measure what they add).
+    pub observe: bool,
 }
 
 impl Default for ProxyOptions {
@@ -130,6 +136,7 @@ impl Default for ProxyOptions {
             tracer: crate::trace::Tracer::off(),
             client_keys: None,
             shadow: shadow::ShadowLimits::default(),
+            observe: true,
         }
     }
 }
@@ -168,6 +175,8 @@ struct Inner {
     ledger: Arc<attribution::Ledger>,
     counters: ProxyCounters,
     meter: Option<Meter>,
+    /// Route observables from this proxy's traffic (needs the store).
+    observer: Option<observe::Observer>,
     idempotency: Option<Arc<idempotency::Idempotency>>,
     /// Route → its in-flight slots.
     limits: HashMap<RouteId, Arc<Semaphore>>,
@@ -285,6 +294,8 @@ impl Proxy {
                 counters: ProxyCounters::default(),
                 meter: store
                     .map(|s| Meter::spawn(s.writer(), s.health().clone(), opts.clock.clone()).0),
+                observer: (store.filter(|_| opts.observe))
+                    .map(|s| observe::Observer::spawn(s.writer(), opts.clock.clone())),
                 jobs: store.map(|s| Arc::new(jobs::Jobs::new(s.clone(), max_body))),
                 cache: store.map(|s| {
                     cache::Cache::new(s.clone(), max_body, config.cached_answers_per_client.into())
@@ -333,6 +344,14 @@ impl Proxy {
         let _ = self.inner.budget.set(budget);
     }
 
+    /// Writes the route observables counted so far (they are written every
+    /// [`observe::FLUSH_EVERY`] anyway) and waits for the commit.
+    pub async fn flush_observed(&self) {
+        if let Some(o) = &self.inner.observer {
+            o.flush().await;
+        }
+    }
+
     /// Passive outcomes dropped because the queue was full.
     pub fn passive_dropped(&self) -> u64 {
         self.inner.passive.dropped()
@@ -363,6 +382,7 @@ impl Proxy {
         let mut s = self.inner.counters.snapshot();
         s.meter_dropped = self.inner.meter.as_ref().map_or(0, Meter::dropped);
         s.passive_dropped = self.inner.passive.dropped();
+        s.observed_dropped = (self.inner.observer.as_ref()).map_or(0, observe::Observer::dropped);
         s
     }
 }

@@ -168,6 +168,10 @@ pub struct Tried {
     pub ttft_ms: Option<f64>,
     /// The model the upstream says answered.
     pub model: Option<String>,
+    /// A content-policy refusal was the answer.
+    pub refused: bool,
+    /// Time per output token of a streamed answer, ms.
+    pub tpot_ms: Option<f64>,
 }
 
 impl Tried {
@@ -188,6 +192,8 @@ impl Tried {
             outcome: result,
             ttft_ms: outcome.ttft_ms,
             model: outcome.model_reported.clone(),
+            refused: is_refusal(outcome),
+            tpot_ms: None,
         }
     }
 
@@ -204,6 +210,8 @@ impl Tried {
             outcome: AttemptOutcome::Skipped,
             ttft_ms: None,
             model: None,
+            refused: false,
+            tpot_ms: None,
         }
     }
 
@@ -220,6 +228,8 @@ impl Tried {
             outcome: AttemptOutcome::Ok,
             ttft_ms: None,
             model: None,
+            refused: false,
+            tpot_ms: None,
         }
     }
 
@@ -252,6 +262,15 @@ impl Tried {
             outcome: self.outcome.as_str().to_owned(),
         }
     }
+}
+
+/// The outcome's error is a content-policy refusal (`finish_reason: "content_filter"`, a
+/// `refusal` field, Anthropic's `stop_reason: "refusal"`, a provider's content-policy 400).
+pub fn is_refusal(outcome: &ProbeOutcome) -> bool {
+    matches!(
+        outcome.error,
+        Some(crate::probe::ProbeError::Refused { .. })
+    )
 }
 
 /// The request's tokens and cost: those of the last attempt sent, when its answer reached the

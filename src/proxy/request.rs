@@ -184,6 +184,8 @@ pub(crate) struct RequestCtx {
     pub client: String,
     /// Sampled for `[[shadow]]` copies, sent once the answer is complete.
     pub shadow: Option<Box<shadow::Pending>>,
+    /// What the request asked of its answer's structure (judged by the observables).
+    pub expect: super::structured::Expect,
 }
 
 impl RequestCtx {
@@ -206,6 +208,7 @@ impl RequestCtx {
             trace: None,
             client: String::new(),
             shadow: None,
+            expect: super::structured::Expect::Nothing,
         }
     }
 
@@ -246,8 +249,9 @@ impl RequestCtx {
 /// The body of a committed stream as the client receives it.
 pub(crate) type StreamBody = BoxStream<'static, Result<Bytes, Infallible>>;
 
-/// Where a committed stream's passive outcome lands when it ends.
-pub(crate) type OutcomeSlot = Arc<Mutex<Option<ProbeOutcome>>>;
+/// Where a committed stream's passive outcome (and what the observables take of it) lands
+/// when it ends.
+pub(crate) type OutcomeSlot = Arc<Mutex<Option<(ProbeOutcome, super::stream::Streamed)>>>;
 
 /// What a request produced, before [`finish`].
 pub(crate) enum Answer {
@@ -282,6 +286,12 @@ async fn finish_plain(proxy: &Proxy, mut ctx: RequestCtx, r: Response) -> Respon
     let status = r.status().as_u16();
     let route = ctx.d.route.as_ref().map_or("none", RouteId::as_str);
     p.counters.request(&ctx.serves, route, ctx.outcome.as_str());
+    if let Some(observer) = &p.observer {
+        let answer = (ctx.outcome == Outcome::Ok)
+            .then(|| ctx.answer.clone())
+            .flatten();
+        observer.request(&ctx, answer.map(super::observe::Content::Body));
+    }
     if !ctx.serves.is_empty() {
         if let Some(meter) = &p.meter {
             meter.send(ctx.record(status, ctx.outcome));
@@ -456,7 +466,8 @@ impl Tail {
         }
         self.done = true;
         let p = &self.proxy.inner;
-        let outcome = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let ended = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let (outcome, streamed) = ended.map_or((None, None), |(o, s)| (Some(o), Some(s)));
         let (verdict, tried, result) = Self::judge(outcome.as_ref());
         p.breakers.record(&self.route.id, Instant::now(), verdict);
         if let Some(last) = self.ctx.attempts.last_mut() {
@@ -468,8 +479,16 @@ impl Tail {
                 last.ttft_ms = o.ttft_ms;
                 last.model.clone_from(&o.model_reported);
                 last.usage.completion_tokens = o.output_tokens.map(u64::from);
+                last.refused = record::is_refusal(o);
+                last.tpot_ms = streamed.as_ref().and_then(|s| s.tpot_ms);
             }
             last.price(self.route.price.as_ref());
+        }
+        if let Some(observer) = &p.observer {
+            let answer = streamed
+                .filter(|_| result == Outcome::Ok)
+                .map(super::observe::Content::Streamed);
+            observer.request(&self.ctx, answer);
         }
         p.counters
             .request(&self.ctx.serves, self.route.id.as_str(), result.as_str());

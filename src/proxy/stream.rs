@@ -36,7 +36,31 @@ enum Phase {
 }
 
 /// Called once with the stream's outcome when it ends (not when the client hangs up).
-pub(crate) type OnEnd = Box<dyn FnOnce(&crate::probe::ProbeOutcome) + Send>;
+pub(crate) type OnEnd = Box<dyn FnOnce(&crate::probe::ProbeOutcome, Streamed) + Send>;
+
+/// What the route observables take from a stream that ended: its pace and the assembled
+/// answer (bounded: `cut` when the text did not fit), judged off the client's path.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Streamed {
+    /// Time per output token: (last token − first token) / (output tokens − 1), ms.
+    pub tpot_ms: Option<f64>,
+    pub text: String,
+    pub tool_args: Vec<String>,
+    pub cut: bool,
+}
+
+/// Time per output token from the first and last content event and the token count.
+pub(crate) fn tpot_ms(
+    first: Option<Instant>,
+    last: Option<Instant>,
+    tokens: Option<u32>,
+) -> Option<f64> {
+    let (first, last, n) = (first?, last?, tokens?);
+    if n < 2 || last <= first {
+        return None;
+    }
+    Some((last - first).as_secs_f64() * 1000.0 / f64::from(n - 1))
+}
 
 struct State {
     c: Committed,
@@ -48,6 +72,9 @@ struct State {
     charge: Option<(Reservation, u64)>,
     /// The proxy's ledger and the client's tag: whether a failure is the request's own.
     whose: (Arc<Ledger>, String),
+    /// Content events seen so far and when the latest arrived (the stream's last token).
+    events_seen: u32,
+    last_token: Option<Instant>,
 }
 
 /// The client's body for a committed stream.
@@ -65,6 +92,8 @@ pub(crate) fn body(
         on_end: Some(on_end),
         charge,
         whose,
+        events_seen: 0,
+        last_token: None,
     };
     futures_util::stream::unfold(state, |mut st| async move {
         let chunk = st.next().await?;
@@ -124,7 +153,15 @@ impl State {
             outcome.attributed_to = Some(client.clone());
         }
         if let Some(f) = self.on_end.take() {
-            f(&outcome);
+            let first = self.c.timing.ttft;
+            let collected = std::mem::take(&mut self.c.decoder).into_collected();
+            let streamed = Streamed {
+                tpot_ms: tpot_ms(first, self.last_token, outcome.output_tokens),
+                cut: collected.text_cut,
+                text: collected.text,
+                tool_args: collected.tool_args,
+            };
+            f(&outcome, streamed);
         }
         if let Some((r, prompt)) = self.charge.take() {
             r.settle(prompt, u64::from(outcome.output_tokens.unwrap_or(0)));
@@ -158,7 +195,15 @@ impl State {
     }
 
     fn note_content(&mut self) {
-        if self.c.timing.ttft.is_none() && self.c.decoder.collected().has_content() {
+        let collected = self.c.decoder.collected();
+        if collected.content_events != self.events_seen {
+            self.events_seen = collected.content_events;
+            let now = Instant::now();
+            self.last_token = Some(now);
+            if self.c.timing.ttft.is_none() {
+                self.c.timing.ttft = Some(now);
+            }
+        } else if self.c.timing.ttft.is_none() && collected.has_content() {
             self.c.timing.ttft = Some(Instant::now());
         }
     }

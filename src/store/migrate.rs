@@ -66,6 +66,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0014_fleet",
         include_str!("../../migrations/sqlite/0014_fleet.sql"),
     ),
+    (
+        "0015_observed",
+        include_str!("../../migrations/sqlite/0015_observed.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -121,6 +125,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0014_fleet",
         include_str!("../../migrations/postgres/0014_fleet.sql"),
+    ),
+    (
+        "0015_observed",
+        include_str!("../../migrations/postgres/0015_observed.sql"),
     ),
 ];
 

@@ -42,6 +42,7 @@ pub mod histogram;
 mod jobs;
 pub mod migrate;
 mod mode;
+pub mod observed;
 mod outcomes;
 mod requests;
 mod rollups;
@@ -68,6 +69,7 @@ pub use histogram::LatencyHistogram;
 pub use jobs::RetentionReport;
 pub use migrate::{force_version, latest_version, migrate, migrate_to, user_version};
 pub use mode::{StoreHealth, StoreMode};
+pub use observed::{ObservedBucket, ObservedRow, Span};
 pub use requests::{
     claim, AttemptRecord, IdempotencyEntry, IdempotencyOp, IdempotentAnswer, RequestFilter,
     RequestRecord,

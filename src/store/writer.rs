@@ -132,6 +132,12 @@ pub(crate) enum Command {
         /// Per item: was it new.
         ack: Ack<Vec<bool>>,
     },
+    /// Observed rollup rows from real traffic (`store/observed.rs`).
+    Observed {
+        rows: Vec<super::observed::ObservedRow>,
+        now: DateTime<Utc>,
+        ack: Ack<()>,
+    },
     /// Commit what is queued, then stop.
     Shutdown {
         ack: oneshot::Sender<()>,
@@ -164,7 +170,8 @@ impl Command {
             | Command::DriftRun { ack, .. }
             | Command::ProxyRequest { ack, .. }
             | Command::Idempotent { ack, .. }
-            | Command::Switch { ack, .. } => {
+            | Command::Switch { ack, .. }
+            | Command::Observed { ack, .. } => {
                 let _ = ack.send(result.map(|_| ()));
             }
             Command::Retention { ack, .. }
@@ -586,6 +593,10 @@ impl State {
                     }
                     super::vantage::delete_old(&tx, *cutoff_ms)?;
                     self.masks.push_back(mask);
+                    0
+                }
+                Command::Observed { rows, now, .. } => {
+                    super::observed::upsert(&tx, rows, *now)?;
                     0
                 }
                 Command::Shutdown { .. } => 0,

@@ -19,6 +19,9 @@
 //!   `null` without outcomes). "Good" is a success within `[slo] latency_threshold`.
 //! - `breaker` (`closed` | `half_open` | `open`): the in-process proxy's circuit breaker of the
 //!   route; absent when no proxy runs here.
+//! - `observed` (`1h`, `24h`): what the proxies' real traffic showed of the route (success,
+//!   429 and 5xx ratios, refusals, TTFT/TPOT, structured-output validity, cost per success),
+//!   from `store::observed`'s rollups; `null` for a window without traffic.
 //! - `overall`: `outage` when some logical model has no usable route (weights'
 //!   `all_unhealthy`), `degraded` when any route is DEGRADED or worse or any model is served
 //!   off its primaries, else `operational`.
@@ -61,7 +64,9 @@ pub const DEFAULT_LIMIT: usize = 50;
 pub const MAX_LIMIT: usize = 1000;
 
 mod filter;
+mod observed;
 pub use filter::{StatusFilter, StatusQuery};
+pub use observed::{Observed, ObservedFigures, ObservedView};
 
 /// What the store knows for the status view, read in one go.
 #[derive(Debug, Default)]
@@ -73,6 +78,8 @@ pub struct Figures {
     pub uptime_30d: HashMap<RouteId, Counts>,
     /// Probe outcomes of the error budget's window ([`crate::slo::WINDOW`]).
     pub slo_30d: HashMap<RouteId, Counts>,
+    /// What the proxies' real traffic showed (`observed`).
+    pub observed: ObservedFigures,
 }
 
 impl Figures {
@@ -91,6 +98,7 @@ impl Figures {
             uptime_7d: reader.counts_by_route(now - TimeDelta::days(7), until, UPTIME_KINDS)?,
             uptime_30d: reader.counts_by_route(now - TimeDelta::days(30), until, UPTIME_KINDS)?,
             slo_30d: reader.counts_by_route(now - slo_window(), until, slo::KINDS)?,
+            observed: ObservedFigures::load(reader, now)?,
         })
     }
 }
@@ -203,6 +211,8 @@ struct RouteView<'a> {
     incident: Option<IncidentRef<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     breaker: Option<&'static str>,
+    /// Real traffic's observables over 1 h and 24 h.
+    observed: Observed,
 }
 
 #[derive(Debug, Serialize)]
@@ -387,6 +397,7 @@ fn status_view<'a>(
                     peak: i.peak,
                 }),
                 breaker: breakers.get(&r.id).copied(),
+                observed: Observed::of(r, &figures.observed),
             }
         })
         .collect();

@@ -15,6 +15,9 @@
 //!   budget left, the one figure of [`crate::slo`] (as on the route page and in
 //!   `/api/v1/status`), set at scrape time from the cached store figures for the routes with
 //!   outcomes in the window ([`Metrics::set_error_budgets`]);
+//! - `probeok_route_observed_success_ratio`, `…_validity_ratio`, `…_tpot_p95_seconds`
+//!   `{provider,region,model}`: the proxies' real traffic over the last hour, set at scrape
+//!   time from the same cached figures, only for routes with such traffic;
 //! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`,
 //!   `probeok_store_lag_seconds` (the recorder's [`crate::lag::StoreLag`], at scrape time);
 //! - remote vantages' probes (`probeok agent`): `probeok_probe_vantage_success{provider,
@@ -48,6 +51,22 @@ use crate::health::{HealthSnapshot, State as RouteState};
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::{Route, RouteId};
 use crate::weights::WeightsSnapshot;
+
+/// The `probeok_route_observed_*` families: name (without the prefix) and help.
+const OBSERVED_FAMILIES: [(&str, &str); 3] = [
+    (
+        "route_observed_success_ratio",
+        "Share of the proxies' attempts at the route that got a complete answer, last hour",
+    ),
+    (
+        "route_observed_validity_ratio",
+        "Share of structured answers (json_object, json_schema, tool calls) that were valid, last hour",
+    ),
+    (
+        "route_observed_tpot_p95_seconds",
+        "95th percentile of the time per output token of streamed answers, last hour",
+    ),
+];
 
 /// What `/metrics` answers with.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -155,6 +174,9 @@ pub struct Metrics {
     route_state: Family<RouteLabels, Gauge>,
     route_weight: Family<WeightLabels, Gauge>,
     slo_budget: Family<RouteLabels, Gauge<f64, AtomicU64>>,
+    /// Real traffic over the last hour: success ratio, structured-output validity ratio,
+    /// TPOT p95 (see [`Metrics::set_observed`]).
+    observed: [Family<RouteLabels, Gauge<f64, AtomicU64>>; 3],
     ingest_items: Family<IngestLabels, Counter>,
     vantage_success: Family<VantageLabels, Gauge>,
     vantage_probes: Family<VantageResultLabels, Counter>,
@@ -216,6 +238,10 @@ impl Metrics {
         let route_state = Family::<RouteLabels, Gauge>::default();
         let route_weight = Family::<WeightLabels, Gauge>::default();
         let slo_budget = Family::<RouteLabels, Gauge<f64, AtomicU64>>::default();
+        let observed: [Family<RouteLabels, Gauge<f64, AtomicU64>>; 3] = Default::default();
+        for (family, (name, help)) in observed.iter().zip(OBSERVED_FAMILIES) {
+            registry.register(name, help, family.clone());
+        }
         let ingest_items = Family::<IngestLabels, Counter>::default();
         let vantage_success = Family::<VantageLabels, Gauge>::default();
         let vantage_probes = Family::<VantageResultLabels, Counter>::default();
@@ -367,6 +393,7 @@ impl Metrics {
             route_state,
             route_weight,
             slo_budget,
+            observed,
             ingest_items,
             vantage_success,
             vantage_probes,
@@ -546,6 +573,36 @@ impl Metrics {
         }
     }
 
+    /// Sets the `probeok_route_observed_*` gauges from the store figures (real traffic over the
+    /// last hour, as `observed."1h"` in `/api/v1/status`). A figure without traffic keeps no
+    /// series, so idle routes cost nothing.
+    pub fn set_observed(&self, routes: &[Route], figures: &super::api::Figures) {
+        for r in routes {
+            let Some((labels, _)) = self.routes.get(&r.id) else {
+                continue;
+            };
+            let view =
+                (figures.observed.h1.get(r.id.as_str())).and_then(super::api::ObservedView::of);
+            let values = [
+                view.as_ref().and_then(|v| v.success_ratio),
+                view.as_ref().and_then(|v| v.structured.validity_ratio),
+                view.as_ref()
+                    .and_then(|v| v.tpot_ms.p95)
+                    .map(|ms| ms / 1000.0),
+            ];
+            for (family, value) in self.observed.iter().zip(values) {
+                match value {
+                    Some(v) => {
+                        family.get_or_create(labels).set(v);
+                    }
+                    None => {
+                        family.remove(labels);
+                    }
+                }
+            }
+        }
+    }
+
     /// One outcome from a remote vantage (stored for the first time).
     pub fn observe_vantage_outcome(&self, vantage: &str, o: &ProbeOutcome) {
         let Some((labels, _)) = self.routes.get(&o.route) else {
@@ -667,6 +724,7 @@ pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError
     }
     let figures = state.figures.get(&state.store, state.clock.now()).await?;
     state.metrics.set_error_budgets(&state.routes, &figures);
+    state.metrics.set_observed(&state.routes, &figures);
     let body = state
         .metrics
         .render(&health, &weights)

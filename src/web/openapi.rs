@@ -29,6 +29,28 @@ pub(super) fn json_response(description: &str, schema: &str) -> Value {
 }
 
 /// A route's queueing/throttling split (its own function: one `json!` cannot nest this deep).
+/// One window of `observed` (see `docs/http-api.md`).
+fn observed_schema() -> Value {
+    let pair = || {
+        json!({"type": "object", "properties": {
+        "p50": {"type": "number", "nullable": true}, "p95": {"type": "number", "nullable": true}}})
+    };
+    let ratio = || json!({"type": "number", "nullable": true});
+    json!({"type": "object", "nullable": true,
+        "required": ["requests", "success_ratio", "rate_limited_ratio", "server_error_ratio",
+            "refusal_ratio", "ttft_ms", "tpot_ms", "structured", "cost_per_success"],
+        "properties": {
+            "requests": {"type": "integer", "description": "Attempts sent to the route"},
+            "success_ratio": ratio(), "rate_limited_ratio": ratio(), "server_error_ratio": ratio(),
+            "refusal_ratio": ratio(),
+            "ttft_ms": pair(), "tpot_ms": pair(),
+            "structured": {"type": "object", "properties": {
+                "checked": {"type": "integer"}, "valid": {"type": "integer"},
+                "not_checked": {"type": "integer"}, "validity_ratio": ratio(),
+                "errors": {"type": "array", "items": {"type": "string"}}}},
+            "cost_per_success": {"type": "number", "nullable": true}}})
+}
+
 fn split_schema() -> Value {
     json!({"type": "object", "nullable": true,
         "description": "While WARNING or worse: the first token and tokens/s against their baselines (queueing vs. throttling)",
@@ -92,7 +114,7 @@ fn drift_and_admin_schemas() -> Value {
             "properties": {
                 "id": {"type": "string", "description": "route|set|kind, stable while the finding lasts"},
                 "route": {"type": "string"}, "set": {"type": "string"},
-                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed"]},
+                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed", "validity_drop"]},
                 "severity": {"type": "string", "enum": ["info", "warning"]},
                 "failure_mode": {"type": "string", "nullable": true},
                 "detected_at": {"type": "string", "format": "date-time"},
@@ -231,7 +253,12 @@ fn core_schemas() -> Value {
                 "breaker": {"type": "string", "enum": ["closed", "half_open", "open"],
                     "description": "The in-process proxy's circuit breaker of the route; absent without a proxy"},
                 "vantages": vantages_schema(),
-                "vantage_local": vantage_local_schema()
+                "vantage_local": vantage_local_schema(),
+                "observed": {"type": "object", "required": ["1h", "24h", "currency"],
+                    "description": "What the proxies' real traffic showed of the route over the last hour and 24 h (null: no traffic)",
+                    "properties": {
+                        "1h": observed_schema(), "24h": observed_schema(),
+                        "currency": {"type": "string", "nullable": true}}}
             }
         },
         "Status": {

@@ -41,6 +41,7 @@
 mod chart;
 mod incidents;
 mod lines;
+mod observed;
 mod route;
 mod shadow;
 mod status;

@@ -47,6 +47,8 @@ pub struct RoutePage {
     pub vw: VantageWords,
     /// On a shadow route: its comparison with the pool's answers.
     pub shadow: Option<super::shadow::ShadowBox>,
+    /// Real traffic's observables (1 h / 24 h).
+    pub observed: super::observed::ObservedTable,
 }
 
 /// "0.4 s / 3.9 s": a reasoning model answers well after its first (reasoning) token; a
@@ -124,6 +126,7 @@ pub async fn route(
         vantages: rows(&view, &route.id, lang, &when),
         vantage_local: local(&health, &route.id),
         vw: words(lang),
+        observed: super::observed::table(lang, &route, &figures),
         c: Chrome::new(
             lang,
             route.id.as_str(),
