@@ -131,6 +131,10 @@ async fn until_role(http: &reqwest::Client, m: &Member, want: &str, within: Dura
     }
 }
 
+/// Per change (route, state, since): the end of the poll before the one that first showed
+/// it, and the end of that one.
+type Seen = HashMap<(String, String, String), (DateTime<Utc>, DateTime<Utc>)>;
+
 fn quantile(v: &[f64], q: f64) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -163,10 +167,8 @@ async fn a_followers_status_is_at_most_two_seconds_behind_the_leader_at_1000_rou
 
     // Each change — (route, state, since) — as first seen on the leader and on the follower:
     // the poll that first showed it, and the end of the poll before (which did not).
-    let mut leader_seen: HashMap<(String, String, String), (DateTime<Utc>, DateTime<Utc>)> =
-        HashMap::new();
-    let mut follower_seen: HashMap<(String, String, String), (DateTime<Utc>, DateTime<Utc>)> =
-        HashMap::new();
+    let mut leader_seen: Seen = HashMap::new();
+    let mut follower_seen: Seen = HashMap::new();
     let mut previous: [Option<DateTime<Utc>>; 2] = [None, None];
     let watch_until = Instant::now() + Duration::from_secs(40);
     while Instant::now() < watch_until {

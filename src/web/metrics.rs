@@ -745,7 +745,7 @@ mod tests {
         m.observe_outcome(&outcome(&id, true));
         m.observe_vantage_outcome("cn-beijing", &outcome(&id, false));
         let now = chrono::Utc::now();
-        let health = HealthSnapshot::initial(&[id.clone()], now);
+        let health = HealthSnapshot::initial(std::slice::from_ref(&id), now);
         let weights = crate::weights::Weights::new(Arc::new(routes), Default::default(), &health);
         let text = m.render(&health, &weights.current()).unwrap();
         let route = r#"provider="openai",region="us-east-1",model="gpt-4o-mini-00000""#;
