@@ -4,7 +4,7 @@
 //!
 //! Every run uses a fresh database: a SQLite file in a temp dir (on the same filesystem as
 //! `TMPDIR`), or a new PostgreSQL database on that server (dropped afterwards).
-//! Prints the median (and min–max) of several runs.
+//! Prints the median (and min–max) of several runs (`PROBEOK_BENCH_RUNS`, default 5).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
@@ -18,7 +18,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const ROUTES: usize = 50;
-const RUNS: usize = 5;
+
+/// Runs per figure: 5, or `PROBEOK_BENCH_RUNS` (at least 1) on a busy machine.
+fn run_count() -> usize {
+    std::env::var("PROBEOK_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5usize)
+        .max(1)
+}
 
 fn routes() -> Vec<RouteId> {
     (0..ROUTES)
@@ -267,7 +275,10 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 fn report(name: &str, v: Vec<f64>) {
     let (m, lo, hi) = median(v);
-    println!("{name:<52} {m:>10.0} rows/s  (min {lo:.0}, max {hi:.0}, {RUNS} runs)");
+    println!(
+        "{name:<52} {m:>10.0} rows/s  (min {lo:.0}, max {hi:.0}, {} runs)",
+        run_count()
+    );
 }
 
 fn main() {
@@ -293,19 +304,19 @@ fn main() {
         for (label, engine) in &engines {
             println!("{label}:");
             let mut runs = Vec::new();
-            for _ in 0..RUNS {
+            for _ in 0..run_count() {
                 runs.push(concurrent(engine, 100, 1_000, &data).await);
             }
             report("insert, 100 tasks x record() concurrently", runs);
 
             let mut runs = Vec::new();
-            for _ in 0..RUNS {
+            for _ in 0..run_count() {
                 runs.push(sequential(engine, &data[..10_000]).await);
             }
             report("insert, 1 caller, record() one at a time", runs);
 
             let mut runs = Vec::new();
-            for _ in 0..RUNS {
+            for _ in 0..run_count() {
                 runs.push(chunks(engine, &data, 500).await);
             }
             report("insert, 1 caller, record_many() of 500", runs);

@@ -226,7 +226,7 @@ pub async fn start_with(
     let (drift_tx, drift_rx) =
         watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(clock.now())));
 
-    let metrics = Arc::new(web::Metrics::new(&routes));
+    let metrics = Arc::new(web::Metrics::for_vantage(&routes, &config.server.vantage));
     // Spans of probes and proxied requests, when `[tracing] otlp_endpoint_env` is set.
     let tracer = crate::trace::Tracer::from_env(&config.tracing)?;
     metrics.attach_tracer(tracer.clone());

@@ -3,7 +3,7 @@
 //! [`CliError`] that the binary turns into stderr lines and an exit code (1 bad input, 2 runtime).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -563,9 +563,35 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
         config_file: path.map(Path::to_path_buf),
         ..app::StartOptions::default()
     };
-    let running = app::start_with(config, listener, Arc::new(SystemClock), shutdown, options)
+    let monitor = listener.local_addr().map_err(CliError::runtime)?;
+    let agent_config = _demo.as_ref().map(|_| config.clone());
+    let running = app::start_with(
+        config,
+        listener,
+        Arc::new(SystemClock),
+        shutdown.clone(),
+        options,
+    )
+    .await
+    .map_err(CliError::runtime)?;
+    // The demo's second vantage, once the monitor's ingest listens.
+    if let Some(demo_config) = agent_config {
+        match demo::start_agent(
+            &demo_config,
+            monitor,
+            PathBuf::from(demo::DEMO_AGENT_DB),
+            shutdown.clone(),
+        )
         .await
-        .map_err(CliError::runtime)?;
+        {
+            Ok(agent) => {
+                tracing::info!(vantage = demo::DEMO_AGENT, metrics = %agent.addr, "demo agent started")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "demo agent did not start; the demo runs with one vantage")
+            }
+        }
+    }
     spawn_reload_on_sighup(running.config.clone());
     running
         .done

@@ -19,9 +19,10 @@ use probeok::clock::{Clock, ManualClock};
 use probeok::config::{Config, EmailConfig, MaintenanceConfig};
 use probeok::health::{Finding, FindingKind, HealthEvent, State as S};
 use probeok::route::RouteId;
-use probeok::store::{Store, StoreOptions};
+use probeok::store::StoreOptions;
 
 use common::alerts::*;
+use common::pg::TestDb;
 
 // ---------------------------------------------------------------------------------------------
 // Tests
@@ -227,13 +228,14 @@ async fn a_receiver_down_for_a_while_gets_everything_once_when_back() {
     assert_eq!(hook.bad_signatures.load(Ordering::SeqCst), 0);
 }
 
-#[tokio::test]
-async fn a_restart_in_the_middle_loses_nothing_and_repeats_nothing_delivered() {
+on_both_engines! {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_in_the_middle_loses_nothing_and_repeats_nothing_delivered(db: &TestDb) {
     let clock = Arc::new(ManualClock::new(t0()));
     let hook = Fake::new(Kind::Webhook, None, clock.clone());
     let (addr, _h) = serve(hook.clone(), None).await;
     let chan = || webhook("webhook[0]", addr, None, Severity::Warning);
-    let rig = rig(vec![chan()], clock.clone(), |_| {}).await;
+    let rig = rig_on(db, vec![chan()], clock.clone(), |_| {}).await;
     // Four messages (one route each) are delivered…
     for k in 0..4 {
         rig.push(vec![critical(
@@ -254,15 +256,13 @@ async fn a_restart_in_the_middle_loses_nothing_and_repeats_nothing_delivered() {
     }
     assert_eq!(rig.service.deliver().await.unwrap().failed, 1);
     // …and a restart: the process goes away, the store is reopened.
-    let Rig {
-        _dir, db, service, ..
-    } = rig;
+    let Rig { _dir, service, .. } = rig;
     let cfg = service.config();
     let old = service.store.clone();
     drop(service);
     old.close().await.unwrap();
     hook.reject.store(0, Ordering::SeqCst);
-    let store = Store::open(&db, StoreOptions::default()).unwrap();
+    let store = db.open(StoreOptions::default());
     let service = Arc::new(AlertService::new(cfg, store, clock.clone(), vec![chan()]));
     clock.advance(Duration::from_secs(3600));
     let r = service.deliver().await.unwrap();
@@ -280,14 +280,16 @@ async fn a_restart_in_the_middle_loses_nothing_and_repeats_nothing_delivered() {
     clock.advance(Duration::from_secs(3600));
     assert_eq!(service.deliver().await.unwrap(), Default::default());
 }
+}
 
-#[tokio::test]
-async fn resolved_after_a_restart_with_duration_and_peak() {
+on_both_engines! {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolved_after_a_restart_with_duration_and_peak(db: &TestDb) {
     let clock = Arc::new(ManualClock::new(t0()));
     let hook = Fake::new(Kind::Webhook, None, clock.clone());
     let (addr, _h) = serve(hook.clone(), None).await;
     let chan = || webhook("webhook[0]", addr, None, Severity::Warning);
-    let rig = rig(vec![chan()], clock.clone(), |_| {}).await;
+    let rig = rig_on(db, vec![chan()], clock.clone(), |_| {}).await;
     let r = qwen(7);
     let opened = t0();
     let inc = incident(&r, opened, None, S::Critical);
@@ -301,14 +303,12 @@ async fn resolved_after_a_restart_with_duration_and_peak() {
     .await;
     rig.service.deliver().await.unwrap();
     // Restart.
-    let Rig {
-        _dir, db, service, ..
-    } = rig;
+    let Rig { _dir, service, .. } = rig;
     let cfg = service.config();
     let old = service.store.clone();
     drop(service);
     old.close().await.unwrap();
-    let store = Store::open(&db, StoreOptions::default()).unwrap();
+    let store = db.open(StoreOptions::default());
     let service = Arc::new(AlertService::new(cfg, store, clock.clone(), vec![chan()]));
     clock.advance(Duration::from_secs(42 * 60));
     let closed = clock.now();
@@ -340,6 +340,7 @@ async fn resolved_after_a_restart_with_duration_and_peak() {
     let mut g = service.grouper();
     g.push(transition(&r, S::Warning, S::Normal, closed, None), closed);
     assert!(g.flush(closed).is_empty());
+}
 }
 
 #[tokio::test]

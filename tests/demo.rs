@@ -80,3 +80,83 @@ async fn the_demo_runs_no_regression_sets_and_every_route_can_carry_traffic() {
     shutdown.cancel();
     store.close().await.unwrap();
 }
+
+/// The demo runs an agent in-process as a second vantage: it probes the same simulator and
+/// pushes to the demo's own ingest over real HTTP with the demo's made-up token, so
+/// `/api/v1/status` shows both vantages on every route, each seen recently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_agent_pushes_as_a_second_vantage() {
+    let shutdown = CancellationToken::new();
+    let mut demo = probeok::demo::start(shutdown.clone()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    demo.config.storage.path = dir.path().join("demo.db");
+    demo.config.server.listen = "127.0.0.1:0".parse().unwrap();
+    demo.config.proxy.enabled = false;
+    assert_eq!(demo.config.vantages.len(), 1);
+    assert_eq!(demo.config.vantages[0].id, probeok::demo::DEMO_AGENT);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let monitor = listener.local_addr().unwrap();
+    let running = probeok::app::start_with(
+        demo.config.clone(),
+        listener,
+        Arc::new(SystemClock),
+        shutdown.clone(),
+        probeok::app::StartOptions::default(),
+    )
+    .await
+    .unwrap();
+    let agent = probeok::demo::start_agent(
+        &demo.config,
+        monitor,
+        dir.path().join("agent.db"),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    let routes = demo.config.routes().len();
+    loop {
+        let status: serde_json::Value = http
+            .get(format!("http://{}/api/v1/status", running.addr))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let seen = status["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                let v = &r["vantages"];
+                !v[probeok::demo::DEMO_AGENT]["last_seen"].is_null() && !v["local"].is_null()
+            })
+            .count();
+        if seen == routes {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "after 60 s only {seen} of {routes} routes show the demo agent's vantage: {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    // The pushes went through the monitor's real ingest.
+    let metrics = http
+        .get(format!("http://{}/metrics", running.addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!("vantage=\"{}\"", probeok::demo::DEMO_AGENT)),
+        "{metrics}"
+    );
+    shutdown.cancel();
+    let _ = agent.done.await;
+    let _ = running.done.await;
+}

@@ -7,7 +7,7 @@
 //!   and the clock moves past `[heartbeat] stale_after`) fail `/readyz` by name, show on the
 //!   status page (en, zh) and turn the pings into `POST …/fail` naming them;
 //! - the alert engine raises a `critical` alert from `stale_after` as configured, delivered
-//!   to a webhook, and resolves it when the job beats again.
+//!   to a webhook, and resolves it when the job beats again — on SQLite and on PostgreSQL.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -28,6 +28,10 @@ use probeok::clock::{ManualClock, SystemClock};
 use probeok::config::{ChannelOptions, Config};
 use probeok::heartbeat::{self, Jobs};
 use probeok::store::{Store, StoreOptions};
+
+#[path = "common/pg.rs"]
+mod pg;
+use pg::TestDb;
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 5, 1, 4, 0, 0).unwrap()
@@ -335,15 +339,14 @@ fn the_async_job_worker_beats_under_the_expected_name() {
     assert_eq!(heartbeat::ASYNC_JOBS, probeok::proxy::jobs::HEARTBEAT_JOB);
 }
 
-#[tokio::test]
-async fn a_stalled_job_raises_a_critical_alert_per_stale_after_and_resolves() {
+on_both_engines! {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_job_raises_a_critical_alert_per_stale_after_and_resolves(db: &TestDb) {
     let (hook, got) = receiver().await;
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("alert.db");
     let clock = Arc::new(ManualClock::new(t0()));
-    let mut c = config(&db, "");
+    let mut c = config(&db.path(), "");
     c.heartbeat.stale_after = Duration::from_secs(180);
-    let store = Store::open(&db, StoreOptions::default()).unwrap();
+    let store = db.open(StoreOptions::default());
     let jobs = Jobs::new(vec!["scheduler", "weights"], t0());
     let service = AlertService::new(
         Arc::new(c.clone()),
@@ -415,11 +418,10 @@ async fn a_stalled_job_raises_a_critical_alert_per_stale_after_and_resolves() {
     );
 
     // `stale_after` comes from the config: at 10 min the same silence is not stale.
-    let dir2 = tempfile::tempdir().unwrap();
-    let db2 = dir2.path().join("alert2.db");
-    let mut c2 = config(&db2, "");
+    let db2 = TestDb::new(db.engine);
+    let mut c2 = config(&db2.path(), "");
     c2.heartbeat.stale_after = Duration::from_secs(600);
-    let store2 = Store::open(&db2, StoreOptions::default()).unwrap();
+    let store2 = db2.open(StoreOptions::default());
     let relaxed = AlertService::new(Arc::new(c2), store2, clock.clone(), vec![webhook(hook)])
         .with_jobs(&jobs);
     assert_eq!(relaxed.evaluate(now).await.unwrap(), 0);
@@ -431,4 +433,5 @@ async fn a_stalled_job_raises_a_critical_alert_per_stale_after_and_resolves() {
         .await
         .unwrap();
     assert_eq!(relaxed.evaluate(eleven).await.unwrap(), 1);
+}
 }

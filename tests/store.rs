@@ -911,3 +911,58 @@ async fn postgres_sessions_lost_are_reopened_and_an_unreachable_database_is_repo
     assert!(store.reachability().reachable());
     store.close().await.unwrap();
 }
+
+/// Two processes writing one PostgreSQL database (a monitor pair, a proxy): each writer keeps
+/// the buckets it fills in memory, so each must notice the other's writes to the same
+/// buckets, or its next upsert would put back its own stale counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_on_one_postgresql_database_keep_the_shared_rollups_exact() {
+    let db = TestDb::new(Engine::Postgres);
+    let a = db.open(opts());
+    let b = db.open(opts());
+    let r = route(0);
+    let t0 = at("2026-03-01T10:00:00Z");
+    let mut n = 0i64;
+    let mut expected = 0u64;
+    // Alternating batches of different sizes, every one in the same 5-minute bucket.
+    for (store, count) in [
+        (&a, 10),
+        (&b, 7),
+        (&a, 5),
+        (&b, 3),
+        (&a, 1),
+        (&a, 2),
+        (&b, 4),
+    ] {
+        let batch: Vec<ProbeOutcome> = (0..count)
+            .map(|_| {
+                n += 1;
+                let mut o = outcome(
+                    r.clone(),
+                    OutcomeKind::Probe,
+                    t0 + chrono::Duration::seconds(n),
+                    100.0 + n as f64,
+                );
+                o.success = n % 4 != 0;
+                o
+            })
+            .collect();
+        expected += count;
+        store.writer().record_many(batch).await.unwrap();
+    }
+    let reader = b.reader().unwrap();
+    let raw = reader.recent_outcomes(&r, 1000).unwrap();
+    assert_eq!(raw.len() as u64, expected);
+    let successes = raw.iter().filter(|o| o.success).count() as u64;
+    for g in Granularity::ALL {
+        let s = reader
+            .summary(&r, g, t0, t0 + chrono::Duration::hours(1), ALL_KINDS)
+            .unwrap();
+        assert_eq!((s.count, s.successes), (expected, successes), "{g:?}");
+        let latency: f64 = raw.iter().filter(|o| o.success).map(|o| o.total_ms).sum();
+        assert!((s.latency_sum_ms() - latency).abs() < 0.01, "{g:?}");
+    }
+    drop(reader);
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

@@ -376,9 +376,23 @@ min_vantages = 2
     );
     let metrics = get(format!("{base}/metrics")).await;
     assert!(
-        metrics.contains(r#"probeok_probe_vantage_success{provider="qwen",region="cn",model="qwen-max",vantage="bj"} 0"#),
+        metrics.contains(
+            r#"probeok_probe_success{provider="qwen",region="cn",model="qwen-max",vantage="bj"} 0"#
+        ),
         "{metrics}"
     );
+    // One family for every vantage: the monitor's own probes under `[server] vantage`.
+    assert!(
+        metrics.contains(
+            r#"probeok_probe_success{provider="qwen",region="cn",model="qwen-max",vantage="hz"} "#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"probeok_probes_total{provider="qwen",region="cn",model="qwen-max",vantage="bj",result="#),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("probeok_probe_vantage"), "{metrics}");
     let incidents: Value = http()
         .get(format!("{base}/api/v1/incidents"))
         .send()

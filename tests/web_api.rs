@@ -650,25 +650,29 @@ async fn metrics_are_openmetrics_with_config_bounded_labels() {
     };
     assert!(text.ends_with("# EOF\n"), "{text}");
     let has = |needle: &str| assert!(text.contains(needle), "missing {needle} in\n{text}");
-    has(r#"probeok_probe_success{provider="qwen",region="cn-beijing",model="qwen-max"} 1"#);
     has(
-        r#"probeok_probe_success{provider="deepseek",region="cn",model="deepseek-ai/DeepSeek-V3"} 0"#,
+        r#"probeok_probe_success{provider="qwen",region="cn-beijing",model="qwen-max",vantage="local"} 1"#,
     );
     has(
-        r#"probeok_probes_total{provider="deepseek",region="cn",model="deepseek-ai/DeepSeek-V3",result="http"} 1"#,
+        r#"probeok_probe_success{provider="deepseek",region="cn",model="deepseek-ai/DeepSeek-V3",vantage="local"} 0"#,
+    );
+    has(
+        r#"probeok_probes_total{provider="deepseek",region="cn",model="deepseek-ai/DeepSeek-V3",vantage="local",result="http"} 1"#,
     );
     // Per route the count and sum; the buckets per provider.
     has(
-        r#"probeok_probe_duration_seconds_count{provider="qwen",region="cn-beijing",model="qwen-max"} 1"#,
+        r#"probeok_probe_duration_seconds_count{provider="qwen",region="cn-beijing",model="qwen-max",vantage="local"} 1"#,
     );
-    has(r#"probeok_provider_probe_duration_seconds_bucket{le="1.0",provider="qwen"} 1"#);
-    has(r#"probeok_probe_ttfb_seconds_count{provider="qwen"} 1"#);
+    has(
+        r#"probeok_provider_probe_duration_seconds_bucket{le="1.0",provider="qwen",vantage="local"} 1"#,
+    );
+    has(r#"probeok_probe_ttfb_seconds_count{provider="qwen",vantage="local"} 1"#);
     assert!(
         !text.contains(r#"probeok_probe_duration_seconds_bucket{le="1.0""#),
         "no per-route buckets"
     );
     has(
-        r#"probeok_probe_output_tokens_per_second{provider="qwen",region="cn-beijing",model="qwen-max"} 42.0"#,
+        r#"probeok_probe_output_tokens_per_second{provider="qwen",region="cn-beijing",model="qwen-max",vantage="local"} 42.0"#,
     );
     has(
         r#"probeok_route_state{provider="deepseek",region="cn",model="deepseek-ai/DeepSeek-V3"} 4"#,

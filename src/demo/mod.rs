@@ -2,6 +2,9 @@
 //! (3 providers × 2 regions × 2 models), some with scripted faults in motion, and a config of
 //! routes pointing at them, so a new user sees a living status page at once — with a past:
 //! on first start [`history`] writes 30 days of simulated history into the demo's database.
+//! An agent runs in-process as a second vantage ([`start_agent`]), probing the same
+//! simulator and pushing to the demo's own ingest over real HTTP, so the page shows a dot per
+//! vantage and the route states are their quorum.
 
 pub mod history;
 
@@ -10,16 +13,29 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::{AgentError, AgentOptions, RunningAgent};
+use crate::config::VantageConfig;
 use crate::config::{
     Behaviour, Config, ContractConfig, DetectionConfig, DriftConfig, EgressConfig, ProbeConfig,
     ProviderConfig, ProxyConfig, RegionConfig, RouteConfig, ServerConfig, ShadowConfig, SloConfig,
     StorageConfig,
 };
 use crate::route::{Capability, Price, ProviderKind, Tier};
+use crate::secret::Env;
 use crate::sim::{self, Scenario, SimConfig, SimRoute};
 
 /// The demo's database, in the working directory, named so nobody mistakes it for real data.
 pub const DEMO_DB: &str = "probeok-demo.db";
+
+/// The in-process agent's vantage; the monitor's own is the default `local`.
+pub const DEMO_AGENT: &str = "demo-edge";
+
+/// The in-process agent's outbox, beside [`DEMO_DB`].
+pub const DEMO_AGENT_DB: &str = "probeok-demo-agent.db";
+
+/// The variable the demo's ingest token is given under (in the config's own environment,
+/// never the process's): made up at each start, shared by the monitor and its agent only.
+const DEMO_INGEST_VAR: &str = "PROBEOK_DEMO_INGEST_TOKEN";
 
 /// Scenario timelines run this much faster than real time, so an incident starts and ends
 /// within minutes of starting the demo.
@@ -175,8 +191,16 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
         source: PathBuf::from("(built-in demo)"),
         server: ServerConfig {
             title: "probeok demo — simulated providers".to_owned(),
+            ingest_token_env: DEMO_INGEST_VAR.to_owned(),
             ..ServerConfig::default()
         },
+        env: demo_env(),
+        // The in-process agent probes every route too: two vantages, a quorum of both.
+        vantages: vec![VantageConfig {
+            id: DEMO_AGENT.to_owned(),
+            routes: Vec::new(),
+            stale_after: VantageConfig::DEFAULT_STALE_AFTER,
+        }],
         storage: StorageConfig {
             url_env: None,
             path: PathBuf::from(DEMO_DB),
@@ -222,4 +246,50 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
         config.proxy.listen
     );
     Ok(Demo { config, sim_addr })
+}
+
+/// The demo's secrets: its made-up ingest token, and the admin and proxy client keys a user
+/// may have exported (read here, never written to the process environment).
+fn demo_env() -> Env {
+    let token: String = (0..32)
+        .map(|_| char::from(b"0123456789abcdef"[rand::random::<usize>() % 16]))
+        .collect();
+    let mut env = Env::given().with(DEMO_INGEST_VAR, token);
+    let defaults = (ServerConfig::default(), ProxyConfig::default());
+    for var in [&defaults.0.admin_token_env, &defaults.1.client_keys_env] {
+        if let Ok(value) = std::env::var(var) {
+            env.set(var.as_str(), value);
+        }
+    }
+    env
+}
+
+/// Starts the demo's agent: vantage [`DEMO_AGENT`], probing the demo's routes and pushing
+/// to `monitor` (the demo's own listener) with the demo's ingest token; its outbox is
+/// `outbox` ([`DEMO_AGENT_DB`] for `probeok serve`).
+pub async fn start_agent(
+    config: &Config,
+    monitor: std::net::SocketAddr,
+    outbox: PathBuf,
+    shutdown: CancellationToken,
+) -> Result<RunningAgent, AgentError> {
+    let token = config
+        .env
+        .secret(&config.server.ingest_token_env)
+        .ok_or_else(|| AgentError::Invalid("the demo has no ingest token".to_owned()))?;
+    let opts = AgentOptions {
+        vantage: DEMO_AGENT.to_owned(),
+        server: format!("http://{monitor}"),
+        data: Some(outbox),
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        push: crate::agent::push::PushOptions::default(),
+    };
+    crate::agent::start(
+        config.clone(),
+        opts,
+        token,
+        std::sync::Arc::new(crate::clock::SystemClock),
+        shutdown,
+    )
+    .await
 }

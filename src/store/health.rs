@@ -12,7 +12,9 @@
 //! (all of them, not only the first ones the in-memory incident keeps), and the readers put
 //! them back.
 
-use super::sql::{params, Connection, OptionalExtension, Row};
+use std::collections::HashMap;
+
+use super::sql::{params, value_tuples, Connection, OptionalExtension, Row, ValueRef};
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 
@@ -152,17 +154,46 @@ pub(crate) fn apply(
             t.incident_id
         ])?;
     }
-    for s in &w.states {
-        let id = route_id(&s.route)?;
-        conn.prepare_cached(
-            "INSERT INTO route_health (route_id, state, health, updated_at_ms) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT (route_id) DO UPDATE SET state = excluded.state,
-                 health = excluded.health, updated_at_ms = excluded.updated_at_ms",
-        )?
-        .execute(params![id, s.state, s.json, s.at_ms])?;
+    // Several states per statement (a save of every route is one of the writer's biggest
+    // writes). A route twice in one write keeps its last state, as one upsert after another
+    // would; PostgreSQL refuses an upsert that touches one row twice.
+    let mut last: HashMap<i64, usize> = HashMap::with_capacity(w.states.len());
+    for (n, s) in w.states.iter().enumerate() {
+        last.insert(route_id(&s.route)?, n);
     }
+    let mut rows: Vec<(usize, i64)> = last.into_iter().map(|(id, n)| (n, id)).collect();
+    rows.sort_unstable();
+    let mut values = Vec::with_capacity(rows.len() * STATE_COLUMNS);
+    for (n, id) in rows {
+        let s = &w.states[n];
+        values.extend([
+            ValueRef::Integer(id),
+            ValueRef::Text(s.state),
+            ValueRef::Text(&s.json),
+            ValueRef::Integer(s.at_ms),
+        ]);
+    }
+    conn.execute_rows(
+        |n| {
+            format!(
+                "INSERT INTO route_health (route_id, state, health, updated_at_ms) VALUES {}
+                 ON CONFLICT (route_id) DO UPDATE SET state = excluded.state,
+                     health = excluded.health, updated_at_ms = excluded.updated_at_ms",
+                value_tuples(n, STATE_COLUMNS)
+            )
+        },
+        STATE_COLUMNS,
+        &values,
+        STATE_CHUNK,
+    )?;
     Ok(())
 }
+
+/// Columns of one `route_health` row as [`apply`] writes it.
+const STATE_COLUMNS: usize = 4;
+
+/// States per upsert at most.
+const STATE_CHUNK: usize = 256;
 
 impl Writer {
     async fn health(&self, write: HealthWrite) -> Result<(), StoreError> {
@@ -326,11 +357,20 @@ impl Reader {
     /// build) is left out with a warning: that route starts fresh rather than the service not
     /// starting at all.
     pub fn route_health_all<H: PersistedHealth>(&self) -> Result<Vec<StoredHealth<H>>, StoreError> {
+        self.route_health_updated_since(i64::MIN)
+    }
+
+    /// The stored states saved at or after `since_ms` (their `updated_at`, the saving
+    /// member's clock), by route: what a follower re-reads each second.
+    pub fn route_health_updated_since<H: PersistedHealth>(
+        &self,
+        since_ms: i64,
+    ) -> Result<Vec<StoredHealth<H>>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT r.name, h.health, h.updated_at_ms FROM route_health h
-             JOIN routes r ON r.id = h.route_id ORDER BY r.name",
+             JOIN routes r ON r.id = h.route_id WHERE h.updated_at_ms >= ?1 ORDER BY r.name",
         )?;
-        let rows = stmt.query_map([], |r| {
+        let rows = stmt.query_map([since_ms], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,

@@ -1,7 +1,7 @@
 //! The `routes` and `outcomes` tables: one raw row per outcome, every field of
 //! [`ProbeOutcome`]. `started_at` is kept at millisecond precision.
 
-use super::sql::{params, Connection, OptionalExtension, Row};
+use super::sql::{params, value_tuples, Connection, OptionalExtension, Row, ValueRef};
 use chrono::{DateTime, Utc};
 
 use super::{from_ms, kind_filter_sql, parse_kind, to_ms, Reader, StoreError};
@@ -63,42 +63,76 @@ pub(crate) fn validate(o: &ProbeOutcome) -> Result<(), StoreError> {
     Ok(())
 }
 
-pub(crate) fn insert(conn: &Connection, route_id: i64, o: &ProbeOutcome) -> Result<(), StoreError> {
-    let err = o.error.as_ref();
-    conn.prepare_cached(
-        "INSERT INTO outcomes (route_id, kind, started_at_ms, success, verified, ttfb_ms, ttft_ms,
-             total_ms, output_tokens, tokens_estimated, tokens_per_second, model_reported,
-             system_fingerprint, http_status, error_kind, error_status, error_message,
-             retry_after_ms, answer, first_answer_ms, max_tokens_exhausted)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                 ?20, ?21)",
-    )?
-    .execute(params![
-        route_id,
-        o.kind.as_str(),
-        to_ms(o.started_at),
-        o.success,
-        o.verified,
-        o.ttfb_ms,
-        o.ttft_ms,
-        o.total_ms,
-        o.output_tokens,
-        o.tokens_estimated,
-        o.tokens_per_second,
-        o.model_reported,
-        o.system_fingerprint,
-        o.http_status,
-        err.map(ProbeError::kind),
-        err.and_then(ProbeError::status),
-        err.and_then(ProbeError::message),
-        // Saturate rather than fail: a retry hint beyond i64 ms is "forever" either way.
-        err.and_then(ProbeError::retry_after_ms)
-            .map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
-        o.answer,
-        o.first_answer_ms,
-        o.max_tokens_exhausted,
-    ])?;
+/// Columns of one `outcomes` row as [`insert_many`] writes it.
+const INSERT_COLUMNS: usize = 21;
+
+/// Rows per `INSERT` at most (21 values each: well under either engine's parameter limit).
+const INSERT_CHUNK: usize = 256;
+
+/// Inserts the outcomes (each with its interned route id) in order, several rows per
+/// statement: a batch costs a few round trips on PostgreSQL, not one per outcome.
+pub(crate) fn insert_many(
+    conn: &Connection,
+    rows: &[(i64, &ProbeOutcome)],
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut values = Vec::with_capacity(rows.len() * INSERT_COLUMNS);
+    for (route_id, o) in rows {
+        push_values(&mut values, *route_id, o);
+    }
+    conn.execute_rows(
+        |n| {
+            format!(
+                "INSERT INTO outcomes (route_id, kind, started_at_ms, success, verified, ttfb_ms,
+                     ttft_ms, total_ms, output_tokens, tokens_estimated, tokens_per_second,
+                     model_reported, system_fingerprint, http_status, error_kind, error_status,
+                     error_message, retry_after_ms, answer, first_answer_ms, max_tokens_exhausted)
+                 VALUES {}",
+                value_tuples(n, INSERT_COLUMNS)
+            )
+        },
+        INSERT_COLUMNS,
+        &values,
+        INSERT_CHUNK,
+    )?;
     Ok(())
+}
+
+/// One outcome's [`INSERT_COLUMNS`] values, in the column order of [`insert_many`].
+fn push_values<'a>(out: &mut Vec<ValueRef<'a>>, route_id: i64, o: &'a ProbeOutcome) {
+    let err = o.error.as_ref();
+    let int = |v: Option<i64>| v.map_or(ValueRef::Null, ValueRef::Integer);
+    let real = |v: Option<f64>| v.map_or(ValueRef::Null, ValueRef::Real);
+    let text = |v: Option<&'a str>| v.map_or(ValueRef::Null, ValueRef::Text);
+    let flag = |v: bool| ValueRef::Integer(i64::from(v));
+    out.extend([
+        ValueRef::Integer(route_id),
+        ValueRef::Text(o.kind.as_str()),
+        ValueRef::Integer(to_ms(o.started_at)),
+        flag(o.success),
+        int(o.verified.map(i64::from)),
+        real(o.ttfb_ms),
+        real(o.ttft_ms),
+        ValueRef::Real(o.total_ms),
+        int(o.output_tokens.map(i64::from)),
+        flag(o.tokens_estimated),
+        real(o.tokens_per_second),
+        text(o.model_reported.as_deref()),
+        text(o.system_fingerprint.as_deref()),
+        int(o.http_status.map(i64::from)),
+        text(err.map(ProbeError::kind)),
+        int(err.and_then(ProbeError::status).map(i64::from)),
+        text(err.and_then(ProbeError::message)),
+        // Saturate rather than fail: a retry hint beyond i64 ms is "forever" either way.
+        int(err
+            .and_then(ProbeError::retry_after_ms)
+            .map(|v| i64::try_from(v).unwrap_or(i64::MAX))),
+        text(o.answer.as_deref()),
+        real(o.first_answer_ms),
+        flag(o.max_tokens_exhausted),
+    ]);
 }
 
 pub(super) const COLUMNS: &str =

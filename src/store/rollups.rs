@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::sql::{params, Connection, OptionalExtension};
+use super::sql::{params, value_tuples, Connection, OptionalExtension, ValueRef};
 use chrono::{DateTime, Utc};
 
 use super::histogram::LatencyHistogram;
@@ -230,6 +230,15 @@ pub(crate) struct RollupCache {
     batch: u64,
 }
 
+/// Columns of one rollup row as [`RollupCache::flush`] writes it.
+const UPSERT_COLUMNS: usize = 14;
+
+/// Rows per upsert at most.
+const UPSERT_CHUNK: usize = 256;
+
+/// Buckets looked up per statement at most by [`RollupCache::preload`].
+const PRELOAD_CHUNK: usize = 64;
+
 /// Above this many cached buckets, those not touched by the last batch are dropped (they are
 /// all committed by then, so dropping only costs a reload).
 const CACHE_CAP: usize = 4096;
@@ -272,42 +281,186 @@ impl RollupCache {
         Ok(())
     }
 
-    /// Writes every changed bucket (inside the caller's transaction).
-    pub fn flush(&mut self, conn: &Connection) -> Result<(), StoreError> {
-        let mut stmt = conn.prepare_cached(
-            "INSERT INTO rollups (route_id, granularity_s, bucket_start_ms, kind, count,
-                 successes, good, verified, latency_sum_us, ttfb_sum_us, ttfb_count, tps_sum,
-                 tps_count, histogram)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
-             ON CONFLICT (granularity_s, bucket_start_ms, route_id, kind) DO UPDATE SET
-                 count = excluded.count, successes = excluded.successes, good = excluded.good,
-                 verified = excluded.verified, latency_sum_us = excluded.latency_sum_us,
-                 ttfb_sum_us = excluded.ttfb_sum_us, ttfb_count = excluded.ttfb_count,
-                 tps_sum = excluded.tps_sum, tps_count = excluded.tps_count,
-                 histogram = excluded.histogram",
-        )?;
-        for (key, entry) in self.entries.iter_mut().filter(|(_, e)| e.dirty) {
+    /// Loads, in a few statements, the stored buckets of `outcomes` that are not in memory yet
+    /// (a bucket with no row starts empty), so that [`RollupCache::add`] then finds each one
+    /// without a round trip of its own.
+    pub fn preload<'o>(
+        &mut self,
+        conn: &Connection,
+        outcomes: impl Iterator<Item = (i64, &'o ProbeOutcome)>,
+    ) -> Result<(), StoreError> {
+        let mut missing: HashMap<Key, &RouteId> = HashMap::new();
+        for (route_id, o) in outcomes {
+            for g in Granularity::ALL {
+                let key = Key {
+                    route_id,
+                    kind: o.kind,
+                    granularity: g,
+                    bucket_start_ms: g.floor_ms(to_ms(o.started_at)),
+                };
+                if !self.entries.contains_key(&key) {
+                    missing.entry(key).or_insert(&o.route);
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<Key> = missing.keys().copied().collect();
+        let mut loaded: HashMap<Key, Figures> = HashMap::with_capacity(keys.len());
+        let mut at = 0;
+        for n in super::sql::row_chunks(keys.len(), PRELOAD_CHUNK) {
+            let chunk = &keys[at..at + n];
+            at += n;
+            let mut values = Vec::with_capacity(n * 4);
+            for k in chunk {
+                values.extend([
+                    ValueRef::Integer(k.route_id),
+                    ValueRef::Integer(k.granularity.seconds()),
+                    ValueRef::Integer(k.bucket_start_ms),
+                    ValueRef::Text(k.kind.as_str()),
+                ]);
+            }
+            let wanted = (0..n)
+                .map(|i| {
+                    let p = i * 4;
+                    format!(
+                        "(route_id = ?{} AND granularity_s = ?{} AND bucket_start_ms = ?{} AND kind = ?{})",
+                        p + 1,
+                        p + 2,
+                        p + 3,
+                        p + 4
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" OR ");
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT route_id, granularity_s, bucket_start_ms, kind, count, successes, good,
+                     verified, latency_sum_us, ttfb_sum_us, ttfb_count, tps_sum, tps_count,
+                     histogram
+                 FROM rollups WHERE {wanted}"
+            ))?;
+            let rows = stmt.query_map(&values[..], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, i64>(2)?,
+                    row.get::<_, String>(3)?,
+                    Figures {
+                        counts: [
+                            row.get(4)?,
+                            row.get(5)?,
+                            row.get(6)?,
+                            row.get(7)?,
+                            row.get(8)?,
+                            row.get(9)?,
+                            row.get(10)?,
+                            row.get(12)?,
+                        ],
+                        tps_sum: row.get(11)?,
+                        histogram: row.get(13)?,
+                    },
+                ))
+            })?;
+            for row in rows {
+                let (route_id, seconds, bucket_start_ms, kind, figures) = row?;
+                let granularity = Granularity::from_seconds(seconds).ok_or_else(|| {
+                    StoreError::Corrupt(format!("rollup granularity of {seconds} s"))
+                })?;
+                let key = Key {
+                    route_id,
+                    kind: parse_kind(&kind)?,
+                    granularity,
+                    bucket_start_ms,
+                };
+                loaded.insert(key, figures);
+            }
+        }
+        for (key, route) in missing {
+            let mut figures = Rollup::empty(
+                route.clone(),
+                Some(key.kind),
+                key.granularity,
+                from_ms(key.bucket_start_ms)?,
+            );
+            if let Some(f) = loaded.remove(&key) {
+                f.apply(&mut figures)?;
+            }
+            self.entries.insert(
+                key,
+                Entry {
+                    figures,
+                    dirty: false,
+                    touched: self.batch,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes every changed bucket (inside the caller's transaction), several per statement;
+    /// answers how many it wrote.
+    pub fn flush(&mut self, conn: &Connection) -> Result<usize, StoreError> {
+        let dirty: Vec<(&Key, &mut Entry)> =
+            self.entries.iter_mut().filter(|(_, e)| e.dirty).collect();
+        if dirty.is_empty() {
+            return Ok(0);
+        }
+        let histograms: Vec<Vec<u8>> = dirty
+            .iter()
+            .map(|(_, e)| e.figures.histogram.encode())
+            .collect();
+        let mut values = Vec::with_capacity(dirty.len() * UPSERT_COLUMNS);
+        for ((key, entry), histogram) in dirty.iter().zip(&histograms) {
             let f = &entry.figures;
-            stmt.execute(params![
-                key.route_id,
-                key.granularity.seconds(),
-                key.bucket_start_ms,
-                key.kind.as_str(),
-                to_i64(f.count),
-                to_i64(f.successes),
-                to_i64(f.good),
-                to_i64(f.verified),
-                to_i64(f.latency_sum_us),
-                to_i64(f.ttfb_sum_us),
-                to_i64(f.ttfb_count),
-                f.tps_sum,
-                to_i64(f.tps_count),
-                f.histogram.encode(),
-            ])?;
+            let int = |v: u64| ValueRef::Integer(to_i64(v));
+            values.extend([
+                ValueRef::Integer(key.route_id),
+                ValueRef::Integer(key.granularity.seconds()),
+                ValueRef::Integer(key.bucket_start_ms),
+                ValueRef::Text(key.kind.as_str()),
+                int(f.count),
+                int(f.successes),
+                int(f.good),
+                int(f.verified),
+                int(f.latency_sum_us),
+                int(f.ttfb_sum_us),
+                int(f.ttfb_count),
+                ValueRef::Real(f.tps_sum),
+                int(f.tps_count),
+                ValueRef::Blob(histogram),
+            ]);
+        }
+        // Each key once per statement (they come from a map): PostgreSQL refuses an upsert
+        // that touches one row twice.
+        conn.execute_rows(
+            |n| {
+                format!(
+                    "INSERT INTO rollups (route_id, granularity_s, bucket_start_ms, kind, count,
+                         successes, good, verified, latency_sum_us, ttfb_sum_us, ttfb_count,
+                         tps_sum, tps_count, histogram)
+                     VALUES {}
+                     ON CONFLICT (granularity_s, bucket_start_ms, route_id, kind) DO UPDATE SET
+                         count = excluded.count, successes = excluded.successes,
+                         good = excluded.good, verified = excluded.verified,
+                         latency_sum_us = excluded.latency_sum_us,
+                         ttfb_sum_us = excluded.ttfb_sum_us, ttfb_count = excluded.ttfb_count,
+                         tps_sum = excluded.tps_sum, tps_count = excluded.tps_count,
+                         histogram = excluded.histogram",
+                    value_tuples(n, UPSERT_COLUMNS)
+                )
+            },
+            UPSERT_COLUMNS,
+            &values,
+            UPSERT_CHUNK,
+        )?;
+        let written = dirty.len();
+        drop(values);
+        for (_, entry) in dirty {
             // Cleared optimistically: if the commit fails the whole cache is cleared anyway.
             entry.dirty = false;
         }
-        Ok(())
+        Ok(written)
     }
 
     /// Called after a commit: starts a new batch and bounds memory.

@@ -8,9 +8,12 @@
 //!
 //! On PostgreSQL several processes may write the same database (a monitor pair, proxies).
 //! Each writer transaction takes one advisory lock first, so writers take turns as SQLite's
-//! write lock makes them, and the rollup buckets are re-read in every batch instead of
-//! trusted from memory. A lost connection is reopened with backoff and the batch retried;
-//! [`super::Reachability`] says whether the database answered.
+//! write lock makes them, and reads in the same round trip which writer last wrote rollups
+//! (`store_meta`): when it was another one, the buckets in memory are dropped and re-read.
+//! Round trips are what a PostgreSQL batch costs, so a batch's outcomes go in multi-row
+//! inserts, its buckets are loaded and upserted several per statement. A lost connection is
+//! reopened with backoff and the batch retried; [`super::Reachability`] says whether the
+//! database answered.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -36,6 +39,10 @@ pub const RETENTION_BATCH: usize = 1000;
 
 /// The advisory lock every PostgreSQL writer transaction takes ("probeok" and 2 in its bytes).
 const PG_WRITER_LOCK: i64 = 0x7072_6f62_656f_6b02;
+
+/// The `store_meta` key naming the writer that last wrote rollups (PostgreSQL): while it is
+/// this writer, the buckets it holds in memory are the stored rows and need no re-reading.
+const ROLLUP_WRITER_KEY: &str = "rollup_writer";
 
 /// How long the writer keeps reconnecting before it fails the batch it holds (the next batch
 /// tries again); the pauses between attempts double up to [`RECONNECT_MAX_PAUSE`].
@@ -346,6 +353,7 @@ pub(crate) fn run(
         route_ids: HashMap::new(),
         rollups: RollupCache::default(),
         masks: VecDeque::new(),
+        token: writer_token(),
         location,
         reachability,
     };
@@ -386,6 +394,12 @@ pub(crate) fn run(
     }
 }
 
+/// A writer's identity among the processes sharing a database: process id and a random
+/// number, so two writers (two processes, or two stores of one) never look alike.
+fn writer_token() -> String {
+    format!("{}-{:016x}", std::process::id(), rand::random::<u64>())
+}
+
 struct State {
     threshold_ms: f64,
     /// Interned route ids; may hold ids from the open transaction, so cleared on failure.
@@ -393,6 +407,8 @@ struct State {
     rollups: RollupCache,
     /// Per-item answers of the committed `Vantage` commands not yet answered.
     masks: VecDeque<Vec<bool>>,
+    /// Unique to this writer: what it writes under [`ROLLUP_WRITER_KEY`].
+    token: String,
     location: StoreLocation,
     reachability: Arc<Reachability>,
 }
@@ -502,20 +518,47 @@ impl State {
     /// only once it committed.
     fn apply(&mut self, conn: &mut Connection, cmds: &[Command]) -> Result<Vec<u64>, StoreError> {
         let tx = conn.transaction()?;
+        // On PostgreSQL: whether another process wrote rollups since this writer last did.
+        let mut foreign_rollups = false;
         if tx.engine() == Engine::Postgres {
-            tx.query_row("SELECT pg_advisory_xact_lock(?1)", [PG_WRITER_LOCK], |_| {
-                Ok(())
-            })?;
-            // Another process may have written these buckets since this one last did.
-            self.rollups.clear();
+            let last: Option<String> = tx.query_row(
+                "SELECT pg_advisory_xact_lock(?1),
+                     (SELECT value FROM store_meta WHERE key = 'rollup_writer')",
+                [PG_WRITER_LOCK],
+                |r| r.get(1),
+            )?;
+            if last.as_deref() != Some(self.token.as_str()) {
+                // Its buckets in memory may be behind the rows: read them again.
+                self.rollups.clear();
+                foreign_rollups = true;
+            }
         }
+        // Every bucket this batch's outcomes touch, loaded in a few statements up front.
+        let mut recorded = Vec::new();
+        for c in cmds {
+            if let Command::Record { outcomes: os, .. } = c {
+                for o in os {
+                    recorded.push((self.route_id(&tx, &o.route)?, o));
+                }
+            }
+        }
+        self.rollups
+            .preload(&tx, recorded.iter().map(|(id, o)| (*id, *o)))?;
+        // Outcomes of consecutive `Record`s are inserted together, before the next other
+        // command, so rows keep their order relative to every other write of the batch.
+        let mut pending: Vec<(i64, &ProbeOutcome)> = Vec::new();
+        let mut rollups_written = 0;
         let mut replies = Vec::with_capacity(cmds.len());
         for c in cmds {
+            if !matches!(c, Command::Record { .. }) && !pending.is_empty() {
+                outcomes::insert_many(&tx, &pending)?;
+                pending.clear();
+            }
             let reply = match c {
                 Command::Record { outcomes: os, .. } => {
                     for o in os {
                         let id = self.route_id(&tx, &o.route)?;
-                        outcomes::insert(&tx, id, o)?;
+                        pending.push((id, o));
                         self.rollups.add(&tx, id, o, self.threshold_ms)?;
                     }
                     0
@@ -565,9 +608,10 @@ impl State {
                     if let Target::Rollups(g) = target {
                         // Cached buckets must reach their rows before the delete sees them,
                         // and deleted ones must not be written back later.
-                        self.rollups.flush(&tx)?;
+                        rollups_written += self.rollups.flush(&tx)?;
                         let n = jobs::delete_old(&tx, *target, *cutoff_ms, *limit)?;
                         self.rollups.evict_before(*g, *cutoff_ms);
+                        rollups_written += usize::from(n > 0);
                         n
                     } else {
                         jobs::delete_old(&tx, *target, *cutoff_ms, *limit)?
@@ -603,7 +647,12 @@ impl State {
             };
             replies.push(reply);
         }
-        self.rollups.flush(&tx)?;
+        outcomes::insert_many(&tx, &pending)?;
+        rollups_written += self.rollups.flush(&tx)?;
+        if foreign_rollups && rollups_written > 0 {
+            // From now on this writer's buckets in memory are the rows, until another writes.
+            jobs::touch_meta(&tx, ROLLUP_WRITER_KEY, &self.token)?;
+        }
         tx.commit()?;
         self.rollups.committed();
         Ok(replies)

@@ -1,14 +1,16 @@
 //! `/metrics`: OpenMetrics text through `prometheus-client`, ending in `# EOF`.
 //!
-//! Families (listed in `docs/operations.md`):
-//! - from outcomes, as the recorder passes them to [`Metrics::observe_outcome`] (synthetic
-//!   kinds only — probe and throughput): `probeok_probe_success{provider,region,model}` (0/1,
-//!   last probe), `probeok_probe_duration_seconds` (count and sum per route; its buckets
-//!   per provider in `probeok_provider_probe_duration_seconds{provider}`) and
-//!   `probeok_probe_ttfb_seconds{provider}` (histograms of successful probes; why per
+//! Families (listed in `docs/http-api.md`):
+//! - from probe outcomes (synthetic kinds only — probe and throughput), each labelled with
+//!   the `vantage` that measured it: this monitor's own ([`Metrics::observe_outcome`], the
+//!   `[server] vantage`) or an agent's ([`Metrics::observe_vantage_outcome`]):
+//!   `probeok_probe_success{provider,region,model,vantage}` (0/1, last probe),
+//!   `probeok_probe_duration_seconds` (count and sum per route and vantage; its buckets per
+//!   provider in `probeok_provider_probe_duration_seconds{provider,vantage}`) and
+//!   `probeok_probe_ttfb_seconds{provider,vantage}` (histograms of successful probes; why per
 //!   provider: `docs/http-api.md`), `probeok_probe_output_tokens_per_second` (last
-//!   figure), `probeok_probes_total{provider,region,model,result}` (`result` is `success` or
-//!   the error kind, a closed set);
+//!   figure), `probeok_probes_total{provider,region,model,vantage,result}` (`result` is
+//!   `success` or the error kind, a closed set);
 //! - set at scrape time from the health and weights snapshots: `probeok_route_state{…}`
 //!   (0 UNKNOWN … 5 SWITCHED), `probeok_route_weight{serves,provider,region,model}`;
 //! - `probeok_slo_error_budget_remaining{provider,region,model}`: the rolling 30 days' error
@@ -20,9 +22,6 @@
 //!   time from the same cached figures, only for routes with such traffic;
 //! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`,
 //!   `probeok_store_lag_seconds` (the recorder's [`crate::lag::StoreLag`], at scrape time);
-//! - remote vantages' probes (`probeok agent`): `probeok_probe_vantage_success{provider,
-//!   region,model,vantage}` and `probeok_probe_vantage_total{…,vantage,result}` (the probe
-//!   families above stay this monitor's own vantage, with their labels unchanged);
 //! - the in-process proxy's breakers and counters, once [`Metrics::attach_proxy`] was called
 //!   (see `proxy::export`).
 //!
@@ -78,18 +77,10 @@ struct RouteLabels {
     model: String,
 }
 
+/// A probe family's labels: the route's and the vantage that measured it. Vantages come
+/// from the config (`[server] vantage`, `[[vantage]]`), so the series stay bounded.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabels {
-    provider: String,
-    region: String,
-    model: String,
-    result: &'static str,
-}
-
-/// A remote vantage's probes: the route's labels and the vantage. Only a gauge and a
-/// two-valued counter per (route, vantage), so many agents do not multiply histograms.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VantageLabels {
+struct ProbeLabels {
     provider: String,
     region: String,
     model: String,
@@ -97,7 +88,7 @@ struct VantageLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VantageResultLabels {
+struct ProbeResultLabels {
     provider: String,
     region: String,
     model: String,
@@ -137,9 +128,10 @@ struct BuildLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProviderLabels {
     provider: String,
+    vantage: String,
 }
 
-type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+type HistogramFamily = Family<ProbeLabels, Histogram, fn() -> Histogram>;
 type ProviderHistogramFamily = Family<ProviderLabels, Histogram, fn() -> Histogram>;
 
 /// Per route only the count and sum (the `+Inf` bucket): a route's mean and rate; its
@@ -164,13 +156,15 @@ pub struct Metrics {
     routes: HashMap<RouteId, (RouteLabels, String)>,
     /// In config order, for the scrape-time gauges.
     order: Vec<RouteId>,
-    probe_success: Family<RouteLabels, Gauge>,
+    /// This monitor's own vantage: the `vantage` label of its scheduler's probes.
+    vantage: String,
+    probe_success: Family<ProbeLabels, Gauge>,
     probe_duration: HistogramFamily,
     /// Per provider only: at 10,000 routes a second per-route family did not fit a kilobyte.
     probe_ttfb: ProviderHistogramFamily,
     provider_duration: ProviderHistogramFamily,
-    probe_tps: Family<RouteLabels, Gauge<f64, AtomicU64>>,
-    probes: Family<ResultLabels, Counter>,
+    probe_tps: Family<ProbeLabels, Gauge<f64, AtomicU64>>,
+    probes: Family<ProbeResultLabels, Counter>,
     route_state: Family<RouteLabels, Gauge>,
     route_weight: Family<WeightLabels, Gauge>,
     slo_budget: Family<RouteLabels, Gauge<f64, AtomicU64>>,
@@ -178,8 +172,6 @@ pub struct Metrics {
     /// TPOT p95 (see [`Metrics::set_observed`]).
     observed: [Family<RouteLabels, Gauge<f64, AtomicU64>>; 3],
     ingest_items: Family<IngestLabels, Counter>,
-    vantage_success: Family<VantageLabels, Gauge>,
-    vantage_probes: Family<VantageResultLabels, Counter>,
     /// `probeok_alerts_total{channel,result}`, brought up to the alert engine's counts at
     /// scrape time (channels come from the config, results are a fixed set).
     alerts: Family<AlertLabels, Counter>,
@@ -226,15 +218,21 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
+    /// The metrics of a monitor whose own vantage is the default one.
     pub fn new(routes: &[Route]) -> Self {
+        Self::for_vantage(routes, crate::vantage::LOCAL)
+    }
+
+    /// The metrics of a monitor whose own probes run from `vantage` (`[server] vantage`).
+    pub fn for_vantage(routes: &[Route], vantage: &str) -> Self {
         let mut registry = Registry::with_prefix("probeok");
-        let probe_success = Family::<RouteLabels, Gauge>::default();
+        let probe_success = Family::<ProbeLabels, Gauge>::default();
         let probe_duration: HistogramFamily = Family::new_with_constructor(route_histogram);
         let probe_ttfb: ProviderHistogramFamily = Family::new_with_constructor(ttfb_histogram);
         let provider_duration: ProviderHistogramFamily =
             Family::new_with_constructor(duration_histogram);
-        let probe_tps = Family::<RouteLabels, Gauge<f64, AtomicU64>>::default();
-        let probes = Family::<ResultLabels, Counter>::default();
+        let probe_tps = Family::<ProbeLabels, Gauge<f64, AtomicU64>>::default();
+        let probes = Family::<ProbeResultLabels, Counter>::default();
         let route_state = Family::<RouteLabels, Gauge>::default();
         let route_weight = Family::<WeightLabels, Gauge>::default();
         let slo_budget = Family::<RouteLabels, Gauge<f64, AtomicU64>>::default();
@@ -243,8 +241,6 @@ impl Metrics {
             registry.register(name, help, family.clone());
         }
         let ingest_items = Family::<IngestLabels, Counter>::default();
-        let vantage_success = Family::<VantageLabels, Gauge>::default();
-        let vantage_probes = Family::<VantageResultLabels, Counter>::default();
         let alerts = Family::<AlertLabels, Counter>::default();
         let budget_cost = Family::<BudgetLabels, Gauge<f64, AtomicU64>>::default();
         let budget_used = Gauge::<f64, AtomicU64>::default();
@@ -341,16 +337,6 @@ impl Metrics {
             ingest_items.clone(),
         );
         registry.register(
-            "probe_vantage_success",
-            "1 if the latest probe of the route from a remote vantage (probeok agent) succeeded",
-            vantage_success.clone(),
-        );
-        registry.register(
-            "probe_vantage",
-            "Probes of the route from remote vantages by result (success, failure)",
-            vantage_probes.clone(),
-        );
-        registry.register(
             "alerts",
             "Alert deliveries by channel and result (delivered, failed, dropped, suppressed)",
             alerts.clone(),
@@ -384,6 +370,7 @@ impl Metrics {
                 .map(|r| (r.id.clone(), (labels(r), r.serves.clone())))
                 .collect(),
             order: routes.iter().map(|r| r.id.clone()).collect(),
+            vantage: vantage.to_owned(),
             probe_success,
             probe_duration,
             probe_ttfb,
@@ -395,8 +382,6 @@ impl Metrics {
             slo_budget,
             observed,
             ingest_items,
-            vantage_success,
-            vantage_probes,
             alerts,
             alert_source: OnceLock::new(),
             alert_evicted,
@@ -507,16 +492,33 @@ impl Metrics {
         self.proxy.get()
     }
 
-    /// Counts one outcome in. Passive outcomes and unconfigured routes are ignored.
+    /// Counts one of this monitor's own outcomes in (its vantage is `[server] vantage`).
+    /// Passive outcomes and unconfigured routes are ignored.
     pub fn observe_outcome(&self, o: &ProbeOutcome) {
+        self.observe_probe(&self.vantage, o);
+    }
+
+    /// One outcome from a remote vantage (stored for the first time): the same families,
+    /// under its vantage.
+    pub fn observe_vantage_outcome(&self, vantage: &str, o: &ProbeOutcome) {
+        self.observe_probe(vantage, o);
+    }
+
+    fn observe_probe(&self, vantage: &str, o: &ProbeOutcome) {
         if o.kind == OutcomeKind::Passive {
             return;
         }
-        let Some((labels, _)) = self.routes.get(&o.route) else {
+        let Some((route, _)) = self.routes.get(&o.route) else {
             return;
         };
+        let labels = ProbeLabels {
+            provider: route.provider.clone(),
+            region: route.region.clone(),
+            model: route.model.clone(),
+            vantage: vantage.to_owned(),
+        };
         self.probe_success
-            .get_or_create(labels)
+            .get_or_create(&labels)
             .set(i64::from(o.success));
         let result = match (&o.error, o.success) {
             (_, true) => "success",
@@ -524,19 +526,21 @@ impl Metrics {
             (None, false) => "failure",
         };
         self.probes
-            .get_or_create(&ResultLabels {
+            .get_or_create(&ProbeResultLabels {
                 provider: labels.provider.clone(),
                 region: labels.region.clone(),
                 model: labels.model.clone(),
+                vantage: labels.vantage.clone(),
                 result,
             })
             .inc();
         if o.success {
             let provider = ProviderLabels {
                 provider: labels.provider.clone(),
+                vantage: labels.vantage.clone(),
             };
             self.probe_duration
-                .get_or_create(labels)
+                .get_or_create(&labels)
                 .observe(o.total_ms / 1000.0);
             self.provider_duration
                 .get_or_create(&provider)
@@ -548,7 +552,7 @@ impl Metrics {
             }
         }
         if let Some(tps) = o.tokens_per_second {
-            self.probe_tps.get_or_create(labels).set(tps);
+            self.probe_tps.get_or_create(&labels).set(tps);
         }
     }
 
@@ -601,31 +605,6 @@ impl Metrics {
                 }
             }
         }
-    }
-
-    /// One outcome from a remote vantage (stored for the first time).
-    pub fn observe_vantage_outcome(&self, vantage: &str, o: &ProbeOutcome) {
-        let Some((labels, _)) = self.routes.get(&o.route) else {
-            return;
-        };
-        let with = VantageLabels {
-            provider: labels.provider.clone(),
-            region: labels.region.clone(),
-            model: labels.model.clone(),
-            vantage: vantage.to_owned(),
-        };
-        self.vantage_success
-            .get_or_create(&with)
-            .set(i64::from(o.success));
-        self.vantage_probes
-            .get_or_create(&VantageResultLabels {
-                provider: with.provider,
-                region: with.region,
-                model: with.model,
-                vantage: with.vantage,
-                result: if o.success { "success" } else { "failure" },
-            })
-            .inc();
     }
 
     /// Counts an ingest request's items.
@@ -791,7 +770,7 @@ mod tests {
     }
 
     #[test]
-    fn a_route_costs_at_most_a_kilobyte_of_metrics() {
+    fn a_route_costs_about_a_kilobyte_of_metrics() {
         let n = 1000;
         let routes = routes(n);
         let m = Metrics::new(&routes);
@@ -805,7 +784,8 @@ mod tests {
         let weights = crate::weights::Weights::new(Arc::new(routes), Default::default(), &health);
         let text = m.render(&health, &weights.current()).unwrap();
         let per_route = text.len() / n;
-        assert!(per_route <= 1024, "{per_route} bytes per route");
+        // 1 KB before the probe families carried `vantage`; the label adds ~100 bytes.
+        assert!(per_route <= 1100, "{per_route} bytes per route");
         // The provider's distribution is there, once.
         assert_eq!(
             text.matches("probeok_provider_probe_duration_seconds_bucket{")
@@ -813,5 +793,33 @@ mod tests {
             11
         );
         assert!(!text.contains("probeok_probe_duration_seconds_bucket{le=\"0.1\""));
+    }
+
+    #[test]
+    fn every_vantage_shares_the_probe_families() {
+        let routes = routes(2);
+        let m = Metrics::for_vantage(&routes, "cn-hangzhou");
+        let id = routes[0].id.clone();
+        m.observe_outcome(&outcome(&id, true));
+        m.observe_vantage_outcome("cn-beijing", &outcome(&id, false));
+        let now = chrono::Utc::now();
+        let health = HealthSnapshot::initial(std::slice::from_ref(&id), now);
+        let weights = crate::weights::Weights::new(Arc::new(routes), Default::default(), &health);
+        let text = m.render(&health, &weights.current()).unwrap();
+        let route = r#"provider="openai",region="us-east-1",model="gpt-4o-mini-00000""#;
+        for line in [
+            format!(r#"probeok_probe_success{{{route},vantage="cn-hangzhou"}} 1"#),
+            format!(r#"probeok_probe_success{{{route},vantage="cn-beijing"}} 0"#),
+            format!(r#"probeok_probes_total{{{route},vantage="cn-beijing",result="http"}} 1"#),
+            format!(r#"probeok_probes_total{{{route},vantage="cn-hangzhou",result="success"}} 1"#),
+            format!(r#"probeok_probe_duration_seconds_count{{{route},vantage="cn-hangzhou"}} 1"#),
+            r#"probeok_probe_ttfb_seconds_count{provider="openai",vantage="cn-hangzhou"} 1"#
+                .to_owned(),
+        ] {
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        assert!(!text.contains("probeok_probe_vantage"), "{text}");
+        // A failed probe adds no latency: the remote vantage has no duration series.
+        assert!(!text.contains(r#"probeok_probe_duration_seconds_count{provider="openai",region="us-east-1",model="gpt-4o-mini-00000",vantage="cn-beijing"}"#));
     }
 }

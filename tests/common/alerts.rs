@@ -543,6 +543,31 @@ pub async fn rig(
     }
 }
 
+/// [`rig`] on `db`'s engine (SQLite or PostgreSQL); `Rig::db` is then unused.
+pub async fn rig_on(
+    db: &super::pg::TestDb,
+    channels: Vec<Arc<dyn Notifier>>,
+    clock: Arc<ManualClock>,
+    tweak: impl FnOnce(&mut Config),
+) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(&db.path());
+    tweak(&mut c);
+    let store = db.open(StoreOptions::default());
+    let service = Arc::new(AlertService::new(
+        Arc::new(c),
+        store,
+        clock.clone(),
+        channels,
+    ));
+    Rig {
+        _dir: dir,
+        db: db.path(),
+        clock,
+        service,
+    }
+}
+
 impl Rig {
     /// Groups `events` as the engine does and writes the outbox.
     pub async fn push(&self, events: Vec<HealthEvent>) -> u64 {

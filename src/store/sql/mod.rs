@@ -121,6 +121,57 @@ macro_rules! array_params {
 }
 array_params!(1 2 3 4 5 6 7 8);
 
+/// Values already converted: the rows of a multi-row statement ([`Connection::execute_rows`]).
+impl Params for &[ValueRef<'_>] {
+    fn values(&self) -> Result<Vec<ValueRef<'_>>> {
+        Ok(self.to_vec())
+    }
+}
+
+/// How many rows each statement of a multi-row write carries: powers of two up to `cap`
+/// (largest first), so a write of any size uses few distinct statements and the prepared
+/// statement cache stays small. `cap` is rounded down to a power of two.
+pub fn row_chunks(rows: usize, cap: usize) -> impl Iterator<Item = usize> {
+    let cap = if cap <= 1 {
+        1
+    } else {
+        1 << (usize::BITS - 1 - cap.leading_zeros())
+    };
+    let mut left = rows;
+    std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
+        }
+        let n = if left >= cap {
+            cap
+        } else {
+            1 << (usize::BITS - 1 - left.leading_zeros())
+        };
+        left -= n;
+        Some(n)
+    })
+}
+
+/// `(?1, ?2, …), (…)`: `rows` tuples of `cols` numbered placeholders, for `VALUES`.
+pub fn value_tuples(rows: usize, cols: usize) -> String {
+    let mut s = String::with_capacity(rows * cols * 5);
+    for r in 0..rows {
+        if r > 0 {
+            s.push_str(", ");
+        }
+        s.push('(');
+        for c in 0..cols {
+            if c > 0 {
+                s.push_str(", ");
+            }
+            s.push('?');
+            s.push_str(&(r * cols + c + 1).to_string());
+        }
+        s.push(')');
+    }
+    s
+}
+
 /// `Option` from `Err(NoRows)`, as rusqlite's `OptionalExtension`.
 pub trait OptionalExtension<T> {
     fn optional(self) -> Result<Option<T>>;
@@ -257,6 +308,28 @@ impl Connection {
         F: FnOnce(&Row<'_>) -> Result<T>,
     {
         self.prepare_cached(sql)?.query_row(params, f)
+    }
+
+    /// Runs `sql(n)` — a statement over `n` rows of `cols` values each, numbered `?1…` in row
+    /// order — over every row of `values`, in the chunks of [`row_chunks`]: one round trip per
+    /// chunk instead of one per row. The number of rows changed.
+    pub fn execute_rows(
+        &self,
+        sql: impl Fn(usize) -> String,
+        cols: usize,
+        values: &[ValueRef<'_>],
+        cap: usize,
+    ) -> Result<usize> {
+        let cols = cols.max(1);
+        debug_assert_eq!(values.len() % cols, 0);
+        let mut changed = 0;
+        let mut at = 0;
+        for n in row_chunks(values.len() / cols, cap) {
+            let chunk = &values[at..at + n * cols];
+            at += n * cols;
+            changed += self.prepare_cached(&sql(n))?.execute(chunk)?;
+        }
+        Ok(changed)
     }
 
     /// Starts a transaction that holds the write lock from its start (SQLite's `BEGIN
@@ -441,5 +514,31 @@ impl Row<'_> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_split_into_powers_of_two() {
+        assert_eq!(row_chunks(0, 128).collect::<Vec<_>>(), Vec::<usize>::new());
+        assert_eq!(row_chunks(1, 128).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(row_chunks(100, 128).collect::<Vec<_>>(), vec![64, 32, 4]);
+        assert_eq!(
+            row_chunks(300, 100).collect::<Vec<_>>(),
+            vec![64, 64, 64, 64, 32, 8, 4]
+        );
+        assert_eq!(row_chunks(5, 0).collect::<Vec<_>>(), vec![1; 5]);
+        for n in 0..700 {
+            assert_eq!(row_chunks(n, 256).sum::<usize>(), n);
+        }
+    }
+
+    #[test]
+    fn tuples_number_placeholders_in_row_order() {
+        assert_eq!(value_tuples(1, 2), "(?1, ?2)");
+        assert_eq!(value_tuples(2, 3), "(?1, ?2, ?3), (?4, ?5, ?6)");
     }
 }
