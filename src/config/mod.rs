@@ -20,6 +20,7 @@ mod keys;
 mod raw;
 mod source_map;
 mod validate;
+mod clients;
 mod vantage;
 
 use std::net::SocketAddr;
@@ -38,6 +39,7 @@ pub use diag::{ConfigErrors, Diagnostic};
 pub use keys::{known_keys, KeysError};
 pub use source_map::SourceMap;
 pub(crate) use validate::Checker;
+pub use clients::{ClientConfig, Per, SpendLimit};
 pub use vantage::{AgentConfig, QuorumConfig, VantageConfig, VantageError};
 
 /// A validated config (or one built in code: see [`Config::validate`]).
@@ -574,6 +576,8 @@ pub struct ProxyConfig {
     /// anyone who can reach it: refused unless this is set (then warned at every start).
     pub allow_unauthenticated: bool,
     pub breaker: BreakerConfig,
+    /// `[[proxy.client]]`: named clients with their own keys and spend limits.
+    pub clients: Vec<ClientConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -592,6 +596,7 @@ impl Default for ProxyConfig {
             client_keys_env: "PROBEOK_CLIENT_KEYS".into(),
             allow_unauthenticated: false,
             breaker: BreakerConfig::default(),
+            clients: Vec::new(),
         }
     }
 }
@@ -1190,7 +1195,9 @@ impl Config {
         let set = self
             .env
             .secret(&self.proxy.client_keys_env)
-            .is_some_and(|v| v.expose().split(',').any(|k| !k.trim().is_empty()));
+            .is_some_and(|v| v.expose().split(',').any(|k| !k.trim().is_empty()))
+            || (self.proxy.clients.iter())
+                .any(|c| self.env.secret(&c.key_env).is_some_and(|v| !v.expose().is_empty()));
         self.open_proxy(set)
     }
 

@@ -59,7 +59,7 @@ impl<'a> Checker<'a> {
         self.failed.insert(path.to_owned());
     }
 
-    fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
         let d = self.diagnostic(path.into(), message.into());
         self.warnings.push(d);
     }
@@ -120,6 +120,7 @@ impl<'a> Checker<'a> {
             self.error("tracing.sample_ratio", "must be between 0 and 1");
         }
         super::vantage::check(self, c);
+        super::clients::check(self, c);
     }
 
     fn contracts(&mut self, c: &Config) {
@@ -474,7 +475,7 @@ impl<'a> Checker<'a> {
     }
 
     /// The value is not echoed: a `*_env` key holding the secret itself is the classic mistake.
-    fn env_name(&mut self, path: &str, name: &str) {
+    pub(crate) fn env_name(&mut self, path: &str, name: &str) {
         let mut chars = name.chars();
         let ok = chars
             .next()

@@ -27,7 +27,8 @@
 //! cached answers), `drills.rs` (drills and the reads behind their reports),
 //! `vantage.rs` (outcomes from remote vantages, each agent-made id once),
 //! `stats.rs` (bulk reads over every route for the published views), `histogram.rs`,
-//! `alerts.rs` (the alert outbox, firing alerts, silences), `copy.rs` (`migrate-store`:
+//! `alerts.rs` (the alert outbox, firing alerts, silences), `spend.rs` (the spend ledger:
+//! reservations and settlements of client limits and the hourly budget), `copy.rs` (`migrate-store`:
 //! SQLite into PostgreSQL).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -44,6 +45,7 @@ pub mod migrate;
 mod outcomes;
 mod requests;
 mod rollups;
+pub mod spend;
 pub mod sql;
 mod stats;
 mod switch;
@@ -68,6 +70,7 @@ pub use jobs::RetentionReport;
 pub use migrate::{force_version, latest_version, migrate, migrate_to, user_version};
 pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use rollups::{Granularity, Rollup};
+pub use spend::{Booking, Hold, LedgerRow, SpendLedger};
 pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
 pub use vantage::VantageWrite;
 pub use writer::{Writer, RETENTION_BATCH};
@@ -339,6 +342,11 @@ impl Store {
 
     pub fn engine(&self) -> Engine {
         self.inner.location.engine()
+    }
+
+    /// The spend ledger on this store's database, with its own connections.
+    pub fn spend_ledger(&self) -> SpendLedger {
+        SpendLedger::new(&self.inner.location)
     }
 
     /// Whether the writer reached the database on its last attempt, and the last
