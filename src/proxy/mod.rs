@@ -34,6 +34,7 @@ pub mod attempt;
 pub mod attribution;
 pub mod breaker;
 pub mod cache;
+pub mod clients;
 pub mod contract;
 mod degrade;
 pub mod export;
@@ -71,6 +72,7 @@ use crate::store::Store;
 use attempt::{PassiveSink, Rests, Upstream};
 use breaker::Breakers;
 pub use breaker::{BreakerSnapshot, BreakerState};
+pub use clients::ClientReport;
 pub use export::ProxyStats;
 pub use failover::DEFAULT_MAX_TOKENS;
 use intake::ClientKeys;
@@ -104,6 +106,9 @@ pub struct ProxyOptions {
     /// The client keys themselves, instead of reading `client_keys_env` (an embedder or a
     /// test hands the values over rather than setting the environment).
     pub client_keys: Option<Vec<crate::secret::Secret>>,
+    /// The shared spend ledger client limits book in. `None`: one on `store`, when there is
+    /// a store.
+    pub spend: Option<crate::budget::spend::Spend>,
 }
 
 impl Default for ProxyOptions {
@@ -118,6 +123,7 @@ impl Default for ProxyOptions {
             live: None,
             tracer: crate::trace::Tracer::off(),
             client_keys: None,
+            spend: None,
         }
     }
 }
@@ -144,6 +150,8 @@ struct Inner {
     passive: PassiveSink,
     /// Off when the variable is unset.
     client_keys: ClientKeys,
+    /// `[[proxy.client]]`: named clients and their spend limits.
+    clients: Arc<clients::Clients>,
     /// Routes whose own `first_byte_timeout` overrides the proxy's stream watchdog.
     first_byte_overrides: HashMap<RouteId, Duration>,
     /// Logical model → since when it has been served degraded (all weights 0).
@@ -170,6 +178,8 @@ struct Inner {
     /// `cached_response` answers (needs the store).
     cache: Option<cache::Cache>,
     tracer: crate::trace::Tracer,
+    /// Where `GET /api/v1/admin/clients` reads the admin token (`server.admin_token_env`).
+    admin_token: (crate::secret::Env, String),
 }
 
 impl Proxy {
@@ -224,6 +234,9 @@ impl Proxy {
         };
         let max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
         let store = opts.store.as_ref();
+        let spend = (opts.spend.clone())
+            .or_else(|| store.map(|s| spend_on(s, clock.clone(), config)));
+        let clients = Arc::new(clients::Clients::new(&config.clients, &full.env, spend));
         let breakers = Breakers::new(routes.iter().map(|r| &r.id), &config.breaker);
         let limits = routes
             .iter()
@@ -241,6 +254,7 @@ impl Proxy {
                 rests: Rests::default(),
                 passive: PassiveSink::new(passive),
                 client_keys,
+                clients,
                 first_byte_overrides,
                 degraded_since: Mutex::new(HashMap::new()),
                 clock,
@@ -258,6 +272,7 @@ impl Proxy {
                 header_read_timeout: opts.header_read_timeout,
                 feed: opts.feed,
                 tracer: opts.tracer,
+                admin_token: (full.env.clone(), full.server.admin_token_env.clone()),
                 budget: std::sync::OnceLock::new(),
                 live: opts
                     .live
@@ -270,6 +285,16 @@ impl Proxy {
     /// ignored).
     pub fn set_budget(&self, budget: Arc<Budget>) {
         let _ = self.inner.budget.set(budget);
+    }
+
+    /// Every named client's spend this period (blocking: reads the ledger).
+    pub fn client_report_blocking(&self) -> Vec<ClientReport> {
+        self.inner.clients.report_blocking(&self.inner.config.clients)
+    }
+
+    /// Spent this period per client with a limit, as last seen (`probeok_client_spend`).
+    pub fn client_spend(&self) -> Vec<(String, f64)> {
+        self.inner.clients.spent()
     }
 
     /// Passive outcomes dropped because the queue was full.
@@ -289,4 +314,19 @@ impl Proxy {
         s.passive_dropped = self.inner.passive.dropped();
         s
     }
+}
+
+/// A reservation outlives the longest a request can run (its total timeout and a committed
+/// stream's longest life) plus a margin: a live request's booking is never released under it.
+pub fn hold_for(config: &ProxyConfig) -> Duration {
+    config.total_timeout + config.max_stream_duration + Duration::from_secs(60)
+}
+
+/// The spend ledger on `store`, holding reservations for [`hold_for`].
+pub fn spend_on(
+    store: &Store,
+    clock: Arc<dyn Clock>,
+    config: &ProxyConfig,
+) -> crate::budget::spend::Spend {
+    crate::budget::spend::Spend::new(store.spend_ledger(), clock, hold_for(config))
 }

@@ -167,6 +167,11 @@ pub(crate) struct RequestCtx {
     pub trace: Option<Box<crate::trace::RequestTrace>>,
     /// The client's tag ([`super::attribution::client_tag`]; empty without client auth).
     pub client: String,
+    /// The named client (`[[proxy.client]]` id), metered with the request.
+    pub client_id: Option<String>,
+    /// The named client's booking and the request's estimated prompt tokens: settled when
+    /// the request ends.
+    pub spend: Option<(super::clients::ClientHold, u64)>,
 }
 
 impl RequestCtx {
@@ -188,6 +193,8 @@ impl RequestCtx {
             cache: None,
             trace: None,
             client: String::new(),
+            client_id: None,
+            spend: None,
         }
     }
 
@@ -221,6 +228,20 @@ impl RequestCtx {
                 .collect(),
             contract: self.contract.map(str::to_owned),
             trace_id: self.trace.as_ref().map(|t| t.trace_id_hex()),
+            client: self.client_id.clone(),
+        }
+    }
+
+    /// Settles the client's booking to what every attempt used.
+    fn settle_spend(&mut self, proxy: &Proxy) {
+        if let Some((hold, prompt)) = self.spend.take() {
+            let routes = &proxy.inner.routes;
+            let price = |id: &RouteId| {
+                (routes.iter())
+                    .find(|r| &r.id == id)
+                    .and_then(|r| r.price.clone())
+            };
+            hold.settle(super::clients::attempts_micros(&self.attempts, price, prompt));
         }
     }
 }
@@ -262,6 +283,7 @@ async fn finish_plain(proxy: &Proxy, mut ctx: RequestCtx, r: Response) -> Respon
     let mut r = ctx.d.apply(r);
     trace::respond(&ctx, &mut r);
     let status = r.status().as_u16();
+    ctx.settle_spend(proxy);
     let route = ctx.d.route.as_ref().map_or("none", RouteId::as_str);
     p.counters.request(&ctx.serves, route, ctx.outcome.as_str());
     if !ctx.serves.is_empty() {
@@ -417,6 +439,8 @@ impl Tail {
             }
             last.price(self.route.price.as_ref());
         }
+        let proxy = self.proxy.clone();
+        self.ctx.settle_spend(&proxy);
         p.counters
             .request(&self.ctx.serves, self.route.id.as_str(), result.as_str());
         if let Some(meter) = &p.meter {

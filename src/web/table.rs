@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{
     api, atom, badges, drift, drills, feed, ingest, metrics, openapi, pages, reload, requests,
-    silences, switches, AppState, Endpoint,
+    clients, silences, switches, AppState, Endpoint,
 };
 
 /// One endpoint: where it is, what serves it, and how the OpenAPI document describes it.
@@ -185,6 +185,12 @@ pub fn table() -> Vec<Entry> {
             "/api/v1/admin/silences/{id}",
             delete(silences::remove),
             silences::remove_doc(),
+        ),
+        Entry::new(
+            M::GET,
+            "/api/v1/admin/clients",
+            get(clients::list),
+            clients::doc(),
         ),
         Entry::new(
             M::POST,
