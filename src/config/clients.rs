@@ -133,3 +133,79 @@ pub(super) fn check(ck: &mut Checker<'_>, c: &Config) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[[provider]]
+id = "qwen"
+kind = "openai"
+  [[provider.region]]
+  id = "cn"
+  base_url = "http://127.0.0.1:1/v1"
+[[route]]
+provider = "qwen"
+region = "cn"
+model = "m"
+serves = "chat"
+"#;
+
+    fn parse(extra: &str) -> Result<Config, String> {
+        Config::parse(&format!("{BASE}\n{extra}"), "t.toml")
+            .map(|l| l.config)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn clients_parse_with_and_without_limits() {
+        let c = parse(
+            "[[proxy.client]]\nid = \"team-a\"\nkey_env = \"TEAM_A_KEY\"\nlimit = { amount = 50.0, per = \"day\" }\n[[proxy.client]]\nid = \"b\"\nkey_env = \"B_KEY\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.proxy.clients,
+            vec![
+                ClientConfig {
+                    id: "team-a".into(),
+                    key_env: "TEAM_A_KEY".into(),
+                    limit: Some(SpendLimit {
+                        amount: 50.0,
+                        per: Per::Day
+                    }),
+                },
+                ClientConfig {
+                    id: "b".into(),
+                    key_env: "B_KEY".into(),
+                    limit: None,
+                },
+            ]
+        );
+        assert!(parse("").unwrap().proxy.clients.is_empty());
+    }
+
+    #[test]
+    fn bad_clients_are_located_errors() {
+        let e = parse(
+            "[[proxy.client]]\nid = \"Team A\"\nkey_env = \"sk-123\"\nlimit = { amount = -1.0, per = \"day\" }\n[[proxy.client]]\nid = \"b\"\nkey_env = \"B_KEY\"\nlimit = { amount = 1.0, per = \"week\" }\n[[proxy.client]]\nid = \"b\"\nkey_env = \"B_KEY\"\n",
+        )
+        .unwrap_err();
+        for want in [
+            "proxy.client[0].id: must be 1-64 characters",
+            "proxy.client[0].key_env: must name an environment variable",
+            "proxy.client[0].limit.amount: must be a number between 0",
+            "proxy.client[1].limit.per: must be \"hour\", \"day\" or \"month\", got \"week\"",
+            "proxy.client[2].id: client \"b\" is listed twice",
+            "proxy.client[2].key_env: $B_KEY is already another client's key",
+        ] {
+            assert!(e.contains(want), "{want:?} missing from:\n{e}");
+        }
+        assert!(e.contains("t.toml:"), "{e}");
+        let e = parse("[[proxy.client]]\nid = \"a\"\nkey_env = \"A\"\nlimit = { amount = 1.0 }\n")
+            .unwrap_err();
+        assert!(e.contains("per"), "{e}");
+        let e = parse("[[proxy.client]]\nid = \"a\"\nkey_env = \"A\"\nkey = \"sk\"\n").unwrap_err();
+        assert!(e.contains("key"), "{e}");
+    }
+}
