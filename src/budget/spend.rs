@@ -4,6 +4,11 @@
 //! [`period_end`], pure); amounts are integer micro-units of the price currency
 //! ([`micros_of`]): a route's price per million tokens times tokens *is* micro-units, so
 //! estimates and charges add exactly on every engine.
+//!
+//! What concurrent requests of one process book at once goes to the ledger together: one
+//! task drains the queue (up to [`BATCH`]) into one transaction ([`SpendLedger::apply`]), so
+//! a client's hot ledger row costs one commit per batch, not one per request, and every
+//! booking is still checked one by one against the limit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +18,17 @@ use chrono::{DateTime, Datelike, DurationRound, TimeDelta, TimeZone, Utc};
 use crate::clock::Clock;
 use crate::config::Per;
 use crate::route::Price;
-use crate::store::{Booking, Hold, LedgerRow, SpendLedger, StoreError};
+use crate::store::{Booking, Hold, LedgerAnswer, LedgerOp, LedgerRow, SpendLedger, StoreError};
+
+/// Bookings and settlements one process sends to the ledger in one transaction, at most.
+pub const BATCH: usize = 64;
+/// Bookings waiting for the ledger (then callers wait: backpressure).
+const QUEUE: usize = 4096;
+
+type Job = (
+    LedgerOp,
+    tokio::sync::oneshot::Sender<Result<LedgerAnswer, SpendError>>,
+);
 
 /// The store could not answer: nothing was booked (the caller refuses rather than risk an
 /// overdraw).
@@ -113,6 +128,8 @@ pub struct Spend {
     /// How long a reservation may stay unsettled before anyone may release it: longer than
     /// any request can run, so a live request's money is never freed under it.
     hold_for: Duration,
+    /// The batching task's queue, started on first use.
+    queue: Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<Job>>>,
 }
 
 impl std::fmt::Debug for Spend {
@@ -129,7 +146,21 @@ impl Spend {
             ledger: Arc::new(ledger),
             clock,
             hold_for,
+            queue: Arc::default(),
         }
+    }
+
+    /// Runs `op` in the next batch.
+    async fn submit(&self, op: LedgerOp) -> Result<LedgerAnswer, SpendError> {
+        let queue = self.queue.get_or_init(|| {
+            let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
+            tokio::spawn(batches(self.ledger.clone(), self.clock.clone(), rx));
+            tx
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let gone = || SpendError::Unavailable("the ledger's batching task stopped".into());
+        queue.send((op, tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
     }
 
     pub fn now(&self) -> DateTime<Utc> {
@@ -158,10 +189,16 @@ impl Spend {
         let now = self.clock.now();
         let start = period_start(per, now);
         let expires = now + TimeDelta::from_std(self.hold_for).unwrap_or(TimeDelta::hours(1));
-        let key = key.to_owned();
-        let booking = self
-            .blocking(move |l| l.reserve(&key, start, micros, limit_micros, now, expires))
-            .await?;
+        let op = LedgerOp::Reserve {
+            key: key.to_owned(),
+            period_start: start,
+            micros,
+            limit_micros,
+            expires_at: expires,
+        };
+        let LedgerAnswer::Booked(booking) = self.submit(op).await? else {
+            return Err(SpendError::Unavailable("the ledger gave no booking".into()));
+        };
         Ok(match booking {
             Booking::Reserved { hold, row } => Ok((hold, row)),
             Booking::Refused { row } => Err(Refusal {
@@ -176,7 +213,16 @@ impl Spend {
 
     /// Charges `actual_micros` and frees the rest of the hold.
     pub async fn settle(&self, hold: Hold, actual_micros: i64) -> Result<LedgerRow, SpendError> {
-        self.blocking(move |l| l.settle(&hold, actual_micros)).await
+        let op = LedgerOp::Settle {
+            hold,
+            actual_micros,
+        };
+        match self.submit(op).await? {
+            LedgerAnswer::Settled(row) => Ok(row),
+            LedgerAnswer::Booked(_) => Err(SpendError::Unavailable(
+                "the ledger gave no settlement".into(),
+            )),
+        }
     }
 
     /// Frees the whole hold (nothing was used).
@@ -196,6 +242,44 @@ impl Spend {
     pub fn usage_blocking(&self, key: &str, per: Per) -> Result<LedgerRow, SpendError> {
         let now = self.clock.now();
         Ok(self.ledger.row(key, period_start(per, now), now)?)
+    }
+}
+
+/// The batching task: what is queued when it wakes goes in one transaction; ends when every
+/// [`Spend`] is gone.
+async fn batches(
+    ledger: Arc<SpendLedger>,
+    clock: Arc<dyn Clock>,
+    mut rx: tokio::sync::mpsc::Receiver<Job>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut jobs = vec![first];
+        while jobs.len() < BATCH {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let ops: Vec<LedgerOp> = jobs.iter().map(|(op, _)| op.clone()).collect();
+        let (l, now) = (ledger.clone(), clock.now());
+        let done = tokio::task::spawn_blocking(move || l.apply(&ops, now)).await;
+        match done {
+            Ok(Ok(answers)) if answers.len() == jobs.len() => {
+                for ((_, tx), a) in jobs.into_iter().zip(answers) {
+                    let _ = tx.send(Ok(a));
+                }
+            }
+            other => {
+                let why = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                    Ok(Ok(_)) => "the ledger answered a batch short".into(),
+                };
+                for (_, tx) in jobs {
+                    let _ = tx.send(Err(SpendError::Unavailable(why.clone())));
+                }
+            }
+        }
     }
 }
 

@@ -70,7 +70,7 @@ pub use jobs::RetentionReport;
 pub use migrate::{force_version, latest_version, migrate, migrate_to, user_version};
 pub use requests::{AttemptRecord, IdempotentAnswer, RequestFilter, RequestRecord};
 pub use rollups::{Granularity, Rollup};
-pub use spend::{Booking, Hold, LedgerRow, SpendLedger};
+pub use spend::{Booking, Hold, LedgerAnswer, LedgerOp, LedgerRow, SpendLedger};
 pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
 pub use vantage::VantageWrite;
 pub use writer::{Writer, RETENTION_BATCH};

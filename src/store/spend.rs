@@ -59,6 +59,40 @@ pub enum Booking {
     Refused { row: LedgerRow },
 }
 
+/// One step of a batch ([`SpendLedger::apply`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerOp {
+    Reserve {
+        key: String,
+        period_start: DateTime<Utc>,
+        micros: i64,
+        limit_micros: i64,
+        expires_at: DateTime<Utc>,
+    },
+    Settle {
+        hold: Hold,
+        actual_micros: i64,
+    },
+}
+
+impl LedgerOp {
+    fn row(&self) -> (&str, i64) {
+        match self {
+            LedgerOp::Reserve {
+                key, period_start, ..
+            } => (key, to_ms(*period_start)),
+            LedgerOp::Settle { hold, .. } => (&hold.key, to_ms(hold.period_start)),
+        }
+    }
+}
+
+/// What one op of a batch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerAnswer {
+    Booked(Booking),
+    Settled(LedgerRow),
+}
+
 /// The ledger's connections (see the module docs).
 pub struct SpendLedger {
     location: StoreLocation,
@@ -124,74 +158,76 @@ impl SpendLedger {
         now: DateTime<Utc>,
         expires_at: DateTime<Utc>,
     ) -> Result<Booking, StoreError> {
-        let period = to_ms(period_start);
-        let micros = micros.max(0);
-        self.with(|conn| {
-            let tx = conn.transaction()?;
-            lock_row(&tx, key, period)?;
-            reap(&tx, key, period, to_ms(now))?;
-            let booked = tx.execute(
-                "UPDATE spend_ledger SET reserved_micros = reserved_micros + ?3
-                 WHERE ledger_key = ?1 AND period_start_ms = ?2
-                   AND spent_micros + reserved_micros + ?3 <= ?4",
-                params![key, period, micros, limit_micros],
-            )?;
-            let booking = if booked == 1 {
-                let id = new_id();
-                tx.execute(
-                    "INSERT INTO spend_reservations
-                       (id, ledger_key, period_start_ms, amount_micros, expires_at_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![id, key, period, micros, to_ms(expires_at)],
-                )?;
-                Booking::Reserved {
-                    hold: Hold {
-                        id,
-                        key: key.to_owned(),
-                        period_start,
-                        micros,
-                    },
-                    row: read_row(&tx, key, period)?,
-                }
-            } else {
-                tx.execute(
-                    "UPDATE spend_ledger SET refused = refused + 1
-                     WHERE ledger_key = ?1 AND period_start_ms = ?2",
-                    params![key, period],
-                )?;
-                Booking::Refused {
-                    row: read_row(&tx, key, period)?,
-                }
-            };
-            tx.commit()?;
-            Ok(booking)
-        })
+        let op = LedgerOp::Reserve {
+            key: key.to_owned(),
+            period_start,
+            micros,
+            limit_micros,
+            expires_at,
+        };
+        match self.apply(&[op], now)?.pop() {
+            Some(LedgerAnswer::Booked(b)) => Ok(b),
+            _ => Err(StoreError::Corrupt("the ledger gave no booking".into())),
+        }
     }
 
     /// Charges `actual_micros` to the hold's period and frees its booking (already freed when
     /// it expired: the charge still counts).
     pub fn settle(&self, hold: &Hold, actual_micros: i64) -> Result<LedgerRow, StoreError> {
-        let period = to_ms(hold.period_start);
+        let op = LedgerOp::Settle {
+            hold: hold.clone(),
+            actual_micros,
+        };
+        match self.apply(&[op], Utc::now())?.pop() {
+            Some(LedgerAnswer::Settled(row)) => Ok(row),
+            _ => Err(StoreError::Corrupt("the ledger gave no settlement".into())),
+        }
+    }
+
+    /// Several reservations and settlements in one transaction (one commit for all: what
+    /// many concurrent requests book at once costs one disk flush, not one each). The
+    /// periods' rows are locked first, in key order, so two batches touching the same rows
+    /// queue instead of deadlocking; then each op runs in the order given, each reservation
+    /// checked against what the ops before it booked.
+    pub fn apply(
+        &self,
+        ops: &[LedgerOp],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<LedgerAnswer>, StoreError> {
+        let mut rows: Vec<(&str, i64)> = ops.iter().map(LedgerOp::row).collect();
+        rows.sort_unstable();
+        rows.dedup();
         self.with(|conn| {
             let tx = conn.transaction()?;
-            lock_row(&tx, &hold.key, period)?;
-            let booked: Option<i64> = tx
-                .query_row(
-                    "DELETE FROM spend_reservations WHERE id = ?1 RETURNING amount_micros",
-                    params![hold.id],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            // A hold reaped after its expiry books nothing any more; what it used still counts.
-            tx.execute(
-                "UPDATE spend_ledger SET spent_micros = spent_micros + ?3,
-                        reserved_micros = reserved_micros - ?4
-                 WHERE ledger_key = ?1 AND period_start_ms = ?2",
-                params![hold.key, period, actual_micros.max(0), booked.unwrap_or(0)],
-            )?;
-            let row = read_row(&tx, &hold.key, period)?;
+            for (key, period) in &rows {
+                lock_row(&tx, key, *period)?;
+                reap(&tx, key, *period, to_ms(now))?;
+            }
+            let mut out = Vec::with_capacity(ops.len());
+            for op in ops {
+                out.push(match op {
+                    LedgerOp::Reserve {
+                        key,
+                        period_start,
+                        micros,
+                        limit_micros,
+                        expires_at,
+                    } => LedgerAnswer::Booked(book(
+                        &tx,
+                        key,
+                        *period_start,
+                        (*micros).max(0),
+                        *limit_micros,
+                        *expires_at,
+                    )?),
+                    LedgerOp::Settle {
+                        hold,
+                        actual_micros,
+                    } => LedgerAnswer::Settled(charge(&tx, hold, *actual_micros)?),
+                });
+            }
             tx.commit()?;
-            Ok(row)
+            Ok(out)
         })
     }
 
@@ -265,6 +301,71 @@ impl SpendLedger {
             Ok(out)
         })
     }
+}
+
+/// The conditional booking (the period's row is locked).
+fn book(
+    tx: &Connection,
+    key: &str,
+    period_start: DateTime<Utc>,
+    micros: i64,
+    limit_micros: i64,
+    expires_at: DateTime<Utc>,
+) -> Result<Booking, StoreError> {
+    let period = to_ms(period_start);
+    let booked = tx.execute(
+        "UPDATE spend_ledger SET reserved_micros = reserved_micros + ?3
+         WHERE ledger_key = ?1 AND period_start_ms = ?2
+           AND spent_micros + reserved_micros + ?3 <= ?4",
+        params![key, period, micros, limit_micros],
+    )?;
+    if booked == 1 {
+        let id = new_id();
+        tx.execute(
+            "INSERT INTO spend_reservations
+               (id, ledger_key, period_start_ms, amount_micros, expires_at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, key, period, micros, to_ms(expires_at)],
+        )?;
+        Ok(Booking::Reserved {
+            hold: Hold {
+                id,
+                key: key.to_owned(),
+                period_start,
+                micros,
+            },
+            row: read_row(tx, key, period)?,
+        })
+    } else {
+        tx.execute(
+            "UPDATE spend_ledger SET refused = refused + 1
+             WHERE ledger_key = ?1 AND period_start_ms = ?2",
+            params![key, period],
+        )?;
+        Ok(Booking::Refused {
+            row: read_row(tx, key, period)?,
+        })
+    }
+}
+
+/// The settlement (the period's row is locked). A hold reaped after its expiry books nothing
+/// any more; what it used still counts.
+fn charge(tx: &Connection, hold: &Hold, actual_micros: i64) -> Result<LedgerRow, StoreError> {
+    let period = to_ms(hold.period_start);
+    let booked: Option<i64> = tx
+        .query_row(
+            "DELETE FROM spend_reservations WHERE id = ?1 RETURNING amount_micros",
+            params![hold.id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    tx.execute(
+        "UPDATE spend_ledger SET spent_micros = spent_micros + ?3,
+                reserved_micros = reserved_micros - ?4
+         WHERE ledger_key = ?1 AND period_start_ms = ?2",
+        params![hold.key, period, actual_micros.max(0), booked.unwrap_or(0)],
+    )?;
+    read_row(tx, &hold.key, period)
 }
 
 /// Creates the period's row if missing, then takes its write lock (the no-op `UPDATE`): every
