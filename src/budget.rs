@@ -363,7 +363,8 @@ impl Budget {
             Ok(Err(refusal)) => {
                 self.mirror(refusal.row);
                 let row = refusal.row;
-                let left = spend::from_micros((limit - row.spent_micros - row.reserved_micros).max(0));
+                let left =
+                    spend::from_micros((limit - row.spent_micros - row.reserved_micros).max(0));
                 Err(Refused { needed, left })
             }
             Err(e) => {

@@ -775,7 +775,9 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
     let spend = crate::proxy::spend_on(&store, clock.clone(), &config.proxy);
     let budget = crate::budget::Budget::new(config.budget.clone(), &config.routes(), clock, None);
     budget.share(spend.clone());
-    tasks.push(tokio::spawn(budget.clone().keep_hours(None, shutdown.clone())));
+    tasks.push(tokio::spawn(
+        budget.clone().keep_hours(None, shutdown.clone()),
+    ));
     let proxy = Proxy::with_options(
         &config,
         weights_rx,

@@ -61,7 +61,9 @@ pub fn which_digest(given: &str, digests: &[[u8; 32]]) -> Option<usize> {
         index.conditional_assign(&(i as u64), hit);
         any |= hit;
     }
-    bool::from(any).then(|| usize::try_from(index).ok()).flatten()
+    bool::from(any)
+        .then(|| usize::try_from(index).ok())
+        .flatten()
 }
 
 /// Checks the request's bearer token against the variable `var` names in `env`, read now so

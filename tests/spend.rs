@@ -86,7 +86,9 @@ fn in_process_config(up: &Server, limit: Option<f64>) -> Config {
         price: Some(price(IN_PRICE, OUT_PRICE)),
         ..RouteConfig::default()
     });
-    config.env.set("SPEND_TEST_UP_KEY", "sk-upstream-0123456789");
+    config
+        .env
+        .set("SPEND_TEST_UP_KEY", "sk-upstream-0123456789");
     config.env.set("TEAM_A_KEY", KEY);
     config.env.set("SPEND_ADMIN", ADMIN);
     config.server.admin_token_env = "SPEND_ADMIN".into();
@@ -212,7 +214,11 @@ async fn sixty_at_once(http: &reqwest::Client, bases: &[String]) -> Vec<(u16, Op
 /// What every run of [`sixty_at_once`] must show: nothing passes the limit, every refusal
 /// is a 429 `spend_limit_reached` with `Retry-After` within the day, and only admitted
 /// requests reached the upstream.
-fn check_limit_held(results: &[(u16, Option<u64>, Value)], calls: usize, limit_micros: i64) -> usize {
+fn check_limit_held(
+    results: &[(u16, Option<u64>, Value)],
+    calls: usize,
+    limit_micros: i64,
+) -> usize {
     let ok = results.iter().filter(|r| r.0 == 200).count();
     let refused: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
     assert_eq!(ok + refused.len(), 60, "{results:?}");
@@ -239,7 +245,7 @@ async fn one_proxy_on_sqlite_holds_a_client_to_its_limit() {
     let px = start(&config, &StoreLocation::Sqlite(dir.path().join("p.db"))).await;
     let http = reqwest::Client::new();
 
-    let results = sixty_at_once(&http, &[px.base.clone()]).await;
+    let results = sixty_at_once(&http, std::slice::from_ref(&px.base)).await;
     let ok = check_limit_held(&results, reqs.all().len(), limit_micros);
 
     let c = settled(&http, &px.base).await;
@@ -248,7 +254,10 @@ async fn one_proxy_on_sqlite_holds_a_client_to_its_limit() {
     assert_eq!(micros(&c["limit"]), limit_micros);
     assert_eq!(micros(&c["spent"]), ok as i64 * ACTUAL_MICROS, "{c}");
     assert_eq!(micros(&c["reserved"]), 0);
-    assert_eq!(micros(&c["remaining"]), limit_micros - ok as i64 * ACTUAL_MICROS);
+    assert_eq!(
+        micros(&c["remaining"]),
+        limit_micros - ok as i64 * ACTUAL_MICROS
+    );
     assert_eq!(
         px.proxy.client_spend(),
         vec![("team-a".to_owned(), ok as f64 * ACTUAL_MICROS as f64 / 1e6)]
@@ -413,12 +422,13 @@ async fn fleet(url: &str, extra: &str, routes: &str) -> Fleet {
         _dir: tempfile::tempdir().unwrap(),
     };
     // Migrate once first: three processes racing to create the schema is not what is tested.
-    let location = StoreLocation::resolve(Path::new(""), Some("X"), |_| Some(url.to_owned()))
-        .unwrap();
-    let store = tokio::task::spawn_blocking(move || Store::open_at(&location, StoreOptions::default()))
-        .await
-        .unwrap()
-        .unwrap();
+    let location =
+        StoreLocation::resolve(Path::new(""), Some("X"), |_| Some(url.to_owned())).unwrap();
+    let store =
+        tokio::task::spawn_blocking(move || Store::open_at(&location, StoreOptions::default()))
+            .await
+            .unwrap()
+            .unwrap();
     store.close().await.unwrap();
     for i in 0..3 {
         let port = free_port();
@@ -487,7 +497,11 @@ limit = {{ amount = {:?}, per = "day" }}
     // Every proxy served some and refused some: they shared one limit, not three.
     for base in &fleet.bases {
         let c = settled(&http, base).await;
-        assert_eq!(micros(&c["spent"]), ok as i64 * ACTUAL_MICROS, "{base}: {c}");
+        assert_eq!(
+            micros(&c["spent"]),
+            ok as i64 * ACTUAL_MICROS,
+            "{base}: {c}"
+        );
         assert_eq!(micros(&c["reserved"]), 0);
     }
     println!(
@@ -519,7 +533,14 @@ async fn backup_traffic_through_three_proxies_stops_at_one_hourly_budget() {
         budget_micros as f64 / 1e6
     );
     let routes = routes_toml(&[
-        ("p0", primary.base_url(), "primary", 100, IN_PRICE, OUT_PRICE),
+        (
+            "p0",
+            primary.base_url(),
+            "primary",
+            100,
+            IN_PRICE,
+            OUT_PRICE,
+        ),
         ("p1", backup.base_url(), "backup", 0, 3000.0, 6000.0),
     ]);
     // No client keys: loopback proxies, anonymous traffic; the budget is the only limit.
@@ -544,7 +565,10 @@ async fn backup_traffic_through_three_proxies_stops_at_one_hourly_budget() {
     }
     let backup_calls = backup_reqs.all().len();
     assert_eq!(ok, backup_calls, "every answer came from the backup");
-    assert!(backup_calls >= 10, "the budget covers 10 estimates: {backup_calls}");
+    assert!(
+        backup_calls >= 10,
+        "the budget covers 10 estimates: {backup_calls}"
+    );
     // One budget, not three: what the backup's answers cost extra fits in it.
     let actual_extra = 12 * 2000 + 3 * 4000;
     assert!(
@@ -554,8 +578,8 @@ async fn backup_traffic_through_three_proxies_stops_at_one_hourly_budget() {
     assert!(ok < 45, "the budget cannot cover 45 backup answers");
     assert!(!primary_reqs.all().is_empty());
     // The fleet's ledger row: spent is what the backup's answers cost extra.
-    let location = StoreLocation::resolve(Path::new(""), Some("X"), |_| Some(db.url.clone()))
-        .unwrap();
+    let location =
+        StoreLocation::resolve(Path::new(""), Some("X"), |_| Some(db.url.clone())).unwrap();
     let ledger = Arc::new(probeok::store::SpendLedger::new(&location));
     let deadline = Instant::now() + Duration::from_secs(20);
     let row = loop {
@@ -573,7 +597,11 @@ async fn backup_traffic_through_three_proxies_stops_at_one_hourly_budget() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(row.spent_micros, backup_calls as i64 * actual_extra, "{row:?}");
+    assert_eq!(
+        row.spent_micros,
+        backup_calls as i64 * actual_extra,
+        "{row:?}"
+    );
     println!(
         "three proxies, one hourly budget of {:.6}: {backup_calls} backup answers of 45, spent {:.6}",
         budget_micros as f64 / 1e6,

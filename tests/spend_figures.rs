@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use common::{fake, json, openai, Captured, Reply};
 use common::pg::TestDb;
+use common::{fake, json, openai, Captured, Reply};
 use probeok::budget::spend::Spend;
 use probeok::clock::SystemClock;
 use probeok::config::{
@@ -122,7 +122,10 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 fn line(name: &str, mut d: Vec<Duration>) -> (f64, f64) {
     d.sort();
     let (p50, p99) = (pct(&d, 0.5), pct(&d, 0.99));
-    println!("  {name:<34} n={:<5} p50 {p50:>7.3} ms   p99 {p99:>7.3} ms", d.len());
+    println!(
+        "  {name:<34} n={:<5} p50 {p50:>7.3} ms   p99 {p99:>7.3} ms",
+        d.len()
+    );
     (p50, p99)
 }
 
@@ -141,7 +144,10 @@ async fn figures_spend_booking_latency_and_the_hot_row() {
     let mut proxies = Vec::new();
     for (engine, store) in &stores {
         for limit in [false, true] {
-            let name = format!("{engine}, {}", if limit { "with a limit" } else { "no limit" });
+            let name = format!(
+                "{engine}, {}",
+                if limit { "with a limit" } else { "no limit" }
+            );
             proxies.push((name, serve(&config(up.base_url(), limit), store).await));
         }
     }
@@ -173,11 +179,19 @@ async fn figures_spend_booking_latency_and_the_hot_row() {
 
     println!("\nthe ledger alone: one reserve, then its settle (sequential):");
     for (engine, store) in &stores {
-        let spend = Spend::new(store.spend_ledger(), Arc::new(SystemClock), Duration::from_secs(60));
+        let spend = Spend::new(
+            store.spend_ledger(),
+            Arc::new(SystemClock),
+            Duration::from_secs(60),
+        );
         let (mut both, mut reserve) = (Vec::new(), Vec::new());
         for _ in 0..N {
             let t = Instant::now();
-            let (hold, _) = spend.reserve("client:solo", Per::Month, 100, i64::MAX / 4).await.unwrap().unwrap();
+            let (hold, _) = spend
+                .reserve("client:solo", Per::Month, 100, i64::MAX / 4)
+                .await
+                .unwrap()
+                .unwrap();
             reserve.push(t.elapsed());
             spend.settle(hold, 50).await.unwrap();
             both.push(t.elapsed());
@@ -188,12 +202,22 @@ async fn figures_spend_booking_latency_and_the_hot_row() {
 
     println!("\nthe hot row: reserve + settle pairs per second on one client's row, 3 replicas × 16 tasks:");
     for (engine, _) in &stores {
-        let db = if *engine == "sqlite" { &sqlite } else { &postgres };
+        let db = if *engine == "sqlite" {
+            &sqlite
+        } else {
+            &postgres
+        };
         // Three replicas: three stores (each its own connections) on one database.
         let replicas: Vec<Store> = (0..3).map(|_| db.open(StoreOptions::default())).collect();
         let spends: Vec<Spend> = replicas
             .iter()
-            .map(|s| Spend::new(s.spend_ledger(), Arc::new(SystemClock), Duration::from_secs(60)))
+            .map(|s| {
+                Spend::new(
+                    s.spend_ledger(),
+                    Arc::new(SystemClock),
+                    Duration::from_secs(60),
+                )
+            })
             .collect();
         let run = Duration::from_secs(3);
         let start = Instant::now();
@@ -203,7 +227,11 @@ async fn figures_spend_booking_latency_and_the_hot_row() {
             tasks.push(tokio::spawn(async move {
                 let mut n = 0u64;
                 while start.elapsed() < run {
-                    let (hold, _) = spend.reserve("client:hot", Per::Month, 100, i64::MAX / 4).await.unwrap().unwrap();
+                    let (hold, _) = spend
+                        .reserve("client:hot", Per::Month, 100, i64::MAX / 4)
+                        .await
+                        .unwrap()
+                        .unwrap();
                     spend.settle(hold, 50).await.unwrap();
                     n += 1;
                 }
@@ -215,7 +243,10 @@ async fn figures_spend_booking_latency_and_the_hot_row() {
             total += t.await.unwrap();
         }
         let secs = start.elapsed().as_secs_f64();
-        println!("  {engine:<10} {:>8.0} pairs/s ({total} in {secs:.1} s)", total as f64 / secs);
+        println!(
+            "  {engine:<10} {:>8.0} pairs/s ({total} in {secs:.1} s)",
+            total as f64 / secs
+        );
         for s in replicas {
             s.close().await.unwrap();
         }
@@ -241,7 +272,10 @@ async fn figures_spend_booking_latency_and_the_hot_row() {
         for t in tasks {
             total += t.await.unwrap();
         }
-        println!("  {name:<34} {:>8.0} requests/s", total as f64 / start.elapsed().as_secs_f64());
+        println!(
+            "  {name:<34} {:>8.0} requests/s",
+            total as f64 / start.elapsed().as_secs_f64()
+        );
     }
     drop(proxies);
     for (_, s) in stores {

@@ -318,7 +318,10 @@ mod tests {
         let clock = ManualClock::new(t("2024-05-01T10:59:59Z"));
         let first = period_start(Per::Hour, clock.now());
         clock.advance(Duration::from_secs(1));
-        assert_eq!(period_start(Per::Hour, clock.now()) - first, TimeDelta::hours(1));
+        assert_eq!(
+            period_start(Per::Hour, clock.now()) - first,
+            TimeDelta::hours(1)
+        );
         assert_eq!(
             period_start(Per::Day, clock.now()),
             period_start(Per::Day, first)

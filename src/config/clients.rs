@@ -73,7 +73,10 @@ pub(super) fn clients(ck: &mut Checker<'_>, raw: Vec<RawClient>) -> Vec<ClientCo
                 if !l.amount.is_finite() || l.amount < 0.0 || l.amount > MAX_LIMIT {
                     ck.fail(
                         format!("{at}.amount"),
-                        format!("must be a number between 0 and {MAX_LIMIT:e}, got {}", l.amount),
+                        format!(
+                            "must be a number between 0 and {MAX_LIMIT:e}, got {}",
+                            l.amount
+                        ),
                     );
                     return None;
                 }

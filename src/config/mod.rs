@@ -14,13 +14,13 @@
 //! Every section struct implements `Default` with the documented defaults, so a config can also be built
 //! in code (the demo) and checked with [`Config::validate`].
 
+mod clients;
 mod convert;
 mod diag;
 mod keys;
 mod raw;
 mod source_map;
 mod validate;
-mod clients;
 mod vantage;
 
 use std::net::SocketAddr;
@@ -34,12 +34,12 @@ use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteI
 use crate::secret::Env;
 use crate::severity::Severity;
 
+pub use clients::{ClientConfig, Per, SpendLimit};
 pub(crate) use convert::parse_located;
 pub use diag::{ConfigErrors, Diagnostic};
 pub use keys::{known_keys, KeysError};
 pub use source_map::SourceMap;
 pub(crate) use validate::Checker;
-pub use clients::{ClientConfig, Per, SpendLimit};
 pub use vantage::{AgentConfig, QuorumConfig, VantageConfig, VantageError};
 
 /// A validated config (or one built in code: see [`Config::validate`]).
@@ -1196,8 +1196,11 @@ impl Config {
             .env
             .secret(&self.proxy.client_keys_env)
             .is_some_and(|v| v.expose().split(',').any(|k| !k.trim().is_empty()))
-            || (self.proxy.clients.iter())
-                .any(|c| self.env.secret(&c.key_env).is_some_and(|v| !v.expose().is_empty()));
+            || (self.proxy.clients.iter()).any(|c| {
+                self.env
+                    .secret(&c.key_env)
+                    .is_some_and(|v| !v.expose().is_empty())
+            });
         self.open_proxy(set)
     }
 

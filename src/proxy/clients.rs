@@ -72,7 +72,10 @@ impl Clients {
         let mut named = Vec::new();
         let mut digests = Vec::new();
         for c in config {
-            match env.secret(&c.key_env).filter(|k| !k.expose().trim().is_empty()) {
+            match env
+                .secret(&c.key_env)
+                .filter(|k| !k.expose().trim().is_empty())
+            {
                 Some(key) => {
                     digests.push(crate::secret::digest(key.expose().trim()));
                     named.push(Arc::new(NamedClient {
@@ -80,7 +83,9 @@ impl Clients {
                         limit: c.limit,
                     }));
                 }
-                None => tracing::warn!(client = %c.id, var = %c.key_env, "proxy client key variable is not set: this client cannot authenticate"),
+                None => {
+                    tracing::warn!(client = %c.id, var = %c.key_env, "proxy client key variable is not set: this client cannot authenticate")
+                }
             }
         }
         Self {
@@ -198,7 +203,9 @@ pub fn report_blocking(config: &[ClientConfig], spend: Option<&Spend>) -> Vec<Cl
                     let left = spend::to_micros_floor(limit.amount) - row.spent_micros - reserved;
                     r.remaining = Some(spend::from_micros(left.max(0)));
                 }
-                Err(e) => tracing::warn!(client = %c.id, error = %e, "cannot read the client's spend"),
+                Err(e) => {
+                    tracing::warn!(client = %c.id, error = %e, "cannot read the client's spend")
+                }
             }
         } else if let Some(limit) = c.limit {
             r.period = Some(limit.per.as_str());
@@ -288,13 +295,14 @@ pub(crate) fn attempts_micros(
         .filter_map(|a| {
             let price = prices(&a.route)?;
             let generated = a.usage.completion_tokens.unwrap_or(0);
-            let prompt = a.usage.prompt_tokens.unwrap_or(
-                if generated > 0 || a.outcome.answered() {
-                    estimated_prompt
-                } else {
-                    0
-                },
-            );
+            let prompt =
+                a.usage
+                    .prompt_tokens
+                    .unwrap_or(if generated > 0 || a.outcome.answered() {
+                        estimated_prompt
+                    } else {
+                        0
+                    });
             Some(spend::micros_of(&price, prompt, generated))
         })
         .sum()

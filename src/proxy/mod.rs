@@ -234,8 +234,8 @@ impl Proxy {
         };
         let max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
         let store = opts.store.as_ref();
-        let spend = (opts.spend.clone())
-            .or_else(|| store.map(|s| spend_on(s, clock.clone(), config)));
+        let spend =
+            (opts.spend.clone()).or_else(|| store.map(|s| spend_on(s, clock.clone(), config)));
         let clients = Arc::new(clients::Clients::new(&config.clients, &full.env, spend));
         let breakers = Breakers::new(routes.iter().map(|r| &r.id), &config.breaker);
         let limits = routes
@@ -289,7 +289,9 @@ impl Proxy {
 
     /// Every named client's spend this period (blocking: reads the ledger).
     pub fn client_report_blocking(&self) -> Vec<ClientReport> {
-        self.inner.clients.report_blocking(&self.inner.config.clients)
+        self.inner
+            .clients
+            .report_blocking(&self.inner.config.clients)
     }
 
     /// Spent this period per client with a limit, as last seen (`probeok_client_spend`).

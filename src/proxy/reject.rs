@@ -204,11 +204,9 @@ impl Reject {
             },
             Self::AdminUnauthorized => plain(StatusCode::UNAUTHORIZED, INVALID, "unauthorized"),
             Self::AdminDisabled => plain(StatusCode::FORBIDDEN, INVALID, "admin_disabled"),
-            Self::SpendUnavailable => plain(
-                StatusCode::SERVICE_UNAVAILABLE,
-                SERVER,
-                "store_unavailable",
-            ),
+            Self::SpendUnavailable => {
+                plain(StatusCode::SERVICE_UNAVAILABLE, SERVER, "store_unavailable")
+            }
             Self::BudgetExhausted { .. } => plain(
                 StatusCode::SERVICE_UNAVAILABLE,
                 UPSTREAM,

@@ -241,7 +241,11 @@ impl RequestCtx {
                     .find(|r| &r.id == id)
                     .and_then(|r| r.price.clone())
             };
-            hold.settle(super::clients::attempts_micros(&self.attempts, price, prompt));
+            hold.settle(super::clients::attempts_micros(
+                &self.attempts,
+                price,
+                prompt,
+            ));
         }
     }
 }

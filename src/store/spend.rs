@@ -54,9 +54,14 @@ pub struct LedgerRow {
 /// What [`SpendLedger::reserve`] decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Booking {
-    Reserved { hold: Hold, row: LedgerRow },
+    Reserved {
+        hold: Hold,
+        row: LedgerRow,
+    },
     /// `spent + reserved + estimate` would pass the limit; the row as it stood.
-    Refused { row: LedgerRow },
+    Refused {
+        row: LedgerRow,
+    },
 }
 
 /// One step of a batch ([`SpendLedger::apply`]).

@@ -10,8 +10,8 @@ use axum::Router;
 use serde_json::Value;
 
 use super::{
-    api, atom, badges, drift, drills, feed, ingest, metrics, openapi, pages, reload, requests,
-    clients, silences, switches, AppState, Endpoint,
+    api, atom, badges, clients, drift, drills, feed, ingest, metrics, openapi, pages, reload,
+    requests, silences, switches, AppState, Endpoint,
 };
 
 /// One endpoint: where it is, what serves it, and how the OpenAPI document describes it.
