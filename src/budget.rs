@@ -402,7 +402,7 @@ impl Budget {
     }
 
     /// Turns the clock hour on time even when no request comes (the ledger also rolls on
-    /// every use) and beats `pulse` (`budget`) every [`crate::heartbeat::PULSE_EVERY`].
+    /// every use), follows the shared ledger's numbers when the budget is shared, and beats `pulse` (`budget`) every [`crate::heartbeat::PULSE_EVERY`].
     pub async fn keep_hours(
         self: Arc<Self>,
         pulse: Option<crate::heartbeat::Pulse>,
@@ -418,6 +418,19 @@ impl Budget {
             drop(self.ledger(self.clock.now()));
             if let Some(p) = &pulse {
                 p.beat();
+            }
+            // Shared: what the other processes booked shows here even when this one books
+            // nothing (its switch decisions and metrics follow the fleet's budget). Bounded, so
+            // a store that hangs never holds the hour's turn.
+            if let Some(spend) = self.shared.get() {
+                let read = spend.usage(LEDGER_KEY, crate::config::Per::Hour);
+                match tokio::time::timeout(crate::heartbeat::PULSE_EVERY / 2, read).await {
+                    Ok(Ok(row)) => self.mirror(row),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "cannot read the shared extra-cost budget")
+                    }
+                    Err(_) => tracing::debug!("the shared extra-cost budget did not answer in time"),
+                }
             }
         }
     }
