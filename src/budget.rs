@@ -429,7 +429,9 @@ impl Budget {
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "cannot read the shared extra-cost budget")
                     }
-                    Err(_) => tracing::debug!("the shared extra-cost budget did not answer in time"),
+                    Err(_) => {
+                        tracing::debug!("the shared extra-cost budget did not answer in time")
+                    }
                 }
             }
         }

@@ -632,6 +632,6 @@ fn proxy_section_defaults_and_located_errors() {
     );
     assert_eq!(
         errors(&format!("{PROVIDERS}{ROUTE}[proxy]\nenable = true\n")),
-        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `client_keys_env`, `allow_unauthenticated`, `breaker`"]
+        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `client_keys_env`, `allow_unauthenticated`, `breaker`, `client`"]
     );
 }

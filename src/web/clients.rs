@@ -35,12 +35,12 @@ pub async fn list(
 pub(super) fn doc() -> Value {
     let client = json!({"type": "object", "required": ["id", "spent", "reserved"], "properties": {
         "id": {"type": "string"},
-        "period": {"type": ["string", "null"], "enum": ["hour", "day", "month", null]},
-        "period_start": {"type": ["string", "null"], "format": "date-time"},
-        "limit": {"type": ["number", "null"]},
+        "period": {"type": "string", "nullable": true, "enum": ["hour", "day", "month"]},
+        "period_start": {"type": "string", "nullable": true, "format": "date-time"},
+        "limit": {"type": "number", "nullable": true},
         "spent": {"type": "number"},
         "reserved": {"type": "number"},
-        "remaining": {"type": ["number", "null"]}}});
+        "remaining": {"type": "number", "nullable": true}}});
     json!({"summary": "Every proxy client's spend this period (the fleet's, from the store)",
         "operationId": "listClients",
         "security": [{"adminToken": []}],
