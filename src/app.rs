@@ -282,6 +282,10 @@ pub async fn start_with(
         clock.clone(),
         Some(health_events.clone()),
     );
+    // One budget for every process on this store: booked in the store's spend ledger (client
+    // spend limits book there too).
+    let spend = crate::proxy::spend_on(&store, clock.clone(), &config.proxy);
+    budget.share(spend.clone());
     metrics.attach_budget(budget.clone());
     let (overrides_tx, overrides_rx) = watch::channel(Arc::new(crate::weights::Overrides::new()));
     let (switch_tx, switch_rx) = watch::channel(Arc::new(crate::switch::idle_status(
@@ -336,6 +340,7 @@ pub async fn start_with(
             live: Some(live.receiver()),
             tracer: tracer.clone(),
             client_keys: options.proxy_client_keys.clone(),
+            spend: Some(spend.clone()),
             ..crate::proxy::ProxyOptions::default()
         };
         let proxy =

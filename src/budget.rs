@@ -19,11 +19,21 @@
 //! incident would reset with every new one). Reservations still open at the turn of the hour stay booked, and settle into
 //! the hour they end in.
 //!
+//! **One budget for the fleet.** Shared through the store ([`Budget::share`], done by `serve`
+//! and `probeok proxy`), the booking goes to the store's spend ledger ([`spend`]) under the key
+//! [`LEDGER_KEY`]: every proxy on one database reserves from the same hourly row in a
+//! transaction, so three replicas stop at one shared limit. The numbers in
+//! [`Budget::snapshot`] are then the fleet's as of this process's last booking; a
+//! reservation settles into the hour it was booked in. When the ledger cannot be reached a
+//! non-primary attempt is refused (the budget cannot be checked, so nothing is spent).
+//!
 //! Past `degrade_at` × `max_extra_cost_per_hour` (spent + reserved) no new switch happens
 //! ([`Budget::allows_switch`]); the first crossing in an hour is sent as a
 //! [`HealthEvent::BudgetCrossed`] (alerted with severity `warning`).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod spend;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,6 +46,11 @@ use crate::clock::Clock;
 use crate::config::BudgetConfig;
 use crate::health::HealthEvent;
 use crate::route::{Route, RouteId, Tier};
+use crate::store::{Hold, LedgerRow};
+use spend::Spend;
+
+/// The spend ledger's key of the fleet's hourly extra-cost budget.
+pub const LEDGER_KEY: &str = "budget:extra_cost";
 
 /// The positive price difference of a route to its model's primary, per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -48,6 +63,16 @@ impl ExtraPrice {
     /// The extra cost of `input` prompt and `output` completion tokens.
     pub fn cost(&self, input: u64, output: u64) -> f64 {
         (input as f64 * self.input_per_mtok + output as f64 * self.output_per_mtok) / 1e6
+    }
+
+    /// The same in integer micro-units, rounded up (price per million tokens × tokens).
+    pub fn micros(&self, input: u64, output: u64) -> i64 {
+        let m = input as f64 * self.input_per_mtok + output as f64 * self.output_per_mtok;
+        if m.is_finite() && m > 0.0 {
+            m.ceil().min(i64::MAX as f64) as i64
+        } else {
+            0
+        }
     }
 
     fn is_zero(&self) -> bool {
@@ -128,6 +153,8 @@ pub struct Budget {
     clock: Arc<dyn Clock>,
     ledger: Mutex<Ledger>,
     events: Option<broadcast::Sender<HealthEvent>>,
+    /// The store's ledger, once shared: the fleet's one budget.
+    shared: std::sync::OnceLock<Spend>,
 }
 
 impl std::fmt::Debug for Budget {
@@ -165,6 +192,7 @@ impl Budget {
                 total_by_model: HashMap::new(),
             }),
             events,
+            shared: std::sync::OnceLock::new(),
         })
     }
 
@@ -256,7 +284,25 @@ impl Budget {
             price: *price,
             amount: needed,
             open: true,
+            hold: None,
         }))
+    }
+
+    /// Settles a shared reservation in the store, off the request's path (the booking stays
+    /// in the ledger until then, so a late settlement errs on the safe side).
+    fn close_shared(self: &Arc<Self>, spend: Spend, hold: Hold, charged_micros: i64) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            // No runtime (shutting down): the reservation expires and is released by the
+            // next booking.
+            return;
+        };
+        let budget = self.clone();
+        rt.spawn(async move {
+            match spend.settle(hold, charged_micros).await {
+                Ok(row) => budget.mirror(row),
+                Err(e) => tracing::warn!(error = %e, "could not settle an extra-cost reservation: it stays booked until it expires"),
+            }
+        });
     }
 
     fn close(&self, serves: &str, reserved: f64, charged: f64) {
@@ -267,6 +313,77 @@ impl Budget {
             l.reserved = (l.reserved - reserved).max(0.0);
             l.spent += charged;
             *l.total_by_model.entry(serves.to_owned()).or_insert(0.0) += charged;
+            event = self.crossing(&mut l, now);
+        }
+        self.announce(event);
+    }
+
+    /// Books through the store's spend ledger from now on (once; a second call is ignored):
+    /// every process sharing the database shares this one budget.
+    pub fn share(&self, spend: Spend) {
+        let _ = self.shared.set(spend);
+    }
+
+    /// Whether bookings go through the store.
+    pub fn is_shared(&self) -> bool {
+        self.shared.get().is_some()
+    }
+
+    /// [`Self::reserve`], through the store's ledger when the budget is shared.
+    pub async fn reserve_shared(
+        self: &Arc<Self>,
+        route: &RouteId,
+        prompt_tokens: u64,
+        max_tokens: u64,
+    ) -> Result<Option<Reservation>, Refused> {
+        let Some(spend) = self.shared.get() else {
+            return self.reserve(route, prompt_tokens, max_tokens);
+        };
+        let Some((serves, price)) = self.prices.get(route) else {
+            return Ok(None);
+        };
+        let micros = price.micros(prompt_tokens, max_tokens);
+        let limit = spend::to_micros_floor(self.limit());
+        let booked = spend
+            .reserve(LEDGER_KEY, crate::config::Per::Hour, micros, limit)
+            .await;
+        let needed = spend::from_micros(micros);
+        match booked {
+            Ok(Ok((hold, row))) => {
+                self.mirror(row);
+                Ok(Some(Reservation {
+                    budget: self.clone(),
+                    serves: serves.clone(),
+                    price: *price,
+                    amount: needed,
+                    open: true,
+                    hold: Some((spend.clone(), hold)),
+                }))
+            }
+            Ok(Err(refusal)) => {
+                self.mirror(refusal.row);
+                let row = refusal.row;
+                let left =
+                    spend::from_micros((limit - row.spent_micros - row.reserved_micros).max(0));
+                Err(Refused { needed, left })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the shared extra-cost budget cannot be checked: not sending to a non-primary route");
+                self.ledger(self.clock.now()).refused += 1;
+                Err(Refused { needed, left: 0.0 })
+            }
+        }
+    }
+
+    /// The fleet's numbers for this hour as the store gave them (the refusals too).
+    fn mirror(&self, row: LedgerRow) {
+        let now = self.clock.now();
+        let event;
+        {
+            let mut l = self.ledger(now);
+            l.spent = spend::from_micros(row.spent_micros);
+            l.reserved = spend::from_micros(row.reserved_micros.max(0));
+            l.refused = row.refused;
             event = self.crossing(&mut l, now);
         }
         self.announce(event);
@@ -285,7 +402,7 @@ impl Budget {
     }
 
     /// Turns the clock hour on time even when no request comes (the ledger also rolls on
-    /// every use) and beats `pulse` (`budget`) every [`crate::heartbeat::PULSE_EVERY`].
+    /// every use), follows the shared ledger's numbers when the budget is shared, and beats `pulse` (`budget`) every [`crate::heartbeat::PULSE_EVERY`].
     pub async fn keep_hours(
         self: Arc<Self>,
         pulse: Option<crate::heartbeat::Pulse>,
@@ -301,6 +418,21 @@ impl Budget {
             drop(self.ledger(self.clock.now()));
             if let Some(p) = &pulse {
                 p.beat();
+            }
+            // Shared: what the other processes booked shows here even when this one books
+            // nothing (its switch decisions and metrics follow the fleet's budget). Bounded, so
+            // a store that hangs never holds the hour's turn.
+            if let Some(spend) = self.shared.get() {
+                let read = spend.usage(LEDGER_KEY, crate::config::Per::Hour);
+                match tokio::time::timeout(crate::heartbeat::PULSE_EVERY / 2, read).await {
+                    Ok(Ok(row)) => self.mirror(row),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "cannot read the shared extra-cost budget")
+                    }
+                    Err(_) => {
+                        tracing::debug!("the shared extra-cost budget did not answer in time")
+                    }
+                }
             }
         }
     }
@@ -330,9 +462,20 @@ pub struct Reservation {
     price: ExtraPrice,
     amount: f64,
     open: bool,
+    /// Booked in the store's ledger (a shared budget).
+    hold: Option<(Spend, Hold)>,
 }
 
 impl Reservation {
+    /// Closes the reservation locally and, when shared, in the store.
+    fn finish(&mut self, charged: f64, charged_micros: i64) {
+        self.open = false;
+        self.budget.close(&self.serves, self.amount, charged);
+        if let Some((spend, hold)) = self.hold.take() {
+            self.budget.close_shared(spend, hold, charged_micros);
+        }
+    }
+
     /// The booked amount.
     pub fn amount(&self) -> f64 {
         self.amount
@@ -340,16 +483,15 @@ impl Reservation {
 
     /// The usage is known: charge its extra cost, release the rest of the estimate.
     pub fn settle(mut self, input_tokens: u64, output_tokens: u64) -> f64 {
-        self.open = false;
         let charged = self.price.cost(input_tokens, output_tokens);
-        self.budget.close(&self.serves, self.amount, charged);
+        let micros = self.price.micros(input_tokens, output_tokens);
+        self.finish(charged, micros);
         charged
     }
 
     /// Nothing was consumed (the attempt failed before an answer).
     pub fn release(mut self) {
-        self.open = false;
-        self.budget.close(&self.serves, self.amount, 0.0);
+        self.finish(0.0, 0);
     }
 }
 
@@ -357,7 +499,8 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if self.open {
             // Usage unknown (e.g. the client hung up mid-stream): the whole estimate counts.
-            self.budget.close(&self.serves, self.amount, self.amount);
+            let micros = self.hold.as_ref().map_or(0, |(_, h)| h.micros);
+            self.finish(self.amount, micros);
         }
     }
 }

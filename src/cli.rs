@@ -796,18 +796,28 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
             drop(weights_tx);
         }
     }
+    // The fleet's one hourly extra-cost budget and the clients' limits, in the store's ledger.
+    let clock: Arc<dyn crate::clock::Clock> = Arc::new(crate::clock::SystemClock);
+    let spend = crate::proxy::spend_on(&store, clock.clone(), &config.proxy);
+    let budget = crate::budget::Budget::new(config.budget.clone(), &config.routes(), clock, None);
+    budget.share(spend.clone());
+    tasks.push(tokio::spawn(
+        budget.clone().keep_hours(None, shutdown.clone()),
+    ));
     let proxy = Proxy::with_options(
         &config,
         weights_rx,
         passive_tx,
         ProxyOptions {
             store: Some(store.clone()),
+            spend: Some(spend),
             feed,
             tracer: crate::trace::Tracer::from_env(&config.tracing).map_err(CliError::runtime)?,
             ..ProxyOptions::default()
         },
     )
     .map_err(CliError::runtime)?;
+    proxy.set_budget(budget);
     let listener = tokio::net::TcpListener::bind(config.proxy.listen)
         .await
         .map_err(|e| CliError::Runtime(format!("cannot listen on {}: {e}", config.proxy.listen)))?;

@@ -50,7 +50,8 @@
 //!
 //! - [`store`]: SQLite — migrations, the single batching writer thread, rollups, retention,
 //!   detection's route states, transitions and incidents, read queries on their own
-//!   connections.
+//!   connections; the spend ledger (`store::spend`: reservations checked and booked in one
+//!   transaction, on connections of its own).
 //!
 //! **Domain** — imports base, config, store and each other; never a surface or the wiring.
 //! Pure where possible, each with a thin I/O shell.
@@ -83,7 +84,9 @@
 //!   `drill::report::text`); `probeok drill start|stop|report` (`drill::client`).
 //! - [`budget`]: the extra cost of non-primary serving per clock hour — reserve the
 //!   estimated maximum before a request, settle with the metered usage; `degrade_at` stops
-//!   new switches.
+//!   new switches. Shared through the store's spend ledger, one budget for every process on
+//!   the database; `budget::spend` is the one booking interface (`Spend`: reserve, settle,
+//!   release, batched into one transaction per wave) that client spend limits use too.
 //! - [`heartbeat`]: which scheduled jobs the service expects and which are stale (pure), the
 //!   in-memory [`heartbeat::Pulse`] of loops that must not wait on the store, the monitor that
 //!   persists them with the store writer's own beat, and the dead-man's switch
@@ -144,7 +147,9 @@
 //!   (`proxy::jobs`); their tables in `store::contracts`. Route profiles
 //!   (`proxy::profile`), the `"probeok"` object of degraded answers (`proxy::notice`), and
 //!   `[[shadow]]` copies compared with the real answers (`proxy::shadow`, pure comparison in
-//!   `proxy::shadow::compare`).
+//!   `proxy::shadow::compare`); named clients and
+//!   their spend limits (`proxy::clients`: booked before any upstream call, settled to every
+//!   attempt's usage).
 //!
 //! **Wiring** — may import anything; nothing imports it.
 //!

@@ -45,6 +45,27 @@ pub fn matches_any<'a>(given: &str, secrets: impl IntoIterator<Item = &'a Secret
     bool::from(matched)
 }
 
+/// The SHA-256 digest a key is kept as (the proxy's named clients keep only this).
+pub fn digest(value: &str) -> [u8; 32] {
+    Sha256::digest(value.as_bytes()).into()
+}
+
+/// Which of `digests` is the digest of `given`, compared in constant time: every digest is
+/// compared, matched or not, and the position is picked without branching on the bytes.
+pub fn which_digest(given: &str, digests: &[[u8; 32]]) -> Option<usize> {
+    let given = digest(given);
+    use subtle::ConditionallySelectable;
+    let (mut index, mut any) = (0u64, subtle::Choice::from(0u8));
+    for (i, d) in digests.iter().enumerate() {
+        let hit = d.ct_eq(&given);
+        index.conditional_assign(&(i as u64), hit);
+        any |= hit;
+    }
+    bool::from(any)
+        .then(|| usize::try_from(index).ok())
+        .flatten()
+}
+
 /// Checks the request's bearer token against the variable `var` names in `env`, read now so
 /// a rotated token takes effect at once.
 pub fn check_bearer_env(env: &Env, var: &str, headers: &HeaderMap) -> Result<(), AuthError> {

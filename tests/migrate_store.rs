@@ -160,6 +160,7 @@ async fn a_sqlite_store_moves_into_postgres_with_every_row_counted() {
         }],
         contract: None,
         trace_id: None,
+        client: None,
     };
     w.record_request(request.clone()).await.unwrap();
     let switch = SwitchRecord {

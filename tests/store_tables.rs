@@ -313,6 +313,7 @@ fn request(id: &str, at: DateTime<Utc>, attempts: Vec<AttemptRecord>) -> Request
         attempts,
         contract: None,
         trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
+        client: Some("team-a".into()),
     }
 }
 

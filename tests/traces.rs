@@ -587,6 +587,7 @@ fn metered(
         }],
         contract: None,
         trace_id: trace,
+        client: None,
     }
 }
 

@@ -549,6 +549,7 @@ fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
         ),
         client_keys_env: r.client_keys_env.unwrap_or(d.client_keys_env),
         allow_unauthenticated: r.allow_unauthenticated.unwrap_or(d.allow_unauthenticated),
+        clients: super::clients::clients(ck, r.client),
         breaker: BreakerConfig {
             failure_ratio: b.failure_ratio.unwrap_or(db.failure_ratio),
             window: duration(ck, "proxy.breaker.window", b.window, db.window),

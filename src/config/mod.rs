@@ -14,6 +14,7 @@
 //! Every section struct implements `Default` with the documented defaults, so a config can also be built
 //! in code (the demo) and checked with [`Config::validate`].
 
+mod clients;
 mod convert;
 mod diag;
 mod keys;
@@ -35,6 +36,7 @@ use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteI
 use crate::secret::Env;
 use crate::severity::Severity;
 
+pub use clients::{ClientConfig, Per, SpendLimit};
 pub(crate) use convert::parse_located;
 pub use diag::{ConfigErrors, Diagnostic};
 pub use keys::{known_keys, KeysError};
@@ -590,6 +592,8 @@ pub struct ProxyConfig {
     /// anyone who can reach it: refused unless this is set (then warned at every start).
     pub allow_unauthenticated: bool,
     pub breaker: BreakerConfig,
+    /// `[[proxy.client]]`: named clients with their own keys and spend limits.
+    pub clients: Vec<ClientConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -611,6 +615,7 @@ impl Default for ProxyConfig {
             client_keys_env: "PROBEOK_CLIENT_KEYS".into(),
             allow_unauthenticated: false,
             breaker: BreakerConfig::default(),
+            clients: Vec::new(),
         }
     }
 }
@@ -1209,7 +1214,12 @@ impl Config {
         let set = self
             .env
             .secret(&self.proxy.client_keys_env)
-            .is_some_and(|v| v.expose().split(',').any(|k| !k.trim().is_empty()));
+            .is_some_and(|v| v.expose().split(',').any(|k| !k.trim().is_empty()))
+            || (self.proxy.clients.iter()).any(|c| {
+                self.env
+                    .secret(&c.key_env)
+                    .is_some_and(|v| !v.expose().is_empty())
+            });
         self.open_proxy(set)
     }
 

@@ -342,6 +342,23 @@ pub(super) struct RawProxy {
     pub allow_unauthenticated: Option<bool>,
     #[serde(default)]
     pub breaker: RawBreaker,
+    #[serde(default)]
+    pub client: Vec<RawClient>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClient {
+    pub id: String,
+    pub key_env: String,
+    pub limit: Option<RawLimit>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimit {
+    pub amount: f64,
+    pub per: String,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -122,6 +122,7 @@ impl<'a> Checker<'a> {
         super::vantage::check(self, c);
         super::profile::check(self, c);
         super::shadow::check(self, c);
+        super::clients::check(self, c);
     }
 
     fn contracts(&mut self, c: &Config) {
@@ -476,7 +477,7 @@ impl<'a> Checker<'a> {
     }
 
     /// The value is not echoed: a `*_env` key holding the secret itself is the classic mistake.
-    fn env_name(&mut self, path: &str, name: &str) {
+    pub(crate) fn env_name(&mut self, path: &str, name: &str) {
         let mut chars = name.chars();
         let ok = chars
             .next()

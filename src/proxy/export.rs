@@ -5,6 +5,7 @@
 //! - `probeok_proxy_requests_total{serves,route,outcome}`;
 //! - `probeok_proxy_failovers_total{reason}`;
 //! - `probeok_contract_uses_total{feature,contract}`: degradation contract answers;
+//! - `probeok_client_spend{client}`: what each client with a spend limit spent this period;
 //! - `probeok_proxy_dropped_total{what}`: metering records (`meter`) and passive outcomes
 //!   (`passive`) dropped.
 //!
@@ -53,6 +54,11 @@ impl ProxyStats {
         self.proxy().map(|p| p.shadow_report()).unwrap_or_default()
     }
 
+    /// Spent this period per client with a limit (empty once the proxy is gone).
+    pub fn client_spend(&self) -> Vec<(String, f64)> {
+        self.proxy().map(|p| p.client_spend()).unwrap_or_default()
+    }
+
     /// The proxy's counters (empty once the proxy is gone).
     pub fn counters(&self) -> CountersSnapshot {
         self.proxy().map(|p| p.counters()).unwrap_or_default()
@@ -98,6 +104,11 @@ struct ReasonLabels {
 struct ContractLabels {
     feature: String,
     contract: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClientLabels {
+    client: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -195,6 +206,19 @@ impl Collector for ProxySlot {
             ("observed", counters.observed_dropped),
         ] {
             ConstCounter::new(n).encode(family.encode_family(&DroppedLabels { what })?)?;
+        }
+
+        let spend = stats.client_spend();
+        if !spend.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "client_spend",
+                "Spent by the proxy client in its current limit period, in the routes' price currency (the shared ledger as this process last read it)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (client, spent) in spend {
+                ConstGauge::new(spent).encode(family.encode_family(&ClientLabels { client })?)?;
+            }
         }
         Ok(())
     }

@@ -62,7 +62,7 @@ pub(crate) async fn route(
     ctx.expect = super::structured::Expect::of(request);
     let mut run = Failover::new(proxy, ctx, request, needs.stream, candidates, degraded, now);
     while let Some((route, remaining)) = run.next_route().await {
-        let Some(slot) = run.admit(&route) else {
+        let Some(slot) = run.admit(&route).await else {
             continue;
         };
         if let Some(answer) = run.attempt(route, slot, remaining).await {
@@ -281,7 +281,7 @@ impl<'a> Failover<'a> {
 
     /// Takes the route's concurrency slot (a full route is skipped, not waited for) and, for a
     /// non-primary route, its extra-cost reservation. `None`: skipped.
-    fn admit(&mut self, route: &Arc<Route>) -> Option<Slot> {
+    async fn admit(&mut self, route: &Arc<Route>) -> Option<Slot> {
         let p = self.inner();
         let permit = match p.limits.get(&route.id) {
             Some(sem) => match sem.clone().try_acquire_owned() {
@@ -299,7 +299,7 @@ impl<'a> Failover<'a> {
         };
         let reservation = match p.budget.get() {
             Some(b) if route.tier != Tier::Primary => {
-                match b.reserve(&route.id, self.prompt_tokens, self.max_tokens) {
+                match (b.reserve_shared(&route.id, self.prompt_tokens, self.max_tokens)).await {
                     Ok(r) => r,
                     Err(refused) => {
                         tracing::warn!(route = %route.id, %refused, "not sent to a non-primary route: the extra-cost budget cannot cover it");

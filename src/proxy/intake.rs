@@ -55,10 +55,32 @@ impl ClientKeys {
     }
 }
 
+/// The caller's key (empty when client auth is off) and the named client it belongs to, if
+/// any. With named clients (`[[proxy.client]]`) client auth is on; `client_keys_env`'s keys
+/// are accepted beside theirs as anonymous keys. Both lists are compared whole.
+pub(crate) fn identify(
+    p: &Inner,
+    headers: &HeaderMap,
+) -> Result<(String, Option<std::sync::Arc<super::clients::NamedClient>>), Reject> {
+    if !p.clients.any() {
+        return p.client_keys.check(headers).map(|k| (k, None));
+    }
+    let given = crate::secret::bearer(headers).ok_or(Reject::Unauthorized)?;
+    let named = p.clients.identify(given);
+    let anonymous = p.client_keys.check(headers).is_ok_and(|k| !k.is_empty());
+    match named {
+        Some(c) => Ok((given.to_owned(), Some(c))),
+        None if anonymous => Ok((given.to_owned(), None)),
+        None => Err(Reject::Unauthorized),
+    }
+}
+
 /// A request that passed intake.
 pub(crate) struct Intake {
     /// The client's key (empty when client auth is off): scopes idempotency keys and jobs.
     pub client_key: String,
+    /// The named client, when the key is one's.
+    pub client: Option<std::sync::Arc<super::clients::NamedClient>>,
     /// The body as received.
     pub raw: Bytes,
     /// The body, parsed and validated.
@@ -74,7 +96,7 @@ pub(crate) struct Intake {
 
 /// Checks the client and reads its request (see the module docs).
 pub(crate) async fn read(p: &Inner, headers: &HeaderMap, body: Body) -> Result<Intake, Reject> {
-    let client_key = p.client_keys.check(headers)?;
+    let (client_key, client) = identify(p, headers)?;
     let raw = read_body(p, headers, body).await?;
     let request = match serde_json::from_slice(&raw) {
         Ok(v @ Value::Object(_)) => v,
@@ -96,6 +118,7 @@ pub(crate) async fn read(p: &Inner, headers: &HeaderMap, body: Body) -> Result<I
     let needs = Needs::from_request(&request, residency.as_deref());
     Ok(Intake {
         client_key,
+        client,
         raw,
         request,
         model,

@@ -246,7 +246,7 @@ pub(super) async fn get_job(
 
 async fn job_answer(proxy: &Proxy, id: &str, headers: &HeaderMap) -> Result<Response, Reject> {
     let p = &proxy.inner;
-    let owner = contract::owner_of(&p.client_keys.check(headers)?);
+    let owner = contract::owner_of(&super::intake::identify(p, headers)?.0);
     let Some(jobs) = &p.jobs else {
         return Err(Reject::JobNotFound);
     };

@@ -40,6 +40,7 @@ pub mod attempt;
 pub mod attribution;
 pub mod breaker;
 pub mod cache;
+pub mod clients;
 pub mod contract;
 mod degrade;
 pub mod export;
@@ -83,6 +84,7 @@ use crate::store::Store;
 use attempt::{PassiveSink, Rests, Upstream};
 use breaker::Breakers;
 pub use breaker::{BreakerSnapshot, BreakerState};
+pub use clients::ClientReport;
 pub use export::ProxyStats;
 pub use failover::DEFAULT_MAX_TOKENS;
 use intake::ClientKeys;
@@ -121,6 +123,9 @@ pub struct ProxyOptions {
     /// Count the route observables (with a store; on by default; a benchmark turns it off to
     /// measure what they add).
     pub observe: bool,
+    /// The shared spend ledger client limits book in. `None`: one on `store`, when there is
+    /// a store.
+    pub spend: Option<crate::budget::spend::Spend>,
 }
 
 impl Default for ProxyOptions {
@@ -137,6 +142,7 @@ impl Default for ProxyOptions {
             client_keys: None,
             shadow: shadow::ShadowLimits::default(),
             observe: true,
+            spend: None,
         }
     }
 }
@@ -165,6 +171,8 @@ struct Inner {
     client_keys: ClientKeys,
     /// Route profiles (`request = {…}`), by route.
     profiles: HashMap<RouteId, crate::config::RequestProfile>,
+    /// `[[proxy.client]]`: named clients and their spend limits.
+    clients: Arc<clients::Clients>,
     /// Routes whose own `first_byte_timeout` overrides the proxy's stream watchdog.
     first_byte_overrides: HashMap<RouteId, Duration>,
     /// Logical model → since when it has been served degraded (all weights 0).
@@ -197,6 +205,8 @@ struct Inner {
     /// `[[shadow]]` copies and their comparisons (`None`: no shadow configured).
     shadows: Option<shadow::Shadows>,
     tracer: crate::trace::Tracer,
+    /// Where `GET /api/v1/admin/clients` reads the admin token (`server.admin_token_env`).
+    admin_token: (crate::secret::Env, String),
 }
 
 impl Proxy {
@@ -268,6 +278,9 @@ impl Proxy {
         };
         let max_body = usize::try_from(config.max_body).unwrap_or(usize::MAX);
         let store = opts.store.as_ref();
+        let spend =
+            (opts.spend.clone()).or_else(|| store.map(|s| spend_on(s, clock.clone(), config)));
+        let clients = Arc::new(clients::Clients::new(&config.clients, &full.env, spend));
         let breakers = Breakers::new(routes.iter().map(|r| &r.id), &config.breaker);
         let limits = routes
             .iter()
@@ -285,6 +298,7 @@ impl Proxy {
                 rests: Rests::default(),
                 passive: PassiveSink::new(passive),
                 client_keys,
+                clients,
                 first_byte_overrides,
                 profiles,
                 degraded_since: Mutex::new(HashMap::new()),
@@ -317,6 +331,7 @@ impl Proxy {
                 header_read_timeout: opts.header_read_timeout,
                 feed: opts.feed,
                 tracer: opts.tracer,
+                admin_token: (full.env.clone(), full.server.admin_token_env.clone()),
                 budget: std::sync::OnceLock::new(),
                 live: opts
                     .live
@@ -352,6 +367,18 @@ impl Proxy {
         }
     }
 
+    /// Every named client's spend this period (blocking: reads the ledger).
+    pub fn client_report_blocking(&self) -> Vec<ClientReport> {
+        self.inner
+            .clients
+            .report_blocking(&self.inner.config.clients)
+    }
+
+    /// Spent this period per client with a limit, as last seen (`probeok_client_spend`).
+    pub fn client_spend(&self) -> Vec<(String, f64)> {
+        self.inner.clients.spent()
+    }
+
     /// Passive outcomes dropped because the queue was full.
     pub fn passive_dropped(&self) -> u64 {
         self.inner.passive.dropped()
@@ -385,4 +412,19 @@ impl Proxy {
         s.observed_dropped = (self.inner.observer.as_ref()).map_or(0, observe::Observer::dropped);
         s
     }
+}
+
+/// A reservation outlives the longest a request can run (its total timeout and a committed
+/// stream's longest life) plus a margin: a live request's booking is never released under it.
+pub fn hold_for(config: &ProxyConfig) -> Duration {
+    config.total_timeout + config.max_stream_duration + Duration::from_secs(60)
+}
+
+/// The spend ledger on `store`, holding reservations for [`hold_for`].
+pub fn spend_on(
+    store: &Store,
+    clock: Arc<dyn Clock>,
+    config: &ProxyConfig,
+) -> crate::budget::spend::Spend {
+    crate::budget::spend::Spend::new(store.spend_ledger(), clock, hold_for(config))
 }

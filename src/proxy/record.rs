@@ -73,7 +73,7 @@ impl AttemptOutcome {
     }
 
     /// The attempt's tokens count for the request (its answer reached the client).
-    fn answered(self) -> bool {
+    pub(crate) fn answered(self) -> bool {
         matches!(self, Self::Ok | Self::Interrupted)
     }
 }

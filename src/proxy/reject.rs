@@ -64,6 +64,22 @@ pub enum Reject {
     },
     #[error("every route of `{model}` is at its concurrency limit; retry later")]
     Overloaded { model: String },
+    /// The client's spend limit cannot cover this request's maximum cost this period.
+    #[error("client `{client}` has reached its spend limit for this {per}; it resets in {} s", retry_after.as_secs())]
+    SpendLimitReached {
+        client: String,
+        per: &'static str,
+        retry_after: Duration,
+    },
+    /// An admin endpoint without the right admin token.
+    #[error("missing or wrong admin token (Authorization: Bearer <admin token>)")]
+    AdminUnauthorized,
+    /// The admin token variable is unset: admin endpoints are off.
+    #[error("admin endpoints are off: the admin token variable is not set")]
+    AdminDisabled,
+    /// The spend ledger cannot be reached: a client with a limit cannot be booked.
+    #[error("the client's spend cannot be checked right now; retry later")]
+    SpendUnavailable,
     #[error("no primary route of `{model}` is usable and this hour's extra-cost budget for backups is spent; retry later")]
     BudgetExhausted { model: String },
     #[error(
@@ -190,6 +206,19 @@ impl Reject {
                 UPSTREAM,
                 "proxy_overloaded",
             ),
+            Self::SpendLimitReached { retry_after, .. } => Parts {
+                retry_after: Some(*retry_after),
+                ..plain(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "insufficient_quota",
+                    "spend_limit_reached",
+                )
+            },
+            Self::AdminUnauthorized => plain(StatusCode::UNAUTHORIZED, INVALID, "unauthorized"),
+            Self::AdminDisabled => plain(StatusCode::FORBIDDEN, INVALID, "admin_disabled"),
+            Self::SpendUnavailable => {
+                plain(StatusCode::SERVICE_UNAVAILABLE, SERVER, "store_unavailable")
+            }
             Self::BudgetExhausted { .. } => plain(
                 StatusCode::SERVICE_UNAVAILABLE,
                 UPSTREAM,

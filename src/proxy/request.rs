@@ -186,6 +186,11 @@ pub(crate) struct RequestCtx {
     pub shadow: Option<Box<shadow::Pending>>,
     /// What the request asked of its answer's structure (judged by the observables).
     pub expect: super::structured::Expect,
+    /// The named client (`[[proxy.client]]` id), metered with the request.
+    pub client_id: Option<String>,
+    /// The named client's booking and the request's estimated prompt tokens: settled when
+    /// the request ends.
+    pub spend: Option<(super::clients::ClientHold, u64)>,
 }
 
 impl RequestCtx {
@@ -209,6 +214,8 @@ impl RequestCtx {
             client: String::new(),
             shadow: None,
             expect: super::structured::Expect::Nothing,
+            client_id: None,
+            spend: None,
         }
     }
 
@@ -242,6 +249,24 @@ impl RequestCtx {
                 .collect(),
             contract: self.contract.map(str::to_owned),
             trace_id: self.trace.as_ref().map(|t| t.trace_id_hex()),
+            client: self.client_id.clone(),
+        }
+    }
+
+    /// Settles the client's booking to what every attempt used.
+    fn settle_spend(&mut self, proxy: &Proxy) {
+        if let Some((hold, prompt)) = self.spend.take() {
+            let routes = &proxy.inner.routes;
+            let price = |id: &RouteId| {
+                (routes.iter())
+                    .find(|r| &r.id == id)
+                    .and_then(|r| r.price.clone())
+            };
+            hold.settle(super::clients::attempts_micros(
+                &self.attempts,
+                price,
+                prompt,
+            ));
         }
     }
 }
@@ -284,6 +309,7 @@ async fn finish_plain(proxy: &Proxy, mut ctx: RequestCtx, r: Response) -> Respon
     let mut r = ctx.d.apply(r);
     trace::respond(&ctx, &mut r);
     let status = r.status().as_u16();
+    ctx.settle_spend(proxy);
     let route = ctx.d.route.as_ref().map_or("none", RouteId::as_str);
     p.counters.request(&ctx.serves, route, ctx.outcome.as_str());
     if let Some(observer) = &p.observer {
@@ -490,6 +516,8 @@ impl Tail {
                 .map(super::observe::Content::Streamed);
             observer.request(&self.ctx, answer);
         }
+        let proxy = self.proxy.clone();
+        self.ctx.settle_spend(&proxy);
         p.counters
             .request(&self.ctx.serves, self.route.id.as_str(), result.as_str());
         if let Some(meter) = &p.meter {

@@ -26,6 +26,7 @@ pub fn router(proxy: Proxy) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/jobs/{id}", get(jobs::get_job))
         .route("/readyz", get(readonly::readyz))
+        .route("/api/v1/admin/clients", get(admin_clients))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             proxy.clone(),
@@ -59,6 +60,23 @@ async fn models(State(proxy): State<Proxy>) -> Response {
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "probeok"}))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /api/v1/admin/clients` (admin token): every client's spend this period.
+async fn admin_clients(State(proxy): State<Proxy>, headers: HeaderMap) -> Response {
+    let (env, var) = &proxy.inner.admin_token;
+    match crate::secret::check_bearer_env(env, var, &headers) {
+        Ok(()) => {}
+        Err(crate::secret::AuthError::Disabled) => return Reject::AdminDisabled.into_response(),
+        Err(crate::secret::AuthError::Unauthorized) => {
+            return Reject::AdminUnauthorized.into_response()
+        }
+    }
+    let p = proxy.clone();
+    match tokio::task::spawn_blocking(move || p.client_report_blocking()).await {
+        Ok(clients) => Json(json!({ "clients": clients })).into_response(),
+        Err(_) => Reject::ReadTaskFailed.into_response(),
+    }
 }
 
 /// `POST /v1/chat/completions`.
@@ -95,6 +113,10 @@ async fn handle(
             return Ok(Answer::Plain(r));
         }
     }
+    if let Some(client) = &intake.client {
+        ctx.client_id = Some(client.id.clone());
+        book_client(proxy, ctx, client, &intake).await?;
+    }
     let view = p.weights.borrow().clone();
     // The live config's contract for this feature, if the model is DEGRADED or CRITICAL now.
     if let Some(answer) = degrade::apply(proxy, ctx, &intake, &view).await {
@@ -109,4 +131,41 @@ async fn handle(
         &view,
     )
     .await
+}
+
+/// A client with a spend limit books the request's maximum cost before any upstream call
+/// (see `clients`): over its limit the request ends here, metered as rejected.
+async fn book_client(
+    proxy: &Proxy,
+    ctx: &mut RequestCtx,
+    client: &super::clients::NamedClient,
+    intake: &intake::Intake,
+) -> Result<(), Reject> {
+    let p = &proxy.inner;
+    if client.limit.is_none() || !p.routes.iter().any(|r| r.serves == intake.model) {
+        // Nothing to book, or an unknown model (answered 404 further on).
+        return Ok(());
+    }
+    // A degradation contract may send the request to its fallback model instead.
+    let live = p.live.borrow().clone();
+    let mut models = vec![intake.model.as_str()];
+    let fallbacks: Vec<String> = (live.contracts.iter())
+        .flat_map(|c| [c.degraded.as_ref(), c.critical.as_ref()])
+        .filter_map(|b| match b {
+            Some(crate::config::Behaviour::FallbackModel(m)) => Some(m.clone()),
+            _ => None,
+        })
+        .collect();
+    models.extend(fallbacks.iter().map(String::as_str));
+    let micros = super::clients::max_cost_micros(
+        &intake.request,
+        &p.routes,
+        &models,
+        failover::DEFAULT_MAX_TOKENS,
+    );
+    ctx.serves(&intake.model);
+    let hold = p.clients.reserve(client, micros).await?;
+    let prompt = select::estimate_prompt_tokens(&intake.request);
+    ctx.spend = hold.map(|h| (h, prompt));
+    Ok(())
 }

@@ -70,6 +70,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0015_observed",
         include_str!("../../migrations/sqlite/0015_observed.sql"),
     ),
+    (
+        "0016_spend",
+        include_str!("../../migrations/sqlite/0016_spend.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -129,6 +133,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0015_observed",
         include_str!("../../migrations/postgres/0015_observed.sql"),
+    ),
+    (
+        "0016_spend",
+        include_str!("../../migrations/postgres/0016_spend.sql"),
     ),
 ];
 

@@ -27,7 +27,8 @@
 //! cached answers), `drills.rs` (drills and the reads behind their reports),
 //! `vantage.rs` (outcomes from remote vantages, each agent-made id once),
 //! `stats.rs` (bulk reads over every route for the published views), `histogram.rs`,
-//! `alerts.rs` (the alert outbox, firing alerts, silences), `copy.rs` (`migrate-store`:
+//! `alerts.rs` (the alert outbox, firing alerts, silences), `spend.rs` (the spend ledger:
+//! reservations and settlements of client limits and the hourly budget), `copy.rs` (`migrate-store`:
 //! SQLite into PostgreSQL).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -46,6 +47,7 @@ pub mod observed;
 mod outcomes;
 mod requests;
 mod rollups;
+pub mod spend;
 pub mod sql;
 mod stats;
 mod switch;
@@ -75,6 +77,7 @@ pub use requests::{
     RequestRecord,
 };
 pub use rollups::{Granularity, Rollup};
+pub use spend::{Booking, Hold, LedgerAnswer, LedgerOp, LedgerRow, SpendLedger};
 pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
 pub use vantage::VantageWrite;
 pub use writer::{Writer, RETENTION_BATCH};
@@ -349,6 +352,11 @@ impl Store {
 
     pub fn engine(&self) -> Engine {
         self.inner.location.engine()
+    }
+
+    /// The spend ledger on this store's database, with its own connections.
+    pub fn spend_ledger(&self) -> SpendLedger {
+        SpendLedger::new(&self.inner.location)
     }
 
     /// Whether the writer reached the database on its last attempt, and the last

@@ -55,6 +55,9 @@ pub struct RequestRecord {
     /// The request's trace (32 hex digits), when the proxy traces.
     #[serde(default)]
     pub trace_id: Option<String>,
+    /// The named client (`[[proxy.client]]` id) the request came from.
+    #[serde(default)]
+    pub client: Option<String>,
 }
 
 /// One attempt of a request.
@@ -163,8 +166,8 @@ pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(),
         .prepare_cached(
             "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
              stream, attempts, fallback_reason, prompt_tokens, completion_tokens, cost, currency,
-             latency_ms, contract, trace_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+             latency_ms, contract, trace_id, client)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
          RETURNING id",
         )?
         .query_row(
@@ -185,6 +188,7 @@ pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(),
                 latency,
                 r.contract,
                 r.trace_id,
+                r.client,
             ],
             |row| row.get::<_, i64>(0),
         )?;
@@ -388,6 +392,7 @@ type RequestRow = (
     f64,
     Option<String>,
     Option<String>,
+    Option<String>,
 );
 
 impl Reader {
@@ -397,7 +402,7 @@ impl Reader {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, request_id, serves, started_at_ms, route, outcome, status, stream,
                     fallback_reason, prompt_tokens, completion_tokens, cost, currency, latency_ms,
-                    contract, trace_id
+                    contract, trace_id, client
              FROM proxy_requests r
              WHERE (CAST(?1 AS BIGINT) IS NULL OR started_at_ms >= ?1)
                AND (CAST(?2 AS TEXT) IS NULL OR EXISTS (SELECT 1 FROM proxy_attempts a
@@ -432,6 +437,7 @@ impl Reader {
                         r.get(13)?,
                         r.get(14)?,
                         r.get(15)?,
+                        r.get(16)?,
                     ))
                 },
             )?
@@ -459,6 +465,7 @@ impl Reader {
             lat,
             contract,
             trace_id,
+            client,
         ) in rows
         {
             let list = attempts
@@ -495,6 +502,7 @@ impl Reader {
                 attempts: list,
                 contract,
                 trace_id,
+                client,
             });
         }
         Ok(out)

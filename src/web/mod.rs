@@ -25,6 +25,7 @@
 pub mod api;
 pub mod atom;
 pub mod badges;
+pub mod clients;
 pub mod drift;
 pub mod drills;
 pub mod feed;

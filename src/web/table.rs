@@ -10,8 +10,8 @@ use axum::Router;
 use serde_json::Value;
 
 use super::{
-    api, atom, badges, drift, drills, feed, ingest, metrics, openapi, pages, reload, requests,
-    shadow, silences, switches, AppState, Endpoint,
+    api, atom, badges, clients, drift, drills, feed, ingest, metrics, openapi, pages, reload,
+    requests, shadow, silences, switches, AppState, Endpoint,
 };
 
 /// One endpoint: where it is, what serves it, and how the OpenAPI document describes it.
@@ -186,6 +186,12 @@ pub fn table() -> Vec<Entry> {
             "/api/v1/admin/silences/{id}",
             delete(silences::remove),
             silences::remove_doc(),
+        ),
+        Entry::new(
+            M::GET,
+            "/api/v1/admin/clients",
+            get(clients::list),
+            clients::doc(),
         ),
         Entry::new(
             M::POST,
