@@ -62,6 +62,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0012_traces",
         include_str!("../../migrations/sqlite/0012_traces.sql"),
     ),
+    (
+        "0019_alert_messages",
+        include_str!("../../migrations/sqlite/0019_alert_messages.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -113,6 +117,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0012_traces",
         include_str!("../../migrations/postgres/0012_traces.sql"),
+    ),
+    (
+        "0019_alert_messages",
+        include_str!("../../migrations/postgres/0019_alert_messages.sql"),
     ),
 ];
 
