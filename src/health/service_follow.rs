@@ -48,6 +48,7 @@ impl HealthService {
                     for row in rows {
                         if let Some(&i) = self.index.get(&row.route) {
                             self.routes[i].health = row.health;
+                            self.wheel.touch(i);
                             self.refresh(i, now);
                         }
                     }
