@@ -272,12 +272,19 @@ async fn quiet_routes_cost_the_ticks_nothing_between_their_probes() {
     for n in 1..=4 {
         round(false).await;
         let snap = rx.borrow_and_update().clone();
-        let bad = snap.routes.iter().filter(|r| r.state >= State::Degraded).count();
+        let bad = snap
+            .routes
+            .iter()
+            .filter(|r| r.state >= State::Degraded)
+            .count();
         if judged.is_none() && bad * 100 >= ROUTES * 95 {
             judged = Some(n);
         }
     }
-    assert!(judged.is_some_and(|n| n <= 3), "judged after {judged:?} rounds");
+    assert!(
+        judged.is_some_and(|n| n <= 3),
+        "judged after {judged:?} rounds"
+    );
     drop(tx);
     shutdown.cancel();
     task.await.unwrap();
