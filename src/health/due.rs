@@ -219,7 +219,8 @@ mod tests {
     /// evaluates far fewer seconds while the route is healthy.
     #[test]
     fn the_wheel_changes_when_things_happen_not_what_happens() {
-        let scenarios: Vec<(&str, Box<dyn Fn(i64) -> bool>, i64)> = vec![
+        type Failing = Box<dyn Fn(i64) -> bool>;
+        let scenarios: Vec<(&str, Failing, i64)> = vec![
             ("healthy", Box::new(|_| false), 30),
             ("outage", Box::new(|s| (600..1500).contains(&s)), 10),
             ("flapping", Box::new(|s| (s / 40) % 3 == 0), 10),
