@@ -428,6 +428,98 @@ async fn twenty_routes_of_one_provider_are_one_message_and_egress_inhibits() {
     assert_eq!(rig.service.enqueue(d, t).await.unwrap(), 1);
 }
 
+/// A provider-wide message names every route it groups and every route keeps its own firing
+/// row: the message is stored once, so the stored text grows with the routes, not with their
+/// square; reminders go out once per message, a restart reads it back shared, and resolving
+/// every route deletes it.
+#[tokio::test]
+async fn a_grouped_message_is_stored_once_however_many_routes_it_names() {
+    let mut stored = Vec::new();
+    for n in [50usize, 200] {
+        let clock = Arc::new(ManualClock::new(t0()));
+        let hook = Fake::new(Kind::Webhook, None, clock.clone());
+        let (addr, _h) = serve(hook.clone(), None).await;
+        let chan = || -> Arc<dyn probeok::alert::Notifier> {
+            let vars = env_vars(&[("URL", Some(format!("http://{addr}/hook")))]);
+            let c = probeok::config::WebhookConfig {
+                url_env: "URL".into(),
+                secret_env: None,
+                options: probeok::config::ChannelOptions {
+                    repeat_interval: Some(Duration::from_secs(3600)),
+                    ..opts(Severity::Warning, Lang::En)
+                },
+            };
+            Arc::new(
+                probeok::alert::webhook::Webhook::from_config(&c, &channel_env("hook", &vars))
+                    .unwrap(),
+            )
+        };
+        let rig = rig(vec![chan()], clock.clone(), |_| {}).await;
+        let events: Vec<HealthEvent> = (0..n).map(|i| critical(i, t0())).collect();
+        assert_eq!(rig.push(events).await, 1, "one message for {n} routes");
+        let r = rig.service.store.reader().unwrap();
+        let firing = r.alert_firing().unwrap();
+        assert_eq!(firing.len(), n);
+        assert!(firing
+            .iter()
+            .all(|f| Arc::ptr_eq(&f.message, &firing[0].message)));
+        let (bytes, messages) = r.alert_message_bytes().unwrap();
+        assert_eq!(messages, 1);
+        stored.push(bytes);
+        drop(r);
+
+        // An hour on: one reminder for the message, not one per route.
+        clock.advance(Duration::from_secs(3600 + 60));
+        rig.service.evaluate(clock.now()).await.unwrap();
+        let reminders = rig
+            .outbox()
+            .into_iter()
+            .filter(|e| e.dedup_key.contains("#remind1#"))
+            .count();
+        assert_eq!(reminders, 1);
+
+        // After a restart the rows still share one text, and every route resolves.
+        let Rig {
+            _dir, db, service, ..
+        } = rig;
+        let cfg = service.config();
+        let old = service.store.clone();
+        drop(service);
+        old.close().await.unwrap();
+        let store = probeok::store::Store::open(&db, StoreOptions::default()).unwrap();
+        let service = Arc::new(AlertService::new(cfg, store, clock.clone(), vec![chan()]));
+        let firing = service.store.reader().unwrap().alert_firing().unwrap();
+        assert_eq!(firing.len(), n);
+        assert!(firing
+            .iter()
+            .all(|f| Arc::ptr_eq(&f.message, &firing[0].message)));
+        let closed = clock.now();
+        let mut g = service.grouper();
+        for i in 0..n {
+            let r = qwen(i);
+            let inc = incident(
+                &r,
+                t0() - chrono::Duration::minutes(1),
+                Some(closed),
+                S::Critical,
+            );
+            g.push(
+                transition(&r, S::Critical, S::Normal, closed, Some(&inc)),
+                closed,
+            );
+        }
+        assert_eq!(service.enqueue(g.flush(closed), closed).await.unwrap(), 1);
+        let r = service.store.reader().unwrap();
+        assert!(r.alert_firing().unwrap().is_empty());
+        assert_eq!(r.alert_message_bytes().unwrap(), (0, 0));
+        drop(r);
+        service.store.clone().close().await.unwrap();
+    }
+    // Four times the routes: about four times the text (a copy per row would be sixteen).
+    let ratio = stored[1] as f64 / stored[0] as f64;
+    assert!((3.0..5.0).contains(&ratio), "{stored:?}");
+}
+
 #[tokio::test]
 async fn flapping_is_summarised() {
     let mut g = Grouper::new(Duration::ZERO, &[]);

@@ -825,6 +825,8 @@ async fn standalone_proxy_follows_a_remote_monitor() {
     )
     .await;
     let wtx = px.weights.take().unwrap();
+    // What the proxy routes on: the follower's writes to this channel are what moves traffic.
+    let mut routed = wtx.subscribe();
     let stop = CancellationToken::new();
     let _follow = remote::follow(
         format!("http://{maddr}"),
@@ -845,20 +847,21 @@ async fn standalone_proxy_follows_a_remote_monitor() {
     }
     assert_eq!(route, "p0/r/up-0");
 
-    // a goes CRITICAL: traffic moves to b within a second.
-    let t = Instant::now();
+    // a goes CRITICAL: once the follower has taken the event, the very next request goes
+    // to b (the deadline only bounds a hang; the order is what is asserted).
     monitor
         .push
         .send(weights(2, (0, "CRITICAL"), (100, "NORMAL")))
         .unwrap();
-    loop {
-        let r = px.post(chat()).await;
-        if header(&r, "x-probeok-route") == "p1/r/up-1" {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(1), "traffic did not move");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        routed.wait_for(|w| w.version == "2"),
+    )
+    .await
+    .expect("the follower took version 2")
+    .unwrap();
+    let r = px.post(chat()).await;
+    assert_eq!(header(&r, "x-probeok-route"), "p1/r/up-1", "traffic moved");
     let a_calls = a.reqs.all().len();
 
     // The monitor goes away: traffic keeps flowing on the last weights, degraded once stale.
@@ -867,11 +870,21 @@ async fn standalone_proxy_follows_a_remote_monitor() {
     let r = px.post(chat()).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-probeok-route"), "p1/r/up-1");
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let r = px.post(chat()).await;
-    assert_eq!(r.status(), 200);
-    assert_eq!(header(&r, "x-probeok-route"), "p1/r/up-1");
-    assert_eq!(header(&r, "x-probeok-mode"), "degraded");
+    // Served on b all along, until the silence makes the feed stale and the answers say so.
+    let t = Instant::now();
+    let r = loop {
+        let r = px.post(chat()).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-probeok-route"), "p1/r/up-1");
+        if header(&r, "x-probeok-mode") == "degraded" {
+            break r;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the feed never went stale"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(!header(&r, "x-probeok-degraded-since").is_empty());
     assert_eq!(
         a.reqs.all().len(),

@@ -197,3 +197,96 @@ async fn a_provider_wide_outage_costs_work_per_outcome_not_routes_squared() {
     );
     store.close().await.unwrap();
 }
+
+/// Healthy routes between their probes are not evaluated every second: the 1-second ticks
+/// evaluate a route when an outcome touched it and when its window slides (about twice per
+/// probe interval), not 30 times per interval — and the outage that follows is judged in the
+/// same rounds as ever.
+#[tokio::test(start_paused = true)]
+async fn quiet_routes_cost_the_ticks_nothing_between_their_probes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("q.db");
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let specs: Vec<Spec<'static>> = (0..ROUTES)
+        .map(|i| {
+            (
+                "acme",
+                "r0",
+                leak(format!("m{i}")),
+                leak(format!("model-{}", i % MODELS)),
+                "primary",
+                50,
+            )
+        })
+        .collect();
+    let cfg = config(&specs, &db);
+    let ids: Vec<RouteId> = cfg.routes().iter().map(|r| r.id.clone()).collect();
+    let store = Store::open(&db, StoreOptions::default()).unwrap();
+    let clock = Arc::new(TokioClock(tokio::time::Instant::now()));
+    let (events, _events_rx) = broadcast::channel(16_384);
+    let service = HealthService::restore(
+        &cfg,
+        HealthOptions::default(),
+        &store,
+        clock.clone(),
+        events,
+    )
+    .await
+    .unwrap();
+    let counts = service.publish_counts();
+    let mut rx = service.subscribe();
+    let (tx, inputs) = mpsc::channel(4 * ROUTES);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(service.run(inputs, shutdown.clone()));
+    let round = |ok: bool| {
+        let (tx, ids, clock) = (tx.clone(), ids.clone(), clock.clone());
+        async move {
+            let now = clock.now();
+            for id in &ids {
+                tx.send(outcome(id, now, ok)).await.unwrap();
+            }
+            while tx.capacity() < tx.max_capacity() {
+                tokio::task::yield_now().await;
+            }
+            for _ in 0..30 {
+                tokio::time::advance(Duration::from_secs(1)).await;
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    // Twenty healthy rounds: ten minutes, 600 ticks.
+    for _ in 0..20 {
+        round(true).await;
+    }
+    let healthy = counts.route_ticks.load(Relaxed);
+    let every_route_every_second = (ROUTES * 20 * 30) as u64;
+    eprintln!("{healthy} route evaluations in 600 ticks of {ROUTES} quiet routes");
+    assert!(
+        healthy * 5 <= every_route_every_second,
+        "{healthy} route evaluations: about every route every second"
+    );
+    let snap = rx.borrow_and_update().clone();
+    assert!(snap.routes.iter().all(|r| r.state <= State::Normal));
+    // Then the provider goes down: judged DEGRADED within three rounds, as before.
+    let mut judged = None;
+    for n in 1..=4 {
+        round(false).await;
+        let snap = rx.borrow_and_update().clone();
+        let bad = snap
+            .routes
+            .iter()
+            .filter(|r| r.state >= State::Degraded)
+            .count();
+        if judged.is_none() && bad * 100 >= ROUTES * 95 {
+            judged = Some(n);
+        }
+    }
+    assert!(
+        judged.is_some_and(|n| n <= 3),
+        "judged after {judged:?} rounds"
+    );
+    drop(tx);
+    shutdown.cancel();
+    task.await.unwrap();
+    store.close().await.unwrap();
+}

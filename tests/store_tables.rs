@@ -584,3 +584,61 @@ async fn bulk_reads_for_the_published_views(db: &TestDb) {
 }
 
 const ALL: &[OutcomeKind] = probeok::store::ALL_KINDS;
+
+// An older store kept a copy of a grouped message in every firing row: upgrading keeps every
+// row and stores each distinct message once, shared by the rows that held it; resolving them
+// all later deletes it.
+on_both_engines! {
+#[tokio::test]
+async fn the_alert_message_migration_keeps_every_firing_row_and_one_copy_per_message(db: &TestDb) {
+    let at = probeok::store::migrate::MIGRATIONS
+        .iter()
+        .position(|(name, _)| name.ends_with("_alert_messages"))
+        .expect("the migration is listed") as u32;
+    let big = format!("{{\"key\":\"provider:qwen:firing:x\",\"pad\":\"{}\"}}", "x".repeat(50_000));
+    {
+        let mut conn = db.connect();
+        probeok::store::migrate_to(&mut conn, at).unwrap();
+        for (key, message) in [
+            ("incident:a", big.as_str()),
+            ("incident:b", big.as_str()),
+            ("incident:c", big.as_str()),
+            ("burn:qwen/cn/m", "{\"key\":\"burn\"}"),
+        ] {
+            conn.execute(
+                "INSERT INTO alert_state (key, message, opened_ms) VALUES (?1, ?2, 1000)",
+                [key, message],
+            )
+            .unwrap();
+        }
+    }
+    let store = db.open(StoreOptions::default());
+    let r = store.reader().unwrap();
+    let firing = r.alert_firing().unwrap();
+    let keys: Vec<&str> = firing.iter().map(|f| f.key.as_str()).collect();
+    assert_eq!(keys, ["burn:qwen/cn/m", "incident:a", "incident:b", "incident:c"]);
+    assert_eq!(&*firing[1].message, big.as_str());
+    assert_eq!(&*firing[0].message, "{\"key\":\"burn\"}");
+    assert!(std::sync::Arc::ptr_eq(&firing[1].message, &firing[3].message));
+    assert_eq!(firing[2].opened_at, DateTime::from_timestamp_millis(1000).unwrap());
+    let (bytes, messages) = r.alert_message_bytes().unwrap();
+    assert_eq!(messages, 2);
+    assert_eq!(bytes as usize, big.len() + "{\"key\":\"burn\"}".len());
+    let resolve = AlertOp::Enqueue {
+        entries: vec![],
+        firing: vec![],
+        resolved: vec!["incident:a".into(), "incident:b".into()],
+    };
+    store.writer().alert(resolve).await.unwrap();
+    assert_eq!(r.alert_message_bytes().unwrap().1, 2, "incident:c still names it");
+    let resolve = AlertOp::Enqueue {
+        entries: vec![],
+        firing: vec![],
+        resolved: vec!["incident:c".into()],
+    };
+    store.writer().alert(resolve).await.unwrap();
+    assert_eq!(r.alert_message_bytes().unwrap().1, 1);
+    drop(r);
+    store.close().await.unwrap();
+}
+}

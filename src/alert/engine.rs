@@ -174,10 +174,10 @@ impl AlertService {
         if drafts.is_empty() {
             return Ok(0);
         }
-        let (silences, firing_rows) = self
-            .blocking(|r| Ok((r.silences()?, r.alert_firing()?)))
+        let (silences, firing_keys) = self
+            .blocking(|r| Ok((r.silences()?, r.alert_firing_keys()?)))
             .await?;
-        let mut firing_now: HashSet<String> = firing_rows.into_iter().map(|f| f.key).collect();
+        let mut firing_now: HashSet<String> = firing_keys.into_iter().collect();
         let config = self.config();
         let suppressor = Suppressor {
             windows: &config.maintenance,
@@ -238,7 +238,8 @@ impl AlertService {
                         continue;
                     }
                 };
-                let json = to_json(&message)?;
+                // One text for the whole message, however many routes it groups.
+                let json: Arc<str> = Arc::from(to_json(&message)?);
                 for i in &message.items {
                     if let Some(Some(k)) = keys.remove(i.route.as_str()) {
                         firing_now.insert(k.clone());
@@ -437,7 +438,12 @@ impl AlertService {
     async fn reminders(&self, firing: &[FiringRow], now: DateTime<Utc>) -> Result<u64, AlertError> {
         let mut entries = Vec::new();
         let mut seen = HashSet::new();
+        // Rows of one stored message share its text: it is read once, not once per route.
+        let mut read: HashSet<usize> = HashSet::new();
         for f in firing {
+            if !read.insert(Arc::as_ptr(&f.message).cast::<u8>() as usize) {
+                continue;
+            }
             let Ok(mut m) = serde_json::from_str::<Message>(&f.message) else {
                 continue;
             };

@@ -17,6 +17,8 @@
 //! - [`baseline`]: time-of-day buckets, ring buffers, mean/σ/percentiles via `statrs`.
 //! - [`classify`]: is one outcome abnormal, on which dimension, and is it the client's fault.
 //! - [`window`]: the bounded error-rate window (per-second counters).
+//! - [`due`]: which routes the 1-second evaluation looks at (touched ones, and settled ones
+//!   when their window next slides), so its work follows what changed, not the route count.
 //! - [`detector`]: the state machine; [`route_health`]: the per-route state it moves;
 //!   [`evidence`]: transitions, their evidence and incidents; [`reasons`]: reason codes,
 //!   sentences and failure modes; [`split`]: queueing vs. throttling (first token vs.
@@ -37,6 +39,7 @@ pub mod classify;
 pub mod confirm;
 pub mod control;
 pub mod detector;
+pub mod due;
 pub mod evidence;
 pub mod fault;
 pub mod findings;

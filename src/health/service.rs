@@ -205,6 +205,8 @@ pub struct HealthService {
     findings_pending: bool,
     /// Snapshots published since the start, and the route statuses they carried.
     counts: Arc<PublishCounts>,
+    /// Which routes the next ticks evaluate ([`super::due`]).
+    wheel: super::due::Wheel,
 }
 
 /// What publishing has cost so far: how many snapshots went out and how many route statuses
@@ -213,6 +215,8 @@ pub struct HealthService {
 pub struct PublishCounts {
     pub snapshots: std::sync::atomic::AtomicU64,
     pub route_statuses: std::sync::atomic::AtomicU64,
+    /// Route evaluations the 1-second ticks made (a settled route is not evaluated).
+    pub route_ticks: std::sync::atomic::AtomicU64,
 }
 
 /// Agents' outcomes waiting for detection; ingest waits when it is full.
@@ -299,6 +303,7 @@ impl HealthService {
             .enumerate()
             .map(|(i, id)| (id, i))
             .collect();
+        let routes_len = routes.len();
         let snap = HealthSnapshot {
             generated_at: now,
             routes: routes.iter().map(|r| r.shown.clone()).collect(),
@@ -325,6 +330,7 @@ impl HealthService {
             held: Vec::new(),
             findings_pending: false,
             counts: Arc::default(),
+            wheel: super::due::Wheel::new(routes_len),
             board,
             vantage_view: watch::channel(Arc::new(VantageView::default())).0,
             vantage_inputs: None,
@@ -477,6 +483,7 @@ impl HealthService {
                     if self.routes[i].health.switched() != on {
                         self.routes[i].health.set_switched(on);
                         self.routes[i].unsaved = true;
+                        self.wheel.touch(i);
                         tracing::info!(route = %id, switched = on, "switch overlay changed");
                     }
                     self.refresh(i, now);
@@ -496,6 +503,7 @@ impl HealthService {
             self.ingest_local_vantage(i, o, persist).await;
             return;
         }
+        self.wheel.touch(i);
         let r = &mut self.routes[i];
         let was_failing = r.health.last_probe().2;
         let t = self
@@ -553,7 +561,13 @@ impl HealthService {
             }
         }
         self.last_tick = Some(now);
-        for i in 0..self.routes.len() {
+        // Only the routes touched since their last evaluation, or whose state can change by
+        // time alone now: any other evaluation would change nothing.
+        let due = self.wheel.take(now.timestamp());
+        self.counts
+            .route_ticks
+            .fetch_add(due.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        for i in due {
             let r = &mut self.routes[i];
             let before = fingerprint(&r.health);
             let t = self.detector.tick(&mut r.health, now);
@@ -564,6 +578,14 @@ impl HealthService {
                 self.on_transition(i, t, persist).await;
             }
             self.refresh(i, now);
+            let r = &self.routes[i];
+            // Routes agents probe too follow their vantages' quorum every tick.
+            let next = if self.board.covers(r.health.route()) {
+                super::due::Due::EveryTick
+            } else {
+                super::due::due(&r.health)
+            };
+            self.wheel.schedule(i, next);
         }
         if !self.board.is_empty() {
             let went_stale = self.board.tick(&self.detector, now);
@@ -660,7 +682,7 @@ impl HealthService {
             .collect();
         let mut found = findings(&summaries, self.control_ok);
         found.extend(self.board.findings(now));
-        for r in &mut self.routes {
+        for (i, r) in self.routes.iter_mut().enumerate() {
             let s = found
                 .iter()
                 .find(|f| f.routes.contains(r.health.route()))
@@ -668,6 +690,7 @@ impl HealthService {
             if r.health.suppression() != s {
                 r.health.set_suppression(s);
                 r.unsaved = true;
+                self.wheel.touch(i);
             }
         }
         for f in &found {

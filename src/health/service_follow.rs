@@ -62,6 +62,7 @@ impl HealthService {
                     for row in rows {
                         if let Some(&i) = self.index.get(&row.route) {
                             self.routes[i].health = row.health;
+                            self.wheel.touch(i);
                         }
                     }
                     // Every route, read now or not: what a route shows moves with time too.

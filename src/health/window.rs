@@ -126,6 +126,19 @@ impl ErrorWindow {
         c
     }
 
+    /// Failures in the seconds held (all of them within the window once pruned).
+    pub fn failures_held(&self) -> u32 {
+        self.slots
+            .iter()
+            .fold(0u32, |n, s| n.saturating_add(s.c.failures))
+    }
+
+    /// The Unix second at which the oldest second held leaves the window (what
+    /// [`ErrorWindow::counts`] sees changes then, by time alone); `None` when empty.
+    pub fn next_expiry(&self) -> Option<i64> {
+        self.slots.front().map(|s| s.sec.saturating_add(self.len_s))
+    }
+
     /// Bytes held (the per-second slots).
     pub fn approx_bytes(&self) -> usize {
         self.slots.capacity() * std::mem::size_of::<Slot>()

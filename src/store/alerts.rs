@@ -2,9 +2,17 @@
 //! Writes go through the writer thread as [`AlertOp`]s (one transaction each, so an enqueue
 //! and the firing-state change that goes with it commit together); reads are [`Reader`]
 //! methods. Messages are stored as JSON text; this module does not look inside them.
+//!
+//! A firing message is stored once however many firing rows share it
+//! (`migrations/*/0019_alert_messages.sql`): a provider-wide message names every route it
+//! groups, and each of those routes is a firing row, so a copy per row grew as routes².
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::sql::{params, Connection, OptionalExtension};
 use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
 
 use super::{from_ms, to_ms, Reader, StoreError};
 use crate::silence::Silence;
@@ -33,12 +41,22 @@ pub struct OutboxRow {
     pub last_error: Option<String>,
 }
 
-/// A firing alert.
+/// A firing alert. Rows of one message share its text: written, it is stored once (rows that
+/// come one after another with the same `Arc` are digested once); read, rows of one stored
+/// message hold the same `Arc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FiringRow {
     pub key: String,
-    pub message: String,
+    pub message: Arc<str>,
     pub opened_at: DateTime<Utc>,
+}
+
+/// The stored name of a message: the SHA-256 of its text, in hex.
+fn digest(message: &str) -> String {
+    Sha256::digest(message.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A write to the alert tables.
@@ -112,16 +130,38 @@ pub(crate) fn apply(conn: &Connection, op: &AlertOp) -> Result<u64, StoreError> 
                 let t = to_ms(e.created_at);
                 n += ins.execute(params![e.dedup_key, e.channel, e.message, t])? as u64;
             }
-            let mut put = conn.prepare_cached(
-                "INSERT INTO alert_state (key, message, opened_ms) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (key) DO UPDATE SET message = excluded.message",
+            let mut text = conn.prepare_cached(
+                "INSERT INTO alert_messages (digest, message) VALUES (?1, ?2)
+                 ON CONFLICT (digest) DO NOTHING",
             )?;
+            let mut put = conn.prepare_cached(
+                "INSERT INTO alert_state (key, digest, opened_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (key) DO UPDATE SET digest = excluded.digest",
+            )?;
+            let mut last: Option<(&Arc<str>, String)> = None;
             for f in firing {
-                put.execute(params![f.key, f.message, to_ms(f.opened_at)])?;
+                let d = match &last {
+                    Some((m, d)) if Arc::ptr_eq(m, &f.message) => d.clone(),
+                    _ => {
+                        let d = digest(&f.message);
+                        text.execute(params![d, &*f.message])?;
+                        last = Some((&f.message, d.clone()));
+                        d
+                    }
+                };
+                put.execute(params![f.key, d, to_ms(f.opened_at)])?;
             }
             let mut del = conn.prepare_cached("DELETE FROM alert_state WHERE key = ?1")?;
             for k in resolved {
                 del.execute(params![k])?;
+            }
+            if !firing.is_empty() || !resolved.is_empty() {
+                // A message no firing row names any more (resolved, or replaced) goes with it.
+                conn.prepare_cached(
+                    "DELETE FROM alert_messages WHERE NOT EXISTS
+                         (SELECT 1 FROM alert_state s WHERE s.digest = alert_messages.digest)",
+                )?
+                .execute([])?;
             }
             Ok(n)
         }
@@ -298,11 +338,19 @@ impl Reader {
         )
     }
 
-    /// Every firing alert.
+    /// Every firing alert, by key; rows of one message share its text.
     pub fn alert_firing(&self) -> Result<Vec<FiringRow>, StoreError> {
+        let mut texts: HashMap<String, Arc<str>> = HashMap::new();
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT key, message, opened_ms FROM alert_state ORDER BY key")?;
+            .prepare_cached("SELECT digest, message FROM alert_messages")?;
+        for row in stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
+            let (d, m) = row?;
+            texts.insert(d, Arc::from(m));
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT key, digest, opened_ms FROM alert_state ORDER BY key")?;
         let rows = stmt.query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
@@ -312,7 +360,11 @@ impl Reader {
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (key, message, opened) = row?;
+            let (key, d, opened) = row?;
+            let message = texts
+                .get(&d)
+                .cloned()
+                .ok_or_else(|| StoreError::Corrupt(format!("firing alert {key}: no message")))?;
             out.push(FiringRow {
                 key,
                 message,
@@ -320,6 +372,34 @@ impl Reader {
             });
         }
         Ok(out)
+    }
+
+    /// The keys of every firing alert (without their messages).
+    pub fn alert_firing_keys(&self) -> Result<Vec<String>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT key FROM alert_state ORDER BY key")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(row?);
+        }
+        Ok(out)
+    }
+
+    /// The bytes of firing-message text stored, and how many messages hold them (diagnostics:
+    /// this grows with the routes alerting, not with their square).
+    pub fn alert_message_bytes(&self) -> Result<(u64, u64), StoreError> {
+        let (bytes, n): (Option<i64>, i64) = self
+            .conn
+            .prepare_cached(
+                "SELECT CAST(SUM(length(message)) AS BIGINT), count(*) FROM alert_messages",
+            )?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok((
+            u64::try_from(bytes.unwrap_or(0)).unwrap_or(0),
+            u64::try_from(n).unwrap_or(0),
+        ))
     }
 
     /// Every stored silence (ended ones too, until pruned), by start.

@@ -63,16 +63,20 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/sqlite/0012_traces.sql"),
     ),
     (
-        "0014_fleet",
-        include_str!("../../migrations/sqlite/0014_fleet.sql"),
+        "0013_fleet",
+        include_str!("../../migrations/sqlite/0013_fleet.sql"),
     ),
     (
-        "0015_observed",
-        include_str!("../../migrations/sqlite/0015_observed.sql"),
+        "0014_observed",
+        include_str!("../../migrations/sqlite/0014_observed.sql"),
     ),
     (
-        "0016_spend",
-        include_str!("../../migrations/sqlite/0016_spend.sql"),
+        "0015_spend",
+        include_str!("../../migrations/sqlite/0015_spend.sql"),
+    ),
+    (
+        "0016_alert_messages",
+        include_str!("../../migrations/sqlite/0016_alert_messages.sql"),
     ),
 ];
 
@@ -127,16 +131,20 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/postgres/0012_traces.sql"),
     ),
     (
-        "0014_fleet",
-        include_str!("../../migrations/postgres/0014_fleet.sql"),
+        "0013_fleet",
+        include_str!("../../migrations/postgres/0013_fleet.sql"),
     ),
     (
-        "0015_observed",
-        include_str!("../../migrations/postgres/0015_observed.sql"),
+        "0014_observed",
+        include_str!("../../migrations/postgres/0014_observed.sql"),
     ),
     (
-        "0016_spend",
-        include_str!("../../migrations/postgres/0016_spend.sql"),
+        "0015_spend",
+        include_str!("../../migrations/postgres/0015_spend.sql"),
+    ),
+    (
+        "0016_alert_messages",
+        include_str!("../../migrations/postgres/0016_alert_messages.sql"),
     ),
 ];
 
