@@ -29,13 +29,15 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::probe::measure::tokens_per_second;
-use crate::probe::openai::{parse_body, OpenAiStream};
+use crate::probe::openai::{body_json, read_body, OpenAiStream};
 use crate::probe::sse::{self, BodyFault, ReadFault};
 use crate::probe::upstream::classify_status;
 use crate::probe::wire::{Collected, Step, StreamDecoder};
 use crate::probe::{OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::{Route, RouteId};
 use crate::secret::{Env, Secret};
+
+use super::record::Usage;
 
 /// A successful non-streamed answer larger than this is refused (and the next candidate tried).
 pub const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
@@ -242,8 +244,13 @@ pub struct Committed {
 
 /// How one attempt ended.
 pub enum Attempt {
-    /// A complete non-streamed answer (possibly a refusal, which is the client's answer too).
-    Answer { body: Bytes, outcome: ProbeOutcome },
+    /// A complete non-streamed answer (possibly a refusal, which is the client's answer too)
+    /// and the usage it reports.
+    Answer {
+        body: Bytes,
+        usage: Usage,
+        outcome: ProbeOutcome,
+    },
     /// The client's fault, returned as it is.
     ClientError {
         status: u16,
@@ -543,14 +550,19 @@ impl Call<'_> {
         let end = Instant::now();
         self.timing.ttft = Some(end);
         let id = &self.route.id;
-        match parse_body(&raw) {
+        // Parsed once: read as the probes read answers, and for its usage.
+        let json = body_json(&raw);
+        let usage = json.as_ref().map_or_else(|_| Usage::default(), Usage::of);
+        match json.and_then(|v| read_body(&v)) {
             Ok(c) => Attempt::Answer {
                 body: Bytes::from(raw),
+                usage,
                 outcome: self.timing.outcome(id, end, Some(status), None, Some(&c)),
             },
             // A refusal is the model's answer to this request: the client gets it as is.
             Err(e @ ProbeError::Refused { .. }) => Attempt::Answer {
                 body: Bytes::from(raw),
+                usage,
                 outcome: self.timing.outcome(id, end, Some(status), Some(e), None),
             },
             Err(e) if class_of(&e) == Class::ClientFault => Attempt::ClientError {
