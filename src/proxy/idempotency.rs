@@ -13,9 +13,11 @@
 //!   upstream produced an answer, so a retry with the same key may try again. A client that
 //!   hangs up mid-stream leaves nothing stored either. Answers larger than `max_body` are not
 //!   stored (logged), bounding the table.
+//! - The request does not wait for that write: the answer is kept in memory until the writer
+//!   has committed it, and a repeat in the meantime is answered from there.
 //! - A store that cannot be read fails closed (503): the guarantee is "never twice".
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +25,13 @@ use axum::http::HeaderMap;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-use crate::store::{IdempotentAnswer, Store};
+use super::contract::hex;
+use crate::store::sql::Engine;
+use crate::store::{IdempotentAnswer, Reader, Store};
+
+/// SQLite readers kept open for lookups (a new connection per lookup costs more than the
+/// query). PostgreSQL readers come from the store's own pool.
+const KEPT_READERS: usize = 4;
 
 /// Headers kept with a stored answer.
 pub const KEPT_HEADERS: &[&str] = &[
@@ -48,6 +56,10 @@ pub struct Idempotency {
     ttl: Duration,
     max_answer: usize,
     in_flight: Mutex<HashSet<String>>,
+    /// Answers handed to the writer and not yet committed, by scope key. Bounded by the
+    /// writer's queue: each entry leaves once its write has ended.
+    pending: Mutex<HashMap<String, Arc<IdempotentAnswer>>>,
+    readers: Mutex<Vec<Reader>>,
 }
 
 /// What a request with a key should do.
@@ -82,10 +94,6 @@ impl Drop for Guard {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// A malformed `Idempotency-Key` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadKey;
@@ -109,7 +117,26 @@ impl Idempotency {
             ttl,
             max_answer,
             in_flight: Mutex::new(HashSet::new()),
+            pending: Mutex::new(HashMap::new()),
+            readers: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The stored answer of `scope`, through a kept reader when there is one.
+    fn read(&self, scope: &str, now: DateTime<Utc>) -> Result<Option<IdempotentAnswer>, String> {
+        let kept = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let reader = match kept {
+            Some(r) => r,
+            None => self.store.reader().map_err(|e| e.to_string())?,
+        };
+        let answer = reader.idempotent(scope, now).map_err(|e| e.to_string())?;
+        if self.store.engine() == Engine::Sqlite {
+            let mut kept = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.len() < KEPT_READERS {
+                kept.push(reader);
+            }
+        }
+        Ok(answer)
     }
 
     /// Looks `key` up for the client `client_key` (empty without client auth).
@@ -137,9 +164,19 @@ impl Idempotency {
             scope: scope.clone(),
             body_hash: body_hash.clone(),
         };
-        let store = self.store.clone();
-        let read = tokio::task::spawn_blocking(move || store.reader()?.idempotent(&scope, now));
-        match read.await {
+        // An answer on its way to the store is the stored answer.
+        let pending = (self.pending.lock().unwrap_or_else(|e| e.into_inner()))
+            .get(&scope)
+            .filter(|a| a.expires_at > now)
+            .cloned();
+        let read = match pending {
+            Some(a) => Ok(Ok(Some((*a).clone()))),
+            None => {
+                let owner = self.clone();
+                tokio::task::spawn_blocking(move || owner.read(&scope, now)).await
+            }
+        };
+        match read {
             Ok(Ok(Some(answer))) if answer.body_hash == body_hash => Lookup::Replay(answer),
             Ok(Ok(Some(_))) => Lookup::Mismatch,
             Ok(Ok(None)) => Lookup::Proceed(guard),
@@ -153,8 +190,9 @@ impl Idempotency {
 }
 
 impl Guard {
-    /// Stores the first request's answer (then releases the key). Resolves once committed, so
-    /// a repeat sent after the answer finds it.
+    /// Stores the first request's answer (then releases the key). Resolves once the answer is
+    /// on its way to the store and kept in memory until it is committed, so a repeat sent
+    /// after the answer finds it.
     pub async fn store(
         self,
         status: u16,
@@ -187,14 +225,26 @@ impl Guard {
             stream,
             body,
         };
-        if let Err(e) = self
-            .owner
-            .store
-            .writer()
-            .store_idempotent(answer, now)
-            .await
-        {
-            tracing::error!(error = %e, "cannot store an idempotent answer");
+        let kept = Arc::new(answer.clone());
+        let owner = self.owner.clone();
+        let scope = self.scope.clone();
+        // Kept before the guard releases the key (when `self` drops, below).
+        (owner.pending.lock().unwrap_or_else(|e| e.into_inner())).insert(scope.clone(), kept.clone());
+        let write = async move {
+            if let Err(e) = owner.store.writer().store_idempotent(answer, now).await {
+                tracing::error!(error = %e, "cannot store an idempotent answer");
+            }
+            let mut pending = owner.pending.lock().unwrap_or_else(|e| e.into_inner());
+            // A later answer under the same key (after a TTL expiry) stays.
+            if pending.get(&scope).is_some_and(|a| Arc::ptr_eq(a, &kept)) {
+                pending.remove(&scope);
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(write);
+            }
+            Err(_) => write.await,
         }
     }
 }
