@@ -229,7 +229,8 @@ impl Guard {
         let owner = self.owner.clone();
         let scope = self.scope.clone();
         // Kept before the guard releases the key (when `self` drops, below).
-        (owner.pending.lock().unwrap_or_else(|e| e.into_inner())).insert(scope.clone(), kept.clone());
+        (owner.pending.lock().unwrap_or_else(|e| e.into_inner()))
+            .insert(scope.clone(), kept.clone());
         let write = async move {
             if let Err(e) = owner.store.writer().store_idempotent(answer, now).await {
                 tracing::error!(error = %e, "cannot store an idempotent answer");

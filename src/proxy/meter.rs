@@ -123,7 +123,10 @@ struct RequestCounts {
 
 impl RequestCounts {
     fn get_mut(&mut self, serves: &str, route: &str, outcome: &str) -> Option<&mut u64> {
-        self.by_serves.get_mut(serves)?.get_mut(route)?.get_mut(outcome)
+        self.by_serves
+            .get_mut(serves)?
+            .get_mut(route)?
+            .get_mut(outcome)
     }
 
     fn add(&mut self, serves: &str, route: &str, outcome: &str) {
