@@ -173,10 +173,19 @@ impl StreamDecoder for OpenAiStream {
 
 /// Reads a non-streamed answer: `choices[0].message` is required.
 pub(crate) fn parse_body(body: &[u8]) -> Result<Collected, ProbeError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| ProbeError::Malformed {
+    read_body(&body_json(body)?)
+}
+
+/// A non-streamed answer's JSON (parsed once by a caller that reads more of it).
+pub(crate) fn body_json(body: &[u8]) -> Result<Value, ProbeError> {
+    serde_json::from_slice(body).map_err(|e| ProbeError::Malformed {
         message: scrub(&format!("body is not JSON: {e}")),
-    })?;
-    if let Some(e) = error_in(&v) {
+    })
+}
+
+/// [`parse_body`] over the answer's parsed JSON.
+pub(crate) fn read_body(v: &Value) -> Result<Collected, ProbeError> {
+    if let Some(e) = error_in(v) {
         return Err(classify_embedded(e));
     }
     let Some(choice) = v
@@ -194,7 +203,7 @@ pub(crate) fn parse_body(body: &[u8]) -> Result<Collected, ProbeError> {
         });
     };
     let mut c = Collected::default();
-    record_meta(&mut c, &v);
+    record_meta(&mut c, v);
     c.push_text(message.get("content").and_then(Value::as_str).unwrap_or(""));
     c.push_reasoning(
         message

@@ -29,13 +29,15 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::probe::measure::tokens_per_second;
-use crate::probe::openai::{parse_body, OpenAiStream};
+use crate::probe::openai::{body_json, read_body, OpenAiStream};
 use crate::probe::sse::{self, BodyFault, ReadFault};
 use crate::probe::upstream::classify_status;
 use crate::probe::wire::{Collected, Step, StreamDecoder};
 use crate::probe::{OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::{Route, RouteId};
 use crate::secret::{Env, Secret};
+
+use super::record::Usage;
 
 /// A successful non-streamed answer larger than this is refused (and the next candidate tried).
 pub const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
@@ -242,8 +244,13 @@ pub struct Committed {
 
 /// How one attempt ended.
 pub enum Attempt {
-    /// A complete non-streamed answer (possibly a refusal, which is the client's answer too).
-    Answer { body: Bytes, outcome: ProbeOutcome },
+    /// A complete non-streamed answer (possibly a refusal, which is the client's answer too)
+    /// and the usage it reports.
+    Answer {
+        body: Bytes,
+        usage: Usage,
+        outcome: ProbeOutcome,
+    },
     /// The client's fault, returned as it is.
     ClientError {
         status: u16,
@@ -265,6 +272,40 @@ pub struct Upstream {
     http: reqwest::Client,
     /// Provider id → key, read from `api_key_env` once at start.
     keys: HashMap<String, Secret>,
+    /// Provider id → its `Authorization` value (marked sensitive), built once.
+    auth: HashMap<String, HeaderValue>,
+    /// Route → its chat completions URL, parsed once.
+    urls: HashMap<RouteId, reqwest::Url>,
+}
+
+/// The client's body with the route's own model name, serialised without copying the body
+/// first (the keys keep their order).
+struct WithModel<'a> {
+    body: &'a serde_json::Value,
+    model: &'a str,
+}
+
+impl serde::Serialize for WithModel<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let Some(map) = self.body.as_object() else {
+            return self.body.serialize(s);
+        };
+        let mut out = s.serialize_map(Some(map.len() + usize::from(!map.contains_key("model"))))?;
+        let mut seen = false;
+        for (k, v) in map {
+            if k == "model" {
+                seen = true;
+                out.serialize_entry(k, self.model)?;
+            } else {
+                out.serialize_entry(k, v)?;
+            }
+        }
+        if !seen {
+            out.serialize_entry("model", self.model)?;
+        }
+        out.end()
+    }
 }
 
 /// The request as the proxy will send it: the client's body, parsed once.
@@ -302,14 +343,30 @@ impl Upstream {
             .tcp_nodelay(true)
             .build()?;
         let mut keys = HashMap::new();
+        let mut urls = HashMap::new();
         for r in routes {
             if let Some(var) = &r.api_key_env {
                 if let Some(key) = env.secret(var) {
                     keys.insert(r.provider.clone(), key);
                 }
             }
+            if let Ok(url) = reqwest::Url::parse(&chat_url(r)) {
+                urls.insert(r.id.clone(), url);
+            }
         }
-        Ok(Self { http, keys })
+        let auth = (keys.iter())
+            .filter_map(|(provider, key)| {
+                let mut v = HeaderValue::from_str(&format!("Bearer {}", key.expose())).ok()?;
+                v.set_sensitive(true);
+                Some((provider.clone(), v))
+            })
+            .collect();
+        Ok(Self {
+            http,
+            keys,
+            auth,
+            urls,
+        })
     }
 
     /// One attempt at `route` (see the module docs).
@@ -339,7 +396,7 @@ impl Upstream {
         } else {
             call.deadline
         };
-        let builder = match self.request(route, req, call.key) {
+        let builder = match self.request(route, req) {
             Ok(b) => b,
             Err(error) => return call.fail(None, error),
         };
@@ -372,23 +429,26 @@ impl Upstream {
         &self,
         route: &Route,
         req: &Outgoing<'_>,
-        key: Option<&Secret>,
     ) -> Result<reqwest::RequestBuilder, ProbeError> {
         // A route only ever receives its own upstream model name.
-        let mut body = req.body.clone();
-        body["model"] = serde_json::Value::String(route.model.clone());
-        let body = serde_json::to_vec(&body).map_err(|e| ProbeError::Malformed {
+        let with_model = WithModel {
+            body: req.body,
+            model: &route.model,
+        };
+        let body = serde_json::to_vec(&with_model).map_err(|e| ProbeError::Malformed {
             message: format!("cannot encode the request: {e}"),
         })?;
         let accept = if req.stream {
-            "text/event-stream"
+            HeaderValue::from_static("text/event-stream")
         } else {
-            "application/json"
+            HeaderValue::from_static("application/json")
         };
-        let mut builder = self
-            .http
-            .post(format!("{}/chat/completions", route.base_url))
-            .header(CONTENT_TYPE, "application/json")
+        let builder = match self.urls.get(&route.id) {
+            Some(url) => self.http.post(url.clone()),
+            None => self.http.post(chat_url(route)),
+        };
+        let mut builder = builder
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .header(ACCEPT, accept)
             .header("x-request-id", req.request_id)
             .body(body);
@@ -398,14 +458,16 @@ impl Upstream {
                 builder = builder.header("tracestate", state.clone());
             }
         }
-        if let Some(key) = key {
-            if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {}", key.expose())) {
-                v.set_sensitive(true);
-                builder = builder.header(AUTHORIZATION, v);
-            }
+        if let Some(v) = self.auth.get(&route.provider) {
+            builder = builder.header(AUTHORIZATION, v.clone());
         }
         Ok(builder)
     }
+}
+
+/// Where a route's chat completions are sent.
+fn chat_url(route: &Route) -> String {
+    format!("{}/chat/completions", route.base_url)
 }
 
 /// One attempt under way: its route, our key there, its times and its budget.
@@ -488,14 +550,19 @@ impl Call<'_> {
         let end = Instant::now();
         self.timing.ttft = Some(end);
         let id = &self.route.id;
-        match parse_body(&raw) {
+        // Parsed once: read as the probes read answers, and for its usage.
+        let json = body_json(&raw);
+        let usage = json.as_ref().map_or_else(|_| Usage::default(), Usage::of);
+        match json.and_then(|v| read_body(&v)) {
             Ok(c) => Attempt::Answer {
                 body: Bytes::from(raw),
+                usage,
                 outcome: self.timing.outcome(id, end, Some(status), None, Some(&c)),
             },
             // A refusal is the model's answer to this request: the client gets it as is.
             Err(e @ ProbeError::Refused { .. }) => Attempt::Answer {
                 body: Bytes::from(raw),
+                usage,
                 outcome: self.timing.outcome(id, end, Some(status), Some(e), None),
             },
             Err(e) if class_of(&e) == Class::ClientFault => Attempt::ClientError {
@@ -629,6 +696,26 @@ mod tests {
         assert!(!rests.is_resting(&id, now + Duration::from_secs(3)));
         rests.rest(&id, Duration::from_secs(100_000), now);
         assert_eq!(rests.soonest_end(&[id], now), Some(MAX_REST));
+    }
+
+    #[test]
+    fn the_route_model_replaces_the_asked_one_in_place() {
+        let body = serde_json::json!({"messages": [], "model": "chat", "stream": true});
+        let out = serde_json::to_string(&WithModel {
+            body: &body,
+            model: "up/model",
+        })
+        .unwrap();
+        let mut expected = body.clone();
+        expected["model"] = "up/model".into();
+        assert_eq!(out, serde_json::to_string(&expected).unwrap());
+        let bare = serde_json::json!({"messages": []});
+        let out = serde_json::to_value(WithModel {
+            body: &bare,
+            model: "m",
+        })
+        .unwrap();
+        assert_eq!(out, serde_json::json!({"messages": [], "model": "m"}));
     }
 
     #[test]

@@ -141,8 +141,15 @@ pub fn owner_of(client_key: &str) -> String {
     hex(&Sha256::digest(client_key.as_bytes()))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Lower-case hex of a digest (one allocation: this runs on every request).
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    s
 }
 
 /// Request fields that do not change the answer, left out of the cache key.
@@ -223,6 +230,12 @@ mod tests {
     use super::*;
     use crate::proxy::weights::{ModelWeights, RouteWeight};
     use crate::route::RouteId;
+
+    #[test]
+    fn digests_are_lower_case_hex() {
+        assert_eq!(hex(&[0x00, 0xab, 0x0f, 0xf0]), "00ab0ff0");
+        assert_eq!(owner_of("").len(), 64);
+    }
 
     fn view(routes: &[(&str, Tier, &str)]) -> WeightsView {
         let mut v = WeightsView::default();

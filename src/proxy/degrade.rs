@@ -43,7 +43,8 @@ pub(super) async fn apply(
     let live = p.live.borrow().clone();
     let chosen = live.contract_for(req.feature.as_deref());
     let feature = contract::reported_feature(req.feature.as_deref());
-    let owner = contract::owner_of(&req.client_key);
+    // Only a contract needs the owner (a digest of the client's key).
+    let owner = chosen.map_or_else(String::new, |_| contract::owner_of(&req.client_key));
     let now = p.clock.now();
     // A contract with `cached_response` remembers every successful answer, healthy or not.
     if let (Some(c), Some(_)) = (chosen, &p.cache) {

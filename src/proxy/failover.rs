@@ -364,9 +364,11 @@ impl<'a> Failover<'a> {
             reservation,
         } = slot;
         match result {
-            Attempt::Answer { body, outcome } => {
-                Some(self.answered(&route, reservation, body, outcome))
-            }
+            Attempt::Answer {
+                body,
+                usage,
+                outcome,
+            } => Some(self.answered(&route, reservation, body, usage, outcome)),
             Attempt::ClientError {
                 status,
                 content_type,
@@ -391,10 +393,10 @@ impl<'a> Failover<'a> {
         route: &Route,
         reservation: Option<Reservation>,
         body: Bytes,
+        usage: Usage,
         outcome: ProbeOutcome,
     ) -> Answer {
         let p = self.inner();
-        let usage = Usage::of_answer(&body);
         if let Some(r) = reservation {
             let estimate = (
                 self.prompt_tokens,

@@ -150,24 +150,55 @@ pub struct CountersSnapshot {
     pub observed_dropped: u64,
 }
 
+/// `serves` → `route` → `outcome` → count, with the number of label sets: nested so that
+/// counting an existing label set allocates nothing.
+#[derive(Debug, Default)]
+struct RequestCounts {
+    by_serves: HashMap<String, HashMap<String, HashMap<String, u64>>>,
+    label_sets: usize,
+}
+
+impl RequestCounts {
+    fn get_mut(&mut self, serves: &str, route: &str, outcome: &str) -> Option<&mut u64> {
+        self.by_serves
+            .get_mut(serves)?
+            .get_mut(route)?
+            .get_mut(outcome)
+    }
+
+    fn add(&mut self, serves: &str, route: &str, outcome: &str) {
+        if let Some(n) = self.get_mut(serves, route, outcome) {
+            *n += 1;
+            return;
+        }
+        let (serves, route) = if self.label_sets >= MAX_LABEL_SETS {
+            ("other", "other")
+        } else {
+            (serves, route)
+        };
+        if let Some(n) = self.get_mut(serves, route, outcome) {
+            *n += 1;
+            return;
+        }
+        self.label_sets += 1;
+        let routes = self.by_serves.entry(serves.to_owned()).or_default();
+        let outcomes = routes.entry(route.to_owned()).or_default();
+        outcomes.insert(outcome.to_owned(), 1);
+    }
+}
+
 /// The proxy's counters.
 #[derive(Debug, Default)]
 pub struct ProxyCounters {
-    requests: Mutex<HashMap<(String, String, String), u64>>,
+    requests: Mutex<RequestCounts>,
     failovers: Mutex<HashMap<String, u64>>,
     contract_uses: Mutex<HashMap<(String, String), u64>>,
 }
 
 impl ProxyCounters {
     pub fn request(&self, serves: &str, route: &str, outcome: &str) {
-        let mut map = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (serves.to_owned(), route.to_owned(), outcome.to_owned());
-        if map.len() >= MAX_LABEL_SETS && !map.contains_key(&key) {
-            let other = ("other".to_owned(), "other".to_owned(), outcome.to_owned());
-            *map.entry(other).or_insert(0) += 1;
-            return;
-        }
-        *map.entry(key).or_insert(0) += 1;
+        let mut counts = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        counts.add(serves, route, outcome);
     }
 
     pub fn failover(&self, reason: &str) {
@@ -193,18 +224,22 @@ impl ProxyCounters {
 
     /// The counters as they are now (drop counts are filled in by the proxy).
     pub fn snapshot(&self) -> CountersSnapshot {
-        let mut requests: Vec<RequestCount> = self
-            .requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|((serves, route, outcome), v)| RequestCount {
-                serves: serves.clone(),
-                route: route.clone(),
-                outcome: outcome.clone(),
-                value: *v,
-            })
-            .collect();
+        let mut requests: Vec<RequestCount> = Vec::new();
+        {
+            let counts = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+            for (serves, routes) in &counts.by_serves {
+                for (route, outcomes) in routes {
+                    for (outcome, v) in outcomes {
+                        requests.push(RequestCount {
+                            serves: serves.clone(),
+                            route: route.clone(),
+                            outcome: outcome.clone(),
+                            value: *v,
+                        });
+                    }
+                }
+            }
+        }
         requests.sort_by(|a, b| {
             (&a.serves, &a.route, &a.outcome).cmp(&(&b.serves, &b.route, &b.outcome))
         });
@@ -264,5 +299,15 @@ mod tests {
         c.request("chat", "a/b/c", "ok");
         c.request("chat", "a/b/c", "ok");
         assert_eq!(c.snapshot().requests[0].value, 2);
+        for i in 0..(MAX_LABEL_SETS + 10) {
+            c.request("chat", &format!("r/{i}/m"), "ok");
+        }
+        c.request("chat", "a/b/c", "ok");
+        let s = c.snapshot();
+        assert_eq!(s.requests.len(), MAX_LABEL_SETS + 1);
+        let other = s.requests.iter().find(|r| r.serves == "other").unwrap();
+        assert_eq!((other.route.as_str(), other.value), ("other", 11));
+        let kept = s.requests.iter().find(|r| r.route == "a/b/c").unwrap();
+        assert_eq!(kept.value, 3);
     }
 }

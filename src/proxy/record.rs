@@ -125,11 +125,6 @@ impl Usage {
         }
     }
 
-    /// The usage of a non-streamed answer body (empty when it is not JSON).
-    pub fn of_answer(body: &[u8]) -> Self {
-        serde_json::from_slice::<Value>(body).map_or_else(|_| Self::default(), |v| Self::of(&v))
-    }
-
     /// The last usage with prompt tokens among a forwarded chunk's `data:` lines. Cheap on
     /// the chunks without one (most of them): they are not parsed.
     pub fn in_stream_chunk(chunk: &[u8]) -> Option<Self> {
@@ -292,9 +287,8 @@ mod tests {
     #[test]
     fn usage_reads_answers_and_stream_chunks_alike() {
         let body = json!({"usage": {"prompt_tokens": 12, "completion_tokens": 3}});
-        let u = Usage::of_answer(&serde_json::to_vec(&body).unwrap());
-        assert_eq!(u.both(), Some((12, 3)));
-        assert_eq!(Usage::of_answer(b"not json"), Usage::default());
+        assert_eq!(Usage::of(&body).both(), Some((12, 3)));
+        assert_eq!(Usage::of(&json!("not an answer")), Usage::default());
         assert_eq!(
             Usage::of(&json!({"usage": {"prompt_tokens": 5}})).both(),
             None

@@ -340,7 +340,7 @@ async fn finish_plain(proxy: &Proxy, mut ctx: RequestCtx, r: Response) -> Respon
                 ctx.start.elapsed(),
                 last.and_then(|a| a.ttft_ms),
                 last.and_then(|a| a.usage.completion_tokens),
-                pending.wants_json,
+                &pending.expect,
                 ctx.answer.as_deref(),
             );
             shadows.offer(*pending, Some(primary));
@@ -448,7 +448,12 @@ impl Tail {
         if let Some(u) = Usage::in_stream_chunk(chunk) {
             self.prompt_tokens = u.prompt_tokens;
         }
-        if let Some(pending) = self.ctx.shadow.as_mut().filter(|p| p.wants_json) {
+        if let Some(pending) = self
+            .ctx
+            .shadow
+            .as_mut()
+            .filter(|p| shadow::compare::judges_content(&p.expect))
+        {
             shadow::compare::add_stream_content(chunk, &mut pending.content);
         }
     }
@@ -533,7 +538,7 @@ impl Tail {
                 output_tokens: outcome
                     .as_ref()
                     .and_then(|o| o.output_tokens.map(u64::from)),
-                valid: shadow::compare::validity(pending.wants_json, Some(&pending.content)),
+                valid: shadow::compare::validity(&pending.expect, Some(&pending.content)),
             });
             shadows.offer(*pending, primary);
         }

@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
 use super::attempt::{Attempt, Committed, Limits, Outgoing, Upstream};
-use super::record::Usage;
+use super::structured::Expect;
 use super::{failover, profile, select};
 use crate::clock::Clock;
 use crate::config::{Config, RequestProfile, ShadowConfig};
@@ -129,7 +129,7 @@ pub(crate) struct Pending {
     entries: Vec<usize>,
     request: Arc<Value>,
     stream: bool,
-    pub wants_json: bool,
+    pub expect: Expect,
     /// A stream's content as the client received it (for the validity check).
     pub content: String,
 }
@@ -139,7 +139,7 @@ struct Job {
     entry: usize,
     request: Arc<Value>,
     stream: bool,
-    wants_json: bool,
+    expect: Expect,
     primary: Side,
     reserved: f64,
     /// The hour (since the epoch) the reservation was made in.
@@ -230,7 +230,7 @@ impl Shadows {
             entries,
             request: Arc::new(request.clone()),
             stream,
-            wants_json: compare::wants_json(request),
+            expect: Expect::of(request),
             content: String::new(),
         })
     }
@@ -253,7 +253,7 @@ impl Shadows {
                 entry: i,
                 request: pending.request.clone(),
                 stream: pending.stream,
-                wants_json: pending.wants_json,
+                expect: pending.expect.clone(),
                 primary,
                 reserved: estimate,
                 reserved_in: now.timestamp().div_euclid(3600),
@@ -325,8 +325,11 @@ impl Sender {
             .await;
         let prompt_estimate = select::estimate_prompt_tokens(&body);
         let (shadow, prompt) = match result {
-            Attempt::Answer { body, outcome } => {
-                let usage = Usage::of_answer(&body);
+            Attempt::Answer {
+                body,
+                outcome,
+                usage,
+            } => {
                 let content = compare::answer_content(&body);
                 let side = Side {
                     success: outcome.success,
@@ -334,7 +337,7 @@ impl Sender {
                     ttft_ms: outcome.ttft_ms,
                     output_tokens: (usage.completion_tokens)
                         .or(outcome.output_tokens.map(u64::from)),
-                    valid: compare::validity(job.wants_json, content.as_deref()),
+                    valid: compare::validity(&job.expect, content.as_deref()),
                 };
                 (side, usage.prompt_tokens)
             }
@@ -346,7 +349,7 @@ impl Sender {
                 };
                 (side, Some(0))
             }
-            Attempt::Committed(c) => (drain(*c, job.wants_json).await, None),
+            Attempt::Committed(c) => (drain(*c, &job.expect).await, None),
         };
         let now = self.clock.now();
         let completion = shadow.output_tokens.unwrap_or(0);
@@ -365,7 +368,7 @@ impl Sender {
 }
 
 /// Reads a committed shadow stream to its end (bounded by the stream watchdog's limits).
-async fn drain(mut c: Committed, wants_json: bool) -> Side {
+async fn drain(mut c: Committed, expect: &Expect) -> Side {
     let mut failed = c.client_fault.take().is_some();
     let mut done = c.first_step == Step::Done;
     while !done && !failed {
@@ -391,7 +394,7 @@ async fn drain(mut c: Committed, wants_json: bool) -> Side {
         latency_ms: ms(Instant::now()),
         ttft_ms: c.timing.ttft.map(ms),
         output_tokens: collected.output_tokens().map(|(n, _)| u64::from(n)),
-        valid: compare::validity(wants_json, Some(&collected.text)),
+        valid: compare::validity(expect, Some(&collected.text)),
     }
 }
 
@@ -401,7 +404,7 @@ pub(crate) fn plain_side(
     latency: Duration,
     ttft_ms: Option<f64>,
     output_tokens: Option<u64>,
-    wants_json: bool,
+    expect: &Expect,
     answer: Option<&[u8]>,
 ) -> Side {
     let content = answer.and_then(compare::answer_content);
@@ -410,7 +413,7 @@ pub(crate) fn plain_side(
         latency_ms: latency.as_secs_f64() * 1000.0,
         ttft_ms,
         output_tokens,
-        valid: compare::validity(wants_json, content.as_deref()),
+        valid: compare::validity(expect, content.as_deref()),
     }
 }
 

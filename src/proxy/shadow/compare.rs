@@ -9,6 +9,8 @@ use std::collections::VecDeque;
 use chrono::{DateTime, Duration, Utc};
 use serde_json::{json, Value};
 
+use crate::proxy::structured::{self, Expect, Validity};
+
 /// Comparisons kept per shadow (the newest; older ones fall out of the last-day figures).
 pub const MAX_COMPARISONS: usize = 10_000;
 /// Minutes of copied/skipped counts kept (a day).
@@ -69,19 +71,23 @@ impl Skip {
     }
 }
 
-/// Does the request ask for JSON content (`response_format` `json_object` or `json_schema`)?
-pub fn wants_json(request: &Value) -> bool {
-    matches!(
-        request["response_format"]["type"].as_str(),
-        Some("json_object" | "json_schema")
-    )
+/// Is the content judged: did the request ask for JSON (`response_format` `json_object` or
+/// `json_schema`)? Tool-call arguments are not collected from the copies, so tools alone are not.
+pub fn judges_content(expect: &Expect) -> bool {
+    matches!(expect, Expect::JsonObject | Expect::JsonSchema(_))
 }
 
-/// The minimal structured-output check: the content parses as JSON when JSON was asked for.
-pub fn validity(wants_json: bool, content: Option<&str>) -> Option<bool> {
-    wants_json.then(|| {
-        content.is_some_and(|c| serde_json::from_str::<serde::de::IgnoredAny>(c.trim()).is_ok())
-    })
+/// The structured-output check the route observables use, on one side's content: `None` when
+/// the request asked for no JSON or the answer could not be judged.
+pub fn validity(expect: &Expect, content: Option<&str>) -> Option<bool> {
+    if !judges_content(expect) {
+        return None;
+    }
+    match structured::judge(expect, content.unwrap_or_default(), &[]) {
+        Validity::Valid => Some(true),
+        Validity::Invalid(_) => Some(false),
+        Validity::NotApplicable | Validity::NotChecked(_) => None,
+    }
 }
 
 /// The first choice's content of a non-streamed answer.
@@ -260,16 +266,21 @@ mod tests {
     }
 
     #[test]
-    fn the_minimal_check_parses_json_only_when_asked() {
-        let asks = serde_json::json!({"response_format": {"type": "json_object"}});
-        assert!(wants_json(&asks));
-        assert!(!wants_json(
-            &serde_json::json!({"response_format": {"type": "text"}})
-        ));
-        assert_eq!(validity(true, Some(" {\"a\": 1} ")), Some(true));
-        assert_eq!(validity(true, Some("```json\n{}```")), Some(false));
-        assert_eq!(validity(true, None), Some(false));
-        assert_eq!(validity(false, Some("anything")), None);
+    fn content_is_judged_only_when_json_was_asked_for() {
+        let asks = Expect::of(&serde_json::json!({"response_format": {"type": "json_object"}}));
+        assert!(judges_content(&asks));
+        let text = Expect::of(&serde_json::json!({"response_format": {"type": "text"}}));
+        assert!(!judges_content(&text));
+        assert_eq!(validity(&asks, Some(" {\"a\": 1} ")), Some(true));
+        assert_eq!(validity(&asks, Some("```json\n{}```")), Some(false));
+        assert_eq!(validity(&asks, None), Some(false));
+        assert_eq!(validity(&text, Some("anything")), None);
+        let schema = Expect::of(
+            &serde_json::json!({"response_format": {"type": "json_schema",
+            "json_schema": {"schema": {"type": "object", "required": ["a"]}}}}),
+        );
+        assert_eq!(validity(&schema, Some("{\"a\": 1}")), Some(true));
+        assert_eq!(validity(&schema, Some("{\"b\": 1}")), Some(false));
         let mut s = String::new();
         add_stream_content(b"data: {\"choices\":[{\"delta\":{\"content\":\"{\\\"a\\\"\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\":1}\"}}]}\n\ndata: [DONE]\n\n", &mut s);
         assert_eq!(s, "{\"a\":1}");
