@@ -19,7 +19,7 @@ use crate::{app, demo, drift};
 
 // The fleet's commands: a remote vantage's agent, and moving a store into PostgreSQL.
 mod fleet;
-pub use fleet::{agent, migrate_store};
+pub use fleet::{agent, migrate_store, proxy};
 
 /// What went wrong, as the user should read it.
 #[derive(Debug, thiserror::Error)]
@@ -529,7 +529,7 @@ fn outcomes_table(outcomes: &[ProbeOutcome]) -> String {
 pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
-    let (config, _demo) = match path {
+    let (config, demo_sim) = match path {
         Some(path) => {
             // The same checks a reload runs (`reload::load_checked`).
             let (config, warnings) = crate::reload::load_checked(
@@ -564,7 +564,7 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
         ..app::StartOptions::default()
     };
     let monitor = listener.local_addr().map_err(CliError::runtime)?;
-    let agent_config = _demo.as_ref().map(|_| config.clone());
+    let agent_config = demo_sim.as_ref().map(|_| config.clone());
     let running = app::start_with(
         config,
         listener,
@@ -741,93 +741,4 @@ pub fn spawn_signal_handler(shutdown: CancellationToken) {
         tracing::info!("shutting down");
         shutdown.cancel();
     });
-}
-
-/// `probeok proxy --config F [--weights-from URL]`: the routing proxy alone. With a monitor URL
-/// it follows that monitor's weights feed and sends its passive outcomes there; without one it
-/// serves on the configured weights. Metering and idempotency keys use the configured store.
-pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliError> {
-    use crate::proxy::{remote, FeedStatus, Proxy, ProxyOptions, WeightsView};
-
-    let shutdown = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone());
-    let (config, mut warnings) = load(path)?;
-    // This command runs the proxy whatever `proxy.enabled` says.
-    let mut as_run = config.clone();
-    as_run.proxy.enabled = true;
-    let open = refuse_open_proxy(&as_run, &mut warnings);
-    warn_all(&warnings);
-    open?;
-    refuse_missing_secrets(&config)?;
-    let location = app::store_location(&config).map_err(CliError::runtime)?;
-    tracing::info!(engine = location.engine().as_str(), database = %location.describe(), "opening the store");
-    let opts = StoreOptions {
-        latency_threshold: config.slo.latency_threshold,
-    };
-    let store = tokio::task::spawn_blocking(move || Store::open_at(&location, opts))
-        .await
-        .map_err(CliError::runtime)?
-        .map_err(CliError::runtime)?;
-    let (weights_tx, weights_rx) =
-        tokio::sync::watch::channel(Arc::new(WeightsView::from_config(&config.routes())));
-    let (passive_tx, passive_rx) = tokio::sync::mpsc::channel(app::PASSIVE_QUEUE);
-    let mut feed = None;
-    let mut tasks = Vec::new();
-    match weights_from {
-        Some(base) => {
-            let status = Arc::new(FeedStatus::new(remote::STALE_AFTER));
-            feed = Some(status.clone());
-            tasks.push(remote::follow(
-                base.to_owned(),
-                weights_tx,
-                status,
-                remote::STALE_AFTER,
-                shutdown.clone(),
-            ));
-            let token = config.env.secret(&config.server.ingest_token_env);
-            tasks.push(remote::ingest(base.to_owned(), token, passive_rx).0);
-        }
-        None => {
-            // No monitor: passive outcomes have nowhere to go.
-            let mut rx = passive_rx;
-            tasks.push(tokio::spawn(
-                async move { while rx.recv().await.is_some() {} },
-            ));
-            drop(weights_tx);
-        }
-    }
-    // The fleet's one hourly extra-cost budget and the clients' limits, in the store's ledger.
-    let clock: Arc<dyn crate::clock::Clock> = Arc::new(crate::clock::SystemClock);
-    let spend = crate::proxy::spend_on(&store, clock.clone(), &config.proxy);
-    let budget = crate::budget::Budget::new(config.budget.clone(), &config.routes(), clock, None);
-    budget.share(spend.clone());
-    tasks.push(tokio::spawn(
-        budget.clone().keep_hours(None, shutdown.clone()),
-    ));
-    let proxy = Proxy::with_options(
-        &config,
-        weights_rx,
-        passive_tx,
-        ProxyOptions {
-            store: Some(store.clone()),
-            spend: Some(spend),
-            feed,
-            tracer: crate::trace::Tracer::from_env(&config.tracing).map_err(CliError::runtime)?,
-            ..ProxyOptions::default()
-        },
-    )
-    .map_err(CliError::runtime)?;
-    proxy.set_budget(budget);
-    let listener = tokio::net::TcpListener::bind(config.proxy.listen)
-        .await
-        .map_err(|e| CliError::Runtime(format!("cannot listen on {}: {e}", config.proxy.listen)))?;
-    tracing::info!(addr = %config.proxy.listen, weights_from, "proxy serving");
-    let _jobs = proxy.spawn_jobs(Default::default(), shutdown.clone());
-    let served = crate::proxy::serve(listener, proxy, shutdown.clone()).await;
-    shutdown.cancel();
-    for t in tasks {
-        let _ = tokio::time::timeout(app::DRAIN_TIMEOUT, t).await;
-    }
-    store.close().await.map_err(CliError::runtime)?;
-    served.map_err(CliError::runtime)
 }
