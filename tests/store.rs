@@ -899,7 +899,8 @@ async fn postgres_sessions_lost_are_reopened_and_an_unreachable_database_is_repo
     })
     .await;
     let why = store.reachability().last_error().unwrap();
-    assert!(why.contains("postgres"), "{why}");
+    // It names the engine, whichever failure came last (a lost session or a refused connect).
+    assert!(why.to_lowercase().contains("postgres"), "{why}");
     assert!(
         !why.contains("127.0.0.1:") || !why.contains('@'),
         "no URL in {why}"
