@@ -66,6 +66,9 @@ use persist::{persist_loop, send};
 // What a route shows and what of it is worth saving or publishing.
 #[path = "service_view.rs"]
 mod view;
+// Cross-route findings and publishing by change (bursts held to a window).
+#[path = "service_publish.rs"]
+mod publish;
 use super::{
     Baseline, Detector, HealthEvent, HealthRx, HealthSnapshot, Incident, RouteHealth, RouteStatus,
     State, Suppression, Transition,
@@ -451,13 +454,13 @@ impl HealthService {
                     self.evaluate_findings();
                     self.publish_vantages();
                 }
-                ok = next_control(control_rx) => {
+                ok = next(control_rx) => {
                     self.control_ok = Some(ok);
                     self.evaluate_findings();
                 }
                 _ = save.tick() => self.save_changed(persist).await,
                 _ = baselines.tick() => self.refresh_baselines(),
-                cmd = next_command(&mut commands) => self.command(cmd),
+                cmd = next(&mut commands) => self.command(cmd),
                 _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {}
                 v = next_remote(&mut remote) => self.ingest_remote(v, persist).await,
                 outcome = inputs.recv() => match outcome {
@@ -670,58 +673,6 @@ impl HealthService {
         }
     }
 
-    /// Cross-route findings: suppressions, opened/closed events, and the snapshot when the
-    /// set of findings (not merely their numbers) changed.
-    fn evaluate_findings(&mut self) {
-        self.findings_pending = false;
-        let now = self.clock.now();
-        let summaries: Vec<RouteSummary> = self
-            .routes
-            .iter()
-            .map(|r| RouteSummary::of(&r.health, &self.detector, now))
-            .collect();
-        let mut found = findings(&summaries, self.control_ok);
-        found.extend(self.board.findings(now));
-        for (i, r) in self.routes.iter_mut().enumerate() {
-            let s = found
-                .iter()
-                .find(|f| f.routes.contains(r.health.route()))
-                .map_or(Suppression::None, |f| f.kind.suppression());
-            if r.health.suppression() != s {
-                r.health.set_suppression(s);
-                r.unsaved = true;
-                self.wheel.touch(i);
-            }
-        }
-        for f in &found {
-            if !self.findings.iter().any(|g| same_finding(f, g)) {
-                tracing::warn!(code = %f.code, routes = f.routes.len(), "{}", f.text);
-                let _ = self.events.send(HealthEvent::FindingOpened {
-                    finding: f.clone(),
-                    at: now,
-                });
-            }
-        }
-        for g in &self.findings {
-            if !found.iter().any(|f| same_finding(f, g)) {
-                tracing::info!(code = %g.code, "finding closed");
-                let _ = self.events.send(HealthEvent::FindingClosed {
-                    finding: g.clone(),
-                    at: now,
-                });
-            }
-        }
-        let key = |v: &[Finding]| -> Vec<(FindingKind, Vec<RouteId>, Vec<String>)> {
-            v.iter()
-                .map(|f| (f.kind, f.routes.clone(), f.providers.clone()))
-                .collect()
-        };
-        if key(&found) != key(&self.findings) {
-            self.dirty = true;
-        }
-        self.findings = found;
-    }
-
     /// Sends the states changed since their last save to the persister.
     async fn save_changed(&mut self, persist: &mpsc::Sender<Persist>) {
         let states: Vec<RouteHealth> = self
@@ -738,75 +689,13 @@ impl HealthService {
             send(persist, Persist::Save { states, at }).await;
         }
     }
-
-    /// When a held change must go out (`None`: nothing is held).
-    fn publish_due(&self) -> Option<Instant> {
-        if !self.dirty && self.held.is_empty() && !self.findings_pending {
-            return None;
-        }
-        Some(match self.window {
-            Some((start, n)) if n >= PUBLISH_BURST => start + self.opts.publish_every,
-            _ => Instant::now(),
-        })
-    }
-
-    /// Publishes what changed, unless [`PUBLISH_BURST`] snapshots went out in the last
-    /// [`HealthOptions::publish_every`] (then the loop's timer publishes it when due).
-    fn publish(&mut self) {
-        if self.publish_due().is_some_and(|due| due <= Instant::now()) {
-            self.publish_now();
-        }
-    }
-
-    /// Publishes a snapshot when something shown changed, then the events held for it.
-    fn publish_now(&mut self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.findings_pending {
-            self.evaluate_findings();
-        }
-        if self.dirty {
-            self.dirty = false;
-            let snap = HealthSnapshot {
-                generated_at: self.clock.now(),
-                routes: self.routes.iter().map(|r| r.shown.clone()).collect(),
-                findings: self.findings.clone(),
-            };
-            self.counts.snapshots.fetch_add(1, Relaxed);
-            self.counts
-                .route_statuses
-                .fetch_add(snap.routes.len() as u64, Relaxed);
-            // `send_replace` also stores it when nobody is subscribed right now.
-            self.snapshot.send_replace(Arc::new(snap));
-            let now = Instant::now();
-            self.window = match self.window {
-                Some((start, n)) if now < start + self.opts.publish_every => Some((start, n + 1)),
-                _ => Some((now, 1)),
-            };
-        }
-        for e in self.held.drain(..) {
-            // No receiver (nobody subscribed yet) is not an error.
-            let _ = self.events.send(e);
-        }
-    }
 }
 
-async fn next_command(rx: &mut Option<mpsc::Receiver<HealthCommand>>) -> HealthCommand {
+/// The next message of an optional channel; once it closes (or without one), never.
+async fn next<T>(rx: &mut Option<mpsc::Receiver<T>>) -> T {
     match rx {
         Some(r) => match r.recv().await {
-            Some(c) => c,
-            None => {
-                *rx = None;
-                std::future::pending().await
-            }
-        },
-        None => std::future::pending().await,
-    }
-}
-
-async fn next_control(rx: &mut Option<mpsc::Receiver<bool>>) -> bool {
-    match rx {
-        Some(r) => match r.recv().await {
-            Some(ok) => ok,
+            Some(v) => v,
             None => {
                 *rx = None;
                 std::future::pending().await
