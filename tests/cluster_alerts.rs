@@ -14,39 +14,13 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use common::cluster::Db;
-use common::{fake, openai, Reply, Script, Server};
+use common::{fake, Reply, Server};
 use serde_json::Value;
 
 const URL_VAR: &str = "PROBEOK_PAIR_DATABASE_URL";
 const HOOK_VAR: &str = "PROBEOK_PAIR_HOOK";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// An OpenAI-compatible upstream that streams `PROBE_OK`, or answers 503 while `failing`.
-async fn upstream(failing: Arc<AtomicBool>) -> Server {
-    let (server, _) = fake("/v1/chat/completions", move |_| {
-        if failing.load(Ordering::SeqCst) {
-            Reply::now(common::json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                openai::error("overloaded", "server_error", None),
-            ))
-        } else {
-            Reply::now(
-                Script::new()
-                    .send_all(openai::stream(&["PROBE_OK"], "stop", Some(3)))
-                    .sse(),
-            )
-        }
-    })
-    .await;
-    server
-}
+use common::free_port;
 
 /// Every message the webhook channel delivers, in order.
 async fn hook() -> (Server, Arc<Mutex<Vec<Value>>>) {
@@ -209,7 +183,7 @@ async fn a_route_failing_across_a_takeover_is_alerted_once_and_resolved_once() {
     let db = Db::create().await;
     let dir = tempfile::tempdir().unwrap();
     let failing = Arc::new(AtomicBool::new(false));
-    let up = upstream(failing.clone()).await;
+    let up = common::probe_ok_unless(failing.clone()).await;
     let (receiver, got) = hook().await;
     let hook_url = format!("{}/hook", receiver.base_url());
     let http = reqwest::Client::builder()

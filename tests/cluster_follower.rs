@@ -28,13 +28,7 @@ const ROUTES: usize = 1000;
 const FALLEN_BEHIND_S: f64 = 15.0;
 const URL_VAR: &str = "PROBEOK_FOLLOWER_DATABASE_URL";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::free_port;
 
 fn write_config(dir: &Path, name: &str, port: u16, dead: u16) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));

@@ -24,13 +24,7 @@ const LEASE_S: u64 = 3;
 /// What the members read their database URL from (set on the child processes only).
 const URL_VAR: &str = "PROBEOK_PAIR_DATABASE_URL";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::free_port;
 
 fn write_config(
     dir: &Path,

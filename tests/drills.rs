@@ -76,10 +76,7 @@ async fn upstream(delay: Duration) -> Upstream {
     Upstream { server, wrong_left }
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
+use common::free_port;
 
 fn config(db: &Path, main: &Upstream, backup: &Upstream, token_env: &str, proxy: u16) -> Config {
     let src = format!(

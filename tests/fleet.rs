@@ -241,13 +241,7 @@ impl Db {
 const URL_VAR: &str = "PROBEOK_FLEET_DATABASE_URL";
 const KEYS_VAR: &str = "PROBEOK_FLEET_CLIENT_KEYS";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::free_port;
 
 fn write_config(dir: &Path, name: &str, port: u16, upstream: &str, extra: &str) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));

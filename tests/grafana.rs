@@ -342,10 +342,7 @@ async fn start_webhook() -> std::net::SocketAddr {
     addr
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
+use common::free_port;
 
 fn config_text(
     sim: std::net::SocketAddr,

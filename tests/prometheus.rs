@@ -38,10 +38,7 @@ impl Drop for Killed {
     }
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
+use common::free_port;
 
 fn start_prometheus(dir: &Path, target: std::net::SocketAddr, port: u16) -> Killed {
     assert!(

@@ -28,10 +28,7 @@ const KEY_NORMAL: &str = "sk-client-normal-0002";
 /// proxy's first-byte timeout.
 const HUGE: u64 = 1_000_000;
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
+use common::free_port;
 
 /// A provider that answers probes (`PROBE_OK`, the throughput count) and ordinary requests at
 /// once, and a request with an enormous `max_tokens` only after 3 s.

@@ -335,13 +335,7 @@ async fn a_client_without_a_limit_and_anonymous_keys_still_pass() {
 
 // ---- Three `probeok proxy` processes on one PostgreSQL database ----
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::free_port;
 
 struct Fleet {
     children: Vec<Child>,

@@ -24,7 +24,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use common::{fake, openai, Reply, Script, Server};
+use common::{fake, Reply, Server};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "ingest-s3cret";
@@ -47,33 +47,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A fake OpenAI-compatible upstream answering `PROBE_OK`, or 503 while `failing`.
-async fn upstream(failing: Arc<AtomicBool>) -> Server {
-    let (server, _) = fake("/v1/chat/completions", move |_| {
-        if failing.load(Ordering::SeqCst) {
-            Reply::now(common::json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                openai::error("overloaded", "server_error", None),
-            ))
-        } else {
-            Reply::now(
-                Script::new()
-                    .send_all(openai::stream(&["PROBE_OK"], "stop", Some(3)))
-                    .sse(),
-            )
-        }
-    })
-    .await;
-    server
-}
+use common::free_port;
 
 struct Setup<'a> {
     port: u16,
@@ -257,9 +231,9 @@ async fn three_vantages_judge_by_quorum() {
         Arc::new(AtomicBool::new(false)),
     );
     let (hz_up, bj_up, sh_up) = (
-        upstream(hz_fail.clone()).await,
-        upstream(bj_fail.clone()).await,
-        upstream(sh_fail.clone()).await,
+        common::probe_ok_unless(hz_fail.clone()).await,
+        common::probe_ok_unless(bj_fail.clone()).await,
+        common::probe_ok_unless(sh_fail.clone()).await,
     );
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
@@ -466,7 +440,10 @@ async fn a_stale_vantage_leaves_the_quorum_with_one_alert() {
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(true)),
     );
-    let (hz_up, bj_up) = (upstream(ok).await, upstream(failing).await);
+    let (hz_up, bj_up) = (
+        common::probe_ok_unless(ok).await,
+        common::probe_ok_unless(failing).await,
+    );
     let (receiver, got) = hook().await;
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
@@ -651,7 +628,7 @@ async fn wait_metric(port: u16, name: &str, within: Duration, ok: impl Fn(f64) -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backlog_survives_a_monitor_outage_and_arrives_once() {
     let dir = tempfile::tempdir().unwrap();
-    let up = upstream(Arc::new(AtomicBool::new(false))).await;
+    let up = common::probe_ok_unless(Arc::new(AtomicBool::new(false))).await;
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let extra = "[[vantage]]\nid = \"bj\"\nstale_after = \"1m\"\n";
@@ -813,7 +790,7 @@ async fn lossy_front(monitor: String, cut: u64) -> (Server, Arc<AtomicU64>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_acknowledgements_and_a_killed_agent_double_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let up = upstream(Arc::new(AtomicBool::new(false))).await;
+    let up = common::probe_ok_unless(Arc::new(AtomicBool::new(false))).await;
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let extra = "[[vantage]]\nid = \"bj\"\nstale_after = \"1m\"\n";
@@ -883,7 +860,7 @@ async fn lost_acknowledgements_and_a_killed_agent_double_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_answers_agents_item_by_item() {
     let dir = tempfile::tempdir().unwrap();
-    let up = upstream(Arc::new(AtomicBool::new(false))).await;
+    let up = common::probe_ok_unless(Arc::new(AtomicBool::new(false))).await;
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let extra = "[[vantage]]\nid = \"bj\"\nroutes = [\"qwen/*\"]\n";

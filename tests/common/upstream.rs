@@ -448,3 +448,33 @@ pub mod anthropic {
         json!({"type":"error","error":{"type":kind,"message":message}})
     }
 }
+
+/// A loopback port free right now, for a process the test starts that must bind it itself.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An OpenAI-compatible upstream that streams `PROBE_OK`, or answers 503 (OpenAI's overload
+/// body) while `failing` is set.
+pub async fn probe_ok_unless(failing: Arc<std::sync::atomic::AtomicBool>) -> Server {
+    let (server, _) = fake("/v1/chat/completions", move |_| {
+        if failing.load(std::sync::atomic::Ordering::SeqCst) {
+            Reply::now(json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                openai::error("overloaded", "server_error", None),
+            ))
+        } else {
+            Reply::now(
+                Script::new()
+                    .send_all(openai::stream(&["PROBE_OK"], "stop", Some(3)))
+                    .sse(),
+            )
+        }
+    })
+    .await;
+    server
+}
