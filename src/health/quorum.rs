@@ -4,9 +4,11 @@
 //! Pure: [`judge`] takes each fresh vantage's state and `[quorum] min_vantages`. The route is
 //! as bad as the worst state that at least `min_vantages` vantages share (a vantage in a
 //! worse state shares every milder one: DEGRADED counts for WARNING); with fewer fresh
-//! vantages than that, the state all of them share. Vantages still `UNKNOWN` (too few
-//! samples, no failure) do not vote unless none has a judgement. A vantage whose state is
-//! DEGRADED or worse while the quorum is milder is *local*: a `vantage_local` finding.
+//! vantages than that, the state all of them share. A fresh vantage still `UNKNOWN` (too few
+//! samples for a baseline) has seen no failure: it shares no bad state, so one judged vantage
+//! cannot carry a bad state past it — the route stays `UNKNOWN`, or NORMAL where a judged
+//! vantage says so. A vantage whose state is DEGRADED or worse while the quorum is milder is
+//! *local*: a `vantage_local` finding.
 
 use super::{Reason, State};
 
@@ -41,10 +43,37 @@ pub fn judge(votes: &[Vote<'_>], min_vantages: u32) -> Verdict {
             reason: Reason::new("vantages_unknown", "no vantage has judged the route yet"),
         };
     }
-    let mut states: Vec<State> = known.iter().map(|v| v.state).collect();
+    // Every fresh vantage counts toward the quorum; UNKNOWN sorts mildest.
+    let mut states: Vec<State> = votes.iter().map(|v| v.state).collect();
     states.sort_unstable_by(|a, b| b.cmp(a));
     let k = (min_vantages.max(1) as usize).min(states.len());
-    let state = states[k - 1];
+    let mut state = states[k - 1];
+    if state == State::Unknown && known.iter().any(|v| v.state == State::Normal) {
+        state = State::Normal;
+    }
+    if state == State::Unknown {
+        // Too few judgements to carry any state: a lone bad one is local (below).
+        let local: Vec<String> = (known.iter())
+            .filter(|v| v.state >= State::Degraded)
+            .map(|v| v.vantage.to_owned())
+            .collect();
+        return Verdict {
+            state,
+            agreeing: (votes.iter())
+                .filter(|v| v.state == State::Unknown)
+                .map(|v| v.vantage.to_owned())
+                .collect(),
+            local,
+            reason: Reason::new(
+                "vantages_unknown",
+                format!(
+                    "{} of {} vantages have judged the route: too few to carry a state",
+                    known.len(),
+                    votes.len()
+                ),
+            ),
+        };
+    }
     let agreeing: Vec<String> = known
         .iter()
         .filter(|v| v.state >= state)
@@ -148,6 +177,34 @@ mod tests {
         assert_eq!(
             judge(&votes(&[("a", Warning), ("b", Degraded)]), 3).state,
             Warning
+        );
+    }
+
+    #[test]
+    fn a_lone_failing_vantage_beside_unjudged_ones_is_local() {
+        // The other place has probed without a failure but has no baseline yet: one place
+        // failing is not a quorum.
+        let v = judge(&votes(&[("a", Unknown), ("b", Degraded)]), 2);
+        assert_eq!(v.state, Unknown);
+        assert_eq!(v.local, ["b"]);
+        assert_eq!(v.reason.code, "vantages_unknown");
+        let v = judge(
+            &votes(&[("a", Unknown), ("b", Critical), ("c", Unknown)]),
+            2,
+        );
+        assert_eq!(v.state, Unknown);
+        assert_eq!(v.local, ["b"]);
+        // Two failing places still carry it, whatever the third has judged.
+        let v = judge(
+            &votes(&[("a", Unknown), ("b", Critical), ("c", Degraded)]),
+            2,
+        );
+        assert_eq!(v.state, Degraded);
+        assert!(v.local.is_empty());
+        // With a quorum of one, one place is enough.
+        assert_eq!(
+            judge(&votes(&[("a", Unknown), ("b", Degraded)]), 1).state,
+            Degraded
         );
     }
 
