@@ -564,7 +564,7 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
         ..app::StartOptions::default()
     };
     let monitor = listener.local_addr().map_err(CliError::runtime)?;
-    let agent_config = demo_sim.as_ref().map(|_| config.clone());
+    let agent_config = demo_sim.as_ref().map(|d| (config.clone(), d.sim_addr));
     let running = app::start_with(
         config,
         listener,
@@ -575,11 +575,13 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     .await
     .map_err(CliError::runtime)?;
     // The demo's second vantage, once the monitor's ingest listens.
-    if let Some(demo_config) = agent_config {
+    if let Some((demo_config, sim_addr)) = agent_config {
         match demo::start_agent(
             &demo_config,
+            sim_addr,
             monitor,
             PathBuf::from(demo::DEMO_AGENT_DB),
+            demo::edge::EdgeOutage::DEMO,
             shutdown.clone(),
         )
         .await

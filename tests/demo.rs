@@ -4,7 +4,11 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use probeok::clock::{Clock, SystemClock};
+use probeok::demo::edge::{EdgeOutage, EDGE_REGION};
+use probeok::demo::DEMO_AGENT;
 use probeok::health::{HealthSnapshot, State};
 use probeok::probe::ProbeClient;
 use probeok::route::{RouteId, Tier};
@@ -83,7 +87,9 @@ async fn the_demo_runs_no_regression_sets_and_every_route_can_carry_traffic() {
 
 /// The demo runs an agent in-process as a second vantage: it probes the same simulator and
 /// pushes to the demo's own ingest over real HTTP with the demo's made-up token, so
-/// `/api/v1/status` shows both vantages on every route, each seen recently.
+/// `/api/v1/status` shows both vantages on every route, each seen recently. Its own network
+/// path to one region is cut (here from the start): those routes stay NORMAL by quorum and
+/// carry a `vantage_local` finding naming the agent, with no incident.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_agent_pushes_as_a_second_vantage() {
     let shutdown = CancellationToken::new();
@@ -107,8 +113,14 @@ async fn the_demo_agent_pushes_as_a_second_vantage() {
     .unwrap();
     let agent = probeok::demo::start_agent(
         &demo.config,
+        demo.sim_addr,
         monitor,
         dir.path().join("agent.db"),
+        EdgeOutage {
+            after: Duration::ZERO,
+            lasts: Duration::from_secs(3600),
+            every: Duration::ZERO,
+        },
         shutdown.clone(),
     )
     .await
@@ -125,21 +137,38 @@ async fn the_demo_agent_pushes_as_a_second_vantage() {
             .json()
             .await
             .unwrap();
-        let seen = status["routes"]
-            .as_array()
-            .unwrap()
+        let all = status["routes"].as_array().unwrap();
+        let seen = all
             .iter()
             .filter(|r| {
                 let v = &r["vantages"];
                 !v[probeok::demo::DEMO_AGENT]["last_seen"].is_null() && !v["local"].is_null()
             })
             .count();
-        if seen == routes {
+        // The routes behind the agent's cut path: judged local to the agent, not the provider's.
+        let (provider, region) = EDGE_REGION;
+        let cut: Vec<&serde_json::Value> = all
+            .iter()
+            .filter(|r| r["provider"] == provider && r["region"] == region)
+            .collect();
+        let local = cut
+            .iter()
+            .filter(|r| r["vantage_local"]["vantages"] == serde_json::json!([DEMO_AGENT]))
+            .count();
+        if seen == routes && local == cut.len() {
+            for r in &cut {
+                assert!(
+                    r["state"] == "NORMAL" || r["state"] == "UNKNOWN",
+                    "one place's outage is not the route's: {r}"
+                );
+            }
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "after 60 s only {seen} of {routes} routes show the demo agent's vantage: {status}"
+            "after 60 s {seen} of {routes} routes show the demo agent's vantage and {local} of \
+             {} behind its cut path a vantage_local finding: {status}",
+            cut.len()
         );
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
@@ -155,6 +184,21 @@ async fn the_demo_agent_pushes_as_a_second_vantage() {
     assert!(
         metrics.contains(&format!("vantage=\"{}\"", probeok::demo::DEMO_AGENT)),
         "{metrics}"
+    );
+    // One place's outage opened no incident.
+    let incidents: serde_json::Value = http
+        .get(format!("http://{}/api/v1/incidents", running.addr))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (provider, region) = EDGE_REGION;
+    let prefix = format!("{provider}/{region}/");
+    assert!(
+        !incidents.to_string().contains(&prefix),
+        "no incident on {prefix}: {incidents}"
     );
     shutdown.cancel();
     let _ = agent.done.await;

@@ -4,8 +4,11 @@
 //! on first start [`history`] writes 30 days of simulated history into the demo's database.
 //! An agent runs in-process as a second vantage ([`start_agent`]), probing the same
 //! simulator and pushing to the demo's own ingest over real HTTP, so the page shows a dot per
-//! vantage and the route states are their quorum.
+//! vantage and the route states are their quorum. Its own network path ([`edge`]) loses one
+//! region for a while, so the page shows what one place's outage looks like: a
+//! `vantage_local` finding, not a provider incident.
 
+pub mod edge;
 pub mod history;
 
 use std::path::PathBuf;
@@ -266,17 +269,30 @@ fn demo_env() -> Env {
 
 /// Starts the demo's agent: vantage [`DEMO_AGENT`], probing the demo's routes and pushing
 /// to `monitor` (the demo's own listener) with the demo's ingest token; its outbox is
-/// `outbox` ([`DEMO_AGENT_DB`] for `probeok serve`).
+/// `outbox` ([`DEMO_AGENT_DB`] for `probeok serve`). It reaches [`edge::EDGE_REGION`] of the
+/// simulator at `sim_addr` through its own path, cut during `outage`.
 pub async fn start_agent(
     config: &Config,
+    sim_addr: std::net::SocketAddr,
     monitor: std::net::SocketAddr,
     outbox: PathBuf,
+    outage: edge::EdgeOutage,
     shutdown: CancellationToken,
 ) -> Result<RunningAgent, AgentError> {
     let token = config
         .env
         .secret(&config.server.ingest_token_env)
         .ok_or_else(|| AgentError::Invalid("the demo has no ingest token".to_owned()))?;
+    let path = edge::start(sim_addr, outage, shutdown.child_token())
+        .await
+        .map_err(|e| AgentError::Invalid(format!("the demo agent's network: {e}")))?;
+    let mut config = config.clone();
+    let (provider, region) = edge::EDGE_REGION;
+    for p in config.providers.iter_mut().filter(|p| p.id == provider) {
+        for r in p.regions.iter_mut().filter(|r| r.id == region) {
+            r.base_url = sim::base_url(path, provider, region);
+        }
+    }
     let opts = AgentOptions {
         vantage: DEMO_AGENT.to_owned(),
         server: format!("http://{monitor}"),
@@ -285,7 +301,7 @@ pub async fn start_agent(
         push: crate::agent::push::PushOptions::default(),
     };
     crate::agent::start(
-        config.clone(),
+        config,
         opts,
         token,
         std::sync::Arc::new(crate::clock::SystemClock),
