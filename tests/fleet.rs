@@ -240,6 +240,8 @@ impl Db {
 /// What the proxies read their database URL from (set on the child processes only).
 const URL_VAR: &str = "PROBEOK_FLEET_DATABASE_URL";
 const KEYS_VAR: &str = "PROBEOK_FLEET_CLIENT_KEYS";
+/// The key of the named client with a spend limit, where a test configures one.
+const TEAM_VAR: &str = "PROBEOK_FLEET_TEAM_KEY";
 
 use common::free_port;
 
@@ -323,6 +325,7 @@ async fn start_with(
         .args(args)
         .env_remove("PROBEOK_CONFIG")
         .env(KEYS_VAR, "key-a,key-b")
+        .env(TEAM_VAR, "key-team")
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -625,6 +628,11 @@ async fn readyz(http: &reqwest::Client, r: &Replica) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_its_database_a_proxy_serves_buffers_and_refuses_only_idempotent_calls() {
+    // A client with a spend limit: held to the reservations it holds while nothing can be
+    // written.
+    let team = format!(
+        "[[proxy.client]]\nid = \"team\"\nkey_env = \"{TEAM_VAR}\"\nlimit = {{ amount = 100.0, per = \"day\" }}\n"
+    );
     let db = Db::create().await;
     let dir = tempfile::tempdir().unwrap();
     let (up, calls) = upstream(Duration::ZERO).await;
@@ -646,7 +654,7 @@ async fn without_its_database_a_proxy_serves_buffers_and_refuses_only_idempotent
         "a",
         Some(&db.url),
         &up.base_url(),
-        "",
+        &team,
         &["--weights-from", &monitor.base_url()],
     )
     .await;
@@ -654,6 +662,12 @@ async fn without_its_database_a_proxy_serves_buffers_and_refuses_only_idempotent
     let ok = chat(&http, &a.base, "key-a", None).send().await.unwrap();
     assert_eq!(ok.status(), 200);
     assert!(ok.headers().get("x-probeok-store").is_none());
+    let booked = chat(&http, &a.base, "key-team", None).send().await.unwrap();
+    assert_eq!(
+        booked.status(),
+        200,
+        "the limited client is booked while the store is up"
+    );
 
     set_reachable(&db, false).await;
     let cut = Instant::now();
@@ -697,9 +711,15 @@ async fn without_its_database_a_proxy_serves_buffers_and_refuses_only_idempotent
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "store_unavailable");
     assert_eq!(calls.load(Ordering::SeqCst), before, "never sent upstream");
+    // The limited client cannot book anything new: refused, never sent upstream.
+    let r = chat(&http, &a.base, "key-team", None).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "store_unavailable");
+    assert_eq!(calls.load(Ordering::SeqCst), before, "never sent upstream");
     // Every attempt of the outage reached the monitor as a passive outcome.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while passive() < 1 + OUTAGE_REQUESTS {
+    while passive() < 2 + OUTAGE_REQUESTS {
         assert!(
             Instant::now() < deadline,
             "{} passive outcomes ingested",
@@ -722,9 +742,9 @@ async fn without_its_database_a_proxy_serves_buffers_and_refuses_only_idempotent
             })
             .unwrap()
             .len();
-        // One before the outage and the outage's five (the refused idempotent request was
-        // refused before it had a model: it is not metered, as any refused key is not).
-        if n == 1 + OUTAGE_REQUESTS {
+        // Two before the outage and the outage's five (the refused idempotent and limited
+        // requests were refused before any attempt: not metered, as any refused key is not).
+        if n == 2 + OUTAGE_REQUESTS {
             break back.elapsed();
         }
         assert!(

@@ -146,6 +146,12 @@ async fn book_client(
         // Nothing to book, or an unknown model (answered 404 further on).
         return Ok(());
     }
+    // In read-only mode no new reservation can be written: the client is held to what it
+    // already holds, at once, rather than after a connection attempt to a database known
+    // to be gone.
+    if proxy.store_health().is_some_and(|h| !h.available()) {
+        return Err(Reject::SpendUnavailable);
+    }
     // A degradation contract may send the request to its fallback model instead.
     let live = p.live.borrow().clone();
     let mut models = vec![intake.model.as_str()];
