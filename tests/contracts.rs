@@ -275,6 +275,7 @@ async fn reject_answers_503_with_the_message_and_retry_after_without_an_upstream
     .await;
 
     // DEGRADED has no behaviour here: served as usual.
+    let started = chrono::Utc::now();
     px.states(&[("chat", "DEGRADED")]);
     let r = px.post(chat(), &[]).await;
     assert_eq!(r.status(), 200);
@@ -289,12 +290,18 @@ async fn reject_answers_503_with_the_message_and_retry_after_without_an_upstream
     assert_eq!(header(&r, "x-probeok-attempts"), "0");
     assert_eq!(header(&r, "x-request-id"), "req-reject-1");
     assert_eq!(decode(header(&r, "x-probeok-user-message")), MESSAGE);
-    let body: Value = r.json().await.unwrap();
+    let mut body: Value = r.json().await.unwrap();
     assert_eq!(
         body["error"],
         j!({"message": "AI features are temporarily unavailable, please retry later",
             "type": "service_unavailable", "code": "feature_degraded"})
     );
+    // Since the proxy first saw the model's primaries DEGRADED (the request before), not
+    // since this answer.
+    let since = body["probeok"]["degraded_since"].take();
+    let since =
+        chrono::DateTime::parse_from_rfc3339(since.as_str().expect("a time")).expect("RFC 3339");
+    assert!(since <= chrono::Utc::now() && since >= started - chrono::Duration::seconds(1));
     assert_eq!(
         body["probeok"],
         j!({"mode": "degraded", "feature": "default", "contract": "reject", "user_message": MESSAGE,

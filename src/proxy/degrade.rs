@@ -59,7 +59,18 @@ pub(super) async fn apply(
             });
         }
     }
-    let d = contract::decide(chosen, contract::severity(view, &req.model))?;
+    let severity = contract::severity(view, &req.model);
+    let since = {
+        let mut map = p.contract_since.lock().unwrap_or_else(|e| e.into_inner());
+        match severity {
+            Some(_) => *map.entry(req.model.clone()).or_insert(now),
+            None => {
+                map.remove(&req.model);
+                now
+            }
+        }
+    };
+    let d = contract::decide(chosen, severity)?;
     if let Some(m) = &d.user_message {
         ctx.d
             .extra
@@ -72,6 +83,7 @@ pub(super) async fn apply(
         feature,
         owner,
         now,
+        since,
         d: &d,
     };
     match &d.behaviour {
@@ -99,6 +111,8 @@ struct Applying<'a> {
     /// `sha256(client key)`.
     owner: String,
     now: DateTime<Utc>,
+    /// Since when the model's contract has applied.
+    since: DateTime<Utc>,
     d: &'a Decision,
 }
 
@@ -118,6 +132,7 @@ impl Applying<'_> {
         if let Some(outcome) = outcome {
             ctx.outcome = outcome;
             ctx.d.mode = Some(Mode::Degraded);
+            ctx.d.degraded_since.get_or_insert(self.since);
         }
         let counters = &self.proxy.inner.counters;
         counters.contract_use(&self.d.contract_feature, name);

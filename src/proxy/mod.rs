@@ -177,6 +177,9 @@ struct Inner {
     first_byte_overrides: HashMap<RouteId, Duration>,
     /// Logical model → since when it has been served degraded (all weights 0).
     degraded_since: Mutex<HashMap<String, DateTime<Utc>>>,
+    /// Logical model → since when its contract has applied (its primaries DEGRADED or
+    /// CRITICAL), as this proxy saw it: the `degraded_since` of the contract's own answers.
+    contract_since: Mutex<HashMap<String, DateTime<Utc>>>,
     clock: Arc<dyn Clock>,
     breakers: Breakers,
     /// Recent outcomes per route and client: whose fault a failure is.
@@ -302,6 +305,7 @@ impl Proxy {
                 first_byte_overrides,
                 profiles,
                 degraded_since: Mutex::new(HashMap::new()),
+                contract_since: Mutex::new(HashMap::new()),
                 clock,
                 breakers,
                 ledger: Arc::default(),
