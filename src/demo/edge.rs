@@ -34,20 +34,36 @@ impl EdgeOutage {
 
     /// Whether the path is cut `elapsed` after the relay started.
     pub fn is_down(&self, elapsed: Duration) -> bool {
-        if elapsed < self.after || self.lasts.is_zero() {
-            return false;
+        self.until_down(elapsed) == Some(Duration::ZERO)
+    }
+
+    /// How long from `elapsed` until the path is cut (zero while it is); `None`: never again.
+    pub fn until_down(&self, elapsed: Duration) -> Option<Duration> {
+        if self.lasts.is_zero() {
+            return None;
+        }
+        if elapsed < self.after {
+            return Some(self.after - elapsed);
         }
         let into = elapsed - self.after;
         if self.every.is_zero() {
-            return into < self.lasts;
+            return (into < self.lasts).then_some(Duration::ZERO);
         }
-        into.as_nanos() % self.every.as_nanos() < self.lasts.as_nanos()
+        let every = self.every.as_nanos();
+        let at = into.as_nanos() % every;
+        if at < self.lasts.as_nanos() {
+            Some(Duration::ZERO)
+        } else {
+            Some(Duration::from_nanos((every - at) as u64))
+        }
     }
 }
 
 /// Starts the relay on a free loopback port in front of `upstream`; returns its address.
 /// While the outage holds, a new connection is closed at once, before any byte (the agent's
-/// probe sees the connection fail, as behind a broken path); otherwise bytes pass both ways.
+/// probe sees the connection fail, as behind a broken path); otherwise bytes pass both ways
+/// until the next outage begins, which cuts the connections open then too (kept-alive ones
+/// would otherwise ride through it).
 pub async fn start(
     upstream: SocketAddr,
     outage: EdgeOutage,
@@ -70,12 +86,20 @@ pub async fn start(
                 continue;
             }
             let shutdown = shutdown.clone();
+            let cut_in = outage.until_down(started.elapsed());
             tokio::spawn(async move {
                 let Ok(mut outbound) = TcpStream::connect(upstream).await else {
                     return;
                 };
+                let cut = async {
+                    match cut_in {
+                        Some(d) => tokio::time::sleep(d).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
+                    _ = cut => {}
                     _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                 }
             });
@@ -115,6 +139,12 @@ mod tests {
             ..o
         };
         assert!(!never.is_down(s(60)));
+        assert_eq!(never.until_down(s(0)), None);
+        // Open connections are cut when the next window begins.
+        assert_eq!(o.until_down(s(10)), Some(s(50)));
+        assert_eq!(o.until_down(s(100)), Some(s(0)));
+        assert_eq!(o.until_down(s(210)), Some(s(450)));
+        assert_eq!(once.until_down(s(300)), None);
     }
 
     #[tokio::test]

@@ -5,10 +5,11 @@
 //! as bad as the worst state that at least `min_vantages` vantages share (a vantage in a
 //! worse state shares every milder one: DEGRADED counts for WARNING); with fewer fresh
 //! vantages than that, the state all of them share. A fresh vantage still `UNKNOWN` (too few
-//! samples for a baseline) has seen no failure: it shares no bad state, so one judged vantage
-//! cannot carry a bad state past it — the route stays `UNKNOWN`, or NORMAL where a judged
-//! vantage says so. A vantage whose state is DEGRADED or worse while the quorum is milder is
-//! *local*: a `vantage_local` finding.
+//! samples for a baseline) with no failure in its error window shares no bad state, so one
+//! judged vantage cannot carry a bad state past it — the route stays `UNKNOWN`, or NORMAL
+//! where a judged vantage says so. An `UNKNOWN` vantage that has failed lately (it fell back
+//! to `UNKNOWN` after one success) does not vote. A vantage whose state is DEGRADED or worse
+//! while the quorum is milder is *local*: a `vantage_local` finding.
 
 use super::{Reason, State};
 
@@ -18,6 +19,9 @@ pub struct Vote<'a> {
     pub vantage: &'a str,
     pub state: State,
     pub reason: Option<&'a Reason>,
+    /// Failures in the vantage's error window: an `UNKNOWN` vantage with some is no witness
+    /// that the route works.
+    pub failed_lately: bool,
 }
 
 /// What the quorum decided for one route.
@@ -43,8 +47,12 @@ pub fn judge(votes: &[Vote<'_>], min_vantages: u32) -> Verdict {
             reason: Reason::new("vantages_unknown", "no vantage has judged the route yet"),
         };
     }
-    // Every fresh vantage counts toward the quorum; UNKNOWN sorts mildest.
-    let mut states: Vec<State> = votes.iter().map(|v| v.state).collect();
+    // Every fresh vantage counts toward the quorum, UNKNOWN sorting mildest — but only an
+    // UNKNOWN one that has not failed lately.
+    let voting: Vec<&Vote<'_>> = (votes.iter())
+        .filter(|v| v.state != State::Unknown || !v.failed_lately)
+        .collect();
+    let mut states: Vec<State> = voting.iter().map(|v| v.state).collect();
     states.sort_unstable_by(|a, b| b.cmp(a));
     let k = (min_vantages.max(1) as usize).min(states.len());
     let mut state = states[k - 1];
@@ -59,7 +67,7 @@ pub fn judge(votes: &[Vote<'_>], min_vantages: u32) -> Verdict {
             .collect();
         return Verdict {
             state,
-            agreeing: (votes.iter())
+            agreeing: (voting.iter())
                 .filter(|v| v.state == State::Unknown)
                 .map(|v| v.vantage.to_owned())
                 .collect(),
@@ -69,7 +77,7 @@ pub fn judge(votes: &[Vote<'_>], min_vantages: u32) -> Verdict {
                 format!(
                     "{} of {} vantages have judged the route: too few to carry a state",
                     known.len(),
-                    votes.len()
+                    voting.len()
                 ),
             ),
         };
@@ -139,6 +147,7 @@ mod tests {
                 vantage: v,
                 state: *s,
                 reason: None,
+                failed_lately: false,
             })
             .collect()
     }
@@ -199,6 +208,12 @@ mod tests {
             &votes(&[("a", Unknown), ("b", Critical), ("c", Degraded)]),
             2,
         );
+        assert_eq!(v.state, Degraded);
+        assert!(v.local.is_empty());
+        // A place that fell back to UNKNOWN after failing is no witness: it does not vote.
+        let mut v = votes(&[("a", Unknown), ("b", Degraded)]);
+        v[0].failed_lately = true;
+        let v = judge(&v, 2);
         assert_eq!(v.state, Degraded);
         assert!(v.local.is_empty());
         // With a quorum of one, one place is enough.

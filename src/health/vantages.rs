@@ -243,6 +243,7 @@ impl Board {
             vantage: &self.local_id,
             state: j.local.state(),
             reason: j.local.reason(),
+            failed_lately: j.local.window().failures_held() > 0,
         }];
         for s in &j.seats {
             let a = &self.agents[s.agent];
@@ -251,6 +252,7 @@ impl Board {
                     vantage: &a.id,
                     state: s.health.state(),
                     reason: s.health.reason(),
+                    failed_lately: s.health.window().failures_held() > 0,
                 });
             }
         }
