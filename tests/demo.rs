@@ -2,6 +2,8 @@
 //! prompts generically, so every backup would fail the quality gate. Every demo route gets
 //! its share at start, and the backups take over with non-zero weights when the primaries go.
 
+mod common;
+
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -129,14 +131,8 @@ async fn the_demo_agent_pushes_as_a_second_vantage() {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     let routes = demo.config.routes().len();
     loop {
-        let status: serde_json::Value = http
-            .get(format!("http://{}/api/v1/status", running.addr))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let status =
+            common::get_json(&http, &format!("http://{}/api/v1/status", running.addr)).await;
         let all = status["routes"].as_array().unwrap();
         let seen = all
             .iter()
@@ -186,14 +182,8 @@ async fn the_demo_agent_pushes_as_a_second_vantage() {
         "{metrics}"
     );
     // One place's outage opened no incident.
-    let incidents: serde_json::Value = http
-        .get(format!("http://{}/api/v1/incidents", running.addr))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let incidents =
+        common::get_json(&http, &format!("http://{}/api/v1/incidents", running.addr)).await;
     let (provider, region) = EDGE_REGION;
     let prefix = format!("{provider}/{region}/");
     assert!(

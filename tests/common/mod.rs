@@ -25,3 +25,14 @@ pub mod scale;
 pub mod upstream;
 
 pub use upstream::*;
+
+/// `GET url` answered with a JSON body (panics otherwise: a test's own request).
+pub async fn get_json(http: &reqwest::Client, url: &str) -> serde_json::Value {
+    http.get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .json()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: not JSON: {e}"))
+}
