@@ -59,17 +59,12 @@ pub(super) async fn apply(
             });
         }
     }
+    // No contract, nothing to track: the common path takes no lock.
+    chosen?;
     let severity = contract::severity(view, &req.model);
-    let since = {
-        let mut map = p.contract_since.lock().unwrap_or_else(|e| e.into_inner());
-        match severity {
-            Some(_) => *map.entry(req.model.clone()).or_insert(now),
-            None => {
-                map.remove(&req.model);
-                now
-            }
-        }
-    };
+    let since = (p.contract_since)
+        .track(&req.model, severity.is_some(), now)
+        .unwrap_or(now);
     let d = contract::decide(chosen, severity)?;
     if let Some(m) = &d.user_message {
         ctx.d

@@ -122,16 +122,9 @@ fn plan(
 /// out because they rest after a 429.
 fn disclose_plan(p: &Inner, ctx: &mut RequestCtx, model: &str, plan: &Plan) {
     let feed_stale = (p.feed.as_ref()).and_then(|f| f.stale_since(Instant::now(), p.clock.now()));
-    ctx.d.degraded_since = {
-        let mut map = p.degraded_since.lock().unwrap_or_else(|e| e.into_inner());
-        if plan.degraded {
-            Some(*map.entry(model.to_owned()).or_insert_with(|| p.clock.now()))
-        } else {
-            map.remove(model);
-            None
-        }
-    }
-    .or(feed_stale);
+    ctx.d.degraded_since = (p.degraded_since)
+        .track(model, plan.degraded, p.clock.now())
+        .or(feed_stale);
     ctx.d.degraded_reason = if plan.degraded {
         Some("all_routes_unhealthy")
     } else if ctx.d.degraded_since.is_some() {

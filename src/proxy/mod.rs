@@ -155,6 +155,24 @@ pub enum ProxyError {
 }
 
 /// The proxy's state: cheap to clone (one `Arc`).
+/// Since when a condition has held per logical model, as this proxy saw it.
+#[derive(Default)]
+struct Since(Mutex<HashMap<String, DateTime<Utc>>>);
+
+impl Since {
+    /// While `holds`, the time `model` was first seen so (`now` the first time); otherwise
+    /// forgets it and answers `None`.
+    fn track(&self, model: &str, holds: bool, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if holds {
+            Some(*map.entry(model.to_owned()).or_insert(now))
+        } else {
+            map.remove(model);
+            None
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Proxy {
     inner: Arc<Inner>,
@@ -176,10 +194,10 @@ struct Inner {
     /// Routes whose own `first_byte_timeout` overrides the proxy's stream watchdog.
     first_byte_overrides: HashMap<RouteId, Duration>,
     /// Logical model → since when it has been served degraded (all weights 0).
-    degraded_since: Mutex<HashMap<String, DateTime<Utc>>>,
+    degraded_since: Since,
     /// Logical model → since when its contract has applied (its primaries DEGRADED or
     /// CRITICAL), as this proxy saw it: the `degraded_since` of the contract's own answers.
-    contract_since: Mutex<HashMap<String, DateTime<Utc>>>,
+    contract_since: Since,
     clock: Arc<dyn Clock>,
     breakers: Breakers,
     /// Recent outcomes per route and client: whose fault a failure is.
@@ -304,8 +322,8 @@ impl Proxy {
                 clients,
                 first_byte_overrides,
                 profiles,
-                degraded_since: Mutex::new(HashMap::new()),
-                contract_since: Mutex::new(HashMap::new()),
+                degraded_since: Since::default(),
+                contract_since: Since::default(),
                 clock,
                 breakers,
                 ledger: Arc::default(),
