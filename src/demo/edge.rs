@@ -81,12 +81,12 @@ pub async fn start(
             let Ok((mut inbound, _)) = accepted else {
                 continue;
             };
-            if outage.is_down(started.elapsed()) {
+            let cut_in = outage.until_down(started.elapsed());
+            if cut_in == Some(Duration::ZERO) {
                 drop(inbound);
                 continue;
             }
             let shutdown = shutdown.clone();
-            let cut_in = outage.until_down(started.elapsed());
             tokio::spawn(async move {
                 let Ok(mut outbound) = TcpStream::connect(upstream).await else {
                     return;

@@ -243,7 +243,7 @@ impl Board {
             vantage: &self.local_id,
             state: j.local.state(),
             reason: j.local.reason(),
-            failed_lately: j.local.window().failures_held() > 0,
+            failed_lately: failed_lately(&j.local),
         }];
         for s in &j.seats {
             let a = &self.agents[s.agent];
@@ -252,7 +252,7 @@ impl Board {
                     vantage: &a.id,
                     state: s.health.state(),
                     reason: s.health.reason(),
-                    failed_lately: s.health.window().failures_held() > 0,
+                    failed_lately: failed_lately(&s.health),
                 });
             }
         }
@@ -341,6 +341,12 @@ impl Board {
         }
         VantageView { routes }
     }
+}
+
+/// Whether an `UNKNOWN` vantage has failed within its error window (summed only for those:
+/// a judged vantage's vote does not need it).
+fn failed_lately(h: &RouteHealth) -> bool {
+    h.state() == State::Unknown && h.window().failures_held() > 0
 }
 
 #[cfg(test)]
