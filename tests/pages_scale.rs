@@ -1,10 +1,13 @@
 //! The status page at a thousand routes over real sockets: one compact line per route under
-//! the size bound, models and routes worst first, and the `?q=` filter.
+//! the size bound, models and routes worst first, and the `?q=` filter; past a thousand
+//! routes, lines for the worst thousand only, the rest a link per model (`?serves=`).
 
 mod common;
 
 use common::app::*;
-use common::scale::{fixture, ROUTES};
+use common::scale::{fixture, fixture_of, state_of, ROUTES};
+use probeok::health::State;
+use probeok::web::pages::{MAX_FOLDED_MODELS, MAX_LINES};
 use reqwest::StatusCode;
 
 /// The page's weight bound at a thousand routes × 90 days.
@@ -113,5 +116,75 @@ async fn the_filter_keeps_matching_routes_only() {
     let (status, body) = page(&s, &format!("/?q={}", "x".repeat(201))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body.contains("Bad request"));
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn past_a_thousand_lines_the_worst_are_drawn_and_the_rest_are_a_link_per_model() {
+    // 2,500 routes in 1,250 models of two: more lines and more models than the page lists.
+    const N: usize = 2500;
+    let (h, s, ids) = fixture_of(N, 2, 2).await;
+    let (status, body) = page(&s, "/?lang=en").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.len() < MAX_BYTES, "{} bytes at {N} routes", body.len());
+    assert_eq!(body.matches("<tr><td class=\"rt\">").count(), MAX_LINES);
+    // Every route worse than WARNING has its line (fewer than MAX_LINES of them).
+    let bad: Vec<&String> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| {
+            matches!(
+                state_of(*i, 2),
+                State::Critical | State::Degraded | State::Switched
+            )
+        })
+        .map(|(_, id)| id)
+        .collect();
+    assert!(bad.len() < MAX_LINES && bad.len() > 500, "{}", bad.len());
+    for id in &bad {
+        assert!(body.contains(&href(id, "en")), "{id} has no line");
+    }
+    // Models worst first still; those past the lines fold into one link each, up to a bound,
+    // and the page says how many more it left out.
+    let groups = classes_after(&body, "<h2 class=\"group\"");
+    assert!(
+        groups.windows(2).all(|w| rank(w[0]) >= rank(w[1])),
+        "{groups:?}"
+    );
+    let sections: Vec<&str> = body.split("<h2 class=\"group\"").skip(1).collect();
+    let folded = sections
+        .iter()
+        .filter(|s| !s.contains("<table class=\"lines\">"))
+        .count();
+    assert_eq!(folded, MAX_FOLDED_MODELS);
+    let drawn = sections.len() - folded;
+    let hidden = 1250 - drawn - folded;
+    assert!(
+        body.contains(&format!(
+            "{hidden} more models, all better than those listed"
+        )),
+        "the hidden models' count ({hidden})"
+    );
+    for section in sections.iter().filter(|s| !s.contains("<table")) {
+        assert!(section.contains("2 routes, none of them among the worst listed above"));
+        assert!(section.contains("href=\"/?serves=model-"));
+    }
+    assert!(
+        body.contains(&format!("{N} ")),
+        "the route count is of all routes"
+    );
+
+    // A model's link lists its routes, every one of them, and says what it filters.
+    let (status, body) = page(&s, "/?serves=model-7&lang=en").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body.matches("<tr><td class=\"rt\">").count(), 2);
+    for id in ["p14/r0/m14", "p15/r0/m15"] {
+        assert!(body.contains(&href(id, "en")), "{id}");
+    }
+    assert!(body.contains("model model-7 only"));
+    assert!(
+        body.contains("name=\"serves\" value=\"model-7\""),
+        "the form keeps it"
+    );
     h.shutdown.cancel();
 }

@@ -37,9 +37,14 @@ pub const ALL_DAY: &str = "all-day";
 pub const JITTER_FRACTION: f64 = 0.1;
 
 /// A bounded series with its mean and sample standard deviation cached after each push.
+///
+/// Samples are kept as `f32` (a latency in ms or a tokens/s figure needs far less than its
+/// 7 significant digits) and the buffer grows with the samples instead of being allocated
+/// for the whole window up front: a route has 25 buckets × 3 series at hourly buckets, most
+/// of them thin or empty for days, and at 10,000 routes the difference is hundreds of MB.
 #[derive(Debug, Clone)]
 struct Series {
-    buf: VecDeque<f64>,
+    buf: VecDeque<f32>,
     cap: usize,
     mean: f64,
     stddev: f64,
@@ -48,7 +53,7 @@ struct Series {
 impl Series {
     fn new(cap: usize) -> Self {
         Self {
-            buf: VecDeque::with_capacity(cap),
+            buf: VecDeque::new(),
             cap,
             mean: 0.0,
             stddev: 0.0,
@@ -58,12 +63,20 @@ impl Series {
     fn push(&mut self, x: f64) {
         if self.buf.len() == self.cap {
             self.buf.pop_front();
+        } else if self.buf.len() == self.buf.capacity() {
+            // Grow by doubling, but never past the window (a full window of 100 holds 100).
+            let more = self.buf.len().max(4).min(self.cap - self.buf.len());
+            self.buf.reserve_exact(more);
         }
-        self.buf.push_back(x);
-        self.mean = self.buf.iter().mean();
+        self.buf.push_back(x as f32);
+        self.mean = self.values().mean();
         // Sample σ (n − 1); undefined for one sample, which is no spread at all.
-        let sd = self.buf.iter().std_dev();
+        let sd = self.values().std_dev();
         self.stddev = if sd.is_finite() { sd } else { 0.0 };
+    }
+
+    fn values(&self) -> impl Iterator<Item = f64> + '_ {
+        self.buf.iter().map(|&v| f64::from(v))
     }
 
     fn len(&self) -> usize {
@@ -74,7 +87,7 @@ impl Series {
         if self.buf.is_empty() {
             return None;
         }
-        let mut data = Data::new(self.buf.iter().copied().collect::<Vec<f64>>());
+        let mut data = Data::new(self.values().collect::<Vec<f64>>());
         Some(Summary {
             samples: self.buf.len(),
             mean: self.mean,
@@ -182,7 +195,8 @@ pub struct Baseline {
     tps_floor: f64,
     /// Runs shorter than this are jitter and are learned.
     hold: u32,
-    buckets: Vec<Bucket>,
+    /// One slot per time-of-day bucket, made on its first sample.
+    buckets: Vec<Option<Box<Bucket>>>,
     all_day: Bucket,
     latency_run: Run,
     tps_run: Run,
@@ -206,7 +220,7 @@ impl Baseline {
             floor_ms: cfg.latency_floor.as_secs_f64() * 1000.0,
             tps_floor: cfg.tps_floor,
             hold: cfg.degraded_after.max(1),
-            buckets: (0..n).map(|_| Bucket::new(window)).collect(),
+            buckets: vec![None; n],
             all_day: Bucket::new(window),
             latency_run: Run::default(),
             tps_run: Run::default(),
@@ -241,17 +255,23 @@ impl Baseline {
         self.all_day.latency.len()
     }
 
-    /// Heap and inline bytes held (for capacity planning: about 2.4 KB per bucket and series
-    /// at the default window of 100).
+    /// Heap and inline bytes held (for capacity planning: 400 bytes per full series at the
+    /// default window of 100, nothing for an empty one).
     pub fn approx_bytes(&self) -> usize {
-        let series = |s: &Series| s.buf.capacity() * std::mem::size_of::<f64>();
+        let series = |s: &Series| s.buf.capacity() * std::mem::size_of::<f32>();
         let bucket = |b: &Bucket| {
             std::mem::size_of::<Bucket>() + series(&b.latency) + series(&b.ttft) + series(&b.tps)
         };
         let run =
             |r: &Run| r.recent.capacity() + r.pending.capacity() * std::mem::size_of::<Held>();
         std::mem::size_of::<Self>()
-            + self.buckets.iter().map(bucket).sum::<usize>()
+            + self.buckets.len() * std::mem::size_of::<Option<Box<Bucket>>>()
+            + self
+                .buckets
+                .iter()
+                .flatten()
+                .map(|b| bucket(b))
+                .sum::<usize>()
             + bucket(&self.all_day)
             + run(&self.latency_run)
             + run(&self.tps_run)
@@ -311,8 +331,12 @@ impl Baseline {
     }
 
     fn targets(&mut self, b: Option<usize>) -> impl Iterator<Item = &mut Bucket> {
+        let window = self.window;
         let own = match b {
-            Some(i) => self.buckets.get_mut(i),
+            Some(i) => self
+                .buckets
+                .get_mut(i)
+                .map(|slot| &mut **slot.get_or_insert_with(|| Box::new(Bucket::new(window)))),
             None => None,
         };
         own.into_iter().chain(std::iter::once(&mut self.all_day))
@@ -368,7 +392,7 @@ impl Baseline {
         series: impl Fn(&'a Bucket) -> &'a Series,
     ) -> Option<(String, &'a Series)> {
         if let Some(i) = self.bucket_index(at) {
-            if let Some(b) = self.buckets.get(i) {
+            if let Some(b) = self.buckets.get(i).and_then(Option::as_deref) {
                 let s = series(b);
                 if s.len() >= self.min_samples {
                     return Some((self.label(i), s));
@@ -382,7 +406,7 @@ impl Baseline {
     /// The baseline in force at `at` (bucket, or the all-day fallback), for the API.
     pub fn snapshot(&self, at: DateTime<Utc>) -> Option<BaselineSnapshot> {
         if let Some(i) = self.bucket_index(at) {
-            if let Some(b) = self.buckets.get(i) {
+            if let Some(b) = self.buckets.get(i).and_then(Option::as_deref) {
                 if b.latency.len() >= self.min_samples {
                     return snapshot_of(self.label(i), b);
                 }
@@ -397,7 +421,7 @@ impl Baseline {
             .buckets
             .iter()
             .enumerate()
-            .filter_map(|(i, b)| snapshot_of(self.label(i), b))
+            .filter_map(|(i, b)| snapshot_of(self.label(i), b.as_deref()?))
             .collect();
         out.extend(snapshot_of(ALL_DAY.to_owned(), &self.all_day));
         out
@@ -545,6 +569,44 @@ mod tests {
         let snap = b.snapshot(utc(6, 30)).unwrap();
         assert_eq!(snap.samples, 20);
         assert_eq!(snap.ttft_mean_ms, Some(500.0));
+    }
+
+    #[test]
+    fn memory_grows_with_the_samples_and_stops_at_the_window() {
+        let c = cfg();
+        let mut b = Baseline::new(RouteId::new("p", "r", "m"), &c);
+        let empty = b.approx_bytes();
+        assert!(empty < 1024, "an empty baseline holds {empty} bytes");
+        // 300 probes in one hour: that hour's series and the all-day ones fill to the window.
+        for i in 0..300 {
+            b.record(&probe(
+                utc(6, 0) + chrono::Duration::seconds(10 * i),
+                1000.0 + i as f64,
+            ));
+        }
+        let window = c.baseline_window as usize;
+        for s in [
+            &b.all_day.latency,
+            &b.all_day.ttft,
+            &b.buckets[14].as_ref().unwrap().latency,
+        ] {
+            assert_eq!(s.len(), window);
+            assert_eq!(s.buf.capacity(), window, "no slack past the window");
+        }
+        assert!(
+            b.buckets[3].is_none(),
+            "an hour without samples holds nothing"
+        );
+        // Four full series (latency and ttft, one hour and all day), 4 bytes a sample.
+        let full = b.approx_bytes() - empty;
+        assert!(
+            full <= 4 * window * 4 + 4096,
+            "{full} bytes for four full series"
+        );
+        // Still the newest window's figures (f32 keeps a latency's ms exact enough).
+        let snap = b.snapshot(utc(6, 30)).unwrap();
+        assert_eq!(snap.samples, window);
+        assert!((snap.mean_ms - 1249.5).abs() < 1e-3, "{}", snap.mean_ms);
     }
 
     #[test]

@@ -38,7 +38,6 @@ use axum::Json;
 use chrono::{DateTime, Duration as TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tokio::time::Instant;
 
 use super::{rfc3339, ApiError, AppState};
 use crate::health::{HealthSnapshot, Incident, State as RouteState};
@@ -411,36 +410,28 @@ fn status_view<'a>(
 }
 
 /// How long store figures are reused between status requests. The health part of the answer
-/// is always fresh; the store part (windows of an hour and more) may be this old.
-pub const FIGURES_TTL: Duration = Duration::from_secs(5);
+/// is always fresh; the store part (windows of an hour and more) may be this old, and up to
+/// [`super::refresh::STALE_MAX`] while a newer read runs (see [`super::refresh`]).
+pub const FIGURES_TTL: Duration = super::refresh::FRESH;
 
 /// The last [`Figures`] read, shared by concurrent status requests (one read at a time: a
-/// burst of requests costs one set of scans, not one each).
+/// burst of requests costs one set of scans, not one each), refreshed off their path.
 #[derive(Debug, Default)]
 pub struct FiguresCache {
-    last: tokio::sync::Mutex<Option<(Instant, Arc<Figures>)>>,
+    last: super::refresh::Refreshing<Figures>,
     /// The HTML pages' extra figures (day bars, incidents), reused the same way
     /// (see [`super::pages::PageData`]).
-    pub(super) pages: tokio::sync::Mutex<Option<(Instant, Arc<super::pages::PageData>)>>,
+    pub(super) pages: super::refresh::Refreshing<super::pages::PageData>,
 }
 
 impl FiguresCache {
-    /// Fresh figures (at most [`FIGURES_TTL`] old), reading the store when needed.
+    /// Figures at most [`FIGURES_TTL`] old, or a little older while a read runs.
     pub async fn get(&self, store: &Store, now: DateTime<Utc>) -> Result<Arc<Figures>, ApiError> {
-        let mut last = self.last.lock().await;
-        if let Some((at, figures)) = last.as_ref() {
-            if at.elapsed() < FIGURES_TTL {
-                return Ok(figures.clone());
-            }
-        }
         let store = store.clone();
-        let figures = tokio::task::spawn_blocking(move || -> Result<Figures, StoreError> {
-            Figures::load(&store.reader()?, now)
-        })
-        .await??;
-        let figures = Arc::new(figures);
-        *last = Some((Instant::now(), figures.clone()));
-        Ok(figures)
+        Ok(self
+            .last
+            .get(move |_| Figures::load(&store.reader()?, now))
+            .await?)
     }
 }
 

@@ -15,6 +15,7 @@
 //!   API; [`reload`]: `POST /api/v1/admin/reload`.
 //! - [`metrics`]: `/metrics` (OpenMetrics via `prometheus-client`).
 //! - [`openapi`]: `/api/openapi.json` and the check of a table against a document.
+//! - [`refresh`]: store figures shared by requests and refreshed off their path.
 //! - [`pages`]: the public HTML pages `/`, `/routes/{id}`, `/incidents` (askama templates in
 //!   `templates/`, words in [`i18n`]) and `/static/style.css`.
 //!
@@ -35,6 +36,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod openapi;
 pub mod pages;
+pub mod refresh;
 pub mod reload;
 pub mod requests;
 pub mod shadow;

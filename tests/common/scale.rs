@@ -13,9 +13,10 @@ pub fn now() -> chrono::DateTime<chrono::Utc> {
     at("2026-05-20T12:00:00Z")
 }
 
-/// `p{i%20}/r{(i/20)%5}/m{i}` serving `model-{i/10}`: 20 providers, 100 models of 10 routes.
-fn specs() -> Vec<Spec<'static>> {
-    (0..ROUTES)
+/// `p{i%20}/r{(i/20)%5}/m{i}` serving `model-{i/per_model}`: 20 providers, models of
+/// `per_model` routes.
+fn specs(routes: usize, per_model: usize) -> Vec<Spec<'static>> {
+    (0..routes)
         .map(|i| {
             let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
             let tier = match i % 10 {
@@ -27,7 +28,7 @@ fn specs() -> Vec<Spec<'static>> {
                 leak(format!("p{}", i % 20)),
                 leak(format!("r{}", (i / 20) % 5)),
                 leak(format!("m{i}")),
-                leak(format!("model-{}", i / 10)),
+                leak(format!("model-{}", i / per_model)),
                 tier,
                 50,
             )
@@ -50,15 +51,29 @@ const STATES: [State; 8] = [
     State::Unknown,
 ];
 
-/// 90 days of one probe a day per route (one bad day in eight for every seventh route, the
-/// bars' worst case of short runs), the last hour for the latency, and mixed states.
+/// Route `i`'s state in a fixture of models of `per_model` routes.
+pub fn state_of(i: usize, per_model: usize) -> State {
+    STATES[(i / per_model + i) % STATES.len()]
+}
+
+/// [`ROUTES`] routes in models of ten, with 90 days of history.
 pub async fn fixture() -> (Harness, Served, Vec<String>) {
-    let specs = specs();
+    fixture_of(ROUTES, 10, 90).await
+}
+
+/// `days` days of one probe a day per route (one bad day in eight for every seventh route,
+/// the bars' worst case of short runs), the last hour for the latency, and mixed states.
+pub async fn fixture_of(
+    routes: usize,
+    per_model: usize,
+    days: i64,
+) -> (Harness, Served, Vec<String>) {
+    let specs = specs(routes, per_model);
     let h = Harness::new(&specs, now()).await;
     let ids: Vec<String> = specs.iter().map(route_id).collect();
     let mut batch = Vec::new();
     for (i, r) in ids.iter().enumerate() {
-        for d in 0..90 {
+        for d in 0..days {
             let bad = i % 7 == 0 && d % 8 == 3;
             batch.push(outcome(
                 r,
@@ -84,7 +99,7 @@ pub async fn fixture() -> (Harness, Served, Vec<String>) {
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            let state = STATES[(i / 10 + i) % STATES.len()];
+            let state = state_of(i, per_model);
             let s = normal(r, now() - TimeDelta::minutes(30));
             if state == State::Normal {
                 s

@@ -406,6 +406,36 @@ pub fn budget_left(lang: Lang, b: &crate::slo::ErrorBudget) -> String {
     }
 }
 
+/// Under a model on `/` whose routes are not all drawn (the page draws the worst lines only).
+pub fn more_routes(lang: Lang, more: usize, drawn: usize) -> String {
+    match (lang, drawn) {
+        (Lang::En, 0) => {
+            format!("{more} routes, none of them among the worst listed above: list them")
+        }
+        (Lang::En, _) => {
+            format!("{more} more routes of this model, better than those above: list them all")
+        }
+        (Lang::Zh, 0) => format!("{more} 条线路，均不在上方列出的最差线路之中：查看"),
+        (Lang::Zh, _) => format!("该模型另有 {more} 条线路，状态好于上方线路：查看全部"),
+    }
+}
+
+/// At the end of `/` when more models than it lists are left out.
+pub fn hidden_models(lang: Lang, n: usize) -> String {
+    match lang {
+        Lang::En => format!("{n} more models, all better than those listed: filter by route id or model to see them."),
+        Lang::Zh => format!("另有 {n} 个模型未列出，状态均好于上方：按线路 ID 或模型筛选即可查看。"),
+    }
+}
+
+/// `/` filtered to one logical model.
+pub fn model_filter(lang: Lang, model: &str) -> String {
+    match lang {
+        Lang::En => format!("model {model} only"),
+        Lang::Zh => format!("仅显示模型 {model}"),
+    }
+}
+
 /// What the demo's simulated history is, on every page while the demo's database has one.
 pub fn demo_history(lang: Lang, days: i64, to: &str) -> String {
     match lang {

@@ -38,9 +38,6 @@ pub struct RouteLine {
     pub p50: String,
     /// One dot per vantage, for routes agents probe too (filled by the page handler).
     pub vantages: Vec<super::VantageDot>,
-    /// For the ordering: how bad the route's state is, and its tier.
-    pub(super) rank: u8,
-    pub(super) tier_order: u8,
 }
 
 /// The runs of equal days of `bars` (oldest first).
@@ -110,14 +107,7 @@ pub fn route_line(
             };
             i18n::reason(lang, &r.code, &f, &scrub(&r.text))
         });
-    let (bars, days_summary) = day_bars(
-        lang,
-        now,
-        dates,
-        data.days.get(id).map_or(&[][..], Vec::as_slice),
-        incidents,
-        route.slo,
-    );
+    let (bars, days_summary) = day_bars(lang, now, dates, &data.days_of(id), incidents, route.slo);
     RouteLine {
         id: id.as_str().to_owned(),
         href: route_href(id, lang),
@@ -131,12 +121,6 @@ pub fn route_line(
         uptime_30d: ratio(&figures.uptime_30d, id, t),
         p50: p50.map_or_else(|| t.no_data.to_owned(), fmt_ms),
         vantages: Vec::new(),
-        rank: severity(state),
-        tier_order: match route.tier {
-            Tier::Primary => 0,
-            Tier::Backup => 1,
-            Tier::Fallback => 2,
-        },
     }
 }
 
@@ -160,22 +144,58 @@ pub fn model_state(members: impl IntoIterator<Item = (Tier, St)> + Clone) -> St 
         .unwrap_or(St::Unknown)
 }
 
-/// Sorts routes worst first (then primaries before backups, then by id) and groups worst
-/// first: by the model's own state, then by its worst route, then by name.
-pub fn order(groups: &mut [Group]) {
-    for g in groups.iter_mut() {
-        g.routes.sort_by(|a, b| {
+/// A route's place in `/`'s order before its line is drawn (lines are drawn only for the
+/// routes the page shows).
+#[derive(Debug, Clone, Copy)]
+pub struct Pick<'a> {
+    pub route: &'a Route,
+    pub rank: u8,
+    pub tier_order: u8,
+}
+
+impl<'a> Pick<'a> {
+    pub fn new(route: &'a Route, state: St) -> Self {
+        Self {
+            route,
+            rank: severity(state),
+            tier_order: tier_order(route.tier),
+        }
+    }
+}
+
+fn tier_order(tier: Tier) -> u8 {
+    match tier {
+        Tier::Primary => 0,
+        Tier::Backup => 1,
+        Tier::Fallback => 2,
+    }
+}
+
+/// A logical model on `/` before its lines are drawn: its state and the routes the filter
+/// kept.
+#[derive(Debug)]
+pub struct Model<'a> {
+    pub name: String,
+    pub state: St,
+    pub picks: Vec<Pick<'a>>,
+}
+
+/// Sorts each model's routes worst first (then primaries before backups, then by id) and the
+/// models worst first: by the model's own state, then by its worst route, then by name.
+pub fn order(groups: &mut [Model<'_>]) {
+    for Model { picks, .. } in groups.iter_mut() {
+        picks.sort_by(|a, b| {
             b.rank
                 .cmp(&a.rank)
                 .then_with(|| a.tier_order.cmp(&b.tier_order))
-                .then_with(|| a.id.cmp(&b.id))
+                .then_with(|| a.route.id.as_str().cmp(b.route.id.as_str()))
         });
     }
     groups.sort_by(|a, b| {
-        let worst = |g: &Group| g.routes.iter().map(|r| r.rank).max().unwrap_or(0);
-        b.rank
-            .cmp(&a.rank)
-            .then_with(|| worst(b).cmp(&worst(a)))
+        let worst = |picks: &[Pick<'_>]| picks.first().map_or(0, |p| p.rank);
+        severity(b.state)
+            .cmp(&severity(a.state))
+            .then_with(|| worst(&b.picks).cmp(&worst(&a.picks)))
             .then_with(|| a.name.cmp(&b.name))
     });
 }

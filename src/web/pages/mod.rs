@@ -66,9 +66,8 @@ use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Datelike, Duration as TimeDelta, NaiveDate, Utc};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::Deserialize;
-use tokio::time::Instant;
 
-use super::api::{self, Figures, FiguresCache, FIGURES_TTL, PROBE_KINDS, UPTIME_KINDS};
+use super::api::{self, Figures, FiguresCache, PROBE_KINDS, UPTIME_KINDS};
 use super::i18n::{self, Lang, ReasonFigures, Text};
 use super::AppState;
 use crate::alert::maintenance::window_active;
@@ -98,8 +97,12 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 /// What the pages read beyond [`Figures`], for every route at once.
 #[derive(Debug, Default)]
 pub struct PageData {
-    /// Daily synthetic counts of the last [`DAYS`] days per route, oldest first.
-    pub days: DailyCounts,
+    /// Daily synthetic counts of the [`DAYS`] − 1 days before today per route, oldest first.
+    /// Past days change rarely (an agent's late outcomes, the demo's history): they are read
+    /// again every [`PAST_DAYS_TTL`] and at midnight UTC, and shared by the reads between.
+    past: Arc<PastDays>,
+    /// Today's counts so far per route (read each time).
+    today: HashMap<RouteId, Counts>,
     /// Incidents open at some time in the last [`DAYS`] days, newest first.
     pub incidents: Vec<Incident>,
     /// Probe counts of this calendar month per route (rollups): the month's error budget.
@@ -110,6 +113,17 @@ pub struct PageData {
     pub incident_bad: HashMap<String, u64>,
     /// The span of simulated history the built-in demo wrote, when it did.
     pub demo_history: Option<(DateTime<Utc>, DateTime<Utc>)>,
+}
+
+/// How long the days before today are reused by [`PageData::load`].
+pub const PAST_DAYS_TTL: TimeDelta = TimeDelta::minutes(10);
+
+/// The days before `today` (a UTC day start), as read at `read_at`.
+#[derive(Debug, Default)]
+struct PastDays {
+    today: DateTime<Utc>,
+    read_at: DateTime<Utc>,
+    days: DailyCounts,
 }
 
 /// What the pages' error-budget figures depend on in the config.
@@ -131,10 +145,13 @@ impl BudgetSource {
 }
 
 impl PageData {
+    /// Reads the pages' figures at `now`; the days before today come from `previous` when it
+    /// read them on the same UTC day less than [`PAST_DAYS_TTL`] ago.
     pub fn load(
         reader: &Reader,
         now: DateTime<Utc>,
         src: BudgetSource,
+        previous: Option<&PageData>,
     ) -> Result<Self, StoreError> {
         let since = Granularity::Day.bucket_start(now) - TimeDelta::days(DAYS - 1);
         let until = now + TimeDelta::milliseconds(1);
@@ -151,8 +168,25 @@ impl PageData {
             let bad = reader.bad_outcomes_between(&i.route, from, to, slo::KINDS, threshold_ms)?;
             incident_bad.insert(i.id.clone(), bad);
         }
+        let today = Granularity::Day.bucket_start(now);
+        let past = match previous {
+            Some(p) if p.past.today == today && now - p.past.read_at < PAST_DAYS_TTL => {
+                p.past.clone()
+            }
+            _ => Arc::new(PastDays {
+                today,
+                read_at: now,
+                days: reader.daily_counts_by_route(since, today, UPTIME_KINDS)?,
+            }),
+        };
+        let today_counts = reader
+            .daily_counts_by_route(today, until, UPTIME_KINDS)?
+            .into_iter()
+            .filter_map(|(id, days)| Some((id, days.last()?.1)))
+            .collect();
         Ok(Self {
-            days: reader.daily_counts_by_route(since, until, UPTIME_KINDS)?,
+            past,
+            today: today_counts,
             incidents,
             month: reader.counts_by_route(m0, until, slo::KINDS)?,
             incident_bad,
@@ -162,29 +196,31 @@ impl PageData {
                 .and_then(crate::demo::history::parse_marker),
         })
     }
+
+    /// One route's daily counts of the last [`DAYS`] days, oldest first, today's last.
+    pub fn days_of(&self, id: &RouteId) -> Vec<(DateTime<Utc>, Counts)> {
+        let mut days = self.past.days.get(id).cloned().unwrap_or_default();
+        if let Some(c) = self.today.get(id) {
+            days.push((self.past.today, *c));
+        }
+        days
+    }
 }
 
 impl FiguresCache {
-    /// Fresh [`PageData`] (at most [`FIGURES_TTL`] old), one store read at a time.
+    /// [`PageData`] at most [`super::api::FIGURES_TTL`] old (or a little older while a read runs), one
+    /// store read at a time; past days' bars are reused from the previous read.
     pub async fn pages(
         &self,
         store: &Store,
         now: DateTime<Utc>,
         src: BudgetSource,
     ) -> Result<Arc<PageData>, PageError> {
-        let mut last = self.pages.lock().await;
-        if let Some((at, data)) = last.as_ref() {
-            if at.elapsed() < FIGURES_TTL {
-                return Ok(data.clone());
-            }
-        }
         let store = store.clone();
-        let data = tokio::task::spawn_blocking(move || PageData::load(&store.reader()?, now, src))
-            .await
-            .map_err(|e| PageError::Internal(format!("blocking task: {e}")))??;
-        let data = Arc::new(data);
-        *last = Some((Instant::now(), data.clone()));
-        Ok(data)
+        Ok(self
+            .pages
+            .get(move |previous| PageData::load(&store.reader()?, now, src, previous.as_deref()))
+            .await?)
     }
 }
 
@@ -317,6 +353,8 @@ pub struct LangQuery {
     lang: Option<String>,
     /// `/`'s route filter.
     q: Option<String>,
+    /// `/`'s logical-model filter.
+    serves: Option<String>,
 }
 
 fn pick_lang(q: &Result<Query<LangQuery>, QueryRejection>, headers: &HeaderMap) -> Lang {
@@ -330,6 +368,15 @@ pub fn route_href(id: &RouteId, lang: Lang) -> String {
     format!(
         "/routes/{}?lang={}",
         utf8_percent_encode(id.as_str(), SEGMENT),
+        lang.code()
+    )
+}
+
+/// `/` with one logical model's routes only.
+pub fn model_href(model: &str, lang: Lang) -> String {
+    format!(
+        "/?serves={}&lang={}",
+        utf8_percent_encode(model, SEGMENT),
         lang.code()
     )
 }

@@ -44,15 +44,28 @@ pub struct RouteCard {
     pub budget: String,
 }
 
-/// A logical model on `/`: its state and the lines of its routes (those the filter kept).
+/// A logical model on `/`: its state and the lines of its routes (those the filter kept,
+/// within the page's [`MAX_LINES`]).
 pub struct Group {
     pub name: String,
     pub state_class: &'static str,
     pub state_text: &'static str,
     pub routes: Vec<RouteLine>,
-    /// For the ordering: how bad the model's state is.
-    pub(super) rank: u8,
+    /// The model's routes the filter kept that have no line here (past [`MAX_LINES`]), and
+    /// the page that lists them.
+    pub more: usize,
+    pub more_href: String,
+    /// What the link says (empty when `more` is 0).
+    pub more_text: String,
 }
+
+/// Route lines on `/` at most, the worst first: at ten thousand routes a line for each is
+/// megabytes that nobody reads at 4 a.m.; the page shows the worst thousand and a link to
+/// each model's own list for the rest.
+pub const MAX_LINES: usize = 1000;
+/// Models with no line shown (all past [`MAX_LINES`]) listed on `/` at most, as one line each;
+/// beyond them the page gives their count.
+pub const MAX_FOLDED_MODELS: usize = 200;
 
 /// How many routes are in one state (the summary line on top).
 pub struct StateCount {
@@ -85,8 +98,15 @@ pub struct StatusPage {
     pub counts: Vec<StateCount>,
     /// `?q=` as given (trimmed), and how many routes it kept of how many.
     pub q: String,
+    /// `?serves=`: one logical model's routes only (empty: every model).
+    pub serves: String,
     pub shown: usize,
     pub total: usize,
+    /// Models kept by the filter that are neither drawn nor listed (past
+    /// [`MAX_FOLDED_MODELS`]), said in words.
+    pub hidden_models: Option<String>,
+    /// `?serves=` said in words.
+    pub serves_text: Option<String>,
     /// The hourly extra-cost budget of serving off the primaries, when it is in force.
     pub budget: Option<String>,
     /// Logical models whose traffic the switch controller moved (switched, canary, probing).
@@ -225,14 +245,7 @@ pub fn route_card(
         };
         i18n::reason(lang, &r.code, &f, &scrub(&r.text))
     });
-    let (days, days_summary) = day_bars(
-        lang,
-        now,
-        dates,
-        data.days.get(id).map_or(&[][..], Vec::as_slice),
-        incidents,
-        route.slo,
-    );
+    let (days, days_summary) = day_bars(lang, now, dates, &data.days_of(id), incidents, route.slo);
     let budget = api::budget_30d(route, figures)
         .map_or_else(|| t.no_data.to_owned(), |b| i18n::budget_left(lang, &b));
     let since = status.map_or_else(
@@ -337,8 +350,15 @@ fn next_window(
     (end > now && start < now + TimeDelta::days(7)).then_some((start, end))
 }
 
-/// The `/` page's view model (a pure function of its inputs: the benchmark calls it). `q`
-/// keeps the routes whose id matches ([`matches`]); empty keeps all.
+/// What `/` shows of the routes: `q` keeps the routes whose id matches ([`matches`]),
+/// `serves` those of one logical model; empty keeps all.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PageFilter<'a> {
+    pub q: &'a str,
+    pub serves: &'a str,
+}
+
+/// The `/` page's view model (a pure function of its inputs: the benchmark calls it).
 #[allow(clippy::too_many_arguments)] // each input is a different source; a struct would only rename them
 pub fn status_page(
     lang: Lang,
@@ -348,9 +368,10 @@ pub fn status_page(
     health: &HealthSnapshot,
     figures: &Figures,
     data: &PageData,
-    q: &str,
+    filter: PageFilter<'_>,
     now: DateTime<Utc>,
 ) -> StatusPage {
+    let PageFilter { q, serves } = filter;
     let t = lang.text();
     let by_id: HashMap<&RouteId, &RouteStatus> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
@@ -360,43 +381,88 @@ pub fn status_page(
     }
     let state_of = |r: &Route| by_id.get(&r.id).map_or(St::Unknown, |s| s.state);
     let dates = day_dates(now);
-    let mut groups: Vec<Group> = Vec::new();
+    // Each model with the routes the filter keeps, and its members' (tier, state).
+    let mut models: Vec<Model<'_>> = Vec::new();
     let mut members: Vec<Vec<(Tier, St)>> = Vec::new();
-    let mut group_of: HashMap<&str, usize> = HashMap::new();
+    let mut model_of: HashMap<&str, usize> = HashMap::new();
     let mut per_state: HashMap<St, usize> = HashMap::new();
     let mut shown = 0;
     for r in routes {
         let state = state_of(r);
         *per_state.entry(state).or_default() += 1;
-        let gi = *group_of.entry(r.serves.as_str()).or_insert_with(|| {
-            groups.push(Group {
+        let mi = *model_of.entry(r.serves.as_str()).or_insert_with(|| {
+            models.push(Model {
                 name: r.serves.clone(),
-                state_class: "",
-                state_text: "",
-                routes: Vec::new(),
-                rank: 0,
+                state: St::Unknown,
+                picks: Vec::new(),
             });
             members.push(Vec::new());
-            groups.len() - 1
+            models.len() - 1
         });
-        members[gi].push((r.tier, state));
-        if !q.is_empty() && !matches(&r.id, q) {
+        members[mi].push((r.tier, state));
+        if (!q.is_empty() && !matches(&r.id, q)) || (!serves.is_empty() && r.serves != serves) {
             continue;
         }
         shown += 1;
-        let status = by_id.get(&r.id).copied();
-        let incidents = incidents_of.get(&r.id).map_or(&[][..], Vec::as_slice);
-        let line = route_line(lang, r, status, figures, data, incidents, &dates, now);
-        groups[gi].routes.push(line);
+        models[mi].picks.push(Pick::new(r, state));
     }
-    for (g, m) in groups.iter_mut().zip(members) {
-        let state = model_state(m);
-        g.state_class = state_class(state);
-        g.state_text = i18n::state(lang, state);
-        g.rank = severity(state);
+    for (m, members) in models.iter_mut().zip(members) {
+        m.state = model_state(members);
     }
-    groups.retain(|g| !g.routes.is_empty());
-    order(&mut groups);
+    let mut ordered: Vec<Model<'_>> = models.into_iter().filter(|m| !m.picks.is_empty()).collect();
+    order(&mut ordered);
+    // Lines for the worst MAX_LINES routes whatever their model (a WARNING model may have a
+    // CRITICAL backup); within a model they are the first of its order. A model with none
+    // folds into one line.
+    let mut all: Vec<(u8, usize, usize)> = ordered
+        .iter()
+        .enumerate()
+        .flat_map(|(gi, m)| {
+            m.picks
+                .iter()
+                .enumerate()
+                .map(move |(pi, p)| (p.rank, gi, pi))
+        })
+        .collect();
+    all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let mut takes = vec![0usize; ordered.len()];
+    for &(_, gi, _) in all.iter().take(MAX_LINES) {
+        takes[gi] += 1;
+    }
+    let mut folded = 0;
+    let mut hidden_models = 0;
+    let mut groups = Vec::new();
+    for (Model { name, state, picks }, take) in ordered.into_iter().zip(takes) {
+        if take == 0 {
+            if folded == MAX_FOLDED_MODELS {
+                hidden_models += 1;
+                continue;
+            }
+            folded += 1;
+        }
+        let lines = picks[..take]
+            .iter()
+            .map(|p| {
+                let status = by_id.get(&p.route.id).copied();
+                let incidents = incidents_of.get(&p.route.id).map_or(&[][..], Vec::as_slice);
+                route_line(lang, p.route, status, figures, data, incidents, &dates, now)
+            })
+            .collect();
+        let more = picks.len() - take;
+        groups.push(Group {
+            more,
+            more_text: if more > 0 {
+                i18n::more_routes(lang, more, take)
+            } else {
+                String::new()
+            },
+            more_href: model_href(&name, lang),
+            name,
+            state_class: state_class(state),
+            state_text: i18n::state(lang, state),
+            routes: lines,
+        });
+    }
     let counts = [
         St::Critical,
         St::Switched,
@@ -478,8 +544,11 @@ pub fn status_page(
         groups,
         counts,
         q: q.to_owned(),
+        serves: serves.to_owned(),
+        serves_text: (!serves.is_empty()).then(|| i18n::model_filter(lang, serves)),
         shown,
         total: routes.len(),
+        hidden_models: (hidden_models > 0).then(|| i18n::hidden_models(lang, hidden_models)),
         budget: None,
         switches: Vec::new(),
         stale_jobs: Vec::new(),
@@ -496,17 +565,21 @@ pub async fn status(
     let req = PageRequest::new(&state, &q, &headers);
     let (lang, now, config) = (req.lang, req.now, req.config.clone());
     let fail = |error: PageError| req.fail(error);
-    let filter = q
-        .as_ref()
-        .ok()
-        .and_then(|q| q.q.as_deref())
-        .unwrap_or("")
-        .trim()
-        .to_owned();
-    if filter.chars().count() > MAX_QUERY {
-        return Err(fail(PageError::BadRequest(format!(
-            "q is longer than {MAX_QUERY} characters"
-        ))));
+    let param = |get: fn(&LangQuery) -> Option<&str>| {
+        q.as_ref()
+            .ok()
+            .and_then(|q| get(q))
+            .unwrap_or("")
+            .trim()
+            .to_owned()
+    };
+    let (text, serves) = (param(|q| q.q.as_deref()), param(|q| q.serves.as_deref()));
+    for (name, v) in [("q", &text), ("serves", &serves)] {
+        if v.chars().count() > MAX_QUERY {
+            return Err(fail(PageError::BadRequest(format!(
+                "{name} is longer than {MAX_QUERY} characters"
+            ))));
+        }
     }
     let health = state.health.borrow().clone();
     let figures = state
@@ -527,7 +600,10 @@ pub async fn status(
         &health,
         &figures,
         &data,
-        &filter,
+        PageFilter {
+            q: &text,
+            serves: &serves,
+        },
         now,
     );
     page.stale_jobs = stale_jobs(&state, config.heartbeat.stale_after, now)
