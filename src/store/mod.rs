@@ -260,6 +260,8 @@ struct Inner {
     location: StoreLocation,
     /// PostgreSQL: the readers' sessions.
     pool: Option<Arc<PgPool>>,
+    /// SQLite: read connections kept open between readers.
+    sqlite_readers: Arc<SqliteReaders>,
     reachability: Arc<Reachability>,
     /// Whether the database answers, as the proxy's read-only mode sees it.
     health: Arc<StoreHealth>,
@@ -309,6 +311,7 @@ impl Store {
             inner: Arc::new(Inner {
                 location: location.clone(),
                 pool,
+                sqlite_readers: Arc::default(),
                 reachability,
                 health: Arc::default(),
                 writer: Writer::new(tx),
@@ -322,17 +325,31 @@ impl Store {
         self.inner.writer.clone()
     }
 
-    /// A new read-only connection (blocking to open; use it from `spawn_blocking`).
+    /// A read-only connection (blocking to open; use it from `spawn_blocking`). Connections
+    /// go back to a small pool when the reader is dropped: opening one reads the schema
+    /// again, which costs more than most of the reads the proxy and the pages make.
     pub fn reader(&self) -> Result<Reader, StoreError> {
         match (&self.inner.location, &self.inner.pool) {
             (_, Some(pool)) => Ok(Reader {
                 conn: Connection::from_postgres(pool.take()?),
                 pool: Some(pool.clone()),
+                sqlite: None,
             }),
-            (StoreLocation::Sqlite(path), None) => Reader::open(path),
+            (StoreLocation::Sqlite(path), None) => {
+                let conn = match self.inner.sqlite_readers.take() {
+                    Some(c) => c,
+                    None => Reader::open(path)?,
+                };
+                Ok(Reader {
+                    conn: Connection::from_sqlite(conn),
+                    pool: None,
+                    sqlite: Some(self.inner.sqlite_readers.clone()),
+                })
+            }
             (StoreLocation::Postgres(url), None) => Ok(Reader {
                 conn: Connection::from_postgres(sql::PgSession::connect(url, true)?),
                 pool: None,
+                sqlite: None,
             }),
         }
     }
@@ -421,6 +438,7 @@ pub(crate) fn configure(conn: &rusqlite::Connection) -> Result<(), StoreError> {
 pub struct Reader {
     conn: Connection,
     pool: Option<Arc<PgPool>>,
+    sqlite: Option<Arc<SqliteReaders>>,
 }
 
 impl Drop for Reader {
@@ -429,6 +447,39 @@ impl Drop for Reader {
             let conn = std::mem::replace(&mut self.conn, Connection::closed());
             if let Some(session) = conn.into_postgres() {
                 pool.put(session);
+            }
+        } else if let Some(idle) = &self.sqlite {
+            let conn = std::mem::replace(&mut self.conn, Connection::closed());
+            if let Some(conn) = conn.into_sqlite() {
+                idle.put(conn);
+            }
+        }
+    }
+}
+
+/// SQLite read connections at rest, [`MAX_IDLE_SQLITE_READERS`] at most.
+#[derive(Default)]
+struct SqliteReaders {
+    idle: Mutex<Vec<rusqlite::Connection>>,
+}
+
+/// Idle SQLite read connections kept; more readers at once open more, closed on return.
+const MAX_IDLE_SQLITE_READERS: usize = 8;
+
+impl SqliteReaders {
+    fn take(&self) -> Option<rusqlite::Connection> {
+        self.idle.lock().ok()?.pop()
+    }
+
+    /// Keeps `conn` unless the pool is full or it is inside a transaction (a reader that
+    /// failed halfway must not pin an old snapshot of the database for the next one).
+    fn put(&self, conn: rusqlite::Connection) {
+        if !conn.is_autocommit() {
+            return;
+        }
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < MAX_IDLE_SQLITE_READERS {
+                idle.push(conn);
             }
         }
     }
@@ -441,14 +492,11 @@ impl std::fmt::Debug for Reader {
 }
 
 impl Reader {
-    fn open(path: &Path) -> Result<Reader, StoreError> {
+    fn open(path: &Path) -> Result<rusqlite::Connection, StoreError> {
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = rusqlite::Connection::open_with_flags(path, flags)?;
         configure(&conn)?;
-        Ok(Reader {
-            conn: Connection::from_sqlite(conn),
-            pool: None,
-        })
+        Ok(conn)
     }
 
     /// The route's interned id, `None` when nothing was ever stored for it.
@@ -511,6 +559,51 @@ mod tests {
             .execute("INSERT INTO heartbeats (job, at_ms) VALUES ('x', 1)", [])
             .is_err());
         drop(reader);
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn sqlite_readers_are_kept_and_reused_but_not_inside_a_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("p.db"), StoreOptions::default()).unwrap();
+        let idle = || store.inner.sqlite_readers.idle.lock().unwrap().len();
+        let (a, b) = (store.reader().unwrap(), store.reader().unwrap());
+        assert_eq!(idle(), 0);
+        // A mark only these two connections carry (temporary tables live with a connection).
+        for r in [&a, &b] {
+            let c = r.conn.as_sqlite().unwrap();
+            c.execute_batch("CREATE TEMP TABLE mark (x)").unwrap();
+        }
+        drop((a, b));
+        assert_eq!(idle(), 2, "both kept");
+        let again = store.reader().unwrap();
+        assert_eq!(idle(), 1);
+        let marked: i64 = again
+            .conn
+            .as_sqlite()
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM temp.sqlite_master WHERE name = 'mark'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(marked, 1, "a kept connection is handed out again");
+        // One left inside a read transaction would pin an old snapshot: it is closed instead.
+        again
+            .conn
+            .as_sqlite()
+            .unwrap()
+            .execute_batch("BEGIN")
+            .unwrap();
+        drop(again);
+        assert_eq!(idle(), 1);
+        // Never more than the bound at rest.
+        let many: Vec<Reader> = (0..MAX_IDLE_SQLITE_READERS + 3)
+            .map(|_| store.reader().unwrap())
+            .collect();
+        drop(many);
+        assert_eq!(idle(), MAX_IDLE_SQLITE_READERS);
         store.close().await.unwrap();
     }
 

@@ -241,6 +241,14 @@ impl Connection {
         }
     }
 
+    /// The SQLite connection, for returning it to its pool.
+    pub(crate) fn into_sqlite(self) -> Option<rusqlite::Connection> {
+        match self.inner {
+            Inner::Sqlite(c) => Some(c),
+            _ => None,
+        }
+    }
+
     /// The session, for returning it to its pool.
     pub(crate) fn into_postgres(self) -> Option<PgSession> {
         match self.inner {

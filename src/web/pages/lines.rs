@@ -5,7 +5,8 @@
 //! **Page weight.** At a thousand routes the page must stay small (about a kilobyte a route),
 //! so a route's 90 days are drawn as runs of equal days (`<i class="d-normal s84">`, the span
 //! a class of the stylesheet: the CSP allows no inline style) and only the days that are not
-//! normal carry a tooltip. The full per-day bars stay on the route page.
+//! normal carry a tooltip. The full per-day bars stay on the route page. Past a thousand
+//! routes only the worst [`super::MAX_LINES`] get a line (see [`super::status_page`]).
 
 use super::*;
 use crate::glob::glob_match;

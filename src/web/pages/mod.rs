@@ -3,7 +3,8 @@
 //! - `GET /`: the overall banner; active incidents, maintenance windows, network findings and
 //!   the budget on top, with the count of routes per state; routes grouped by logical model
 //!   (`serves`), models and routes worst first, one compact line per route (state, 90-day
-//!   bar, uptime 24h/30d, latency p50, the reason when not normal; `lines`); `?q=` filters.
+//!   bar, uptime 24h/30d, latency p50, the reason when not normal; `lines`), the worst
+//!   thousand routes at most, a link per model for the rest; `?q=` and `?serves=` filter.
 //! - `GET /routes/{id}`: one route — a 24 h SVG latency chart from the 5-minute rollups with
 //!   the baseline band behind, the state timeline with each transition's evidence, the route's
 //!   incidents and its recent synthetic probe errors.
@@ -16,8 +17,9 @@
 //!
 //! **Figures.** The same store figures as `/api/v1/status` ([`super::api::Figures`], through
 //! the shared [`FiguresCache`]), plus [`PageData`] (daily rollups of 90 days for every route in
-//! one range scan, and the incidents of 90 days), cached the same way. Nothing scans raw
-//! outcomes but the route page's last 50 probes.
+//! one range scan, and the incidents of 90 days), cached the same way ([`super::refresh`]:
+//! read again off the request path; past days' bars are kept for 10 minutes). Nothing scans
+//! raw outcomes but the route page's last 50 probes.
 //!
 //! **A day bar's state** (UTC days, the daily rollups' buckets) is the worst of: from the day's
 //! synthetic outcomes, `CRITICAL` when fewer than 95% succeeded (the detector's

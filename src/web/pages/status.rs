@@ -350,7 +350,7 @@ fn next_window(
     (end > now && start < now + TimeDelta::days(7)).then_some((start, end))
 }
 
-/// What `/` shows of the routes: `q` keeps the routes whose id matches ([`matches`]),
+/// What `/` shows of the routes: `q` keeps the routes whose id matches ([`matches()`]),
 /// `serves` those of one logical model; empty keeps all.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PageFilter<'a> {
