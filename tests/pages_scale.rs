@@ -5,9 +5,9 @@
 mod common;
 
 use common::app::*;
-use common::scale::{fixture, fixture_of, state_of, ROUTES};
-use probeok::health::State;
-use probeok::web::pages::{MAX_FOLDED_MODELS, MAX_LINES};
+use common::scale::{fixture, fixture_of, now, state_of, ROUTES};
+use probeok::health::{IncidentSummary, RouteStatus, State};
+use probeok::web::pages::{MAX_FOLDED_MODELS, MAX_INCIDENT_LINES, MAX_LINES};
 use reqwest::StatusCode;
 
 /// The page's weight bound at a thousand routes × 90 days.
@@ -186,5 +186,37 @@ async fn past_a_thousand_lines_the_worst_are_drawn_and_the_rest_are_a_link_per_m
         body.contains("name=\"serves\" value=\"model-7\""),
         "the form keeps it"
     );
+
+    // A provider-wide outage: every route CRITICAL with an incident. The page still fits,
+    // listing the oldest incidents and counting the rest.
+    let down: Vec<RouteStatus> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut st = with_state(normal(r, now()), State::Critical, "probes_failing");
+            st.incident = Some(IncidentSummary {
+                id: format!("inc-{i}"),
+                opened_at: now() - chrono::TimeDelta::seconds(i as i64),
+                peak: State::Critical,
+                failure_mode: None,
+            });
+            st
+        })
+        .collect();
+    h.publish(snapshot(now(), down));
+    let (_, body) = page(&s, "/?lang=en").await;
+    assert!(body.len() < MAX_BYTES, "{} bytes in the outage", body.len());
+    let box_ = &body[body.find("id=\"active-incidents\"").unwrap()..];
+    let box_ = &box_[..box_.find("</section>").unwrap()];
+    assert_eq!(box_.matches("<li>").count(), MAX_INCIDENT_LINES);
+    assert!(
+        box_.contains(&href(&ids[N - 1], "en")),
+        "the oldest is listed first"
+    );
+    assert!(box_.contains(&format!(
+        "and {} more active incidents",
+        N - MAX_INCIDENT_LINES
+    )));
+    assert_eq!(body.matches("<tr><td class=\"rt\">").count(), MAX_LINES);
     h.shutdown.cancel();
 }

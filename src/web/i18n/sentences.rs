@@ -420,6 +420,14 @@ pub fn more_routes(lang: Lang, more: usize, drawn: usize) -> String {
     }
 }
 
+/// Under the active incidents on `/` when it lists only the oldest.
+pub fn more_incidents(lang: Lang, n: usize) -> String {
+    match lang {
+        Lang::En => format!("and {n} more active incidents: the incidents page lists them all"),
+        Lang::Zh => format!("另有 {n} 个进行中的事件：事件页面列出全部"),
+    }
+}
+
 /// At the end of `/` when more models than it lists are left out.
 pub fn hidden_models(lang: Lang, n: usize) -> String {
     match lang {

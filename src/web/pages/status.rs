@@ -63,6 +63,9 @@ pub struct Group {
 /// megabytes that nobody reads at 4 a.m.; the page shows the worst thousand and a link to
 /// each model's own list for the rest.
 pub const MAX_LINES: usize = 1000;
+/// Active incidents listed on top of `/` at most, the oldest first (a provider-wide outage
+/// opens one per route; the incidents page has them all).
+pub const MAX_INCIDENT_LINES: usize = 50;
 /// Models with no line shown (all past [`MAX_LINES`]) listed on `/` at most, as one line each;
 /// beyond them the page gives their count.
 pub const MAX_FOLDED_MODELS: usize = 200;
@@ -91,6 +94,8 @@ pub struct StatusPage {
     pub overall_class: &'static str,
     pub overall_text: &'static str,
     pub incidents: Vec<IncidentLine>,
+    /// How many active incidents are past [`MAX_INCIDENT_LINES`], said in words.
+    pub incidents_more: Option<String>,
     pub maintenance: Vec<String>,
     pub findings: Vec<String>,
     pub groups: Vec<Group>,
@@ -492,8 +497,11 @@ pub fn status_page(
         .filter(|s| s.incident.is_some())
         .collect();
     active.sort_by_key(|s| s.incident.as_ref().map(|i| i.opened_at));
+    let incidents_more = (active.len() > MAX_INCIDENT_LINES)
+        .then(|| i18n::more_incidents(lang, active.len() - MAX_INCIDENT_LINES));
     let incidents = active
         .iter()
+        .take(MAX_INCIDENT_LINES)
         .filter_map(|s| {
             let i = s.incident.as_ref()?;
             let full = Incident {
@@ -539,6 +547,7 @@ pub fn status_page(
         overall_class,
         overall_text,
         incidents,
+        incidents_more,
         maintenance,
         findings,
         groups,
