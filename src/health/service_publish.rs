@@ -17,11 +17,20 @@ impl HealthService {
             .collect();
         let mut found = findings(&summaries, self.control_ok);
         found.extend(self.board.findings(now));
+        // Each route's suppression from the first finding naming it, looked up by id: a
+        // provider-wide finding names every route, and a search of it per route would cost
+        // routes² on the burst that raised it.
+        let mut suppressed: HashMap<&RouteId, Suppression> = HashMap::new();
+        for f in &found {
+            for route in &f.routes {
+                suppressed.entry(route).or_insert_with(|| f.kind.suppression());
+            }
+        }
         for (i, r) in self.routes.iter_mut().enumerate() {
-            let s = found
-                .iter()
-                .find(|f| f.routes.contains(r.health.route()))
-                .map_or(Suppression::None, |f| f.kind.suppression());
+            let s = suppressed
+                .get(r.health.route())
+                .copied()
+                .unwrap_or(Suppression::None);
             if r.health.suppression() != s {
                 r.health.set_suppression(s);
                 r.unsaved = true;
