@@ -38,6 +38,7 @@
 //!   burn-rate alerts.
 //! - [`stdout`]: the command line's own output (a closed pipe ends it quietly).
 //! - [`lag`]: how far the store is behind the probes (`probeok_store_lag_seconds`, `/readyz`).
+//! - [`malloc`]: the process's malloc, tuned once at start (two glibc arenas).
 //! - [`vantage`]: the places probes run from (the monitor's own scheduler and remote agents),
 //!   vantage ids, and an agent's outcome as it travels (`VantageOutcome`).
 //!
@@ -169,6 +170,7 @@ pub mod glob;
 pub mod lag;
 pub mod lang;
 pub mod listen;
+pub mod malloc;
 pub mod outcome;
 pub mod records;
 pub mod route;

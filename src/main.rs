@@ -187,23 +187,8 @@ enum AlertCommand {
     },
 }
 
-/// glibc gives each thread that allocates its own arena (up to eight per core) and keeps
-/// what each one freed. The runtime's worker and blocking threads build multi-megabyte
-/// answers at 10,000 routes, and that kept about 90 MB more resident than two arenas do;
-/// this workload does not contend on malloc enough to need more.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn limit_malloc_arenas() {
-    // SAFETY: mallopt only sets a malloc parameter; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn limit_malloc_arenas() {}
-
 fn main() -> ExitCode {
-    limit_malloc_arenas();
+    probeok::malloc::limit_arenas();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

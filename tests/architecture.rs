@@ -41,6 +41,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("slo", Layer::Base),
     ("stdout", Layer::Base),
     ("lag", Layer::Base),
+    ("malloc", Layer::Base),
     ("vantage", Layer::Base),
     ("config", Layer::Config),
     ("store", Layer::Store),

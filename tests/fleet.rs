@@ -103,7 +103,35 @@ async fn one_client_cannot_hold_more_than_its_share_of_keys(db: &TestDb) {
     let op = claim_op("modest:0", "modest", t0(), 3);
     assert_eq!(w.idempotency(op).await.unwrap(), claim::CLAIMED);
     // Expired keys leave the share.
-    let op = claim_op("greedy:3", "greedy", t0() + secs(3601), 3);
+    let later = t0() + secs(3601);
+    let op = claim_op("greedy:3", "greedy", later, 3);
+    assert_eq!(w.idempotency(op).await.unwrap(), claim::CLAIMED);
+    // The share is a count the store keeps as keys come and go: a released key leaves it,
+    // and the answer that replaces a claim does not count twice.
+    for k in 4..6 {
+        let op = claim_op(&format!("greedy:{k}"), "greedy", later, 3);
+        assert_eq!(w.idempotency(op).await.unwrap(), claim::CLAIMED);
+    }
+    let op = claim_op("greedy:6", "greedy", later, 3);
+    assert_eq!(w.idempotency(op).await.unwrap(), claim::OWNER_SHARE_FULL);
+    let release = IdempotencyOp::Release { scope_key: "greedy:5".into() };
+    assert_eq!(w.idempotency(release).await.unwrap(), 1);
+    let op = claim_op("greedy:6", "greedy", later, 3);
+    assert_eq!(w.idempotency(op).await.unwrap(), claim::CLAIMED);
+    let answer = IdempotentAnswer {
+        scope_key: "greedy:6".into(),
+        owner: "greedy".into(),
+        body_hash: "h".into(),
+        expires_at: later + secs(3600),
+        status: 200,
+        headers: vec![],
+        stream: false,
+        body: b"{}".to_vec(),
+    };
+    w.store_idempotent(answer, later).await.unwrap();
+    let op = claim_op("greedy:7", "greedy", later, 3);
+    assert_eq!(w.idempotency(op).await.unwrap(), claim::OWNER_SHARE_FULL, "3, 4 and 6 held");
+    let op = claim_op("modest:1", "modest", later, 3);
     assert_eq!(w.idempotency(op).await.unwrap(), claim::CLAIMED);
     store.close().await.unwrap();
 }

@@ -23,7 +23,9 @@ impl HealthService {
         let mut suppressed: HashMap<&RouteId, Suppression> = HashMap::new();
         for f in &found {
             for route in &f.routes {
-                suppressed.entry(route).or_insert_with(|| f.kind.suppression());
+                suppressed
+                    .entry(route)
+                    .or_insert_with(|| f.kind.suppression());
             }
         }
         for (i, r) in self.routes.iter_mut().enumerate() {

@@ -78,6 +78,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0016_alert_messages",
         include_str!("../../migrations/sqlite/0016_alert_messages.sql"),
     ),
+    (
+        "0017_idempotency_owners",
+        include_str!("../../migrations/sqlite/0017_idempotency_owners.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -145,6 +149,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0016_alert_messages",
         include_str!("../../migrations/postgres/0016_alert_messages.sql"),
+    ),
+    (
+        "0017_idempotency_owners",
+        include_str!("../../migrations/postgres/0017_idempotency_owners.sql"),
     ),
 ];
 

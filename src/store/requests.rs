@@ -300,11 +300,19 @@ pub(crate) fn apply_idempotency(conn: &Connection, op: &IdempotencyOp) -> Result
                 conn.prepare_cached("DELETE FROM idempotency WHERE scope_key = ?1")?
                     .execute(params![scope_key])?;
             }
-            let owned: i64 = conn
+            // The owner's keys (a row the triggers of migration 0017 keep) less those expired
+            // but not pruned yet: one row and a short index range, not a count of every key.
+            let all: i64 = conn
+                .prepare_cached("SELECT keys FROM idempotency_owners WHERE owner = ?1")?
+                .query_row(params![owner], |r| r.get(0))
+                .optional()?
+                .unwrap_or(0);
+            let expired: i64 = conn
                 .prepare_cached(
-                    "SELECT COUNT(*) FROM idempotency WHERE owner = ?1 AND expires_at_ms > ?2",
+                    "SELECT COUNT(*) FROM idempotency WHERE owner = ?1 AND expires_at_ms <= ?2",
                 )?
                 .query_row(params![owner, now_ms], |r| r.get(0))?;
+            let owned = all - expired;
             if u64::try_from(owned).unwrap_or(0) >= *max_per_owner {
                 return Ok(claim::OWNER_SHARE_FULL);
             }
