@@ -45,6 +45,20 @@ fn claim_op(scope: &str, owner: &str, now: DateTime<Utc>, max: u64) -> Idempoten
     }
 }
 
+/// A stored `200 {}` answer for the key.
+fn answer_of(scope: &str, owner: &str, expires_at: DateTime<Utc>) -> IdempotentAnswer {
+    IdempotentAnswer {
+        scope_key: scope.into(),
+        owner: owner.into(),
+        body_hash: "h".into(),
+        expires_at,
+        status: 200,
+        headers: vec![],
+        stream: false,
+        body: b"{}".to_vec(),
+    }
+}
+
 on_both_engines! {
 #[tokio::test]
 async fn an_idempotency_key_is_claimed_once_and_lapses_with_its_claimant(db: &TestDb) {
@@ -67,16 +81,7 @@ async fn an_idempotency_key_is_claimed_once_and_lapses_with_its_claimant(db: &Te
     assert_eq!(w.idempotency(renew).await.unwrap(), 1);
     assert_eq!(w.idempotency(claim_op("a:k1", "a", later + secs(90), 10)).await.unwrap(), claim::TAKEN);
     // The answer replaces the claim; releasing then removes nothing.
-    let answer = IdempotentAnswer {
-        scope_key: "a:k1".into(),
-        owner: "a".into(),
-        body_hash: "h".into(),
-        expires_at: later + secs(3600),
-        status: 200,
-        headers: vec![],
-        stream: false,
-        body: b"{}".to_vec(),
-    };
+    let answer = answer_of("a:k1", "a", later + secs(3600));
     w.store_idempotent(answer.clone(), later).await.unwrap();
     assert_eq!(w.idempotency(IdempotencyOp::Release { scope_key: "a:k1".into() }).await.unwrap(), 0);
     assert_eq!(r.idempotency_entry("a:k1", later).unwrap(), Some(IdempotencyEntry::Answered(answer)));
@@ -118,16 +123,7 @@ async fn one_client_cannot_hold_more_than_its_share_of_keys(db: &TestDb) {
     assert_eq!(w.idempotency(release).await.unwrap(), 1);
     let op = claim_op("greedy:6", "greedy", later, 3);
     assert_eq!(w.idempotency(op).await.unwrap(), claim::CLAIMED);
-    let answer = IdempotentAnswer {
-        scope_key: "greedy:6".into(),
-        owner: "greedy".into(),
-        body_hash: "h".into(),
-        expires_at: later + secs(3600),
-        status: 200,
-        headers: vec![],
-        stream: false,
-        body: b"{}".to_vec(),
-    };
+    let answer = answer_of("greedy:6", "greedy", later + secs(3600));
     w.store_idempotent(answer, later).await.unwrap();
     let op = claim_op("greedy:7", "greedy", later, 3);
     assert_eq!(w.idempotency(op).await.unwrap(), claim::OWNER_SHARE_FULL, "3, 4 and 6 held");
