@@ -12,9 +12,10 @@
 //! - **Rollups** (5-minute, hourly, daily per route and outcome kind) are updated in the same
 //!   transaction as the raw rows, so they can never disagree with them. Percentiles come from
 //!   mergeable histograms ([`histogram`]), so 30 days of p95 never scans raw rows.
-//! - **Readers** ([`Reader`]) have their own read-only connections (SQLite: opened per reader,
-//!   WAL lets them run beside the writer; PostgreSQL: borrowed from a bounded pool); their API
-//!   is synchronous, call it from `spawn_blocking`.
+//! - **Readers** ([`Reader`]) have their own read-only connections, given back when the
+//!   reader drops (SQLite: kept open, up to 8 idle, WAL lets them run beside the writer;
+//!   PostgreSQL: a bounded pool of sessions); their API is synchronous, call it from
+//!   `spawn_blocking`.
 //! - **Schema** lives in `migrations/sqlite/` and `migrations/postgres/` (the same versions),
 //!   applied in order at open ([`migrate()`]).
 //!
@@ -332,8 +333,7 @@ impl Store {
         match (&self.inner.location, &self.inner.pool) {
             (_, Some(pool)) => Ok(Reader {
                 conn: Connection::from_postgres(pool.take()?),
-                pool: Some(pool.clone()),
-                sqlite: None,
+                home: Home::Postgres(pool.clone()),
             }),
             (StoreLocation::Sqlite(path), None) => {
                 let conn = match self.inner.sqlite_readers.take() {
@@ -342,14 +342,12 @@ impl Store {
                 };
                 Ok(Reader {
                     conn: Connection::from_sqlite(conn),
-                    pool: None,
-                    sqlite: Some(self.inner.sqlite_readers.clone()),
+                    home: Home::Sqlite(self.inner.sqlite_readers.clone()),
                 })
             }
             (StoreLocation::Postgres(url), None) => Ok(Reader {
                 conn: Connection::from_postgres(sql::PgSession::connect(url, true)?),
-                pool: None,
-                sqlite: None,
+                home: Home::None,
             }),
         }
     }
@@ -433,26 +431,36 @@ pub(crate) fn configure(conn: &rusqlite::Connection) -> Result<(), StoreError> {
 }
 
 /// A read-only connection. Not `Sync`: give each blocking task its own (they are cheap: a
-/// SQLite file opened, or a PostgreSQL session borrowed from the store's pool and given back
-/// when the reader drops).
+/// SQLite connection or a PostgreSQL session from the store's pool, given back when the
+/// reader drops).
 pub struct Reader {
     conn: Connection,
-    pool: Option<Arc<PgPool>>,
-    sqlite: Option<Arc<SqliteReaders>>,
+    home: Home,
+}
+
+/// Where a reader's connection goes back to when it drops.
+enum Home {
+    /// Nowhere: closed (a PostgreSQL session of a store without a pool).
+    None,
+    Postgres(Arc<PgPool>),
+    Sqlite(Arc<SqliteReaders>),
 }
 
 impl Drop for Reader {
     fn drop(&mut self) {
-        if let Some(pool) = &self.pool {
-            let conn = std::mem::replace(&mut self.conn, Connection::closed());
-            if let Some(session) = conn.into_postgres() {
-                pool.put(session);
+        let conn = std::mem::replace(&mut self.conn, Connection::closed());
+        match &self.home {
+            Home::Postgres(pool) => {
+                if let Some(session) = conn.into_postgres() {
+                    pool.put(session);
+                }
             }
-        } else if let Some(idle) = &self.sqlite {
-            let conn = std::mem::replace(&mut self.conn, Connection::closed());
-            if let Some(conn) = conn.into_sqlite() {
-                idle.put(conn);
+            Home::Sqlite(idle) => {
+                if let Some(conn) = conn.into_sqlite() {
+                    idle.put(conn);
+                }
             }
+            Home::None => {}
         }
     }
 }
