@@ -360,6 +360,15 @@ impl ApiError {
     }
 }
 
+impl From<refresh::RefreshError> for ApiError {
+    fn from(e: refresh::RefreshError) -> Self {
+        match e {
+            refresh::RefreshError::Store(e) => e.into(),
+            refresh::RefreshError::Task(e) => e.into(),
+        }
+    }
+}
+
 impl From<tokio::task::JoinError> for ApiError {
     fn from(e: tokio::task::JoinError) -> Self {
         Self::Internal(format!("blocking task failed: {e}"))

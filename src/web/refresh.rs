@@ -15,6 +15,16 @@ use tokio::time::Instant;
 
 use crate::store::StoreError;
 
+/// Why a value could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The blocking read panicked or was cancelled.
+    #[error("figures read failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// How long a value is served without reading the store again.
 pub const FRESH: Duration = Duration::from_secs(5);
 /// Past this age a request waits for a new read instead of taking the old value.
@@ -51,7 +61,7 @@ impl<T> std::fmt::Debug for Refreshing<T> {
 impl<T: Send + Sync + 'static> Refreshing<T> {
     /// The value, reading it with `load` (on a blocking thread, given the previous value) when
     /// it is missing or too old; see the module doc.
-    pub async fn get<F>(&self, load: F) -> Result<Arc<T>, StoreError>
+    pub async fn get<F>(&self, load: F) -> Result<Arc<T>, RefreshError>
     where
         F: FnOnce(Option<Arc<T>>) -> Result<T, StoreError> + Send + 'static,
     {
@@ -91,13 +101,11 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
 async fn run<T: Send + Sync + 'static, F>(
     load: F,
     previous: Option<Arc<T>>,
-) -> Result<T, StoreError>
+) -> Result<T, RefreshError>
 where
     F: FnOnce(Option<Arc<T>>) -> Result<T, StoreError> + Send + 'static,
 {
-    tokio::task::spawn_blocking(move || load(previous))
-        .await
-        .map_err(|e| StoreError::Invalid(format!("figures read failed: {e}")))?
+    Ok(tokio::task::spawn_blocking(move || load(previous)).await??)
 }
 
 #[cfg(test)]

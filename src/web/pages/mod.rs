@@ -239,6 +239,15 @@ pub enum PageError {
     Internal(String),
 }
 
+impl From<super::refresh::RefreshError> for PageError {
+    fn from(e: super::refresh::RefreshError) -> Self {
+        match e {
+            super::refresh::RefreshError::Store(e) => PageError::Store(e),
+            super::refresh::RefreshError::Task(e) => PageError::Internal(e.to_string()),
+        }
+    }
+}
+
 impl From<super::ApiError> for PageError {
     fn from(e: super::ApiError) -> Self {
         PageError::Internal(e.to_string())
