@@ -147,11 +147,13 @@ pub async fn start_with(
 ) -> Result<Running, AppError> {
     let started_at = clock.now();
     // Hot reload: the config in effect; consumers of live sections follow it.
-    let (live_tx, live_rx) = watch::channel(Arc::new(config.clone()));
+    // One copy of the config and of the routes, shared: at 10,000 routes each copy is MBs.
+    let config = Arc::new(config);
+    let (live_tx, live_rx) = watch::channel(config.clone());
     let live = crate::reload::LiveConfig::new(live_rx);
     // Loops that must not wait on the store beat in memory; the monitor persists them.
     let pulses = crate::heartbeat::Pulses::new(clock.clone());
-    let routes: Vec<Route> = config.routes();
+    let routes: Arc<Vec<Route>> = Arc::new(config.routes());
     let location = store_location(&config)?;
     tracing::info!(engine = location.engine().as_str(), database = %location.describe(), "opening the store");
     let opts = StoreOptions {
@@ -308,7 +310,7 @@ pub async fn start_with(
     // the admin API and `GET /api/v1/drills`; they step and end themselves in leader terms.
     let drills = crate::drill::DrillService::restore(
         live.clone(),
-        Arc::new(routes.clone()),
+        routes.clone(),
         store.clone(),
         clock.clone(),
     )
@@ -322,7 +324,7 @@ pub async fn start_with(
             breakers: Some(breakers_rx),
             drills: Some(drills.caps()),
             pulse: Some(pulses.pulse(crate::heartbeat::WEIGHTS)),
-            ..crate::weights::Feeds::new(Arc::new(routes.clone()), health_rx.clone())
+            ..crate::weights::Feeds::new(routes.clone(), health_rx.clone())
         },
         shutdown.clone(),
     );
@@ -396,7 +398,7 @@ pub async fn start_with(
     ));
     let state = AppState {
         config: reloader.live(),
-        routes: Arc::new(routes.clone()),
+        routes: routes.clone(),
         store: store.clone(),
         clock: clock.clone(),
         jobs: jobs.clone(),
@@ -431,7 +433,7 @@ pub async fn start_with(
     // The terms: leader-only work while this member leads, the follower's view while not.
     let member = Arc::new(terms::Member {
         config: config.clone(),
-        routes: Arc::new(routes.clone()),
+        routes: routes.clone(),
         store: store.clone(),
         clock: clock.clone(),
         client: client.clone(),

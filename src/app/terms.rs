@@ -48,7 +48,7 @@ pub(super) type VantageSlot = Slot<crate::vantage::VantageOutcome>;
 
 /// What every term needs of the member; shared by the terms, outliving each.
 pub(super) struct Member {
-    pub config: Config,
+    pub config: Arc<Config>,
     pub routes: Arc<Vec<Route>>,
     pub store: Store,
     pub clock: Arc<dyn Clock>,

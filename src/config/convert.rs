@@ -366,7 +366,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         quorum: super::vantage::quorum(ck, raw.quorum),
         agent: super::vantage::agent(ck, raw.agent),
         shadows: super::shadow::shadows(raw.shadows),
-        source_map: map.clone(),
+        source_map: map.text_only(),
         env: crate::secret::Env::process(),
     }
 }

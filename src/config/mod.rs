@@ -1067,8 +1067,8 @@ impl Config {
     /// Checks a config built in code with the same rules as a loaded one (positions are
     /// located when the config came from a file). Returns the warnings.
     pub fn validate(&self) -> Result<Vec<Diagnostic>, ConfigErrors> {
-        let mut checker =
-            validate::Checker::new(&self.source.display().to_string(), &self.source_map);
+        let map = self.source_map.parsed();
+        let mut checker = validate::Checker::new(&self.source.display().to_string(), &map);
         checker.check(self);
         checker.finish()
     }
@@ -1153,12 +1153,13 @@ impl Config {
     /// Only the variable's name is ever mentioned.
     pub fn missing_secrets(&self) -> Vec<Diagnostic> {
         let file = self.source.display().to_string();
-        let mut out = self.missing_provider_keys(&file);
+        let map = self.source_map.parsed();
+        let mut out = self.missing_provider_keys(&file, &map);
         for (path, var) in self.alert_secret_vars() {
             if self.env.secret(&var).is_some() {
                 continue;
             }
-            let (line, col) = self.source_map.locate(&path);
+            let (line, col) = map.locate(&path);
             out.push(Diagnostic {
                 file: file.clone(),
                 line,
@@ -1259,7 +1260,7 @@ impl Config {
         out
     }
 
-    fn missing_provider_keys(&self, file: &str) -> Vec<Diagnostic> {
+    fn missing_provider_keys(&self, file: &str, map: &SourceMap) -> Vec<Diagnostic> {
         self.providers
             .iter()
             .enumerate()
@@ -1269,7 +1270,7 @@ impl Config {
                     return None;
                 }
                 let path = format!("provider[{i}].api_key_env");
-                let (line, col) = self.source_map.locate(&path);
+                let (line, col) = map.locate(&path);
                 Some(Diagnostic {
                     file: file.to_owned(),
                     line,

@@ -9,19 +9,32 @@ use std::sync::Arc;
 
 use toml_edit::{Array, ArrayOfTables, ImDocument, InlineTable, Item, Table, Value};
 
-/// The parsed source of a config, kept so diagnostics can be located after loading
+/// The source of a config, kept so diagnostics can be located after loading
 /// (e.g. [`super::Config::missing_secrets`]). Empty for a config built in code.
+///
+/// While a config is loaded and validated it holds the parsed document; the loaded config keeps
+/// only the text ([`SourceMap::text_only`]) and parses it again when a position is asked for:
+/// the document of a 10,000-route file is about 25 MB against 1 MB of text, and after loading
+/// positions are wanted only for the few diagnostics of a start or a reload.
 #[derive(Clone, Default)]
 pub struct SourceMap {
-    doc: Option<Arc<ImDocument<String>>>,
+    source: Source,
+}
+
+#[derive(Clone, Default)]
+enum Source {
+    #[default]
+    None,
+    Text(Arc<str>),
+    Parsed(Arc<ImDocument<String>>),
 }
 
 impl fmt::Debug for SourceMap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.doc.is_some() {
-            "SourceMap(parsed)"
-        } else {
-            "SourceMap(none)"
+        f.write_str(match self.source {
+            Source::None => "SourceMap(none)",
+            Source::Text(_) => "SourceMap(text)",
+            Source::Parsed(_) => "SourceMap(parsed)",
         })
     }
 }
@@ -36,7 +49,35 @@ enum Seg {
 impl SourceMap {
     pub(crate) fn new(doc: ImDocument<String>) -> Self {
         Self {
-            doc: Some(Arc::new(doc)),
+            source: Source::Parsed(Arc::new(doc)),
+        }
+    }
+
+    /// The same source without its parsed document (see the type's doc).
+    pub(crate) fn text_only(&self) -> Self {
+        let source = match &self.source {
+            Source::Parsed(doc) => Source::Text(Arc::from(doc.raw())),
+            other => other.clone(),
+        };
+        Self { source }
+    }
+
+    /// This map with its document parsed: parse once before locating many paths.
+    pub(crate) fn parsed(&self) -> std::borrow::Cow<'_, Self> {
+        match &self.source {
+            Source::Text(text) => std::borrow::Cow::Owned(
+                // The text parsed when the config was loaded; if it somehow does not now,
+                // positions are unknown rather than wrong.
+                ImDocument::parse(text.to_string()).map_or_else(|_| Self::default(), Self::new),
+            ),
+            _ => std::borrow::Cow::Borrowed(self),
+        }
+    }
+
+    fn doc(&self) -> Option<&ImDocument<String>> {
+        match &self.source {
+            Source::Parsed(doc) => Some(doc),
+            _ => None,
         }
     }
 
@@ -44,7 +85,8 @@ impl SourceMap {
     /// absent, of its nearest existing parent (a table's header; the top of the file for the
     /// root). `(0, 0)` when there is no source.
     pub fn locate(&self, path: &str) -> (usize, usize) {
-        let Some(doc) = &self.doc else {
+        let map = self.parsed();
+        let Some(doc) = map.doc() else {
             return (0, 0);
         };
         let mut node = Node::Table(doc.as_table());
@@ -66,7 +108,8 @@ impl SourceMap {
     /// The key path of the deepest key or value whose span holds `offset` (where serde said an
     /// error is); empty when none does.
     pub(crate) fn path_at(&self, offset: usize) -> String {
-        let Some(doc) = &self.doc else {
+        let map = self.parsed();
+        let Some(doc) = map.doc() else {
             return String::new();
         };
         find(Node::Table(doc.as_table()), offset)
@@ -75,9 +118,10 @@ impl SourceMap {
     }
 
     pub(crate) fn line_col(&self, offset: usize) -> (usize, usize) {
-        match &self.doc {
-            Some(doc) => line_col(doc.raw(), offset),
-            None => (0, 0),
+        match &self.source {
+            Source::Parsed(doc) => line_col(doc.raw(), offset),
+            Source::Text(text) => line_col(text, offset),
+            Source::None => (0, 0),
         }
     }
 }
@@ -273,6 +317,20 @@ price = { input = 1 }
         assert_eq!(m.locate("detection.price.input"), (13, 19));
         assert_eq!(m.locate("route"), (1, 1));
         assert_eq!(SourceMap::default().locate("route"), (0, 0));
+    }
+
+    #[test]
+    fn the_text_alone_locates_as_the_parsed_document_does() {
+        let parsed = map();
+        let text = parsed.text_only();
+        assert!(text.doc().is_none(), "the document is not kept");
+        for path in ["probe.interval", "provider[0].region[1].base_url", "route"] {
+            assert_eq!(text.locate(path), parsed.locate(path), "{path}");
+        }
+        let at = SRC.find("\"é\"").unwrap();
+        assert_eq!(text.path_at(at), "detection.buckets[1][1]");
+        assert_eq!(text.line_col(at), parsed.line_col(at));
+        assert!(text.parsed().doc().is_some());
     }
 
     #[test]
