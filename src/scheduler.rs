@@ -42,8 +42,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
@@ -273,7 +272,6 @@ async fn route_loop(
     start: Instant,
     mut confirm_rx: mpsc::Receiver<OutcomeKind>,
 ) {
-    let mut rng = StdRng::from_entropy();
     let interval = route.probe.interval.max(MIN_INTERVAL);
     let jitter = interval.mul_f64(route.probe.jitter.clamp(0.0, 0.5));
     let first = start + interval.mul_f64(i as f64 / n.max(1) as f64);
@@ -359,7 +357,8 @@ async fn route_loop(
                 kind,
                 at,
             };
-            if !shared.send(skipped).await {
+            // Boxed: a rare path whose future would otherwise swell every route's task.
+            if !Box::pin(shared.send(skipped)).await {
                 break;
             }
         } else {
@@ -379,11 +378,11 @@ async fn route_loop(
             (OutcomeKind::Throughput, Some(t)) => t,
             _ => &mut probe,
         };
-        grid.advance(&mut rng);
+        grid.advance(&mut rand::thread_rng());
         // Woke up more than a whole step late (an overloaded runtime): let the missed
         // ticks go rather than firing a burst; the grid itself does not move.
         while grid.next + grid.step < now {
-            grid.advance(&mut rng);
+            grid.advance(&mut rand::thread_rng());
         }
     }
 
@@ -515,6 +514,8 @@ impl Grid {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
 
     #[test]
     fn grid_ticks_stay_near_their_points_and_their_gaps_near_the_step() {
@@ -543,5 +544,47 @@ mod tests {
         let spread = offsets.iter().cloned().fold(f64::MIN, f64::max)
             - offsets.iter().cloned().fold(f64::MAX, f64::min);
         assert!(spread > 5.0, "{spread}");
+    }
+
+    struct NeverProbes;
+
+    impl Prober for NeverProbes {
+        fn probe<'a>(&'a self, _: &'a Route, _: OutcomeKind) -> BoxFuture<'a, ProbeOutcome> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// A route's loop is one task per route for as long as the monitor runs: at 10,000 routes
+    /// every 100 bytes of its future are 1 MB. Rare paths are boxed and the jitter's random
+    /// numbers come from the thread's generator so that it stays small.
+    #[tokio::test]
+    async fn a_route_loop_stays_small() {
+        let (events, _keep) = mpsc::channel(1);
+        let shared = Arc::new(Shared {
+            prober: Arc::new(NeverProbes),
+            clock: Arc::new(crate::clock::SystemClock),
+            events,
+            permits: Arc::new(Semaphore::new(1)),
+            stop: CancellationToken::new(),
+            pacer: Pacer {
+                next_free: Mutex::new(None),
+                spacing: Duration::ZERO,
+            },
+            max_confirmations: 0,
+        });
+        let src = "[[provider]]\nid = \"a\"\nkind = \"openai\"\n[[provider.region]]\nid = \"r\"\n\
+                   base_url = \"http://127.0.0.1:9/v1\"\n[[route]]\nprovider = \"a\"\nregion = \"r\"\n\
+                   model = \"m\"\nserves = \"m\"\n";
+        let route = Arc::new(
+            crate::config::Config::parse(src, "t.toml")
+                .unwrap()
+                .config
+                .routes()
+                .remove(0),
+        );
+        let (_confirm, confirms) = mpsc::channel(1);
+        let task = route_loop(shared, route, 0, 1, Instant::now(), confirms);
+        let size = std::mem::size_of_val(&task);
+        assert!(size <= 768, "a route's loop future is {size} bytes");
     }
 }
