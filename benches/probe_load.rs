@@ -198,7 +198,7 @@ fn cpu_and_rss() -> (Duration, u64, u64) {
 
 fn main() {
     // As `probeok serve` does: the RSS figure is the product's.
-    probeok::malloc::limit_arenas();
+    probeok::malloc::tune();
     let quick = std::env::var_os("PROBE_LOAD_QUICK").is_some();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

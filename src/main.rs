@@ -188,7 +188,7 @@ enum AlertCommand {
 }
 
 fn main() -> ExitCode {
-    probeok::malloc::limit_arenas();
+    probeok::malloc::tune();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -214,7 +214,11 @@ fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async {
         match cli.command {
-            Command::Serve { config } => cli::serve(config.as_deref()).await,
+            Command::Serve { config } => {
+                // The monitor runs for months through bursts; see `malloc::trim_every`.
+                tokio::spawn(probeok::malloc::trim_every(probeok::malloc::TRIM_EVERY));
+                cli::serve(config.as_deref()).await
+            }
             Command::CheckConfig { config } => cli::check_config(&config),
             Command::Agent {
                 config,
