@@ -426,12 +426,14 @@ pub struct FiguresCache {
 
 impl FiguresCache {
     /// Figures at most [`FIGURES_TTL`] old, or a little older while a read runs.
-    pub async fn get(&self, store: &Store, now: DateTime<Utc>) -> Result<Arc<Figures>, ApiError> {
+    pub async fn get(
+        &self,
+        store: &Store,
+        clock: &Arc<dyn crate::clock::Clock>,
+    ) -> Result<Arc<Figures>, ApiError> {
         let store = store.clone();
-        Ok(self
-            .last
-            .get(move |_| Figures::load(&store.reader()?, now))
-            .await?)
+        let load = Arc::new(move |now, _| Figures::load(&store.reader()?, now));
+        Ok(self.last.get(clock, load).await?)
     }
 }
 
@@ -474,7 +476,7 @@ pub async fn status(
         health = with_drift(health, &drift);
     }
     let now = state.clock.now();
-    let figures = state.figures.get(&state.store, now).await?;
+    let figures = state.figures.get(&state.store, &state.clock).await?;
     let routes = state.routes.clone();
     let breakers: HashMap<RouteId, &'static str> = state
         .metrics

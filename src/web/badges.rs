@@ -236,7 +236,7 @@ pub async fn route(
                     )
                 })?,
             };
-            let figures = state.figures.get(&state.store, state.clock.now()).await?;
+            let figures = state.figures.get(&state.store, &state.clock).await?;
             let counts = match window {
                 Window::Day => &figures.uptime_24h,
                 Window::Week => &figures.uptime_7d,

@@ -701,7 +701,7 @@ pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError
             .store_lag_gauge
             .set(lag.seconds(state.clock.now()));
     }
-    let figures = state.figures.get(&state.store, state.clock.now()).await?;
+    let figures = state.figures.get(&state.store, &state.clock).await?;
     state.metrics.set_error_budgets(&state.routes, &figures);
     state.metrics.set_observed(&state.routes, &figures);
     let body = state

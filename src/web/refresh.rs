@@ -6,13 +6,20 @@
 //! got figures five seconds old a moment ago is not worse off with ten. Older than that, or
 //! before the first read, the request waits for the read. There is one read at a time
 //! whatever the number of requests.
+//!
+//! While the value is asked for (at least once per [`KEEP_WARM`]), a keeper reads it again
+//! every [`KEEP_EVERY`], so that a page looked at every minute or two never waits for a
+//! read: one read every half minute instead of each visit paying one. Nobody asking for
+//! [`KEEP_WARM`] stops the keeper; the next request then waits for a read as the first did.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+use crate::clock::Clock;
 use crate::store::StoreError;
 
 /// Why a value could not be read.
@@ -29,11 +36,22 @@ pub enum RefreshError {
 pub const FRESH: Duration = Duration::from_secs(5);
 /// Past this age a request waits for a new read instead of taking the old value.
 pub const STALE_MAX: Duration = Duration::from_secs(60);
+/// How often the keeper reads the value again while it is asked for (under [`STALE_MAX`]).
+pub const KEEP_EVERY: Duration = Duration::from_secs(30);
+/// How long after the last request the keeper goes on reading.
+pub const KEEP_WARM: Duration = Duration::from_secs(600);
+
+/// A blocking read of the value at a time, given the previous value.
+pub type Load<T> =
+    Arc<dyn Fn(DateTime<Utc>, Option<Arc<T>>) -> Result<T, StoreError> + Send + Sync>;
 
 struct Slot<T> {
     value: Option<(Instant, Arc<T>)>,
-    /// A background read is running (at most one).
+    /// A read is running (at most one).
     refreshing: bool,
+    /// When a request last asked, and how it reads (the keeper uses the latest).
+    asked: Option<(Instant, Load<T>, Arc<dyn Clock>)>,
+    keeper: bool,
 }
 
 /// See the module doc. `T` is built by a blocking load that may reuse the previous value.
@@ -47,6 +65,8 @@ impl<T> Default for Refreshing<T> {
             slot: Arc::new(Mutex::new(Slot {
                 value: None,
                 refreshing: false,
+                asked: None,
+                keeper: false,
             })),
         }
     }
@@ -59,13 +79,15 @@ impl<T> std::fmt::Debug for Refreshing<T> {
 }
 
 impl<T: Send + Sync + 'static> Refreshing<T> {
-    /// The value, reading it with `load` (on a blocking thread, given the previous value) when
-    /// it is missing or too old; see the module doc.
-    pub async fn get<F>(&self, load: F) -> Result<Arc<T>, RefreshError>
-    where
-        F: FnOnce(Option<Arc<T>>) -> Result<T, StoreError> + Send + 'static,
-    {
+    /// The value, reading it with `load` (on a blocking thread, at `clock`'s now, given the
+    /// previous value) when it is missing or too old; see the module doc.
+    pub async fn get(&self, clock: &Arc<dyn Clock>, load: Load<T>) -> Result<Arc<T>, RefreshError> {
         let mut slot = self.slot.lock().await;
+        slot.asked = Some((Instant::now(), load.clone(), clock.clone()));
+        if !slot.keeper {
+            slot.keeper = true;
+            tokio::spawn(keep(Arc::downgrade(&self.slot)));
+        }
         let previous = slot.value.as_ref().map(|(_, v)| v.clone());
         if let Some((at, value)) = &slot.value {
             let age = at.elapsed();
@@ -76,117 +98,203 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
                 let value = value.clone();
                 if !slot.refreshing {
                     slot.refreshing = true;
-                    let shared = self.slot.clone();
-                    tokio::spawn(async move {
-                        let read = run(load, previous).await;
-                        let mut slot = shared.lock().await;
-                        slot.refreshing = false;
-                        match read {
-                            Ok(v) => slot.value = Some((Instant::now(), Arc::new(v))),
-                            // The old value stays until STALE_MAX; then a request reads and
-                            // answers the error itself.
-                            Err(e) => tracing::warn!(error = %e, "refreshing figures failed"),
-                        }
-                    });
+                    tokio::spawn(refresh(self.slot.clone(), load, clock.now(), previous));
                 }
                 return Ok(value);
             }
         }
-        let value = Arc::new(run(load, previous).await?);
+        let value = Arc::new(run(load, clock.now(), previous).await?);
         slot.value = Some((Instant::now(), value.clone()));
         Ok(value)
     }
 }
 
-async fn run<T: Send + Sync + 'static, F>(
-    load: F,
+/// One background read; the slot's `refreshing` was set by the caller.
+async fn refresh<T: Send + Sync + 'static>(
+    slot: Arc<Mutex<Slot<T>>>,
+    load: Load<T>,
+    now: DateTime<Utc>,
     previous: Option<Arc<T>>,
-) -> Result<T, RefreshError>
-where
-    F: FnOnce(Option<Arc<T>>) -> Result<T, StoreError> + Send + 'static,
-{
-    Ok(tokio::task::spawn_blocking(move || load(previous)).await??)
+) {
+    let read = run(load, now, previous).await;
+    let mut slot = slot.lock().await;
+    slot.refreshing = false;
+    match read {
+        Ok(v) => slot.value = Some((Instant::now(), Arc::new(v))),
+        // The old value stays until STALE_MAX; then a request reads and answers the error.
+        Err(e) => tracing::warn!(error = %e, "refreshing figures failed"),
+    }
+}
+
+/// The keeper (see the module doc). It holds the slot weakly: the value's owner going away
+/// ends it at its next wake-up.
+async fn keep<T: Send + Sync + 'static>(slot: Weak<Mutex<Slot<T>>>) {
+    loop {
+        tokio::time::sleep(KEEP_EVERY).await;
+        let Some(shared) = slot.upgrade() else { return };
+        let mut s = shared.lock().await;
+        let Some((asked, load, clock)) = s.asked.clone() else {
+            s.keeper = false;
+            return;
+        };
+        if asked.elapsed() >= KEEP_WARM {
+            s.keeper = false;
+            return;
+        }
+        let due = s
+            .value
+            .as_ref()
+            .is_none_or(|(at, _)| at.elapsed() >= KEEP_EVERY);
+        if s.refreshing || !due {
+            continue;
+        }
+        s.refreshing = true;
+        let previous = s.value.as_ref().map(|(_, v)| v.clone());
+        drop(s);
+        refresh(shared, load, clock.now(), previous).await;
+    }
+}
+
+async fn run<T: Send + Sync + 'static>(
+    load: Load<T>,
+    now: DateTime<Utc>,
+    previous: Option<Arc<T>>,
+) -> Result<T, RefreshError> {
+    Ok(tokio::task::spawn_blocking(move || load(now, previous)).await??)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    /// A load that counts its calls and returns the call's number.
-    fn counter(calls: &Arc<AtomicU32>) -> impl FnOnce(Option<Arc<u32>>) -> Result<u32, StoreError> {
-        let calls = calls.clone();
-        move |_| Ok(calls.fetch_add(1, Ordering::SeqCst) + 1)
+    struct Rig {
+        clock: Arc<ManualClock>,
+        dyn_clock: Arc<dyn Clock>,
+        calls: Arc<AtomicU32>,
+        cache: Refreshing<DateTime<Utc>>,
     }
 
-    async fn settle(calls: &Arc<AtomicU32>, want: u32) {
-        for _ in 0..1000 {
-            if calls.load(Ordering::SeqCst) >= want {
-                break;
+    impl Rig {
+        fn new() -> Self {
+            let start = DateTime::parse_from_rfc3339("2026-05-20T12:00:00Z").unwrap();
+            let clock = Arc::new(ManualClock::new(start.into()));
+            Self {
+                dyn_clock: clock.clone(),
+                clock,
+                calls: Arc::default(),
+                cache: Refreshing::default(),
             }
-            tokio::task::yield_now().await;
+        }
+
+        /// A load that counts its calls and answers the time it read at.
+        fn load(&self) -> Load<DateTime<Utc>> {
+            let calls = self.calls.clone();
+            Arc::new(move |now, _| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok(now)
+            })
+        }
+
+        fn calls(&self) -> u32 {
+            self.calls.load(Ordering::SeqCst)
+        }
+
+        /// A request: the value, and whether the request itself waited for a read.
+        async fn get(&self) -> (DateTime<Utc>, bool) {
+            let before = self.calls();
+            let v = *self.cache.get(&self.dyn_clock, self.load()).await.unwrap();
+            (v, self.calls() > before)
+        }
+
+        /// Lets `secs` seconds pass on both clocks. Paused time does not jump ahead while a
+        /// blocking read runs, so background reads finish within the second they start.
+        async fn pass(&self, secs: u64) {
+            for _ in 0..secs {
+                self.clock.advance(Duration::from_secs(1));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         }
     }
 
     #[tokio::test(start_paused = true)]
-    async fn fresh_is_served_stale_is_served_while_one_read_runs_too_old_waits() {
-        let cache = Refreshing::<u32>::default();
-        let calls = Arc::new(AtomicU32::new(0));
-        assert_eq!(
-            *cache.get(counter(&calls)).await.unwrap(),
-            1,
-            "first read waits"
-        );
-        tokio::time::advance(FRESH / 2).await;
-        assert_eq!(
-            *cache.get(counter(&calls)).await.unwrap(),
-            1,
-            "fresh: no read"
-        );
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-
-        tokio::time::advance(FRESH).await;
+    async fn fresh_is_served_stale_is_served_while_one_read_runs() {
+        let rig = Rig::new();
+        let (first, waited) = rig.get().await;
+        assert!(waited, "the first request waits for a read");
+        rig.pass(2).await;
+        assert_eq!(rig.get().await, (first, false), "fresh: no read");
+        rig.pass(4).await;
         // Stale: the old value at once, and one read in the background however many ask.
-        assert_eq!(*cache.get(counter(&calls)).await.unwrap(), 1);
-        assert_eq!(*cache.get(counter(&calls)).await.unwrap(), 1);
-        settle(&calls, 2).await;
-        // The background task stores its value once it holds the lock again.
-        let mut got = 0;
-        for _ in 0..1000 {
-            got = *cache.get(counter(&calls)).await.unwrap();
-            if got == 2 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(got, 2, "the refreshed value replaces the stale one");
-        assert_eq!(calls.load(Ordering::SeqCst), 2, "one background read");
-
-        tokio::time::advance(STALE_MAX + FRESH).await;
+        assert_eq!(rig.get().await, (first, false));
+        assert_eq!(rig.get().await, (first, false));
+        rig.pass(1).await;
+        assert_eq!(rig.calls(), 2, "one background read");
+        let (v, waited) = rig.get().await;
+        assert!(!waited);
         assert_eq!(
-            *cache.get(counter(&calls)).await.unwrap(),
-            3,
-            "too old: waits"
+            v,
+            first + chrono::Duration::seconds(6),
+            "the refreshed value replaces the stale one"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_value_asked_for_is_kept_warm_and_one_nobody_asks_for_is_not() {
+        let rig = Rig::new();
+        rig.get().await;
+        // A page looked at every 90 s: never older than STALE_MAX, and no visit waits.
+        for _ in 0..6 {
+            rig.pass(90).await;
+            let (v, waited) = rig.get().await;
+            assert!(!waited, "a visit waited for a read");
+            let age = rig.clock.now() - v;
+            assert!(age.to_std().unwrap() < STALE_MAX, "served {age} old");
+        }
+        let kept = rig.calls();
+        assert!(
+            kept > 6 * 2,
+            "the keeper read every {KEEP_EVERY:?}: {kept} reads"
+        );
+        // Nobody asks: the keeper stops after KEEP_WARM.
+        rig.pass(KEEP_WARM.as_secs() + 2 * KEEP_EVERY.as_secs())
+            .await;
+        let stopped = rig.calls();
+        rig.pass(600).await;
+        assert_eq!(rig.calls(), stopped, "reads went on with nobody asking");
+        let (v, waited) = rig.get().await;
+        assert!(waited, "a value nobody kept is read again");
+        assert_eq!(v, rig.clock.now());
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_load_gets_the_previous_value_and_errors_reach_the_waiting_request() {
         let cache = Refreshing::<u32>::default();
+        let clock: Arc<dyn Clock> = Arc::new(crate::clock::SystemClock);
         let err = cache
-            .get(|_| Err(StoreError::Invalid("down".into())))
+            .get(
+                &clock,
+                Arc::new(|_, _| Err(StoreError::Invalid("down".into()))),
+            )
             .await
             .unwrap_err();
         assert!(err.to_string().contains("down"), "{err}");
-        cache
-            .get(|prev| Ok(prev.map_or(10, |p| *p + 1)))
-            .await
-            .unwrap();
-        tokio::time::advance(STALE_MAX).await;
-        let v = cache
-            .get(|prev| Ok(prev.map_or(10, |p| *p + 1)))
-            .await
-            .unwrap();
-        assert_eq!(*v, 11, "the load saw the previous value");
+        let next: Load<u32> = Arc::new(|_, prev| Ok(prev.map_or(10, |p| *p + 1)));
+        assert_eq!(*cache.get(&clock, next.clone()).await.unwrap(), 10);
+        // The keeper's read, half a minute later, was given the previous value.
+        tokio::time::sleep(KEEP_EVERY + Duration::from_secs(1)).await;
+        assert_eq!(*cache.get(&clock, next).await.unwrap(), 11);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_keeper_ends_with_the_value_owner() {
+        let rig = Rig::new();
+        rig.get().await;
+        let weak = Arc::downgrade(&rig.cache.slot);
+        drop(rig.cache);
+        tokio::time::sleep(KEEP_EVERY * 2).await;
+        assert!(weak.upgrade().is_none(), "the keeper holds the slot");
+        assert_eq!(rig.calls.load(Ordering::SeqCst), 1);
     }
 }

@@ -193,7 +193,11 @@ pub async fn incidents(
     let fail = |error: PageError| req.fail(error);
     let data = state
         .figures
-        .pages(&state.store, now, BudgetSource::from_config(&config))
+        .pages(
+            &state.store,
+            &state.clock,
+            BudgetSource::from_config(&config),
+        )
         .await
         .map_err(fail)?;
     let body = incidents_page(lang, &config.server.title, &state.routes, &data, now)

@@ -215,14 +215,14 @@ impl FiguresCache {
     pub async fn pages(
         &self,
         store: &Store,
-        now: DateTime<Utc>,
+        clock: &Arc<dyn crate::clock::Clock>,
         src: BudgetSource,
     ) -> Result<Arc<PageData>, PageError> {
         let store = store.clone();
-        Ok(self
-            .pages
-            .get(move |previous| PageData::load(&store.reader()?, now, src, previous.as_deref()))
-            .await?)
+        let load = Arc::new(move |now, previous: Option<Arc<PageData>>| {
+            PageData::load(&store.reader()?, now, src, previous.as_deref())
+        });
+        Ok(self.pages.get(clock, load).await?)
     }
 }
 

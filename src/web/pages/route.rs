@@ -82,12 +82,16 @@ pub async fn route(
     let health = state.health.borrow().clone();
     let figures = state
         .figures
-        .get(&state.store, now)
+        .get(&state.store, &state.clock)
         .await
         .map_err(|e| fail(e.into()))?;
     let data = state
         .figures
-        .pages(&state.store, now, BudgetSource::from_config(&config))
+        .pages(
+            &state.store,
+            &state.clock,
+            BudgetSource::from_config(&config),
+        )
         .await
         .map_err(fail)?;
     let store = state.store.clone();
