@@ -113,6 +113,42 @@ pub struct Confirm {
 /// route's grid goes on, so a dropped confirmation only delays a verdict).
 pub const CONFIRM_QUEUE: usize = 1024;
 
+/// A route's waiting confirmation request: one at most (a second one while the first waits
+/// adds nothing). A lock and a notification instead of a channel per route: 10,000 routes
+/// would hold 10,000 channels (512 bytes each) for a request that is rare.
+#[derive(Default)]
+struct Asked {
+    kind: Mutex<Option<OutcomeKind>>,
+    ready: tokio::sync::Notify,
+}
+
+impl Asked {
+    fn ask(&self, kind: OutcomeKind) {
+        let mut k = self
+            .kind
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if k.is_none() {
+            *k = Some(kind);
+            self.ready.notify_one();
+        }
+    }
+
+    async fn next(&self) -> OutcomeKind {
+        loop {
+            self.ready.notified().await;
+            let taken = self
+                .kind
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(kind) = taken {
+                return kind;
+            }
+        }
+    }
+}
+
 /// Confirmation start slots shared by every route: each at least `spacing` after the last.
 struct Pacer {
     next_free: Mutex<Option<Instant>>,
@@ -187,15 +223,14 @@ pub async fn run_with_confirmations(
     let start = Instant::now();
     let n = routes.len();
     let mut tasks = JoinSet::new();
-    let mut confirm_to: HashMap<RouteId, mpsc::Sender<OutcomeKind>> = HashMap::new();
+    let mut confirm_to: HashMap<RouteId, Arc<Asked>> = HashMap::new();
     for (i, route) in routes.into_iter().enumerate() {
-        // One request waits per route at most: a second one while the first is pending adds
-        // nothing.
-        let (tx, rx) = mpsc::channel(1);
-        if route.probe.confirm_after.is_some() {
-            confirm_to.insert(route.id.clone(), tx);
-        }
-        tasks.spawn(route_loop(shared.clone(), route, i, n, start, rx));
+        let asked = route.probe.confirm_after.map(|_| {
+            let asked = Arc::new(Asked::default());
+            confirm_to.insert(route.id.clone(), asked.clone());
+            asked
+        });
+        tasks.spawn(route_loop(shared.clone(), route, i, n, start, asked));
     }
     let mut confirms_open = true;
     tracing::info!(
@@ -218,9 +253,8 @@ pub async fn run_with_confirmations(
             }
             c = confirms.recv(), if confirms_open => match c {
                 Some(c) => {
-                    if let Some(tx) = confirm_to.get(&c.route) {
-                        // Full: one is already pending for the route.
-                        let _ = tx.try_send(c.kind);
+                    if let Some(asked) = confirm_to.get(&c.route) {
+                        asked.ask(c.kind);
                     }
                 }
                 None => confirms_open = false,
@@ -270,7 +304,7 @@ async fn route_loop(
     i: usize,
     n: usize,
     start: Instant,
-    mut confirm_rx: mpsc::Receiver<OutcomeKind>,
+    asked: Option<Arc<Asked>>,
 ) {
     let interval = route.probe.interval.max(MIN_INTERVAL);
     let jitter = interval.mul_f64(route.probe.jitter.clamp(0.0, 0.5));
@@ -290,7 +324,6 @@ async fn route_loop(
     // The running probe is a confirmation (a grid tick meeting it is absorbed, not skipped).
     let mut running_confirm = false;
     let confirm_after = route.probe.confirm_after;
-    let mut confirm_open = confirm_after.is_some();
     // A confirmation waiting for its slot, and how many ran since the last grid probe.
     let mut pending: Option<(OutcomeKind, Instant)> = None;
     let mut confirmed = 0u32;
@@ -307,10 +340,9 @@ async fn route_loop(
         tokio::select! {
             biased;
             _ = shared.stop.cancelled() => break,
-            asked = confirm_rx.recv(), if confirm_open => {
+            k = next_asked(asked.as_deref()) => {
                 let busy = running.as_ref().is_some_and(|h| !h.is_finished());
-                confirm_open = asked.is_some();
-                if let (Some(k), Some(after)) = (asked, confirm_after) {
+                if let Some(after) = confirm_after {
                     let due = Instant::now() + after;
                     // The grid probe coming first is the confirmation already.
                     if pending.is_none() && !busy && confirmed < shared.max_confirmations && due < probe.next {
@@ -388,6 +420,14 @@ async fn route_loop(
 
     if let Some(last) = running {
         log_panic(&route.id, last.await);
+    }
+}
+
+/// The route's next confirmation request; never, for a route without confirmations.
+async fn next_asked(asked: Option<&Asked>) -> OutcomeKind {
+    match asked {
+        Some(a) => a.next().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -582,8 +622,8 @@ mod tests {
                 .routes()
                 .remove(0),
         );
-        let (_confirm, confirms) = mpsc::channel(1);
-        let task = route_loop(shared, route, 0, 1, Instant::now(), confirms);
+        let asked = Some(Arc::new(Asked::default()));
+        let task = route_loop(shared, route, 0, 1, Instant::now(), asked);
         let size = std::mem::size_of_val(&task);
         assert!(size <= 768, "a route's loop future is {size} bytes");
     }

@@ -70,7 +70,8 @@ pub use observed::{Observed, ObservedFigures, ObservedView};
 /// What the store knows for the status view, read in one go.
 #[derive(Debug, Default)]
 pub struct Figures {
-    pub latency: HashMap<RouteId, Rollup>,
+    /// Percentiles of the last [`RECENT`], computed once per read, not per request.
+    pub latency: HashMap<RouteId, Latency>,
     pub samples: HashMap<RouteId, Samples>,
     pub uptime_24h: HashMap<RouteId, Counts>,
     pub uptime_7d: HashMap<RouteId, Counts>,
@@ -86,12 +87,11 @@ impl Figures {
     pub fn load(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {
         let until = now + TimeDelta::milliseconds(1);
         Ok(Self {
-            latency: reader.summaries_by_route(
-                Granularity::FiveMinutes,
-                now - RECENT,
-                until,
-                LATENCY_KINDS,
-            )?,
+            latency: reader
+                .summaries_by_route(Granularity::FiveMinutes, now - RECENT, until, LATENCY_KINDS)?
+                .into_iter()
+                .map(|(id, r)| (id, Latency::of(&r)))
+                .collect(),
             samples: reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)?,
             uptime_24h: reader.counts_by_route(now - TimeDelta::days(1), until, UPTIME_KINDS)?,
             uptime_7d: reader.counts_by_route(now - TimeDelta::days(7), until, UPTIME_KINDS)?,
@@ -99,6 +99,24 @@ impl Figures {
             slo_30d: reader.counts_by_route(now - slo_window(), until, slo::KINDS)?,
             observed: ObservedFigures::load(reader, now)?,
         })
+    }
+}
+
+/// A route's latency percentiles (ms) over a window; `None` without successes.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Latency {
+    pub p50: Option<f64>,
+    pub p95: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+impl Latency {
+    pub fn of(r: &Rollup) -> Self {
+        Self {
+            p50: r.p50(),
+            p95: r.p95(),
+            p99: r.p99(),
+        }
     }
 }
 
@@ -115,12 +133,13 @@ fn round(v: f64, places: i32) -> f64 {
 }
 
 impl Percentiles {
-    fn from_rollup(r: Option<&Rollup>) -> Self {
-        let q = |q: f64| r.and_then(|r| r.percentile(q)).map(|v| round(v, 1));
+    fn from_latency(l: Option<&Latency>) -> Self {
+        let l = l.copied().unwrap_or_default();
+        let q = |v: Option<f64>| v.map(|v| round(v, 1));
         Self {
-            p50: q(0.50),
-            p95: q(0.95),
-            p99: q(0.99),
+            p50: q(l.p50),
+            p95: q(l.p95),
+            p99: q(l.p99),
         }
     }
 
@@ -358,7 +377,7 @@ fn status_view<'a>(
                     text: &x.text,
                 }),
                 failure_mode: s.and_then(|s| s.failure_mode).map(|f| f.as_str()),
-                latency_ms: Percentiles::from_rollup(figures.latency.get(&r.id)),
+                latency_ms: Percentiles::from_latency(figures.latency.get(&r.id)),
                 ttfb_ms: Percentiles::from_samples(samples.map(|s| &s.ttfb_ms)),
                 tokens_per_second: Percentiles::from_samples(samples.map(|s| &s.tokens_per_second)),
                 baseline: s.and_then(|s| s.baseline.as_ref()).map(|b| BaselineView {

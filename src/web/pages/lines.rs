@@ -92,14 +92,14 @@ pub fn route_line(
     let id = &route.id;
     let state = status.map_or(St::Unknown, |s| s.state);
     let latency = figures.latency.get(id);
-    let p50 = latency.and_then(|r| r.p50());
+    let p50 = latency.and_then(|l| l.p50);
     let reason = status
         .filter(|s| s.state != St::Normal)
         .and_then(|s| s.reason.as_ref().map(|r| (s, r)))
         .map(|(s, r)| {
             let baseline = s.baseline.as_ref();
             let f = ReasonFigures {
-                p95: latency.and_then(|r| r.p95()).map(fmt_ms),
+                p95: latency.and_then(|l| l.p95).map(fmt_ms),
                 normal: baseline.map(|b| fmt_spread(b.mean_ms, b.stddev_ms)),
                 bucket: baseline.map(|b| b.bucket.clone()),
                 success_ratio: s.success_ratio,

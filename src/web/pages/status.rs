@@ -235,8 +235,8 @@ pub fn route_card(
     let latency = figures.latency.get(id);
     let samples = figures.samples.get(id);
     let baseline = status.and_then(|s| s.baseline.as_ref());
-    let p50 = latency.and_then(|r| r.p50());
-    let p95 = latency.and_then(|r| r.p95());
+    let p50 = latency.and_then(|l| l.p50);
+    let p95 = latency.and_then(|l| l.p95);
     let tps_now = samples.and_then(|s| quantile(&mut s.tokens_per_second.clone(), 0.5));
     let ttfb_now = samples.and_then(|s| quantile(&mut s.ttfb_ms.clone(), 0.5));
     let reason = status.and_then(|s| s.reason.as_ref()).map(|r| {
