@@ -8,13 +8,16 @@ use serde::{Deserialize, Serialize};
 
 /// `provider/region/model`. Model names may themselves contain `/`
 /// (`deepseek-ai/DeepSeek-V3`), so parse with [`RouteId::split`], never a plain `split('/')`.
+///
+/// Shared text: a route's id is held by the scheduler, detection, the snapshots, the alert
+/// tally, the figures and the metrics, and copies of it cost a pointer each, not a string each.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct RouteId(String);
+pub struct RouteId(std::sync::Arc<str>);
 
 impl RouteId {
     pub fn new(provider: &str, region: &str, model: &str) -> Self {
-        Self(format!("{provider}/{region}/{model}"))
+        Self(format!("{provider}/{region}/{model}").into())
     }
 
     /// Parses an id as it appears in URLs and ingest payloads (already percent-decoded).
@@ -24,7 +27,7 @@ impl RouteId {
         if p.is_empty() || r.is_empty() || m.is_empty() {
             return None;
         }
-        Some(Self(s.to_owned()))
+        Some(Self(s.into()))
     }
 
     /// (provider, region, model).
