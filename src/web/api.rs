@@ -71,7 +71,7 @@ pub use observed::{Observed, ObservedFigures, ObservedView};
 #[derive(Debug, Default)]
 pub struct Figures {
     /// Percentiles of the last [`RECENT`], computed once per read, not per request.
-    pub latency: HashMap<RouteId, Latency>,
+    pub latency: HashMap<RouteId, Percentiles>,
     pub samples: HashMap<RouteId, Samples>,
     pub uptime_24h: HashMap<RouteId, Counts>,
     pub uptime_7d: HashMap<RouteId, Counts>,
@@ -90,7 +90,7 @@ impl Figures {
             latency: reader
                 .summaries_by_route(Granularity::FiveMinutes, now - RECENT, until, LATENCY_KINDS)?
                 .into_iter()
-                .map(|(id, r)| (id, Latency::of(&r)))
+                .map(|(id, r)| (id, Percentiles::of(&r)))
                 .collect(),
             samples: reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)?,
             uptime_24h: reader.counts_by_route(now - TimeDelta::days(1), until, UPTIME_KINDS)?,
@@ -102,25 +102,9 @@ impl Figures {
     }
 }
 
-/// A route's latency percentiles (ms) over a window; `None` without successes.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Latency {
-    pub p50: Option<f64>,
-    pub p95: Option<f64>,
-    pub p99: Option<f64>,
-}
-
-impl Latency {
-    pub fn of(r: &Rollup) -> Self {
-        Self {
-            p50: r.p50(),
-            p95: r.p95(),
-            p99: r.p99(),
-        }
-    }
-}
-
-#[derive(Debug, Serialize, PartialEq)]
+/// p50, p95 and p99; `None` without values. The figures keep them as computed, the answer
+/// rounds them ([`Percentiles::rounded`]).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct Percentiles {
     pub p50: Option<f64>,
     pub p95: Option<f64>,
@@ -133,24 +117,34 @@ fn round(v: f64, places: i32) -> f64 {
 }
 
 impl Percentiles {
-    fn from_latency(l: Option<&Latency>) -> Self {
-        let l = l.copied().unwrap_or_default();
+    /// A rollup's latency percentiles.
+    pub fn of(r: &Rollup) -> Self {
+        Self {
+            p50: r.p50(),
+            p95: r.p95(),
+            p99: r.p99(),
+        }
+    }
+
+    /// To 0.1, as answers show them.
+    fn rounded(self) -> Self {
         let q = |v: Option<f64>| v.map(|v| round(v, 1));
         Self {
-            p50: q(l.p50),
-            p95: q(l.p95),
-            p99: q(l.p99),
+            p50: q(self.p50),
+            p95: q(self.p95),
+            p99: q(self.p99),
         }
     }
 
     fn from_samples(values: Option<&Vec<f64>>) -> Self {
         let mut v = values.cloned().unwrap_or_default();
-        let mut q = |q: f64| quantile(&mut v, q).map(|v| round(v, 1));
+        let mut q = |q: f64| quantile(&mut v, q);
         Self {
             p50: q(0.50),
             p95: q(0.95),
             p99: q(0.99),
         }
+        .rounded()
     }
 }
 
@@ -377,7 +371,12 @@ fn status_view<'a>(
                     text: &x.text,
                 }),
                 failure_mode: s.and_then(|s| s.failure_mode).map(|f| f.as_str()),
-                latency_ms: Percentiles::from_latency(figures.latency.get(&r.id)),
+                latency_ms: figures
+                    .latency
+                    .get(&r.id)
+                    .copied()
+                    .unwrap_or_default()
+                    .rounded(),
                 ttfb_ms: Percentiles::from_samples(samples.map(|s| &s.ttfb_ms)),
                 tokens_per_second: Percentiles::from_samples(samples.map(|s| &s.tokens_per_second)),
                 baseline: s.and_then(|s| s.baseline.as_ref()).map(|b| BaselineView {
