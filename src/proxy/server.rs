@@ -46,7 +46,13 @@ pub async fn serve(
         header_read_timeout: proxy.inner.header_read_timeout,
         ..Default::default()
     };
-    crate::listen::serve(listener, router(proxy), limits, shutdown, "proxy").await
+    let meter = proxy.inner.meter.clone();
+    let served = crate::listen::serve(listener, router(proxy), limits, shutdown, "proxy").await;
+    // Every request has ended: what they metered reaches the store before it closes.
+    if let Some(meter) = meter {
+        meter.close().await;
+    }
+    served
 }
 
 async fn not_found() -> Response {

@@ -24,7 +24,7 @@ use super::{from_ms, to_ms, Reader, StoreError, Writer};
 const IDEMPOTENCY_PRUNE: i64 = 64;
 
 /// One proxied request, as metered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
     pub request_id: String,
     /// The logical model asked for.
@@ -162,36 +162,40 @@ fn finite(v: f64) -> Option<f64> {
 
 pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(), StoreError> {
     let latency = finite(r.latency_ms).unwrap_or(0.0);
-    let pk = conn
-        .prepare_cached(
-            "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome, status,
-             stream, attempts, fallback_reason, prompt_tokens, completion_tokens, cost, currency,
-             latency_ms, contract, trace_id, client)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
-         RETURNING id",
-        )?
-        .query_row(
-            params![
-                r.request_id,
-                r.serves,
-                to_ms(r.started_at),
-                r.route,
-                r.outcome,
-                r.status,
-                r.stream,
-                r.attempts.len() as i64,
-                r.fallback_reason,
-                r.prompt_tokens.map(|v| v as i64),
-                r.completion_tokens.map(|v| v as i64),
-                r.cost.and_then(finite),
-                r.currency,
-                latency,
-                r.contract,
-                r.trace_id,
-                r.client,
-            ],
-            |row| row.get::<_, i64>(0),
-        )?;
+    let values = params![
+        r.request_id,
+        r.serves,
+        to_ms(r.started_at),
+        r.route,
+        r.outcome,
+        r.status,
+        r.stream,
+        r.attempts.len() as i64,
+        r.fallback_reason,
+        r.prompt_tokens.map(|v| v as i64),
+        r.completion_tokens.map(|v| v as i64),
+        r.cost.and_then(finite),
+        r.currency,
+        latency,
+        r.contract,
+        r.trace_id,
+        r.client,
+    ];
+    const INSERT: &str = "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route,
+             outcome, status, stream, attempts, fallback_reason, prompt_tokens, completion_tokens,
+             cost, currency, latency_ms, contract, trace_id, client)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)";
+    // SQLite runs `RETURNING` through a temporary table; the connection's last rowid is the
+    // same answer for a third of the work, on the request metering's hot path.
+    let pk = match conn.as_sqlite() {
+        Some(sqlite) => {
+            conn.prepare_cached(INSERT)?.execute(values)?;
+            sqlite.last_insert_rowid()
+        }
+        None => conn
+            .prepare_cached(&format!("{INSERT} RETURNING id"))?
+            .query_row(values, |row| row.get::<_, i64>(0))?,
+    };
     let mut stmt = conn.prepare_cached(
         "INSERT INTO proxy_attempts (request_pk, n, route, reason, status_class, status, ttfb_ms,
              latency_ms, prompt_tokens, completion_tokens, cost, outcome)
