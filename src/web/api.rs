@@ -72,7 +72,9 @@ pub use observed::{Observed, ObservedFigures, ObservedView};
 pub struct Figures {
     /// Percentiles of the last [`RECENT`], computed once per read, not per request.
     pub latency: HashMap<RouteId, Percentiles>,
-    pub samples: HashMap<RouteId, Samples>,
+    /// Time to first byte and tokens/s over the last [`RECENT`], likewise computed once.
+    pub ttfb: HashMap<RouteId, Percentiles>,
+    pub tps: HashMap<RouteId, Percentiles>,
     pub uptime_24h: HashMap<RouteId, Counts>,
     pub uptime_7d: HashMap<RouteId, Counts>,
     pub uptime_30d: HashMap<RouteId, Counts>,
@@ -86,13 +88,27 @@ impl Figures {
     /// A handful of range scans over every route (see `store::stats`).
     pub fn load(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {
         let until = now + TimeDelta::milliseconds(1);
+        let samples = reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)?;
+        let (mut ttfb, mut tps) = (HashMap::new(), HashMap::new());
+        for (
+            id,
+            Samples {
+                ttfb_ms,
+                tokens_per_second,
+            },
+        ) in samples
+        {
+            ttfb.insert(id.clone(), Percentiles::of_samples(ttfb_ms));
+            tps.insert(id, Percentiles::of_samples(tokens_per_second));
+        }
         Ok(Self {
+            ttfb,
+            tps,
             latency: reader
                 .summaries_by_route(Granularity::FiveMinutes, now - RECENT, until, LATENCY_KINDS)?
                 .into_iter()
                 .map(|(id, r)| (id, Percentiles::of(&r)))
                 .collect(),
-            samples: reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)?,
             uptime_24h: reader.counts_by_route(now - TimeDelta::days(1), until, UPTIME_KINDS)?,
             uptime_7d: reader.counts_by_route(now - TimeDelta::days(7), until, UPTIME_KINDS)?,
             uptime_30d: reader.counts_by_route(now - TimeDelta::days(30), until, UPTIME_KINDS)?,
@@ -136,15 +152,14 @@ impl Percentiles {
         }
     }
 
-    fn from_samples(values: Option<&Vec<f64>>) -> Self {
-        let mut v = values.cloned().unwrap_or_default();
+    /// Exact percentiles of raw samples.
+    pub fn of_samples(mut v: Vec<f64>) -> Self {
         let mut q = |q: f64| quantile(&mut v, q);
         Self {
             p50: q(0.50),
             p95: q(0.95),
             p99: q(0.99),
         }
-        .rounded()
     }
 }
 
@@ -351,7 +366,6 @@ fn status_view<'a>(
         })
         .map(|r| {
             let s = by_id.get(&r.id).copied();
-            let samples = figures.samples.get(&r.id);
             let ratio = |m: &HashMap<RouteId, Counts>| {
                 m.get(&r.id)
                     .and_then(Counts::success_ratio)
@@ -377,8 +391,18 @@ fn status_view<'a>(
                     .copied()
                     .unwrap_or_default()
                     .rounded(),
-                ttfb_ms: Percentiles::from_samples(samples.map(|s| &s.ttfb_ms)),
-                tokens_per_second: Percentiles::from_samples(samples.map(|s| &s.tokens_per_second)),
+                ttfb_ms: figures
+                    .ttfb
+                    .get(&r.id)
+                    .copied()
+                    .unwrap_or_default()
+                    .rounded(),
+                tokens_per_second: figures
+                    .tps
+                    .get(&r.id)
+                    .copied()
+                    .unwrap_or_default()
+                    .rounded(),
                 baseline: s.and_then(|s| s.baseline.as_ref()).map(|b| BaselineView {
                     bucket: &b.bucket,
                     samples: b.samples,

@@ -78,7 +78,7 @@ use crate::health::{fmt_ms, fmt_spread, HealthSnapshot, Incident, RouteStatus, S
 use crate::probe::outcome::scrub;
 use crate::route::{Route, RouteId, Tier};
 use crate::slo;
-use crate::store::{quantile, Counts, DailyCounts, Granularity, Reader, Store, StoreError};
+use crate::store::{Counts, DailyCounts, Granularity, Reader, Store, StoreError};
 
 /// Days of bars.
 pub const DAYS: i64 = 90;

@@ -233,12 +233,11 @@ pub fn route_card(
     let id = &route.id;
     let state = status.map_or(St::Unknown, |s| s.state);
     let latency = figures.latency.get(id);
-    let samples = figures.samples.get(id);
     let baseline = status.and_then(|s| s.baseline.as_ref());
     let p50 = latency.and_then(|l| l.p50);
     let p95 = latency.and_then(|l| l.p95);
-    let tps_now = samples.and_then(|s| quantile(&mut s.tokens_per_second.clone(), 0.5));
-    let ttfb_now = samples.and_then(|s| quantile(&mut s.ttfb_ms.clone(), 0.5));
+    let tps_now = figures.tps.get(id).and_then(|p| p.p50);
+    let ttfb_now = figures.ttfb.get(id).and_then(|p| p.p50);
     let reason = status.and_then(|s| s.reason.as_ref()).map(|r| {
         let f = ReasonFigures {
             p95: p95.map(fmt_ms),
