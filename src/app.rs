@@ -477,7 +477,10 @@ pub async fn start_with(
         crate::listen::serve(
             listener,
             app,
-            crate::listen::Limits::default(),
+            crate::listen::Limits {
+                max_connections: config.server.max_connections as usize,
+                ..Default::default()
+            },
             web_shutdown,
             "monitor",
         )

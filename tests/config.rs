@@ -252,6 +252,11 @@ fn bad_configs_give_exact_located_diagnostics() {
             ],
         ),
         (
+            "a listener that admits no connection",
+            format!("{PROVIDERS}{ROUTE}[server]\nmax_connections = 0\n"),
+            vec!["p.toml:18:19: server.max_connections: must be at least 1, got 0"],
+        ),
+        (
             "bad urls",
             format!(
                 "{PROVIDERS}  [[provider.region]]\n  id = \"intl\"\n  base_url = \"api.example.com/v1\"\n{ROUTE}[server]\npublic_url = \"https://user:pw@status.example.com\"\n"

@@ -154,6 +154,13 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             ingest_token_env: r.ingest_token_env.unwrap_or(d.ingest_token_env),
             title: r.title.unwrap_or(d.title),
             vantage: r.vantage.unwrap_or(d.vantage),
+            max_connections: uint(
+                ck,
+                "server.max_connections",
+                r.max_connections,
+                d.max_connections,
+                1,
+            ),
         }
     };
 

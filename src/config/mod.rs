@@ -148,6 +148,9 @@ pub struct ServerConfig {
     pub title: String,
     /// The vantage id of this monitor's own scheduler (`[a-z0-9_-]+`, default `local`).
     pub vantage: String,
+    /// Open connections the listener admits at once (SSE subscribers hold one each); past
+    /// it, new connections wait in the kernel's accept queue.
+    pub max_connections: u32,
 }
 
 impl Default for ServerConfig {
@@ -159,6 +162,7 @@ impl Default for ServerConfig {
             ingest_token_env: "PROBEOK_INGEST_TOKEN".into(),
             title: "LLM provider status".into(),
             vantage: crate::vantage::LOCAL.into(),
+            max_connections: crate::listen::MAX_CONNECTIONS as u32,
         }
     }
 }

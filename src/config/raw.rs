@@ -177,6 +177,7 @@ pub(super) struct RawServer {
     pub ingest_token_env: Option<String>,
     pub title: Option<String>,
     pub vantage: Option<String>,
+    pub max_connections: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -282,6 +282,7 @@ impl<'a> Checker<'a> {
         self.url("server.public_url", &s.public_url, false);
         self.env_name("server.admin_token_env", &s.admin_token_env);
         self.env_name("server.ingest_token_env", &s.ingest_token_env);
+        self.at_least("server.max_connections", s.max_connections, 1);
     }
 
     fn storage(&mut self, c: &Config) {
