@@ -5,15 +5,17 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Duration as TimeDelta, Utc};
+use rustc_hash::FxBuildHasher;
 use serde::Serialize;
 
 use crate::store::{ObservedBucket, Reader, Span, StoreError};
 
-/// Both windows' figures per route id, as read from the store.
+/// Both windows' figures per route id, as read from the store (FxHash: see
+/// [`super::RouteMap`]).
 #[derive(Debug, Default)]
 pub struct ObservedFigures {
-    pub h1: HashMap<String, ObservedBucket>,
-    pub h24: HashMap<String, ObservedBucket>,
+    pub h1: HashMap<String, ObservedBucket, FxBuildHasher>,
+    pub h24: HashMap<String, ObservedBucket, FxBuildHasher>,
 }
 
 impl ObservedFigures {
@@ -22,8 +24,14 @@ impl ObservedFigures {
         let h1_since = Span::Minute.start(now - TimeDelta::hours(1)) + 60_000;
         let h24_since = Span::Hour.start(now) - 23 * 3_600_000;
         Ok(Self {
-            h1: reader.observed(Span::Minute, h1_since, until)?,
-            h24: reader.observed(Span::Hour, h24_since, until)?,
+            h1: reader
+                .observed(Span::Minute, h1_since, until)?
+                .into_iter()
+                .collect(),
+            h24: reader
+                .observed(Span::Hour, h24_since, until)?
+                .into_iter()
+                .collect(),
         })
     }
 }

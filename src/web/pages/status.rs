@@ -211,7 +211,7 @@ fn opt_ms(v: Option<f64>, t: &Text) -> String {
     v.map_or_else(|| t.no_data.to_owned(), fmt_ms)
 }
 
-pub(super) fn ratio(m: &HashMap<RouteId, Counts>, id: &RouteId, t: &Text) -> String {
+pub(super) fn ratio(m: &api::RouteMap<Counts>, id: &RouteId, t: &Text) -> String {
     m.get(id)
         .and_then(Counts::success_ratio)
         .map_or_else(|| t.no_data.to_owned(), i18n::percent)
