@@ -1,6 +1,6 @@
 //! Publishing benchmark at 1,000 routes: `/api/v1/status` latency over a real socket with a
 //! real store full of rollups, the weights snapshot build time, and SSE fan-out latency to
-//! 1,000 subscribers. `CARGO_TARGET_DIR=/work/target cargo bench --bench api`
+//! 1,000 subscribers (`BENCH_SUBSCRIBERS` sets another count). `cargo bench --bench api`
 //!
 //! Store contents: for every route, 30 days of hourly probes (rollups at every granularity)
 //! plus the last hour at the default 30 s interval with a throughput probe every 5 minutes —
@@ -26,7 +26,6 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 const ROUTES: usize = 1000;
-const SUBSCRIBERS: usize = 1000;
 
 fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
@@ -203,9 +202,17 @@ async fn wait_for(s: &mut tokio::net::TcpStream, needle: &str) {
     }
 }
 
+/// SSE subscribers: `BENCH_SUBSCRIBERS`, or 1,000.
+fn subscribers() -> usize {
+    std::env::var("BENCH_SUBSCRIBERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
+
 fn main() {
-    // 1,000 subscribers need ~2,000 descriptors (both ends live in this process).
-    if let Err(e) = rlimit::increase_nofile_limit(16_384) {
+    // Each subscriber takes two descriptors (both ends live in this process).
+    if let Err(e) = rlimit::increase_nofile_limit(2 * subscribers() as u64 + 4096) {
         eprintln!("could not raise RLIMIT_NOFILE: {e}");
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -386,14 +393,15 @@ async fn run() {
     );
 
     // SSE fan-out.
+    let subscribers = subscribers();
     let v0 = weights_rx.borrow().version;
     let t = Instant::now();
-    let mut subs = Vec::with_capacity(SUBSCRIBERS);
-    for _ in 0..SUBSCRIBERS {
+    let mut subs = Vec::with_capacity(subscribers);
+    for _ in 0..subscribers {
         subs.push(subscribe(addr, v0).await);
     }
     println!(
-        "sse: {SUBSCRIBERS} subscribers connected in {:.2} s",
+        "sse: {subscribers} subscribers connected in {:.2} s",
         t.elapsed().as_secs_f64()
     );
     let mut rounds = Vec::new();
@@ -416,7 +424,7 @@ async fn run() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let start = Instant::now();
         health_tx.send_replace(Arc::new(if round % 2 == 0 { b.clone() } else { a.clone() }));
-        let mut lat = Vec::with_capacity(SUBSCRIBERS);
+        let mut lat = Vec::with_capacity(subscribers);
         while let Some(at) = done_rx.recv().await {
             lat.push(at.duration_since(start).as_secs_f64() * 1e3);
         }
@@ -435,7 +443,7 @@ async fn run() {
     }
     let (m50, ..) = median(rounds.iter().map(|r| r.0).collect());
     let (mmax, ..) = median(rounds.iter().map(|r| r.1).collect());
-    println!("SSE fan-out to {SUBSCRIBERS} subscribers: median over rounds of p50 {m50:.1} ms, of the last subscriber {mmax:.1} ms");
+    println!("SSE fan-out to {subscribers} subscribers: median over rounds of p50 {m50:.1} ms, of the last subscriber {mmax:.1} ms");
 
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
