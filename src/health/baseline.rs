@@ -36,12 +36,12 @@ pub const ALL_DAY: &str = "all-day";
 /// percent of samples, an intermittent fault by far more.
 pub const JITTER_FRACTION: f64 = 0.1;
 
-/// A bounded series with its mean and sample standard deviation cached after each push.
+/// A bounded series of samples, the oldest dropped first.
 ///
 /// Samples are kept in 16 bits ([`Sample`]: ±0.025%, whole numbers up to 4,096 exact) and the
 /// buffer grows with the samples instead of being allocated for the whole window up front: a
-/// route has 25 buckets × 3 series at hourly buckets, full after a day, and at 10,000 routes
-/// each byte a sample saves is 7.5–25 MB.
+/// route has 25 buckets × 1–3 series at hourly buckets, full after a day, and at 10,000 routes
+/// each byte a sample saves is 25–75 MB.
 #[derive(Debug, Clone, Default)]
 struct Series {
     /// The samples: in order until the window is full, then a ring whose oldest is at `head`.
@@ -291,7 +291,7 @@ impl Baseline {
         self.all_day.latency.len()
     }
 
-    /// Heap and inline bytes held (for capacity planning: 400 bytes per full series at the
+    /// Heap and inline bytes held (for capacity planning: 200 bytes per full series at the
     /// default window of 100, nothing for an empty one).
     pub fn approx_bytes(&self) -> usize {
         let series = |s: &Series| s.buf.len() * std::mem::size_of::<Sample>();

@@ -4,8 +4,8 @@
 //! and logged. Readable at `GET /api/v1/requests` (`web::requests`, admin token).
 //!
 //! The first record of a batch waits up to [`LINGER`] for others, so requests that arrive one
-//! at a time share a commit instead of paying one each (a commit costs about as much CPU as
-//! the rows it writes). [`Meter::close`], called once the server has drained, writes what is
+//! at a time share a commit instead of paying one each (a commit of one record cost half as
+//! much CPU again as writing it). [`Meter::close`], called once the server has drained, writes what is
 //! queued without waiting.
 //!
 //! While the database is unreachable (read-only mode) the queue is the buffer: the record

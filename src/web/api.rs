@@ -44,7 +44,7 @@ use crate::health::{HealthSnapshot, Incident, State as RouteState};
 use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::{Route, RouteId, Tier};
 use crate::slo::{self, ErrorBudget};
-use crate::store::{quantile, Counts, Granularity, Reader, Rollup, Samples, Store, StoreError};
+use crate::store::{quantile, Counts, Granularity, Reader, Rollup, Store, StoreError};
 use crate::weights;
 
 /// Latency, TTFB and tokens/s cover this much recent time.
@@ -99,18 +99,10 @@ impl Figures {
                 .into_iter()
                 .collect())
         };
-        let samples = reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)?;
         let (mut ttfb, mut tps) = (RouteMap::default(), RouteMap::default());
-        for (
-            id,
-            Samples {
-                ttfb_ms,
-                tokens_per_second,
-            },
-        ) in samples
-        {
-            ttfb.insert(id.clone(), Percentiles::of_samples(ttfb_ms));
-            tps.insert(id, Percentiles::of_samples(tokens_per_second));
+        for (id, s) in reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)? {
+            ttfb.insert(id.clone(), Percentiles::of_samples(s.ttfb_ms));
+            tps.insert(id, Percentiles::of_samples(s.tokens_per_second));
         }
         Ok(Self {
             ttfb,
