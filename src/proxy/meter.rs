@@ -37,8 +37,10 @@ use crate::store::{RequestRecord, StoreHealth, Writer};
 pub const METER_QUEUE: usize = 4096;
 /// Records handed to the writer at once.
 const FLUSH_BATCH: usize = 256;
-/// How long a batch's first record waits for more before the batch is written.
-pub const LINGER: Duration = Duration::from_millis(10);
+/// How long a batch's first record waits for more before the batch is written. Short, because
+/// the commit of a batch is a burst of CPU the requests of the moment share the cores with:
+/// one request at a time behind a 10 ms wait had a p99 of 0.7–1.1 ms added, 0.46–0.51 ms at 2.
+pub const LINGER: Duration = Duration::from_millis(2);
 /// How long closing waits for the queued records to be written.
 pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// The pause before writing a record again after the database was unreachable.
