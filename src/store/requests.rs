@@ -181,19 +181,23 @@ pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(),
         r.trace_id,
         r.client,
     ];
-    const INSERT: &str = "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route,
-             outcome, status, stream, attempts, fallback_reason, prompt_tokens, completion_tokens,
-             cost, currency, latency_ms, contract, trace_id, client)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)";
+    macro_rules! insert {
+        () => {
+            "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome,
+             status, stream, attempts, fallback_reason, prompt_tokens, completion_tokens, cost,
+             currency, latency_ms, contract, trace_id, client)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+        };
+    }
     // SQLite runs `RETURNING` through a temporary table; the connection's last rowid is the
-    // same answer for a third of the work, on the request metering's hot path.
+    // same answer, and the row's insert costs a third less on the metering's hot path.
     let pk = match conn.as_sqlite() {
         Some(sqlite) => {
-            conn.prepare_cached(INSERT)?.execute(values)?;
+            conn.prepare_cached(insert!())?.execute(values)?;
             sqlite.last_insert_rowid()
         }
         None => conn
-            .prepare_cached(&format!("{INSERT} RETURNING id"))?
+            .prepare_cached(concat!(insert!(), " RETURNING id"))?
             .query_row(values, |row| row.get::<_, i64>(0))?,
     };
     let mut stmt = conn.prepare_cached(

@@ -369,6 +369,8 @@ fn status_view<'a>(
         })
         .map(|r| {
             let s = by_id.get(&r.id).copied();
+            let percentiles =
+                |m: &RouteMap<Percentiles>| m.get(&r.id).copied().unwrap_or_default().rounded();
             let ratio = |m: &RouteMap<Counts>| {
                 m.get(&r.id)
                     .and_then(Counts::success_ratio)
@@ -388,24 +390,9 @@ fn status_view<'a>(
                     text: &x.text,
                 }),
                 failure_mode: s.and_then(|s| s.failure_mode).map(|f| f.as_str()),
-                latency_ms: figures
-                    .latency
-                    .get(&r.id)
-                    .copied()
-                    .unwrap_or_default()
-                    .rounded(),
-                ttfb_ms: figures
-                    .ttfb
-                    .get(&r.id)
-                    .copied()
-                    .unwrap_or_default()
-                    .rounded(),
-                tokens_per_second: figures
-                    .tps
-                    .get(&r.id)
-                    .copied()
-                    .unwrap_or_default()
-                    .rounded(),
+                latency_ms: percentiles(&figures.latency),
+                ttfb_ms: percentiles(&figures.ttfb),
+                tokens_per_second: percentiles(&figures.tps),
                 baseline: s.and_then(|s| s.baseline.as_ref()).map(|b| BaselineView {
                     bucket: &b.bucket,
                     samples: b.samples,
