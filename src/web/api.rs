@@ -234,7 +234,7 @@ struct RouteView<'a> {
     uptime: Uptime,
     slo: Slo,
     /// What probing the route costs per month (`crate::probe::cost`).
-    probe_cost: crate::probe::cost::ProbeCostView,
+    probe_cost: &'a crate::probe::cost::ProbeCostView,
     behavior_changed: bool,
     /// While WARNING or worse: the first token and tokens/s against their baselines.
     split: Option<SplitView<'a>>,
@@ -295,6 +295,27 @@ pub fn overall(routes: &[Route], health: &HealthSnapshot) -> &'static str {
     }
 }
 
+/// What a status answer shows besides the routes, the snapshot and the figures.
+pub struct Extras<'a> {
+    /// The in-process proxy's breaker states (route → `closed` …).
+    pub breakers: &'a HashMap<RouteId, &'static str>,
+    pub budget: Option<crate::budget::BudgetSnapshot>,
+    pub filter: &'a StatusFilter,
+    pub role: crate::cluster::Role,
+    /// [`overall`] of the snapshot, and each route's probe cost in the routes' order: the
+    /// handler derives them once per snapshot and per routes ([`super::memo`]).
+    pub overall: &'static str,
+    pub costs: &'a [crate::probe::cost::ProbeCostView],
+}
+
+/// Each route's probe cost, in the routes' order.
+pub fn probe_costs(routes: &[Route]) -> Vec<crate::probe::cost::ProbeCostView> {
+    routes
+        .iter()
+        .map(|r| crate::probe::cost::ProbeCostView::new(&r.probe, r.price.as_ref()))
+        .collect()
+}
+
 /// The `/api/v1/status` document for one health snapshot and the store's figures.
 pub fn status_json(
     routes: &[Route],
@@ -302,16 +323,8 @@ pub fn status_json(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Value {
-    let all = StatusFilter::default();
-    serde_json::to_value(status_view(
-        routes,
-        health,
-        figures,
-        now,
-        &HashMap::new(),
-        &all,
-    ))
-    .unwrap_or(Value::Null)
+    serde_json::from_slice(&status_bytes(routes, health, figures, now).unwrap_or_default())
+        .unwrap_or(Value::Null)
 }
 
 /// The same document, serialised straight to bytes (what the handler sends).
@@ -321,34 +334,27 @@ pub fn status_bytes(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    status_bytes_with(
-        routes,
-        health,
-        figures,
-        now,
-        &HashMap::new(),
-        None,
-        &StatusFilter::default(),
-        crate::cluster::Role::Leader,
-    )
+    let costs = probe_costs(routes);
+    let extras = Extras {
+        breakers: &HashMap::new(),
+        budget: None,
+        filter: &StatusFilter::default(),
+        role: crate::cluster::Role::Leader,
+        overall: overall(routes, health),
+        costs: &costs,
+    };
+    status_bytes_with(routes, health, figures, now, extras)
 }
 
-/// [`status_bytes`] with the in-process proxy's breaker states (route → `closed` …).
-#[allow(clippy::too_many_arguments)] // the handler and `status_bytes` are its only callers
+/// [`status_bytes`] with everything the handler knows besides.
 pub fn status_bytes_with(
     routes: &[Route],
     health: &HealthSnapshot,
     figures: &Figures,
     now: DateTime<Utc>,
-    breakers: &HashMap<RouteId, &'static str>,
-    budget: Option<crate::budget::BudgetSnapshot>,
-    filter: &StatusFilter,
-    role: crate::cluster::Role,
+    extras: Extras<'_>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    let mut view = status_view(routes, health, figures, now, breakers, filter);
-    view.budget = budget;
-    view.role = role.as_str();
-    serde_json::to_vec(&view)
+    serde_json::to_vec(&status_view(routes, health, figures, now, extras))
 }
 
 fn status_view<'a>(
@@ -356,18 +362,26 @@ fn status_view<'a>(
     health: &'a HealthSnapshot,
     figures: &Figures,
     now: DateTime<Utc>,
-    breakers: &HashMap<RouteId, &'static str>,
-    filter: &StatusFilter,
+    extras: Extras<'a>,
 ) -> StatusView<'a> {
+    let Extras {
+        breakers,
+        budget,
+        filter,
+        role,
+        overall,
+        costs,
+    } = extras;
     let by_id: HashMap<&RouteId, &crate::health::RouteStatus, rustc_hash::FxBuildHasher> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
     let views = routes
         .iter()
-        .filter(|r| {
+        .zip(costs)
+        .filter(|(r, _)| {
             let state = by_id.get(&r.id).map_or(RouteState::Unknown, |s| s.state);
             filter.keeps(r, state)
         })
-        .map(|r| {
+        .map(|(r, cost)| {
             let s = by_id.get(&r.id).copied();
             let percentiles =
                 |m: &RouteMap<Percentiles>| m.get(&r.id).copied().unwrap_or_default().rounded();
@@ -415,7 +429,7 @@ fn status_view<'a>(
                         budget_seconds: b.budget_seconds,
                     }
                 },
-                probe_cost: crate::probe::cost::ProbeCostView::new(&r.probe, r.price.as_ref()),
+                probe_cost: cost,
                 behavior_changed: s.is_some_and(|s| s.behavior_changed),
                 split: s.and_then(|s| s.open_split()).map(|x| SplitView {
                     code: x.code(),
@@ -434,10 +448,10 @@ fn status_view<'a>(
         .collect();
     StatusView {
         generated_at: rfc3339(now),
-        overall: overall(routes, health),
-        role: crate::cluster::Role::Leader.as_str(),
+        overall,
+        role: role.as_str(),
         routes: views,
-        budget: None,
+        budget,
     }
 }
 
@@ -454,6 +468,9 @@ pub struct FiguresCache {
     /// The HTML pages' extra figures (day bars, incidents), reused the same way
     /// (see [`super::pages::PageData`]).
     pub(super) pages: super::refresh::Refreshing<super::pages::PageData>,
+    /// `overall` of the latest health snapshot, and the routes' probe costs.
+    overall: super::memo::Memo<HealthSnapshot, &'static str>,
+    probe_costs: super::memo::Memo<Vec<Route>, Vec<crate::probe::cost::ProbeCostView>>,
 }
 
 impl FiguresCache {
@@ -525,11 +542,20 @@ pub async fn status(
         .as_ref()
         .map(|v| v.view.borrow().clone())
         .filter(|v| !v.routes.is_empty());
+    let cache = state.figures.clone();
     let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        let bytes = status_bytes_with(
-            &routes, &health, &figures, now, &breakers, budget, &filter, role,
-        )
-        .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;
+        let overall = *cache.overall.get(&health, |h| overall(&routes, h));
+        let costs = cache.probe_costs.get(&routes, |r| probe_costs(r));
+        let extras = Extras {
+            breakers: &breakers,
+            budget,
+            filter: &filter,
+            role,
+            overall,
+            costs: &costs,
+        };
+        let bytes = status_bytes_with(&routes, &health, &figures, now, extras)
+            .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;
         let Some(view) = vantages else {
             return Ok(bytes);
         };

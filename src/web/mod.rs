@@ -33,6 +33,7 @@ pub mod feed;
 pub mod guards;
 pub mod i18n;
 pub mod ingest;
+pub mod memo;
 pub mod metrics;
 pub mod openapi;
 pub mod pages;
