@@ -30,66 +30,82 @@ const FINE_SLOTS: usize = 73;
 /// 3 d of hourly buckets and the one a window may reach back into.
 const COARSE_SLOTS: usize = 73;
 
-/// One bucket: which one it is (start / size, counted from the epoch; 0, a bucket of 1970,
-/// marks an empty slot) and its counts. Twelve bytes: a route holds 146 of them.
+/// A bucket's counts. A 5-minute bucket counts in 16 bits (it saturates only at a probe
+/// every 5 ms), an hourly one in 32: a route holds 146 of them.
+trait Count: Copy + Default + Into<u64> {
+    fn plus(self, n: u64) -> Self;
+}
+
+macro_rules! count {
+    ($t:ty) => {
+        impl Count for $t {
+            fn plus(self, n: u64) -> Self {
+                self.saturating_add(<$t>::try_from(n).unwrap_or(<$t>::MAX))
+            }
+        }
+    };
+}
+count!(u16);
+count!(u32);
+
 #[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    bucket: u32,
-    total: u32,
-    bad: u32,
+struct Slot<C> {
+    total: C,
+    bad: C,
 }
 
-/// A ring of `N` buckets of `size_ms`; a slot holding an older bucket counts as empty.
+/// The `N` latest buckets of `size_ms`, counted from the epoch: bucket `b` lives in slot
+/// `b % N` while `latest − N < b ≤ latest`. Moving `latest` on empties the slots it passes,
+/// so a slot never holds a bucket older than the ring (no per-slot bucket number needed).
 #[derive(Debug, Clone)]
-struct Ring<const N: usize> {
-    slots: [Slot; N],
+struct Ring<C, const N: usize> {
+    /// The newest bucket counted (0, a bucket of 1970: none yet).
+    latest: u32,
+    slots: [Slot<C>; N],
 }
 
-impl<const N: usize> Default for Ring<N> {
+impl<C: Count, const N: usize> Default for Ring<C, N> {
     fn default() -> Self {
         Self {
+            latest: 0,
             slots: [Slot::default(); N],
         }
     }
 }
 
-impl<const N: usize> Ring<N> {
-    fn slot(&mut self, bucket: i64) -> Option<&mut Slot> {
-        // Before 1970 or after the year 42,000: no bucket of a real outcome.
-        let bucket = u32::try_from(bucket).ok().filter(|b| *b > 0)?;
-        let s = &mut self.slots[bucket as usize % N];
-        if s.bucket > bucket {
-            // Older than what the ring holds: outside every window already.
-            return None;
-        }
-        if s.bucket < bucket {
-            *s = Slot {
-                bucket,
-                total: 0,
-                bad: 0,
-            };
-        }
-        Some(s)
-    }
-
+impl<C: Count, const N: usize> Ring<C, N> {
     fn add(&mut self, bucket: i64, total: u64, bad: u64) {
-        if let Some(s) = self.slot(bucket) {
-            s.total = s
-                .total
-                .saturating_add(u32::try_from(total).unwrap_or(u32::MAX));
-            s.bad = s.bad.saturating_add(u32::try_from(bad).unwrap_or(u32::MAX));
+        // Before 1970 or after the year 42,000: no bucket of a real outcome.
+        let Some(bucket) = u32::try_from(bucket).ok().filter(|b| *b > 0) else {
+            return;
+        };
+        if bucket > self.latest {
+            let passed = (bucket - self.latest) as usize;
+            if passed >= N {
+                self.slots = [Slot::default(); N];
+            } else {
+                for b in self.latest + 1..=bucket {
+                    self.slots[b as usize % N] = Slot::default();
+                }
+            }
+            self.latest = bucket;
+        } else if self.latest - bucket >= N as u32 {
+            // Older than what the ring holds: outside every window already.
+            return;
         }
+        let s = &mut self.slots[bucket as usize % N];
+        s.total = s.total.plus(total);
+        s.bad = s.bad.plus(bad);
     }
 
     /// Buckets `from..=to`.
     fn sum(&self, from: i64, to: i64) -> Counts {
         let mut c = Counts::default();
-        for s in &self.slots {
-            let b = i64::from(s.bucket);
-            if s.bucket > 0 && b >= from && b <= to {
-                c.total += u64::from(s.total);
-                c.bad += u64::from(s.bad);
-            }
+        let oldest = i64::from(self.latest) - N as i64 + 1;
+        for b in from.max(oldest).max(1)..=to.min(i64::from(self.latest)) {
+            let s = self.slots[b as usize % N];
+            c.total += s.total.into();
+            c.bad += s.bad.into();
         }
         c
     }
@@ -97,8 +113,8 @@ impl<const N: usize> Ring<N> {
 
 #[derive(Debug, Clone, Default)]
 struct RouteSums {
-    fine: Ring<FINE_SLOTS>,
-    coarse: Ring<COARSE_SLOTS>,
+    fine: Ring<u16, FINE_SLOTS>,
+    coarse: Ring<u32, COARSE_SLOTS>,
 }
 
 impl RouteSums {
@@ -312,5 +328,25 @@ mod tests {
         // A late outcome for the overwritten bucket is outside every short window: dropped.
         t.record(&outcome(&r, old, false, 1.0));
         assert_eq!(t.windows(&r, new).unwrap().h6, Counts::new(1, 0));
+    }
+
+    #[test]
+    fn a_late_outcome_inside_the_ring_counts_and_a_route_holds_under_900_bytes() {
+        let r = RouteId::new("p", "r", "m");
+        let t = Tally::new([&r], Duration::from_secs(10));
+        let now = at("2026-03-04T12:07:00Z");
+        t.record(&outcome(&r, now, true, 1.0));
+        // Committed after a newer one (a slow probe): still in its 5-minute bucket.
+        t.record(&outcome(&r, at("2026-03-04T11:58:00Z"), false, 1.0));
+        let w = t.windows(&r, now).unwrap();
+        assert_eq!(w.m30, Counts::new(2, 1));
+        assert_eq!(w.m5, Counts::new(1, 0));
+        // A 5-minute bucket's 16-bit counts saturate instead of wrapping.
+        let mut ring = Ring::<u16, 4>::default();
+        ring.add(10, 70_000, 1);
+        ring.add(10, 1, 1);
+        assert_eq!(ring.sum(10, 10), Counts::new(65_535, 2));
+        // Two rings of 73 buckets: 146 × 12 bytes with a bucket number per slot.
+        assert!(std::mem::size_of::<RouteSums>() <= 900);
     }
 }
