@@ -155,11 +155,36 @@ struct Summary {
     p99: f64,
 }
 
+/// One time-of-day bucket. First token and tokens/s come only from streaming and
+/// throughput probes, so their series live behind a box made on their first sample: a
+/// non-streaming route's buckets have no room for them.
 #[derive(Debug, Clone, Default)]
 struct Bucket {
     latency: Series,
-    ttft: Series,
-    tps: Series,
+    /// First token, then tokens/s.
+    more: Option<Box<[Series; 2]>>,
+}
+
+impl Bucket {
+    fn latency(&self) -> Option<&Series> {
+        Some(&self.latency)
+    }
+
+    fn ttft(&self) -> Option<&Series> {
+        self.more.as_ref().map(|m| &m[0])
+    }
+
+    fn tps(&self) -> Option<&Series> {
+        self.more.as_ref().map(|m| &m[1])
+    }
+
+    fn more(&mut self) -> &mut [Series; 2] {
+        self.more.get_or_insert_with(Box::default)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.latency.len() == 0 && self.more.is_none()
+    }
 }
 
 /// A held-back sample: (bucket, value, ttft).
@@ -231,8 +256,10 @@ pub struct Baseline {
     tps_floor: f64,
     /// Runs shorter than this are jitter and are learned.
     hold: u32,
-    /// One slot per time-of-day bucket, made on its first sample.
-    buckets: Vec<Option<Box<Bucket>>>,
+    /// One per time-of-day bucket, made all at once on the first sample (none before).
+    buckets: Vec<Bucket>,
+    /// How many time-of-day buckets the scheme has.
+    bucket_count: u32,
     all_day: Bucket,
     latency_run: Run,
     tps_run: Run,
@@ -256,7 +283,8 @@ impl Baseline {
             floor_ms: cfg.latency_floor.as_secs_f64() * 1000.0,
             tps_floor: cfg.tps_floor,
             hold: cfg.degraded_after.max(1),
-            buckets: vec![None; n],
+            buckets: Vec::new(),
+            bucket_count: u32::try_from(n).unwrap_or(u32::MAX),
             all_day: Bucket::default(),
             latency_run: Run::default(),
             tps_run: Run::default(),
@@ -296,18 +324,16 @@ impl Baseline {
     pub fn approx_bytes(&self) -> usize {
         let series = |s: &Series| s.buf.len() * std::mem::size_of::<Sample>();
         let bucket = |b: &Bucket| {
-            std::mem::size_of::<Bucket>() + series(&b.latency) + series(&b.ttft) + series(&b.tps)
+            let more = b.more.as_ref().map_or(0, |m| {
+                std::mem::size_of::<[Series; 2]>() + series(&m[0]) + series(&m[1])
+            });
+            series(&b.latency) + more
         };
         let run =
             |r: &Run| r.recent.capacity() + r.pending.capacity() * std::mem::size_of::<Held>();
         std::mem::size_of::<Self>()
-            + self.buckets.len() * std::mem::size_of::<Option<Box<Bucket>>>()
-            + self
-                .buckets
-                .iter()
-                .flatten()
-                .map(|b| bucket(b))
-                .sum::<usize>()
+            + self.buckets.capacity() * std::mem::size_of::<Bucket>()
+            + self.buckets.iter().map(bucket).sum::<usize>()
             + bucket(&self.all_day)
             + run(&self.latency_run)
             + run(&self.tps_run)
@@ -356,7 +382,7 @@ impl Baseline {
         for bucket in self.targets(b) {
             bucket.latency.push(x, window);
             if let Some(t) = ttft {
-                bucket.ttft.push(t, window);
+                bucket.more()[0].push(t, window);
             }
         }
     }
@@ -364,25 +390,24 @@ impl Baseline {
     fn push_tps(&mut self, b: Option<usize>, x: f64) {
         let window = self.window;
         for bucket in self.targets(b) {
-            bucket.tps.push(x, window);
+            bucket.more()[1].push(x, window);
         }
     }
 
     fn targets(&mut self, b: Option<usize>) -> impl Iterator<Item = &mut Bucket> {
-        let own = match b {
-            Some(i) => self
-                .buckets
-                .get_mut(i)
-                .map(|slot| &mut **slot.get_or_insert_with(Box::default)),
-            None => None,
-        };
+        if b.is_some() && self.buckets.is_empty() {
+            let n = self.bucket_count as usize;
+            self.buckets.reserve_exact(n);
+            self.buckets.resize_with(n, Bucket::default);
+        }
+        let own = b.and_then(|i| self.buckets.get_mut(i));
         own.into_iter().chain(std::iter::once(&mut self.all_day))
     }
 
     /// The latency baseline for an observation started at `at`: its bucket, or the all-day
     /// window when the bucket is thin; `None` when even that has fewer than `min_samples`.
     pub fn latency_ref(&self, at: DateTime<Utc>) -> Option<LatencyRef> {
-        let (label, s) = self.pick(at, |b| &b.latency)?;
+        let (label, s) = self.pick(at, Bucket::latency)?;
         let (mean, stddev) = s.spread();
         let spread = (self.sigma * stddev)
             .max(self.floor_ratio * mean)
@@ -399,7 +424,7 @@ impl Baseline {
     /// The first-token baseline of `PROBE_OK` probes, with a threshold by the same rule as
     /// latency's; `None` while too few probes reported a first token.
     pub fn ttft_ref(&self, at: DateTime<Utc>) -> Option<LatencyRef> {
-        let (label, s) = self.pick(at, |b| &b.ttft)?;
+        let (label, s) = self.pick(at, Bucket::ttft)?;
         let (mean, stddev) = s.spread();
         let spread = (self.sigma * stddev)
             .max(self.floor_ratio * mean)
@@ -416,7 +441,7 @@ impl Baseline {
     /// The tokens/s baseline (never a latency figure: comparing tokens/s
     /// with a latency percentile).
     pub fn tps_ref(&self, at: DateTime<Utc>) -> Option<TpsRef> {
-        let (label, s) = self.pick(at, |b| &b.tps)?;
+        let (label, s) = self.pick(at, Bucket::tps)?;
         let mean = s.values().mean();
         Some(TpsRef {
             bucket: label,
@@ -429,24 +454,23 @@ impl Baseline {
     fn pick<'a>(
         &'a self,
         at: DateTime<Utc>,
-        series: impl Fn(&'a Bucket) -> &'a Series,
+        series: impl Fn(&'a Bucket) -> Option<&'a Series>,
     ) -> Option<(String, &'a Series)> {
         if let Some(i) = self.bucket_index(at) {
-            if let Some(b) = self.buckets.get(i).and_then(Option::as_deref) {
-                let s = series(b);
+            if let Some(s) = self.buckets.get(i).and_then(&series) {
                 if s.len() >= self.min_samples {
                     return Some((self.label(i), s));
                 }
             }
         }
-        let s = series(&self.all_day);
+        let s = series(&self.all_day)?;
         (s.len() >= self.min_samples).then(|| (ALL_DAY.to_owned(), s))
     }
 
     /// The baseline in force at `at` (bucket, or the all-day fallback), for the API.
     pub fn snapshot(&self, at: DateTime<Utc>) -> Option<BaselineSnapshot> {
         if let Some(i) = self.bucket_index(at) {
-            if let Some(b) = self.buckets.get(i).and_then(Option::as_deref) {
+            if let Some(b) = self.buckets.get(i) {
                 if b.latency.len() >= self.min_samples {
                     return snapshot_of(self.label(i), b);
                 }
@@ -461,7 +485,8 @@ impl Baseline {
             .buckets
             .iter()
             .enumerate()
-            .filter_map(|(i, b)| snapshot_of(self.label(i), b.as_deref()?))
+            .filter(|(_, b)| !b.is_empty())
+            .filter_map(|(i, b)| snapshot_of(self.label(i), b))
             .collect();
         out.extend(snapshot_of(ALL_DAY.to_owned(), &self.all_day));
         out
@@ -527,7 +552,8 @@ fn step_run(run: &mut Run, abnormal: bool, hold: u32, window: usize) -> Option<V
 
 fn snapshot_of(label: String, b: &Bucket) -> Option<BaselineSnapshot> {
     let lat = b.latency.summary()?;
-    let ttft = b.ttft.summary();
+    let ttft = b.ttft().and_then(Series::summary);
+    let tps = b.tps().filter(|s| s.len() > 0);
     Some(BaselineSnapshot {
         bucket: label,
         samples: lat.samples,
@@ -541,8 +567,8 @@ fn snapshot_of(label: String, b: &Bucket) -> Option<BaselineSnapshot> {
         ttft_p50_ms: ttft.map(|t| t.p50),
         ttft_p95_ms: ttft.map(|t| t.p95),
         ttft_p99_ms: ttft.map(|t| t.p99),
-        tps_samples: b.tps.len(),
-        tps_mean: (b.tps.len() > 0).then(|| b.tps.values().mean()),
+        tps_samples: tps.map_or(0, Series::len),
+        tps_mean: tps.map(|s| s.values().mean()),
     })
 }
 
@@ -627,14 +653,14 @@ mod tests {
         let window = c.baseline_window as usize;
         for s in [
             &b.all_day.latency,
-            &b.all_day.ttft,
-            &b.buckets[14].as_ref().unwrap().latency,
+            b.all_day.ttft().unwrap(),
+            &b.buckets[14].latency,
         ] {
             assert_eq!(s.len(), window);
             assert_eq!(s.buf.len(), window, "no slack past the window");
         }
         assert!(
-            b.buckets[3].is_none(),
+            b.buckets[3].is_empty(),
             "an hour without samples holds nothing"
         );
         // Four full series (latency and ttft, one hour and all day), 2 bytes a sample.
@@ -689,7 +715,7 @@ mod tests {
         other.route = RouteId::new("x", "r", "m");
         b.record(&other);
         assert_eq!(b.samples(), 0);
-        assert_eq!(b.all_day.tps.len(), 1);
+        assert_eq!(b.all_day.tps().unwrap().len(), 1);
     }
 
     #[test]
