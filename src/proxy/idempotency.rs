@@ -193,7 +193,27 @@ impl Idempotency {
         let deadline = tokio::time::Instant::now() + self.wait;
         let mut pause = POLL_MIN;
         let mut now = now;
+        // A first request (the usual case) claims at once: one store round trip, not a read
+        // and then a claim. The claim answers TAKEN for a live key, which is read below.
+        let mut read = false;
         loop {
+            if !std::mem::replace(&mut read, true) {
+                match self
+                    .claim(&scope, &client, &body_hash, now, max_per_owner)
+                    .await
+                {
+                    Ok(claim::CLAIMED) => {
+                        return Lookup::Proceed(self.guard(scope, client, body_hash))
+                    }
+                    Ok(claim::OWNER_SHARE_FULL) => {
+                        return Lookup::ClientFull {
+                            max: self.per_client,
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => return self.unavailable(&e),
+                }
+            }
             let store = self.store.clone();
             let s = scope.clone();
             let read =
@@ -220,16 +240,10 @@ impl Idempotency {
                 Ok(Err(e)) => return self.unavailable(&e),
                 Err(_) => return Lookup::Unavailable,
             }
-            let op = IdempotencyOp::Claim {
-                scope_key: scope.clone(),
-                owner: client.clone(),
-                body_hash: body_hash.clone(),
-                now,
-                lease_until: now + chrono::Duration::from_std(CLAIM_LEASE).unwrap_or_default(),
-                expires_at: now + chrono::Duration::from_std(self.ttl).unwrap_or_default(),
-                max_per_owner,
-            };
-            match self.store.writer().idempotency(op).await {
+            match self
+                .claim(&scope, &client, &body_hash, now, max_per_owner)
+                .await
+            {
                 Ok(claim::CLAIMED) => return Lookup::Proceed(self.guard(scope, client, body_hash)),
                 Ok(claim::OWNER_SHARE_FULL) => {
                     return Lookup::ClientFull {
@@ -243,6 +257,27 @@ impl Idempotency {
                 Err(e) => return self.unavailable(&e),
             }
         }
+    }
+
+    /// Claims `scope` for this request (see [`claim`] for the answers).
+    async fn claim(
+        &self,
+        scope: &str,
+        client: &str,
+        body_hash: &str,
+        now: DateTime<Utc>,
+        max_per_owner: u64,
+    ) -> Result<u64, StoreError> {
+        let op = IdempotencyOp::Claim {
+            scope_key: scope.to_owned(),
+            owner: client.to_owned(),
+            body_hash: body_hash.to_owned(),
+            now,
+            lease_until: now + chrono::Duration::from_std(CLAIM_LEASE).unwrap_or_default(),
+            expires_at: now + chrono::Duration::from_std(self.ttl).unwrap_or_default(),
+            max_per_owner,
+        };
+        self.store.writer().idempotency(op).await
     }
 
     /// The claim's guard, with the task that renews its lease while the request runs.
