@@ -357,6 +357,13 @@ pub(crate) fn run(
         location,
         reachability,
     };
+    // SQLite: WAL checkpoints on their own thread, not inside these commits.
+    let checkpoints = match (&state.location, conn.as_sqlite()) {
+        (StoreLocation::Sqlite(path), Some(c)) => super::checkpoint::Checkpointer::start(path, c)
+            .map_err(|e| tracing::warn!(error = %e, "checkpoints stay in the writer's commits"))
+            .ok(),
+        _ => None,
+    };
     let mut shutdowns = Vec::new();
     loop {
         // Once closing, take only what is already queued.
@@ -383,7 +390,11 @@ pub(crate) fn run(
             }
         }
         state.process(&mut conn, batch);
+        if let Some(c) = &checkpoints {
+            c.committed();
+        }
     }
+    drop(checkpoints);
     // Lets SQLite refresh its planner statistics, as recommended before closing.
     if conn.engine() == Engine::Sqlite {
         let _ = conn.execute_batch("PRAGMA optimize");
