@@ -72,36 +72,36 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
-    provider: String,
-    region: String,
-    model: String,
+    provider: Arc<str>,
+    region: Arc<str>,
+    model: Arc<str>,
 }
 
 /// A probe family's labels: the route's and the vantage that measured it. Vantages come
 /// from the config (`[server] vantage`, `[[vantage]]`), so the series stay bounded.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProbeLabels {
-    provider: String,
-    region: String,
-    model: String,
-    vantage: String,
+    provider: Arc<str>,
+    region: Arc<str>,
+    model: Arc<str>,
+    vantage: Arc<str>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProbeResultLabels {
-    provider: String,
-    region: String,
-    model: String,
-    vantage: String,
+    provider: Arc<str>,
+    region: Arc<str>,
+    model: Arc<str>,
+    vantage: Arc<str>,
     result: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WeightLabels {
-    serves: String,
-    provider: String,
-    region: String,
-    model: String,
+    serves: Arc<str>,
+    provider: Arc<str>,
+    region: Arc<str>,
+    model: Arc<str>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -127,8 +127,8 @@ struct BuildLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProviderLabels {
-    provider: String,
-    vantage: String,
+    provider: Arc<str>,
+    vantage: Arc<str>,
 }
 
 type HistogramFamily = Family<ProbeLabels, Histogram, fn() -> Histogram>;
@@ -153,11 +153,12 @@ fn ttfb_histogram() -> Histogram {
 /// The registry and handles on its families. Shared (`Arc`) between the recorder and `/metrics`.
 pub struct Metrics {
     registry: Registry,
-    routes: HashMap<RouteId, (RouteLabels, String)>,
+    /// Each route's labels, made once: every family's series of the route shares their text.
+    routes: HashMap<RouteId, (RouteLabels, Arc<str>)>,
     /// In config order, for the scrape-time gauges.
     order: Vec<RouteId>,
     /// This monitor's own vantage: the `vantage` label of its scheduler's probes.
-    vantage: String,
+    vantage: Arc<str>,
     probe_success: Family<ProbeLabels, Gauge>,
     probe_duration: HistogramFamily,
     /// Per provider only: at 10,000 routes a second per-route family did not fit a kilobyte.
@@ -359,18 +360,18 @@ impl Metrics {
         let trace = crate::trace::TraceStats::default();
         registry.register_collector(Box::new(trace.clone()));
         let labels = |r: &Route| RouteLabels {
-            provider: r.provider.clone(),
-            region: r.region.clone(),
-            model: r.model.clone(),
+            provider: r.provider.as_str().into(),
+            region: r.region.as_str().into(),
+            model: r.model.as_str().into(),
         };
         Self {
             registry,
             routes: routes
                 .iter()
-                .map(|r| (r.id.clone(), (labels(r), r.serves.clone())))
+                .map(|r| (r.id.clone(), (labels(r), r.serves.as_str().into())))
                 .collect(),
             order: routes.iter().map(|r| r.id.clone()).collect(),
-            vantage: vantage.to_owned(),
+            vantage: vantage.into(),
             probe_success,
             probe_duration,
             probe_ttfb,
@@ -495,16 +496,16 @@ impl Metrics {
     /// Counts one of this monitor's own outcomes in (its vantage is `[server] vantage`).
     /// Passive outcomes and unconfigured routes are ignored.
     pub fn observe_outcome(&self, o: &ProbeOutcome) {
-        self.observe_probe(&self.vantage, o);
+        self.observe_probe(self.vantage.clone(), o);
     }
 
     /// One outcome from a remote vantage (stored for the first time): the same families,
     /// under its vantage.
     pub fn observe_vantage_outcome(&self, vantage: &str, o: &ProbeOutcome) {
-        self.observe_probe(vantage, o);
+        self.observe_probe(vantage.into(), o);
     }
 
-    fn observe_probe(&self, vantage: &str, o: &ProbeOutcome) {
+    fn observe_probe(&self, vantage: Arc<str>, o: &ProbeOutcome) {
         if o.kind == OutcomeKind::Passive {
             return;
         }
@@ -515,7 +516,7 @@ impl Metrics {
             provider: route.provider.clone(),
             region: route.region.clone(),
             model: route.model.clone(),
-            vantage: vantage.to_owned(),
+            vantage,
         };
         self.probe_success
             .get_or_create(&labels)
