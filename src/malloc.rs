@@ -46,8 +46,10 @@ pub async fn trim_every(period: std::time::Duration) {
     }
 }
 
+/// Gives the free pages back now (blocking: call it from a blocking thread), after work that
+/// freed many megabytes of small blocks at once.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim() {
+pub fn trim() {
     // SAFETY: malloc_trim is thread-safe; it only releases free memory.
     unsafe {
         libc::malloc_trim(0);
@@ -55,4 +57,4 @@ fn trim() {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim() {}
+pub fn trim() {}

@@ -354,7 +354,10 @@ pub fn status_bytes_with(
     now: DateTime<Utc>,
     extras: Extras<'_>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&status_view(routes, health, figures, now, extras))
+    // About 900 bytes a route: sized once instead of doubled (and copied) twenty times.
+    let mut out = Vec::with_capacity(4096 + routes.len() * 1024);
+    serde_json::to_writer(&mut out, &status_view(routes, health, figures, now, extras))?;
+    Ok(out)
 }
 
 fn status_view<'a>(
