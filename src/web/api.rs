@@ -472,7 +472,9 @@ pub struct FiguresCache {
     /// (see [`super::pages::PageData`]).
     pub(super) pages: super::refresh::Refreshing<super::pages::PageData>,
     /// `overall` of the latest health snapshot, and the routes' probe costs.
-    overall: super::memo::Memo<HealthSnapshot, &'static str>,
+    /// (It depends on the routes too: a reload keeps the snapshot until the next one, so the
+    /// routes it was derived for are kept beside it.)
+    overall: super::memo::Memo<HealthSnapshot, (std::sync::Weak<Vec<Route>>, &'static str)>,
     probe_costs: super::memo::Memo<Vec<Route>, Vec<crate::probe::cost::ProbeCostView>>,
 }
 
@@ -547,7 +549,13 @@ pub async fn status(
         .filter(|v| !v.routes.is_empty());
     let cache = state.figures.clone();
     let body = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ApiError> {
-        let overall = *cache.overall.get(&health, |h| overall(&routes, h));
+        let kept = cache
+            .overall
+            .get(&health, |h| (Arc::downgrade(&routes), overall(&routes, h)));
+        let overall = match &*kept {
+            (r, o) if std::ptr::eq(r.as_ptr(), Arc::as_ptr(&routes)) => *o,
+            _ => overall(&routes, &health),
+        };
         let costs = cache.probe_costs.get(&routes, |r| probe_costs(r));
         let extras = Extras {
             breakers: &breakers,
