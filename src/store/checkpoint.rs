@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use super::StoreError;
 
-/// At most one checkpoint per this long: the commits in between are copied together.
-pub const EVERY: Duration = Duration::from_millis(250);
+/// At most one checkpoint per this long: the commits in between are copied together, and a
+/// page that many commits touch (an index's, a rollup's) is copied back once, not each time.
+pub const EVERY: Duration = Duration::from_secs(1);
 /// The WAL pages past which the writer checkpoints in its own commit after all.
 pub const WRITER_LIMIT: u32 = 10_000;
 
