@@ -50,7 +50,8 @@
 //!
 //! **Store** — imports base only: it keeps its own row types and converts them.
 //!
-//! - [`store`]: SQLite — migrations, the single batching writer thread, rollups, retention,
+//! - [`store`]: SQLite — migrations, the single batching writer thread (WAL checkpoints on a
+//!   thread of their own, `store::checkpoint`), rollups, retention,
 //!   detection's route states, transitions and incidents, read queries on their own
 //!   connections; the spend ledger (`store::spend`: reservations checked and booked in one
 //!   transaction, on connections of its own).
@@ -131,7 +132,9 @@
 //!   askama templates in `templates/`, zh/en words in `web::i18n`, the stylesheet
 //!   `static/style.css` served at `/static/style.css`; `/`'s compact route lines in
 //!   `web::pages::lines`), the SVG badges (`web::badges`) and the incident Atom feed
-//!   (`web::atom`). Domain modules never import it.
+//!   (`web::atom`). Store figures shared by requests are read off their path
+//!   (`web::refresh`); what answers derive from one snapshot is kept for it (`web::memo`).
+//!   Domain modules never import it.
 //! - [`proxy`]: the OpenAI-compatible routing proxy — candidates from the weights
 //!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
 //!   the documented failover classes (`proxy::attempt`), committed streams (`proxy::stream`),
