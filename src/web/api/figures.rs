@@ -1,0 +1,111 @@
+//! The store's figures behind the status answers ([`Figures`]), read in one go and shared
+//! by requests ([`super::FiguresCache`]), and their percentiles.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Duration as TimeDelta, Utc};
+use serde::Serialize;
+
+use super::{slo_window, ObservedFigures, LATENCY_KINDS, RECENT, TPS_KINDS, UPTIME_KINDS};
+use crate::route::RouteId;
+use crate::slo;
+use crate::store::{quantile, Counts, Granularity, Reader, Rollup, StoreError};
+
+/// Per route id, hashed with FxHash: a view of 10,000 routes looks each of them up in
+/// several of these per request, and SipHash over the id was a third of building it. The
+/// keys come from the config and the store, never from a request.
+pub type RouteMap<V> = HashMap<RouteId, V, rustc_hash::FxBuildHasher>;
+
+/// What the store knows for the status view, read in one go.
+#[derive(Debug, Default)]
+pub struct Figures {
+    /// Percentiles of the last [`RECENT`], computed once per read, not per request.
+    pub latency: RouteMap<Percentiles>,
+    /// Time to first byte and tokens/s over the last [`RECENT`], likewise computed once.
+    pub ttfb: RouteMap<Percentiles>,
+    pub tps: RouteMap<Percentiles>,
+    pub uptime_24h: RouteMap<Counts>,
+    pub uptime_7d: RouteMap<Counts>,
+    pub uptime_30d: RouteMap<Counts>,
+    /// Probe outcomes of the error budget's window ([`crate::slo::WINDOW`]).
+    pub slo_30d: RouteMap<Counts>,
+    /// What the proxies' real traffic showed (`observed`).
+    pub observed: ObservedFigures,
+}
+
+impl Figures {
+    /// A handful of range scans over every route (see `store::stats`).
+    pub fn load(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {
+        let until = now + TimeDelta::milliseconds(1);
+        let counts = |since, kinds| -> Result<RouteMap<Counts>, StoreError> {
+            Ok(reader
+                .counts_by_route(since, until, kinds)?
+                .into_iter()
+                .collect())
+        };
+        let (mut ttfb, mut tps) = (RouteMap::default(), RouteMap::default());
+        for (id, s) in reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)? {
+            ttfb.insert(id.clone(), Percentiles::of_samples(s.ttfb_ms));
+            tps.insert(id, Percentiles::of_samples(s.tokens_per_second));
+        }
+        Ok(Self {
+            ttfb,
+            tps,
+            latency: reader
+                .summaries_by_route(Granularity::FiveMinutes, now - RECENT, until, LATENCY_KINDS)?
+                .into_iter()
+                .map(|(id, r)| (id, Percentiles::of(&r)))
+                .collect(),
+            uptime_24h: counts(now - TimeDelta::days(1), UPTIME_KINDS)?,
+            uptime_7d: counts(now - TimeDelta::days(7), UPTIME_KINDS)?,
+            uptime_30d: counts(now - TimeDelta::days(30), UPTIME_KINDS)?,
+            slo_30d: counts(now - slo_window(), slo::KINDS)?,
+            observed: ObservedFigures::load(reader, now)?,
+        })
+    }
+}
+
+/// p50, p95 and p99; `None` without values. The figures keep them as computed, the answer
+/// rounds them ([`Percentiles::rounded`]).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    pub p50: Option<f64>,
+    pub p95: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+pub(super) fn round(v: f64, places: i32) -> f64 {
+    let f = 10f64.powi(places);
+    (v * f).round() / f
+}
+
+impl Percentiles {
+    /// A rollup's latency percentiles.
+    pub fn of(r: &Rollup) -> Self {
+        Self {
+            p50: r.p50(),
+            p95: r.p95(),
+            p99: r.p99(),
+        }
+    }
+
+    /// To 0.1, as answers show them.
+    pub(super) fn rounded(self) -> Self {
+        let q = |v: Option<f64>| v.map(|v| round(v, 1));
+        Self {
+            p50: q(self.p50),
+            p95: q(self.p95),
+            p99: q(self.p99),
+        }
+    }
+
+    /// Exact percentiles of raw samples.
+    pub fn of_samples(mut v: Vec<f64>) -> Self {
+        let mut q = |q: f64| quantile(&mut v, q);
+        Self {
+            p50: q(0.50),
+            p95: q(0.95),
+            p99: q(0.99),
+        }
+    }
+}
