@@ -574,6 +574,12 @@ pub async fn serve(path: Option<&Path>) -> Result<(), CliError> {
     )
     .await
     .map_err(CliError::runtime)?;
+    // The monitor runs for months through bursts; see `malloc::trim_every`.
+    let store = running.store.clone();
+    tokio::spawn(crate::malloc::trim_every(
+        crate::malloc::TRIM_EVERY,
+        move || store.release_memory(),
+    ));
     // The demo's second vantage, once the monitor's ingest listens.
     if let Some((demo_config, sim_addr)) = agent_config {
         match demo::start_agent(

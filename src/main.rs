@@ -214,11 +214,7 @@ fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async {
         match cli.command {
-            Command::Serve { config } => {
-                // The monitor runs for months through bursts; see `malloc::trim_every`.
-                tokio::spawn(probeok::malloc::trim_every(probeok::malloc::TRIM_EVERY));
-                cli::serve(config.as_deref()).await
-            }
+            Command::Serve { config } => cli::serve(config.as_deref()).await,
             Command::CheckConfig { config } => cli::check_config(&config),
             Command::Agent {
                 config,

@@ -34,15 +34,21 @@ pub const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 /// Gives the pages malloc holds free back to the system every `period`, for a long-running
 /// process whose heap has held a burst (a provider-wide outage, a 10 MB answer): glibc
 /// returns only the top of its heaps by itself, and what a burst leaves free in the middle
-/// would otherwise stay resident until it is reused. Never returns.
-pub async fn trim_every(period: std::time::Duration) {
+/// would otherwise stay resident until it is reused. `release` runs first, to free what is
+/// held only as a cache (the store's idle connections). Never returns.
+pub async fn trim_every(period: std::time::Duration, release: impl Fn() + Clone + Send + 'static) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
+        let release = release.clone();
         // Walks the arenas under their locks: off the runtime's worker threads.
-        let _ = tokio::task::spawn_blocking(trim).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            release();
+            trim();
+        })
+        .await;
     }
 }
 

@@ -80,7 +80,7 @@ pub use requests::{
 };
 pub use rollups::{Granularity, Rollup};
 pub use spend::{Booking, Hold, LedgerAnswer, LedgerOp, LedgerRow, SpendLedger};
-pub use stats::{quantile, Counts, DailyCounts, Samples, MAX_SAMPLE_ROWS};
+pub use stats::{quantile, Counts, DailyCounts, Samples, Window, MAX_SAMPLE_ROWS};
 pub use vantage::VantageWrite;
 pub use writer::{Writer, RETENTION_BATCH};
 
@@ -322,6 +322,12 @@ impl Store {
         })
     }
 
+    /// Gives back what the store holds only to go faster: the page caches of the read
+    /// connections at rest. Blocking; for a periodic trim (`malloc::trim_every`).
+    pub fn release_memory(&self) {
+        self.inner.sqlite_readers.release_memory();
+    }
+
     /// A cheap handle for sending writes; clone it freely.
     pub fn writer(&self) -> Writer {
         self.inner.writer.clone()
@@ -494,6 +500,19 @@ impl SqliteReaders {
     }
 }
 
+impl SqliteReaders {
+    /// Frees the page caches of the connections at rest (up to 2 MB each). While the writer
+    /// commits, a reader's cache is stale by its next use anyway; without this, the readers
+    /// at the bottom of the pool keep theirs for as long as the process runs.
+    fn release_memory(&self) {
+        if let Ok(idle) = self.idle.lock() {
+            for conn in idle.iter() {
+                let _ = conn.execute_batch("PRAGMA shrink_memory");
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for Reader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reader").finish_non_exhaustive()
@@ -533,6 +552,18 @@ pub(crate) fn kind_filter_sql(column: &str, kinds: &[OutcomeKind]) -> String {
     format!("{column} IN ({})", list.join(", "))
 }
 
+/// A kind read in place, for scans over many rows.
+impl sql::FromSql for OutcomeKind {
+    fn from_value(v: sql::ValueRef<'_>) -> Result<Self, String> {
+        match v {
+            sql::ValueRef::Text(s) => {
+                OutcomeKind::parse(s).ok_or_else(|| format!("outcome kind {s:?}"))
+            }
+            v => Err(format!("{} where an outcome kind was expected", v.class())),
+        }
+    }
+}
+
 pub(crate) fn parse_kind(s: &str) -> Result<OutcomeKind, StoreError> {
     OutcomeKind::parse(s).ok_or_else(|| StoreError::Corrupt(format!("outcome kind {s:?}")))
 }
@@ -568,6 +599,42 @@ mod tests {
             .execute("INSERT INTO heartbeats (job, at_ms) VALUES ('x', 1)", [])
             .is_err());
         drop(reader);
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn idle_readers_give_back_their_page_caches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("p.db"), StoreOptions::default()).unwrap();
+        let reader = store.reader().unwrap();
+        let tables: i64 = reader
+            .conn
+            .as_sqlite()
+            .unwrap()
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .unwrap();
+        assert!(tables > 10);
+        drop(reader);
+        let cache_used = || {
+            let idle = store.inner.sqlite_readers.idle.lock().unwrap();
+            let (mut current, mut highest) = (0, 0);
+            // SAFETY: the handle is live while the pool's lock holds the connection.
+            let rc = unsafe {
+                rusqlite::ffi::sqlite3_db_status(
+                    idle[0].handle(),
+                    rusqlite::ffi::SQLITE_DBSTATUS_CACHE_USED,
+                    &mut current,
+                    &mut highest,
+                    0,
+                )
+            };
+            assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
+            current
+        };
+        let before = cache_used();
+        store.release_memory();
+        let after = cache_used();
+        assert!(after < before, "cache {before} bytes before, {after} after");
         store.close().await.unwrap();
     }
 

@@ -469,6 +469,11 @@ impl RollupCache {
             let last = self.batch;
             self.entries.retain(|_, e| e.touched == last);
         }
+        // A burst (every route's outcome in one batch, at the start of an outage) grows the
+        // table to tens of thousands of ~700-byte slots, and a map never gives them back.
+        if self.entries.capacity() > 2 * CACHE_CAP {
+            self.entries.shrink_to(CACHE_CAP);
+        }
         self.batch += 1;
     }
 
@@ -654,5 +659,46 @@ mod tests {
         assert_eq!(Granularity::Day.bucket_start(t), at("2026-03-04T00:00:00Z"));
         assert_eq!(Granularity::from_seconds(3600), Some(Granularity::Hour));
         assert_eq!(Granularity::from_seconds(7), None);
+    }
+
+    #[test]
+    fn the_cache_gives_back_the_room_a_burst_took() {
+        let mut cache = RollupCache::default();
+        let route = RouteId::new("p", "r", "m");
+        let mut touch = |cache: &mut RollupCache, routes: i64| {
+            for route_id in 0..routes {
+                let key = Key {
+                    route_id,
+                    kind: OutcomeKind::Probe,
+                    granularity: Granularity::Hour,
+                    bucket_start_ms: 0,
+                };
+                let figures = Rollup::empty(route.clone(), None, Granularity::Hour, Utc::now());
+                let touched = cache.batch;
+                cache.entries.insert(
+                    key,
+                    Entry {
+                        figures,
+                        dirty: false,
+                        touched,
+                    },
+                );
+            }
+            cache.committed();
+        };
+        // Every route at once, then the usual small batches.
+        touch(&mut cache, 20_000);
+        assert_eq!(cache.entries.len(), 20_000, "the burst's batch is kept");
+        touch(&mut cache, 100);
+        assert_eq!(
+            cache.entries.len(),
+            100,
+            "older buckets are dropped past the cap"
+        );
+        assert!(
+            cache.entries.capacity() <= 2 * CACHE_CAP,
+            "capacity {} after the burst",
+            cache.entries.capacity()
+        );
     }
 }
