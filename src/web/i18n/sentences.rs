@@ -106,22 +106,41 @@ pub fn split(lang: Lang, s: &crate::health::Split) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(" · "))
 }
 
-/// The uptime part of a day bar's tooltip: `100%`, `99.82%`, or "no data".
-pub fn day_uptime(lang: Lang, ratio: Option<f64>) -> std::borrow::Cow<'static, str> {
-    match ratio {
-        Some(r) if r >= 1.0 => "100%".into(),
-        Some(r) => percent(r).into(),
-        None => lang.text().no_data.into(),
+/// The uptime part of a day bar's tooltip, `100%`, `99.82%` or "no data", written where it is
+/// shown: a page draws 90 of them a route, and only the days that are not normal show theirs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DayUptime {
+    pub lang: Lang,
+    pub ratio: Option<f64>,
+}
+
+impl std::fmt::Display for DayUptime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.ratio {
+            Some(r) if r >= 1.0 => f.write_str("100%"),
+            Some(r) => Percent(r).fmt(f),
+            None => f.write_str(self.lang.text().no_data),
+        }
     }
 }
 
 /// `99.95%`: two decimals, three when it would round to 100% without being it.
 pub fn percent(ratio: f64) -> String {
-    let p = ratio * 100.0;
-    if p < 100.0 && format!("{p:.2}") == "100.00" {
-        format!("{p:.3}%")
-    } else {
-        format!("{p:.2}%")
+    Percent(ratio).to_string()
+}
+
+/// [`percent`], written in place.
+pub struct Percent(pub f64);
+
+impl std::fmt::Display for Percent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = self.0 * 100.0;
+        // Only values this close to 100 can round up to it; the text decides, as shown.
+        if (99.99..100.0).contains(&p) && format!("{p:.2}") == "100.00" {
+            write!(f, "{p:.3}%")
+        } else {
+            write!(f, "{p:.2}%")
+        }
     }
 }
 

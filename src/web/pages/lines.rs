@@ -209,7 +209,10 @@ mod tests {
         Bar {
             class,
             date: Arc::from("2026-05-19"),
-            up: "75.00%".into(),
+            up: i18n::DayUptime {
+                lang: Lang::En,
+                ratio: Some(0.75),
+            },
             state,
         }
     }

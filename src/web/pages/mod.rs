@@ -56,7 +56,6 @@ pub use route::*;
 pub use status::*;
 pub use vantages::*;
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ use super::*;
 pub struct Bar {
     pub class: &'static str,
     pub date: Arc<str>,
-    pub up: Cow<'static, str>,
+    pub up: i18n::DayUptime,
     pub state: &'static str,
 }
 
@@ -187,7 +187,10 @@ pub fn day_bars(
             Bar {
                 class: day_class(worst[i]),
                 date: dates.get(i).cloned().unwrap_or_else(|| Arc::from("")),
-                up: i18n::day_uptime(lang, ratio[i]),
+                up: i18n::DayUptime {
+                    lang,
+                    ratio: ratio[i],
+                },
                 // A normal day's tooltip says only its uptime: it is most days, and page weight counts.
                 state: worst[i]
                     .filter(|s| *s != St::Normal)
@@ -751,7 +754,7 @@ mod tests {
         assert_eq!(bars[87].class, "d-critical");
         assert_eq!(bars[86].class, "d-none");
         assert_eq!(&*bars[88].date, "2026-05-19");
-        assert_eq!(bars[88].up, "100%");
+        assert_eq!(bars[88].up.to_string(), "100%");
         assert_eq!(bars[88].state, "CRITICAL");
         assert!(summary.contains("CRITICAL 2"), "{summary}");
     }
