@@ -6,7 +6,8 @@
 //! `CARGO_TARGET_DIR=/work/target cargo bench --bench pages`
 //!
 //! Store contents: for every route, 90 days of 4 probes a day (daily and hourly rollups), plus
-//! the last hour every 5 minutes — about 372,000 outcomes. Routes are in mixed states.
+//! the last hour every 5 minutes — about 372,000 outcomes, written in time order as a monitor
+//! writes them. Routes are in mixed states.
 
 use std::time::Instant;
 
@@ -74,13 +75,12 @@ async fn main() {
     let mut rng = StdRng::seed_from_u64(7);
 
     let started = Instant::now();
-    let mut batch = Vec::with_capacity(20_000);
-    let mut total = 0usize;
+    let mut all = Vec::with_capacity(ROUTES * 372);
     for r in &routes {
         let mut push = |at: DateTime<Utc>, rng: &mut StdRng| {
             let ok = !rng.gen_ratio(1, 60);
             let ms = rng.gen_range(300.0..1800.0);
-            batch.push(ProbeOutcome {
+            all.push(ProbeOutcome {
                 route: r.id.clone(),
                 kind: OutcomeKind::Probe,
                 started_at: at,
@@ -113,17 +113,17 @@ async fn main() {
         for m in 0..12 {
             push(now - D::minutes(5 * m) - D::seconds(10), &mut rng);
         }
-        if batch.len() >= 15_000 {
-            total += batch.len();
-            store
-                .writer()
-                .record_many(std::mem::take(&mut batch))
-                .await
-                .expect("record");
-        }
     }
-    total += batch.len();
-    store.writer().record_many(batch).await.expect("record");
+    // In the order a monitor writes them: as they happen, every route's interleaved.
+    all.sort_by_key(|o| o.started_at);
+    let total = all.len();
+    for chunk in all.chunks(15_000) {
+        store
+            .writer()
+            .record_many(chunk.to_vec())
+            .await
+            .expect("record");
+    }
     eprintln!(
         "filled {total} outcomes for {ROUTES} routes in {:.1} s",
         started.elapsed().as_secs_f64()

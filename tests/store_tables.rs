@@ -19,8 +19,8 @@ use probeok::silence::Silence;
 use probeok::store::alerts::{AlertOp, FiringRow, NewEntry};
 use probeok::store::drills::DrillOp;
 use probeok::store::{
-    AttemptRecord, CachedAnswer, ContractOp, Granularity, IdempotentAnswer, JobRecord, JobStatus,
-    RequestFilter, RequestRecord, StoreOptions,
+    AttemptRecord, CachedAnswer, ContractOp, Counts, Granularity, IdempotentAnswer, JobRecord,
+    JobStatus, RequestFilter, RequestRecord, StoreOptions, Window,
 };
 
 fn t0() -> DateTime<Utc> {
@@ -578,6 +578,63 @@ async fn bulk_reads_for_the_published_views(db: &TestDb) {
     let recent = r.recent_outcomes_of(&a, &[OutcomeKind::Probe], 3).unwrap();
     assert_eq!(recent.len(), 3);
     assert!(recent[0].started_at > recent[1].started_at);
+    drop(r);
+    store.close().await.unwrap();
+}
+}
+
+// Several windows read together (one scan per stretch of rollups) count what each alone
+// would: the raw outcomes from the hour holding its start, of its kinds only.
+on_both_engines! {
+#[tokio::test]
+async fn windows_read_together_count_each_its_own_outcomes(db: &TestDb) {
+    let store = db.open(StoreOptions::default());
+    let (a, b) = (RouteId::new("p", "r1", "m"), RouteId::new("p", "r2", "m"));
+    let mut batch = Vec::new();
+    // Ten and a half days: a probe every 40 minutes on `a` (every fifth failing), a
+    // throughput probe every 3 hours on `b`.
+    for i in 0..(10 * 36 + 20) {
+        let at = t0() + Duration::minutes(40 * i + 7);
+        batch.push(outcome(&a, OutcomeKind::Probe, at, i % 5 != 0));
+        if i % 9 == 0 {
+            batch.push(outcome(&b, OutcomeKind::Throughput, at, i % 2 == 0));
+        }
+    }
+    let until = t0() + Duration::days(10) + Duration::hours(13) + Duration::minutes(30);
+    let windows = [
+        Window { since: until - Duration::days(1), kinds: &[OutcomeKind::Probe, OutcomeKind::Throughput] },
+        Window { since: until - Duration::days(7), kinds: &[OutcomeKind::Probe, OutcomeKind::Throughput] },
+        Window { since: until - Duration::days(7), kinds: &[OutcomeKind::Probe] },
+        Window { since: until - Duration::days(9) - Duration::minutes(50), kinds: &[] },
+    ];
+    let expected = |w: &Window<'_>, route: &RouteId| {
+        let start = Granularity::Hour.bucket_start(w.since);
+        let mut c = Counts::default();
+        for o in batch.iter().filter(|o| &o.route == route) {
+            if o.started_at >= start && o.started_at < until && (w.kinds.is_empty() || w.kinds.contains(&o.kind)) {
+                c.count += 1;
+                c.successes += u64::from(o.success);
+                c.good += u64::from(o.success);
+            }
+        }
+        c
+    };
+    let wanted: Vec<[Counts; 2]> = windows.iter().map(|w| [expected(w, &a), expected(w, &b)]).collect();
+    assert!(wanted.iter().all(|w| w[0].count > 0 && w[0].successes < w[0].count));
+    assert_eq!(wanted[2][1].count, 0, "`b` has no probes");
+    assert!(wanted[3][1].count > wanted[1][1].count);
+    store.writer().record_many(batch.clone()).await.unwrap();
+    let r = store.reader().unwrap();
+    let got = r.counts_by_routes(&windows, until).unwrap();
+    assert_eq!(got.len(), windows.len());
+    for (i, (got, want)) in got.iter().zip(&wanted).enumerate() {
+        for (route, want) in [&a, &b].into_iter().zip(want) {
+            assert_eq!(got.get(route).copied().unwrap_or_default(), *want, "window {i}, {route}");
+        }
+        // Alone, the same answer.
+        let alone = r.counts_by_route(windows[i].since, until, windows[i].kinds).unwrap();
+        assert_eq!(&alone, got, "window {i} alone");
+    }
     drop(r);
     store.close().await.unwrap();
 }

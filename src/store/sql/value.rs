@@ -20,7 +20,7 @@ pub enum ValueRef<'a> {
 }
 
 impl ValueRef<'_> {
-    fn class(&self) -> &'static str {
+    pub(crate) fn class(&self) -> &'static str {
         match self {
             ValueRef::Null => "NULL",
             ValueRef::Integer(_) => "an integer",

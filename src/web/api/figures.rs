@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{slo_window, ObservedFigures, LATENCY_KINDS, RECENT, TPS_KINDS, UPTIME_KINDS};
 use crate::route::RouteId;
 use crate::slo;
-use crate::store::{quantile, Counts, Granularity, Reader, Rollup, StoreError};
+use crate::store::{quantile, Counts, Granularity, Reader, Rollup, StoreError, Window};
 
 /// Per route id, hashed with FxHash: a view of 10,000 routes looks each of them up in
 /// several of these per request, and SipHash over the id was a third of building it. The
@@ -37,12 +37,27 @@ impl Figures {
     /// A handful of range scans over every route (see `store::stats`).
     pub fn load(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {
         let until = now + TimeDelta::milliseconds(1);
-        let counts = |since, kinds| -> Result<RouteMap<Counts>, StoreError> {
-            Ok(reader
-                .counts_by_route(since, until, kinds)?
-                .into_iter()
-                .collect())
+        let window = |days, kinds| Window {
+            since: now - TimeDelta::days(days),
+            kinds,
         };
+        let mut counts = reader
+            .counts_by_routes(
+                &[
+                    window(1, UPTIME_KINDS),
+                    window(7, UPTIME_KINDS),
+                    window(30, UPTIME_KINDS),
+                    Window {
+                        since: now - slo_window(),
+                        kinds: slo::KINDS,
+                    },
+                ],
+                until,
+            )?
+            .into_iter()
+            .map(|c| c.into_iter().collect::<RouteMap<Counts>>());
+        let mut next = || counts.next().unwrap_or_default();
+        let (uptime_24h, uptime_7d, uptime_30d, slo_30d) = (next(), next(), next(), next());
         let (mut ttfb, mut tps) = (RouteMap::default(), RouteMap::default());
         for (id, s) in reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)? {
             ttfb.insert(id.clone(), Percentiles::of_samples(s.ttfb_ms));
@@ -56,10 +71,10 @@ impl Figures {
                 .into_iter()
                 .map(|(id, r)| (id, Percentiles::of(&r)))
                 .collect(),
-            uptime_24h: counts(now - TimeDelta::days(1), UPTIME_KINDS)?,
-            uptime_7d: counts(now - TimeDelta::days(7), UPTIME_KINDS)?,
-            uptime_30d: counts(now - TimeDelta::days(30), UPTIME_KINDS)?,
-            slo_30d: counts(now - slo_window(), slo::KINDS)?,
+            uptime_24h,
+            uptime_7d,
+            uptime_30d,
+            slo_30d,
             observed: ObservedFigures::load(reader, now)?,
         })
     }
