@@ -135,6 +135,13 @@ pub struct Percent(pub f64);
 impl std::fmt::Display for Percent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let p = self.0 * 100.0;
+        // In hundredths, away from a tie and from 100, integers say what `{:.2}` would, at a
+        // fraction of its cost (a page writes thousands of these).
+        let hundredths = p * 100.0;
+        if (0.0..9999.0).contains(&hundredths) && (hundredths.fract() - 0.5).abs() > 1e-6 {
+            let n = hundredths.round() as u32;
+            return write!(f, "{}.{:02}%", n / 100, n % 100);
+        }
         // Only values this close to 100 can round up to it; the text decides, as shown.
         if (99.99..100.0).contains(&p) && format!("{p:.2}") == "100.00" {
             write!(f, "{p:.3}%")
@@ -520,5 +527,37 @@ pub fn budget_spent(lang: Lang, spent_s: i64, budget_s: f64) -> String {
     match lang {
         Lang::En => format!("{} ({share:.1}%)", duration(lang, spent_s)),
         Lang::Zh => format!("{}（{share:.1}%）", duration(lang, spent_s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `percent` wrote before its integer path: the formatter's own rounding.
+    fn by_the_formatter(ratio: f64) -> String {
+        let p = ratio * 100.0;
+        if p < 100.0 && format!("{p:.2}") == "100.00" {
+            format!("{p:.3}%")
+        } else {
+            format!("{p:.2}%")
+        }
+    }
+
+    #[test]
+    fn percent_writes_what_the_formatter_rounds_to() {
+        for n in 1..=1500u32 {
+            for k in 0..=n {
+                let r = f64::from(k) / f64::from(n);
+                assert_eq!(percent(r), by_the_formatter(r), "{k}/{n}");
+            }
+        }
+        for r in [
+            0.0, 1.0, 0.99995, 0.999949, 0.00005, 0.000049, 0.125, 1.5e-9,
+        ] {
+            assert_eq!(percent(r), by_the_formatter(r), "{r}");
+        }
+        assert_eq!(percent(0.99996), "99.996%");
+        assert_eq!(percent(0.5), "50.00%");
     }
 }

@@ -103,7 +103,7 @@ pub struct PageData {
     /// again every [`PAST_DAYS_TTL`] and at midnight UTC, and shared by the reads between.
     past: Arc<PastDays>,
     /// Today's counts so far per route (read each time).
-    today: HashMap<RouteId, Counts>,
+    today: api::RouteMap<Counts>,
     /// Incidents open at some time in the last [`DAYS`] days, newest first.
     pub incidents: Vec<Incident>,
     /// Probe counts of this calendar month per route (rollups): the month's error budget.
@@ -126,7 +126,7 @@ struct PastDays {
     read_at: DateTime<Utc>,
     /// Per route, oldest first, exactly as many as it has: 16 bytes a day, not a growing
     /// vector of 40-byte entries (90 days of 10,000 routes: 14 MB instead of about 50).
-    days: HashMap<RouteId, Box<[PastDay]>>,
+    days: api::RouteMap<Box<[PastDay]>>,
 }
 
 /// One route's counts of one day, as the bars read them.
@@ -140,7 +140,7 @@ struct PastDay {
 }
 
 impl PastDays {
-    fn compact(days: DailyCounts) -> HashMap<RouteId, Box<[PastDay]>> {
+    fn compact(days: DailyCounts) -> api::RouteMap<Box<[PastDay]>> {
         // A day's counts of one route fit 32 bits (a probe every millisecond for a day).
         let n = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         days.into_iter()
