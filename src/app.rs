@@ -99,8 +99,6 @@ pub struct Running {
     /// The config in effect, following reloads; [`crate::reload::LiveConfig::reload`]
     /// re-reads the file (SIGHUP, `POST /api/v1/admin/reload`).
     pub config: crate::reload::LiveConfig,
-    /// The store figures the views share, read once at start.
-    pub figures: Arc<web::FiguresCache>,
     pub done: JoinHandle<Result<(), AppError>>,
 }
 
@@ -418,12 +416,6 @@ pub async fn start_with(
         shutdown: shutdown.clone(),
         vantages: Some(vantages),
     };
-    let figures = state.figures.clone();
-    {
-        let (figures, store, clock) = (figures.clone(), store.clone(), clock.clone());
-        let src = web::pages::BudgetSource::from_config(&config);
-        tokio::spawn(async move { figures.warm(&store, &clock, src).await });
-    }
     let alerts = {
         let channels = crate::alert::channels(&config).unwrap_or_else(|e| {
             tracing::error!(error = %e, "alert channels unusable; alerts are queued for none");
@@ -539,7 +531,6 @@ pub async fn start_with(
         health: health_rx,
         role,
         config: reloader.live(),
-        figures,
         done,
     })
 }

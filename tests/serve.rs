@@ -80,16 +80,6 @@ async fn serve_answers_health_records_probes_and_stops_cleanly() {
     let base = format!("http://{}", running.addr);
     let http = reqwest::Client::new();
 
-    // The views' store figures are read at start, before anyone asks (bounded wait).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while !running.figures.warmed().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "figures not read within 15 s of the start"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-
     let health = http.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(health.status(), 200);
     let body: serde_json::Value = health.json().await.unwrap();

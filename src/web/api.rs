@@ -371,7 +371,7 @@ pub const FIGURES_TTL: Duration = super::refresh::FRESH;
 /// burst of requests costs one set of scans, not one each), refreshed off their path.
 #[derive(Debug, Default)]
 pub struct FiguresCache {
-    pub(super) last: super::refresh::Refreshing<Figures>,
+    last: super::refresh::Refreshing<Figures>,
     /// The HTML pages' extra figures (day bars, incidents), reused the same way
     /// (see [`super::pages::PageData`]).
     pub(super) pages: super::refresh::Refreshing<super::pages::PageData>,

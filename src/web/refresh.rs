@@ -133,13 +133,6 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
     }
 }
 
-impl<T> Refreshing<T> {
-    /// Whether a value was read (however old).
-    pub async fn held(&self) -> bool {
-        self.slot.lock().await.value.is_some()
-    }
-}
-
 /// One background read; the slot's `refreshing` was set by the caller.
 async fn refresh<T: Send + Sync + 'static>(
     slot: Arc<Mutex<Slot<T>>>,

@@ -272,34 +272,6 @@ impl FiguresCache {
         });
         Ok(self.pages.get(clock, load).await?)
     }
-
-    /// Reads the figures behind `/`, `/api/v1/status`, `/metrics` and the badges once a
-    /// service starts, so that its first visitor does not wait for them (seconds at 10,000
-    /// routes); they are then kept as if asked for. A failure is only logged: the first
-    /// request reads again, as it would have.
-    pub async fn warm(
-        &self,
-        store: &Store,
-        clock: &Arc<dyn crate::clock::Clock>,
-        src: BudgetSource,
-    ) {
-        let started = std::time::Instant::now();
-        if let Err(e) = self.get(store, clock).await {
-            tracing::warn!(error = %e, "cannot read the status figures at start");
-        }
-        if let Err(e) = self.pages(store, clock, src).await {
-            tracing::warn!(error = %e, "cannot read the status page's figures at start");
-        }
-        tracing::info!(
-            took_ms = started.elapsed().as_millis() as u64,
-            "status figures read"
-        );
-    }
-
-    /// Whether both the status figures and the pages' were read (however old).
-    pub async fn warmed(&self) -> bool {
-        self.last.held().await && self.pages.held().await
-    }
 }
 
 /// Why a page could not be shown; rendered as `error.html` with its status.
