@@ -665,7 +665,7 @@ mod tests {
     fn the_cache_gives_back_the_room_a_burst_took() {
         let mut cache = RollupCache::default();
         let route = RouteId::new("p", "r", "m");
-        let mut touch = |cache: &mut RollupCache, routes: i64| {
+        let touch = |cache: &mut RollupCache, routes: i64| {
             for route_id in 0..routes {
                 let key = Key {
                     route_id,
