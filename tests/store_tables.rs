@@ -6,7 +6,7 @@
 #[path = "common/pg.rs"]
 mod pg;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Duration, Utc};
 use pg::TestDb;
@@ -625,7 +625,7 @@ async fn windows_read_together_count_each_its_own_outcomes(db: &TestDb) {
     assert!(wanted[3][1].count > wanted[1][1].count);
     store.writer().record_many(batch.clone()).await.unwrap();
     let r = store.reader().unwrap();
-    let got = r.counts_by_routes(&windows, until).unwrap();
+    let got: Vec<HashMap<RouteId, Counts>> = r.counts_by_routes(&windows, until).unwrap();
     assert_eq!(got.len(), windows.len());
     for (i, (got, want)) in got.iter().zip(&wanted).enumerate() {
         for (route, want) in [&a, &b].into_iter().zip(want) {

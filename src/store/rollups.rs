@@ -51,7 +51,7 @@ impl Granularity {
         DateTime::from_timestamp_millis(self.floor_ms(to_ms(t))).unwrap_or(t)
     }
 
-    fn floor_ms(self, ms: i64) -> i64 {
+    pub(crate) fn floor_ms(self, ms: i64) -> i64 {
         ms.div_euclid(self.millis()) * self.millis()
     }
 }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use rustc_hash::FxBuildHasher;
 
-use super::sql::params;
+use super::sql::{params, Row, SqlError};
 use chrono::{DateTime, Utc};
 
 use super::rollups::Figures;
@@ -92,10 +92,10 @@ impl Stretch {
 /// partial days at both ends, daily ones for the whole days between; some may be empty.
 fn stretches(since: DateTime<Utc>, end: i64) -> [Stretch; 3] {
     let (hour, day) = (Granularity::Hour, Granularity::Day);
-    let start = to_ms(since).div_euclid(hour.millis()) * hour.millis();
+    let start = hour.floor_ms(to_ms(since));
     // Whole days strictly inside the window.
-    let first_day = (start + day.millis() - 1).div_euclid(day.millis()) * day.millis();
-    let last_day = end.div_euclid(day.millis()) * day.millis();
+    let first_day = day.floor_ms(start + day.millis() - 1);
+    let last_day = day.floor_ms(end);
     let stretch = |granularity, from, to| Stretch {
         granularity,
         from,
@@ -118,6 +118,15 @@ fn stretches(since: DateTime<Utc>, end: i64) -> [Stretch; 3] {
 
 fn u(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
+}
+
+/// The count, successes and good columns starting at column `first`.
+fn counts_at(r: &Row<'_>, first: usize) -> Result<Counts, SqlError> {
+    Ok(Counts {
+        count: u(r.get(first)?),
+        successes: u(r.get(first + 1)?),
+        good: u(r.get(first + 2)?),
+    })
 }
 
 impl Reader {
@@ -145,7 +154,7 @@ impl Reader {
         until: DateTime<Utc>,
         kinds: &[OutcomeKind],
     ) -> Result<HashMap<RouteId, Counts>, StoreError> {
-        let mut all = self.counts_by_routes(&[Window { since, kinds }], until)?;
+        let mut all = self.counts_by_routes::<HashMap<_, _>>(&[Window { since, kinds }], until)?;
         Ok(all.pop().unwrap_or_default())
     }
 
@@ -153,11 +162,11 @@ impl Reader {
     /// order. Each stretch of rollups is read once for all the windows that need it (the
     /// 30-day window's days hold the 7-day window's, and every window ends with today's
     /// hours), without grouping in SQL: summing here spares the database a sort per window.
-    pub fn counts_by_routes(
+    pub fn counts_by_routes<M: FromIterator<(RouteId, Counts)>>(
         &self,
         windows: &[Window<'_>],
         until: DateTime<Utc>,
-    ) -> Result<Vec<HashMap<RouteId, Counts>>, StoreError> {
+    ) -> Result<Vec<M>, StoreError> {
         let end = to_ms(until);
         let plans: Vec<[Stretch; 3]> = windows.iter().map(|w| stretches(w.since, end)).collect();
         let mut scans: Vec<Stretch> = plans
@@ -207,11 +216,7 @@ impl Reader {
                         r.get::<_, i64>(0)?,
                         r.get::<_, i64>(1)?,
                         r.get::<_, OutcomeKind>(2)?,
-                        Counts {
-                            count: u(r.get(3)?),
-                            successes: u(r.get(4)?),
-                            good: u(r.get(5)?),
-                        },
+                        counts_at(r, 3)?,
                     ))
                 },
             )?;
@@ -314,17 +319,7 @@ impl Reader {
         let from = to_ms(Granularity::Day.bucket_start(since));
         let rows = stmt.query_map(
             params![Granularity::Day.seconds(), from, to_ms(until)],
-            |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    Counts {
-                        count: u(r.get(2)?),
-                        successes: u(r.get(3)?),
-                        good: u(r.get(4)?),
-                    },
-                ))
-            },
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, counts_at(r, 2)?)),
         )?;
         let mut out: DailyCounts = HashMap::new();
         for row in rows {

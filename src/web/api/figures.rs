@@ -42,7 +42,7 @@ impl Figures {
             kinds,
         };
         let mut counts = reader
-            .counts_by_routes(
+            .counts_by_routes::<RouteMap<Counts>>(
                 &[
                     window(1, UPTIME_KINDS),
                     window(7, UPTIME_KINDS),
@@ -54,8 +54,7 @@ impl Figures {
                 ],
                 until,
             )?
-            .into_iter()
-            .map(|c| c.into_iter().collect::<RouteMap<Counts>>());
+            .into_iter();
         let mut next = || counts.next().unwrap_or_default();
         let (uptime_24h, uptime_7d, uptime_30d, slo_30d) = (next(), next(), next(), next());
         let (mut ttfb, mut tps) = (RouteMap::default(), RouteMap::default());
