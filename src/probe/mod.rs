@@ -6,13 +6,15 @@
 //!   [`crate::outcome`], below the store).
 //! - [`cost`]: probe and regression-set tokens and cost per month, before they are spent.
 //! - [`measure`]: answer verification, token estimate, tokens/s (pure).
-//! - `openai`, `anthropic`: request bodies and decoders for each wire dialect (pure).
+//! - `openai`, `anthropic`: request bodies and decoders for each wire dialect (pure);
+//!   `answer` reads a non-streamed OpenAI answer without building its JSON tree.
 //! - `sse`: body reading under the stall and deadline clocks; SSE framing.
 //! - `upstream`: upstream error bodies and `Retry-After` → classification (pure).
 //!
-//! `openai`, `sse`, `upstream` and `wire` are crate-visible: the proxy reads upstream answers
+//! `answer`, `openai`, `sse`, `upstream` and `wire` are crate-visible: the proxy reads upstream answers
 //! with the same framing, end-of-stream rules and error classification as the probes.
 
+pub(crate) mod answer;
 mod anthropic;
 pub mod client;
 pub mod cost;

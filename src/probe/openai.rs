@@ -54,7 +54,7 @@ pub(crate) fn chat_body(
 }
 
 /// A refusal (`finish_reason: content_filter`, or OpenAI's `refusal` text) as the error.
-fn refusal(finish_reason: Option<&str>, refusal_text: &str) -> Option<ProbeError> {
+pub(super) fn refusal(finish_reason: Option<&str>, refusal_text: &str) -> Option<ProbeError> {
     if !refusal_text.trim().is_empty() {
         return Some(ProbeError::Refused {
             message: scrub(refusal_text),
@@ -173,17 +173,17 @@ impl StreamDecoder for OpenAiStream {
 
 /// Reads a non-streamed answer: `choices[0].message` is required.
 pub(crate) fn parse_body(body: &[u8]) -> Result<Collected, ProbeError> {
-    read_body(&body_json(body)?)
+    super::answer::read_answer(body).0
 }
 
-/// A non-streamed answer's JSON (parsed once by a caller that reads more of it).
+/// A non-streamed answer's JSON tree.
 pub(crate) fn body_json(body: &[u8]) -> Result<Value, ProbeError> {
     serde_json::from_slice(body).map_err(|e| ProbeError::Malformed {
         message: scrub(&format!("body is not JSON: {e}")),
     })
 }
 
-/// [`parse_body`] over the answer's parsed JSON.
+/// [`parse_body`] over the answer's JSON tree: the reference reading.
 pub(crate) fn read_body(v: &Value) -> Result<Collected, ProbeError> {
     if let Some(e) = error_in(v) {
         return Err(classify_embedded(e));

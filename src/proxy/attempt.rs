@@ -28,8 +28,9 @@ use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::probe::answer::read_answer;
 use crate::probe::measure::tokens_per_second;
-use crate::probe::openai::{body_json, read_body, OpenAiStream};
+use crate::probe::openai::OpenAiStream;
 use crate::probe::sse::{self, BodyFault, ReadFault};
 use crate::probe::upstream::classify_status;
 use crate::probe::wire::{Collected, Step, StreamDecoder};
@@ -550,10 +551,10 @@ impl Call<'_> {
         let end = Instant::now();
         self.timing.ttft = Some(end);
         let id = &self.route.id;
-        // Parsed once: read as the probes read answers, and for its usage.
-        let json = body_json(&raw);
-        let usage = json.as_ref().map_or_else(|_| Usage::default(), Usage::of);
-        match json.and_then(|v| read_body(&v)) {
+        // Read once, as the probes read answers, and for its usage.
+        let (read, tokens) = read_answer(&raw);
+        let usage = Usage::from(tokens);
+        match read {
             Ok(c) => Attempt::Answer {
                 body: Bytes::from(raw),
                 usage,

@@ -115,6 +115,15 @@ pub struct Usage {
     pub completion_tokens: Option<u64>,
 }
 
+impl From<crate::probe::answer::Tokens> for Usage {
+    fn from(t: crate::probe::answer::Tokens) -> Self {
+        Self {
+            prompt_tokens: t.prompt,
+            completion_tokens: t.completion,
+        }
+    }
+}
+
 impl Usage {
     /// The `usage` object of an answer body or of one stream chunk's JSON.
     pub fn of(v: &Value) -> Self {
