@@ -55,7 +55,25 @@ pub(crate) enum ReadFault {
     Framing(String),
 }
 
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+type ByteStream<E> = Pin<Box<dyn Stream<Item = Result<Bytes, E>> + Send>>;
+
+/// A body's transport error, told as one line for an outcome.
+pub(crate) trait Describe: Send + 'static {
+    fn describe(self) -> String;
+}
+
+impl Describe for reqwest::Error {
+    fn describe(self) -> String {
+        describe_reqwest(self)
+    }
+}
+
+/// Already told.
+impl Describe for String {
+    fn describe(self) -> String {
+        self
+    }
+}
 
 /// The longest SSE line read from an upstream.
 pub const MAX_LINE: usize = 1024 * 1024;
@@ -131,8 +149,8 @@ impl Silence {
 
 /// The body's byte chunks, each awaited until `min(last byte + max_silence, deadline)`.
 /// `last_byte` starts at the moment the headers arrived. After a fault the stream ends.
-pub(crate) fn guarded_bytes(
-    body: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+pub(crate) fn guarded_bytes<E: Describe>(
+    body: impl Stream<Item = Result<Bytes, E>> + Send + 'static,
     last_byte: Instant,
     max_silence: Duration,
     deadline: Instant,
@@ -141,13 +159,13 @@ pub(crate) fn guarded_bytes(
 }
 
 /// [`guarded_bytes`] under any [`Silence`] policy.
-pub(crate) fn guarded_bytes_with(
-    body: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+pub(crate) fn guarded_bytes_with<E: Describe>(
+    body: impl Stream<Item = Result<Bytes, E>> + Send + 'static,
     last_byte: Instant,
     silence: Silence,
     deadline: Instant,
 ) -> impl Stream<Item = Result<Bytes, BodyFault>> + Send {
-    let body: ByteStream = Box::pin(body);
+    let body: ByteStream<E> = Box::pin(body);
     futures_util::stream::unfold(Some((body, last_byte)), move |state| {
         let silence = silence.current();
         async move {
@@ -163,7 +181,7 @@ pub(crate) fn guarded_bytes_with(
             match tokio::time::timeout_at(wake, body.next()).await {
                 Err(_) => Some((Err(fault), None)),
                 Ok(None) => None,
-                Ok(Some(Err(e))) => Some((Err(BodyFault::Cut(describe_reqwest(e))), None)),
+                Ok(Some(Err(e))) => Some((Err(BodyFault::Cut(e.describe())), None)),
                 Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((body, Instant::now())))),
             }
         }
@@ -225,9 +243,13 @@ pub(crate) fn events(
 /// A reqwest error as one line: the cause chain, without the URL (a base URL may carry
 /// credentials in its query), scrubbed.
 pub(crate) fn describe_reqwest(e: reqwest::Error) -> String {
-    let e = e.without_url();
+    describe_error(&e.without_url())
+}
+
+/// An error and its causes as one line, scrubbed.
+pub(crate) fn describe_error(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
+    let mut source = e.source();
     while let Some(cause) = source {
         let s = cause.to_string();
         if !text.contains(&s) {
@@ -275,7 +297,7 @@ mod tests {
     async fn invalid_utf8_is_a_framing_error_not_a_hang() {
         let now = Instant::now();
         let body = futures_util::stream::iter(vec![
-            Ok(Bytes::from_static(b"data: {\"a\":\"\xff\xfe\"}\n\n")),
+            Ok::<_, String>(Bytes::from_static(b"data: {\"a\":\"\xff\xfe\"}\n\n")),
             Ok(Bytes::from_static(b"data: [DONE]\n\n")),
         ]);
         let got: Vec<_> = events(guarded_bytes(

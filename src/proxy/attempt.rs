@@ -24,7 +24,7 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use eventsource_stream::Event;
 use futures_util::{Stream, StreamExt};
-use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use http::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -39,6 +39,7 @@ use crate::route::{Route, RouteId};
 use crate::secret::{Env, Secret};
 
 use super::record::Usage;
+use super::transport::{Reply, Target, Transport, TransportError};
 
 /// A successful non-streamed answer larger than this is refused (and the next candidate tried).
 pub const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
@@ -270,13 +271,13 @@ pub enum Attempt {
 
 /// The HTTP side of attempts: one pooled client, the providers' keys.
 pub struct Upstream {
-    http: reqwest::Client,
+    http: Transport,
     /// Provider id → key, read from `api_key_env` once at start.
     keys: HashMap<String, Secret>,
     /// Provider id → its `Authorization` value (marked sensitive), built once.
     auth: HashMap<String, HeaderValue>,
-    /// Route → its chat completions URL, parsed once.
-    urls: HashMap<RouteId, reqwest::Url>,
+    /// Route → where its chat completions go, decided once.
+    targets: HashMap<RouteId, Target>,
 }
 
 /// The client's body with the route's own model name, serialised without copying the body
@@ -333,26 +334,18 @@ pub struct Limits {
 
 impl Upstream {
     /// One HTTP client for every upstream; each provider's key read from `env` now.
-    pub fn new(routes: &[Arc<Route>], env: &Env) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .user_agent(concat!("probeok-proxy/", env!("CARGO_PKG_VERSION")))
-            // A redirected POST would carry our key elsewhere: report the 3xx instead.
-            .redirect(reqwest::redirect::Policy::none())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            .tcp_keepalive(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .build()?;
+    pub fn new(routes: &[Arc<Route>], env: &Env) -> Result<Self, TransportError> {
+        let http = Transport::new()?;
         let mut keys = HashMap::new();
-        let mut urls = HashMap::new();
+        let mut targets = HashMap::new();
         for r in routes {
             if let Some(var) = &r.api_key_env {
                 if let Some(key) = env.secret(var) {
                     keys.insert(r.provider.clone(), key);
                 }
             }
-            if let Ok(url) = reqwest::Url::parse(&chat_url(r)) {
-                urls.insert(r.id.clone(), url);
+            if let Some(target) = http.target(&chat_url(r)) {
+                targets.insert(r.id.clone(), target);
             }
         }
         let auth = (keys.iter())
@@ -366,7 +359,7 @@ impl Upstream {
             http,
             keys,
             auth,
-            urls,
+            targets,
         })
     }
 
@@ -397,23 +390,19 @@ impl Upstream {
         } else {
             call.deadline
         };
-        let builder = match self.request(route, req) {
-            Ok(b) => b,
+        let (request, via_proxy) = match self.request(route, req) {
+            Ok(r) => r,
             Err(error) => return call.fail(None, error),
         };
-        let response = match tokio::time::timeout_at(first_deadline, builder.send()).await {
+        let sent = self.http.send(request, via_proxy);
+        let response = match tokio::time::timeout_at(first_deadline, sent).await {
             Err(_) => return call.fail(None, ProbeError::TimeoutBeforeFirstByte),
-            Ok(Err(e)) => {
-                let error = ProbeError::Connect {
-                    message: sse::describe_reqwest(e),
-                };
-                return call.fail(None, error);
-            }
+            Ok(Err(message)) => return call.fail(None, ProbeError::Connect { message }),
             Ok(Ok(r)) => r,
         };
         let headers_at = Instant::now();
         call.timing.ttfb = Some(headers_at);
-        if !response.status().is_success() {
+        if !response.status.is_success() {
             call.refused(response, headers_at).await
         } else if !req.stream {
             call.answer(response, headers_at).await
@@ -425,12 +414,13 @@ impl Upstream {
         }
     }
 
-    /// The upstream request: the route's own model name, our key, the client's request id.
+    /// The upstream request (the route's own model name, our key, the client's request id),
+    /// and whether it goes through a proxy.
     fn request(
         &self,
         route: &Route,
         req: &Outgoing<'_>,
-    ) -> Result<reqwest::RequestBuilder, ProbeError> {
+    ) -> Result<(http::Request<Bytes>, bool), ProbeError> {
         // A route only ever receives its own upstream model name.
         let with_model = WithModel {
             body: req.body,
@@ -444,25 +434,34 @@ impl Upstream {
         } else {
             HeaderValue::from_static("application/json")
         };
-        let builder = match self.urls.get(&route.id) {
-            Some(url) => self.http.post(url.clone()),
-            None => self.http.post(chat_url(route)),
+        let Some(target) = self.targets.get(&route.id) else {
+            return Err(ProbeError::Connect {
+                message: "the route's base_url is not a valid URL".into(),
+            });
         };
-        let mut builder = builder
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(ACCEPT, accept)
-            .header("x-request-id", req.request_id)
-            .body(body);
+        let request_id =
+            HeaderValue::from_str(req.request_id).map_err(|_| ProbeError::Malformed {
+                message: "cannot encode the request id as a header".into(),
+            })?;
+        let mut request = http::Request::post(target.uri.clone())
+            .body(Bytes::from(body))
+            .map_err(|e| ProbeError::Malformed {
+                message: format!("cannot encode the request: {e}"),
+            })?;
+        let headers = request.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(ACCEPT, accept);
+        headers.insert("x-request-id", request_id);
         if let Some((parent, state)) = req.trace {
-            builder = builder.header("traceparent", parent.clone());
+            headers.insert("traceparent", parent.clone());
             if let Some(state) = state {
-                builder = builder.header("tracestate", state.clone());
+                headers.insert("tracestate", state.clone());
             }
         }
         if let Some(v) = self.auth.get(&route.provider) {
-            builder = builder.header(AUTHORIZATION, v.clone());
+            headers.insert(AUTHORIZATION, v.clone());
         }
-        Ok(builder)
+        Ok((request, target.via_proxy))
     }
 }
 
@@ -494,19 +493,14 @@ impl Call<'_> {
 
     /// A non-2xx answer: the client's fault is returned as it is (without our key), anything
     /// else fails over.
-    async fn refused(&self, response: reqwest::Response, headers_at: Instant) -> Attempt {
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
+    async fn refused(&self, response: Reply, headers_at: Instant) -> Attempt {
+        let status = response.status.as_u16();
+        let headers = response.headers;
         let content_type = headers
             .get(CONTENT_TYPE)
             .cloned()
             .unwrap_or(HeaderValue::from_static("application/json"));
-        let bytes = sse::guarded_bytes(
-            response.bytes_stream(),
-            headers_at,
-            self.budget,
-            self.deadline,
-        );
+        let bytes = sse::guarded_bytes(response.body, headers_at, self.budget, self.deadline);
         let (raw, _, _) = sse::read_body(bytes, MAX_ERROR_BODY_BYTES).await;
         let error = classify_status(status, &headers, &raw, Utc::now());
         if class_of(&error) != Class::ClientFault {
@@ -528,14 +522,9 @@ impl Call<'_> {
     }
 
     /// A non-streamed 2xx answer, read whole within the budget (it can still fail over).
-    async fn answer(&mut self, response: reqwest::Response, headers_at: Instant) -> Attempt {
-        let status = response.status().as_u16();
-        let bytes = sse::guarded_bytes(
-            response.bytes_stream(),
-            headers_at,
-            self.budget,
-            self.deadline,
-        );
+    async fn answer(&mut self, response: Reply, headers_at: Instant) -> Attempt {
+        let status = response.status.as_u16();
+        let bytes = sse::guarded_bytes(response.body, headers_at, self.budget, self.deadline);
         let (raw, fault, too_large) = sse::read_body(bytes, MAX_ANSWER_BYTES).await;
         let error = match fault {
             Some(BodyFault::Timeout | BodyFault::Stalled) => Some(ProbeError::Timeout),
@@ -580,15 +569,15 @@ impl Call<'_> {
     /// count) by `first_deadline`: the commit point.
     async fn commit(
         mut self,
-        response: reqwest::Response,
+        response: Reply,
         headers_at: Instant,
         first_deadline: Instant,
         idle: Duration,
         end: Instant,
     ) -> Attempt {
-        let status = Some(response.status().as_u16());
+        let status = Some(response.status.as_u16());
         // After the commit point the idle timeout and the stream's longest life end it.
-        let bytes = sse::guarded_bytes(response.bytes_stream(), headers_at, idle, end);
+        let bytes = sse::guarded_bytes(response.body, headers_at, idle, end);
         let mut events: Events = Box::pin(sse::events(bytes));
         let mut decoder = OpenAiStream::default();
         let first = match tokio::time::timeout_at(first_deadline, events.next()).await {

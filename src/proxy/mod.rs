@@ -63,6 +63,7 @@ pub mod shadow;
 pub mod stream;
 pub mod structured;
 mod trace;
+mod transport;
 pub mod weights;
 
 use std::collections::HashMap;
