@@ -17,8 +17,8 @@
 //!    [`weights`]), tried in order under per-route concurrency limits, circuit breakers and
 //!    backoff ([`breaker`]; a client's own failures are neutral there, [`attribution`]) and the
 //!    extra-cost budget; one attempt ([`attempt`]: per-candidate
-//!    budget, stream watchdog, failover classes, 429 rests) at a time; a committed stream is
-//!    forwarded by [`stream`].
+//!    budget, stream watchdog, failover classes, 429 rests; sent by `transport`, the upstream
+//!    HTTP client) at a time; a committed stream is forwarded by [`stream`].
 //! 5. `request`: the request's context, its `x-probeok-*` disclosure headers, and `finish`:
 //!    metering ([`meter`], `record`), counters, the route observables ([`observe`], with the
 //!    structured-output check of [`structured`]), the idempotency key and the cache; the
