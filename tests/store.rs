@@ -967,3 +967,46 @@ async fn two_writers_on_one_postgresql_database_keep_the_shared_rollups_exact() 
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// Metered requests are found by time through an index ordered by time, failed requests'
+/// trace ids through one that holds traced rows only: an untraced request's metering row pays
+/// for one index entry, not two.
+#[tokio::test]
+async fn metered_requests_are_found_by_time_through_their_indexes() {
+    let db = TestDb::new(Engine::Sqlite);
+    db.open(opts()).close().await.unwrap();
+    let conn = rusqlite::Connection::open(db.path()).unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL
+             AND tbl_name = 'proxy_requests' ORDER BY name",
+        )
+        .unwrap();
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0)).unwrap();
+    let indexes: Vec<String> = rows.map(Result::unwrap).collect();
+    assert_eq!(indexes, ["proxy_requests_at", "proxy_requests_traced"]);
+    for (sql, index) in [
+        (
+            "SELECT id FROM proxy_requests WHERE started_at_ms < 5
+             ORDER BY started_at_ms LIMIT 10",
+            "proxy_requests_at",
+        ),
+        (
+            "SELECT id FROM proxy_requests WHERE started_at_ms >= 1
+             ORDER BY started_at_ms DESC, id DESC LIMIT 50",
+            "proxy_requests_at",
+        ),
+        (
+            "SELECT trace_id FROM proxy_requests WHERE trace_id IS NOT NULL
+             AND started_at_ms >= 1 AND started_at_ms <= 9
+             ORDER BY started_at_ms DESC, id DESC LIMIT 50",
+            "proxy_requests_traced",
+        ),
+    ] {
+        let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = plan.query_map([], |r| r.get::<_, String>(3)).unwrap();
+        let steps = rows.map(Result::unwrap).collect::<Vec<_>>().join("; ");
+        assert!(steps.contains(&format!("INDEX {index}")), "{sql}: {steps}");
+        assert!(!steps.contains("TEMP B-TREE"), "{sql}: {steps}");
+    }
+}

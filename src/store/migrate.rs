@@ -82,6 +82,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0017_idempotency_owners",
         include_str!("../../migrations/sqlite/0017_idempotency_owners.sql"),
     ),
+    (
+        "0018_metering_index",
+        include_str!("../../migrations/sqlite/0018_metering_index.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -153,6 +157,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0017_idempotency_owners",
         include_str!("../../migrations/postgres/0017_idempotency_owners.sql"),
+    ),
+    (
+        "0018_metering_index",
+        include_str!("../../migrations/postgres/0018_metering_index.sql"),
     ),
 ];
 
