@@ -969,8 +969,9 @@ async fn two_writers_on_one_postgresql_database_keep_the_shared_rollups_exact() 
 }
 
 /// Metered requests are found by time through an index ordered by time, failed requests'
-/// trace ids through one that holds traced rows only: an untraced request's metering row pays
-/// for one index entry, not two.
+/// trace ids through one that holds traced rows only, attempts by their reason through one
+/// that holds only attempts the request moved on from: a plain request's metering rows pay for
+/// no index entry of those two.
 #[tokio::test]
 async fn metered_requests_are_found_by_time_through_their_indexes() {
     let db = TestDb::new(Engine::Sqlite);
@@ -1001,6 +1002,10 @@ async fn metered_requests_are_found_by_time_through_their_indexes() {
              AND started_at_ms >= 1 AND started_at_ms <= 9
              ORDER BY started_at_ms DESC, id DESC LIMIT 50",
             "proxy_requests_traced",
+        ),
+        (
+            "SELECT request_pk FROM proxy_attempts WHERE reason = 'http_503'",
+            "proxy_attempts_reason",
         ),
     ] {
         let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
