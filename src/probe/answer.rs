@@ -26,7 +26,7 @@ pub(crate) struct Tokens {
 }
 
 impl Tokens {
-    /// The counts in an answer's JSON tree.
+    /// The counts in an answer's (or one stream chunk's) JSON tree.
     pub(crate) fn of(v: &Value) -> Self {
         let u = &v["usage"];
         Self {

@@ -11,8 +11,9 @@
 //! - `sse`: body reading under the stall and deadline clocks; SSE framing.
 //! - `upstream`: upstream error bodies and `Retry-After` → classification (pure).
 //!
-//! `answer`, `openai`, `sse`, `upstream` and `wire` are crate-visible: the proxy reads upstream answers
-//! with the same framing, end-of-stream rules and error classification as the probes.
+//! `answer`, `openai`, `sse`, `upstream` and `wire` are crate-visible: the proxy reads
+//! upstream answers with the same framing, end-of-stream rules and error classification as
+//! the probes.
 
 pub(crate) mod answer;
 mod anthropic;

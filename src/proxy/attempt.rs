@@ -269,7 +269,7 @@ pub enum Attempt {
     },
 }
 
-/// The HTTP side of attempts: one pooled client, the providers' keys.
+/// The HTTP side of attempts: the upstream transport, the providers' keys.
 pub struct Upstream {
     http: Transport,
     /// Provider id → key, read from `api_key_env` once at start.

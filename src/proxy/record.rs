@@ -125,13 +125,10 @@ impl From<crate::probe::answer::Tokens> for Usage {
 }
 
 impl Usage {
-    /// The `usage` object of an answer body or of one stream chunk's JSON.
+    /// The `usage` object of an answer body or of one stream chunk's JSON, read as the
+    /// probes read it.
     pub fn of(v: &Value) -> Self {
-        let u = &v["usage"];
-        Self {
-            prompt_tokens: u["prompt_tokens"].as_u64(),
-            completion_tokens: u["completion_tokens"].as_u64(),
-        }
+        crate::probe::answer::Tokens::of(v).into()
     }
 
     /// The last usage with prompt tokens among a forwarded chunk's `data:` lines. Cheap on
