@@ -1,8 +1,8 @@
 //! Status page benchmark at 1,000 routes × 90 days: `/` render time (view model + askama) with
 //! the store figures cached (what a request pays within the 5 s figure cache), the same with
-//! the store read first (a cold cache: `Figures::load` + `PageData::load`), a refresh (the
-//! read once the figures expired, the days before today kept from the previous read; it runs
-//! off the request path), and the page weight.
+//! the store read first (a cold cache: `Figures::load` beside `PageData::load`, as `GET /`
+//! runs them), a refresh (the read once the figures expired, the days before today kept from
+//! the previous read; it runs off the request path), and the page weight.
 //! `CARGO_TARGET_DIR=/work/target cargo bench --bench pages`
 //!
 //! Store contents: for every route, 90 days of 4 probes a day (daily and hourly rollups), plus
@@ -181,13 +181,20 @@ async fn main() {
         findings: Vec::new(),
     };
 
+    // As `GET /` reads them when both are due: side by side, each on its own connection.
     let load = |previous: Option<&PageData>| {
-        let reader = store.reader().expect("reader");
-        (
-            Figures::load(&reader, now).expect("figures"),
-            PageData::load(&reader, now, BudgetSource::from_config(&config), previous)
-                .expect("page data"),
-        )
+        std::thread::scope(|s| {
+            let figures =
+                s.spawn(|| Figures::load(&store.reader().expect("reader"), now).expect("figures"));
+            let data = PageData::load(
+                &store.reader().expect("reader"),
+                now,
+                BudgetSource::from_config(&config),
+                previous,
+            )
+            .expect("page data");
+            (figures.join().expect("figures thread"), data)
+        })
     };
     let render = |lang: Lang, figures: &Figures, data: &PageData| {
         status_page(

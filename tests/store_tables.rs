@@ -562,7 +562,7 @@ async fn bulk_reads_for_the_published_views(db: &TestDb) {
     let days = r.daily_counts_by_route(t0(), until, &[]).unwrap();
     let a_days: Vec<u64> = days[&a].iter().map(|(_, c)| c.count).collect();
     assert_eq!(a_days, [24, 24]);
-    assert_eq!(days[&a][1].0, t0() + Duration::days(1));
+    assert_eq!(days[&a][1].0, t0().timestamp() / 86_400 + 1);
     let samples = r
         .recent_samples(t0() + Duration::hours(46), &[OutcomeKind::Probe], ALL)
         .unwrap();
@@ -578,6 +578,39 @@ async fn bulk_reads_for_the_published_views(db: &TestDb) {
     let recent = r.recent_outcomes_of(&a, &[OutcomeKind::Probe], 3).unwrap();
     assert_eq!(recent.len(), 3);
     assert!(recent[0].started_at > recent[1].started_at);
+    drop(r);
+    store.close().await.unwrap();
+}
+}
+
+// A day bar sums the day's kinds that were asked for, and only those; days come oldest first.
+on_both_engines! {
+#[tokio::test]
+async fn day_bars_sum_the_kinds_asked_for(db: &TestDb) {
+    let store = db.open(StoreOptions::default());
+    let a = RouteId::new("p", "r1", "m");
+    let mut batch = Vec::new();
+    for (h, kind, ok) in [
+        (1, OutcomeKind::Probe, true),
+        (2, OutcomeKind::Throughput, false),
+        (3, OutcomeKind::Passive, true),
+        (26, OutcomeKind::Probe, false),
+        (27, OutcomeKind::Probe, true),
+    ] {
+        batch.push(outcome(&a, kind, t0() + Duration::hours(h), ok));
+    }
+    store.writer().record_many(batch).await.unwrap();
+    let r = store.reader().unwrap();
+    let until = t0() + Duration::days(2);
+    let uptime = [OutcomeKind::Probe, OutcomeKind::Throughput];
+    let days = r.daily_counts_by_route(t0(), until, &uptime).unwrap();
+    let got: Vec<_> = days[&a].iter().map(|(d, c)| (*d, c.count, c.successes)).collect();
+    let day = t0().timestamp() / 86_400;
+    assert_eq!(got, [(day, 2, 1), (day + 1, 2, 1)]);
+    let all = r.daily_counts_by_route(t0(), until, &[]).unwrap();
+    assert_eq!(all[&a][0].1.count, 3, "every kind when none is named");
+    let from_day_two = r.daily_counts_by_route(t0() + Duration::days(1), until, &[]).unwrap();
+    assert_eq!(from_day_two[&a].len(), 1);
     drop(r);
     store.close().await.unwrap();
 }

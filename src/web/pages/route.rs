@@ -80,14 +80,9 @@ pub async fn route(
         return Err(fail(PageError::NotFound));
     };
     let health = state.health.borrow().clone();
-    let figures = state
+    let (figures, data) = state
         .figures
-        .get(&state.store, &state.clock)
-        .await
-        .map_err(|e| fail(e.into()))?;
-    let data = state
-        .figures
-        .pages(
+        .figures_and_pages(
             &state.store,
             &state.clock,
             BudgetSource::from_config(&config),

@@ -593,14 +593,9 @@ pub async fn status(
         }
     }
     let health = state.health.borrow().clone();
-    let figures = state
+    let (figures, data) = state
         .figures
-        .get(&state.store, &state.clock)
-        .await
-        .map_err(|e| fail(e.into()))?;
-    let data = state
-        .figures
-        .pages(
+        .figures_and_pages(
             &state.store,
             &state.clock,
             BudgetSource::from_config(&config),
