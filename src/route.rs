@@ -6,6 +6,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// A map by route id, hashed with FxHash: route ids come from the config and the store,
+/// never from a request, and SipHash over them showed in the hot paths that look routes up
+/// (a status read at 10,000 routes, every proxied request).
+pub type RouteMap<V> = std::collections::HashMap<RouteId, V, rustc_hash::FxBuildHasher>;
+
 /// `provider/region/model`. Model names may themselves contain `/`
 /// (`deepseek-ai/DeepSeek-V3`), so parse with [`RouteId::split`], never a plain `split('/')`.
 ///

@@ -14,6 +14,7 @@
 //! Upstream error bodies and errors are classified with `probe::upstream`, answers and streams
 //! read with `probe::openai`/`probe::sse`: the proxy and the probes judge upstreams alike.
 
+use rustc_hash::FxBuildHasher;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,7 +36,7 @@ use crate::probe::sse::{self, BodyFault, ReadFault};
 use crate::probe::upstream::classify_status;
 use crate::probe::wire::{Collected, Step, StreamDecoder};
 use crate::probe::{OutcomeKind, ProbeError, ProbeOutcome};
-use crate::route::{Route, RouteId};
+use crate::route::{Route, RouteId, RouteMap};
 use crate::secret::{Env, Secret};
 
 use super::record::Usage;
@@ -105,7 +106,7 @@ pub fn reason_code(e: &ProbeError) -> String {
 /// Routes resting after a 429. Keys are configured route ids only, so the map is bounded by
 /// the number of routes; expired entries are pruned on every insert.
 #[derive(Debug, Default)]
-pub struct Rests(Mutex<HashMap<RouteId, Instant>>);
+pub struct Rests(Mutex<RouteMap<Instant>>);
 
 impl Rests {
     /// Rests `route` for `for_` (capped at [`MAX_REST`]); a later end never shortens.
@@ -273,11 +274,11 @@ pub enum Attempt {
 pub struct Upstream {
     http: Transport,
     /// Provider id → key, read from `api_key_env` once at start.
-    keys: HashMap<String, Secret>,
+    keys: HashMap<String, Secret, FxBuildHasher>,
     /// Provider id → its `Authorization` value (marked sensitive), built once.
-    auth: HashMap<String, HeaderValue>,
+    auth: HashMap<String, HeaderValue, FxBuildHasher>,
     /// Route → where its chat completions go, decided once.
-    targets: HashMap<RouteId, Target>,
+    targets: RouteMap<Target>,
 }
 
 /// The client's body with the route's own model name, serialised without copying the body
@@ -336,8 +337,8 @@ impl Upstream {
     /// One HTTP client for every upstream; each provider's key read from `env` now.
     pub fn new(routes: &[Arc<Route>], env: &Env) -> Result<Self, TransportError> {
         let http = Transport::new()?;
-        let mut keys = HashMap::new();
-        let mut targets = HashMap::new();
+        let mut keys = HashMap::default();
+        let mut targets = RouteMap::default();
         for r in routes {
             if let Some(var) = &r.api_key_env {
                 if let Some(key) = env.secret(var) {

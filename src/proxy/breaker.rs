@@ -18,7 +18,7 @@
 //! Client faults (400/413/422, refusals) never reach a breaker: they are [`Verdict::Neutral`],
 //! which only frees a half-open trial slot.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -27,7 +27,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::BreakerConfig;
-use crate::route::RouteId;
+use crate::route::{RouteId, RouteMap};
 
 /// A run of this many failures opens the breaker whatever the ratio.
 pub const CONSECUTIVE_FAILURES: u32 = 5;
@@ -278,7 +278,7 @@ pub struct BreakerSnapshot {
 /// Every route's breaker. Keys are the configured routes only (bounded).
 #[derive(Debug)]
 pub struct Breakers {
-    map: Mutex<HashMap<RouteId, Breaker>>,
+    map: Mutex<RouteMap<Breaker>>,
 }
 
 impl Breakers {

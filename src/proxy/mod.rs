@@ -79,7 +79,7 @@ use crate::budget::Budget;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ProxyConfig};
 use crate::probe::ProbeOutcome;
-use crate::route::{Route, RouteId};
+use crate::route::{Route, RouteId, RouteMap};
 use crate::store::Store;
 
 use attempt::{PassiveSink, Rests, Upstream};
@@ -189,11 +189,11 @@ struct Inner {
     /// Off when the variable is unset.
     client_keys: ClientKeys,
     /// Route profiles (`request = {…}`), by route.
-    profiles: HashMap<RouteId, crate::config::RequestProfile>,
+    profiles: RouteMap<crate::config::RequestProfile>,
     /// `[[proxy.client]]`: named clients and their spend limits.
     clients: Arc<clients::Clients>,
     /// Routes whose own `first_byte_timeout` overrides the proxy's stream watchdog.
-    first_byte_overrides: HashMap<RouteId, Duration>,
+    first_byte_overrides: RouteMap<Duration>,
     /// Logical model → since when it has been served degraded (all weights 0).
     degraded_since: Since,
     /// Logical model → since when its contract has applied (its primaries DEGRADED or
@@ -209,7 +209,7 @@ struct Inner {
     observer: Option<observe::Observer>,
     idempotency: Option<Arc<idempotency::Idempotency>>,
     /// Route → its in-flight slots.
-    limits: HashMap<RouteId, Arc<Semaphore>>,
+    limits: RouteMap<Arc<Semaphore>>,
     body_read_timeout: Duration,
     header_read_timeout: Duration,
     feed: Option<Arc<FeedStatus>>,

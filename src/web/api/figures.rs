@@ -1,20 +1,14 @@
 //! The store's figures behind the status answers ([`Figures`]), read in one go and shared
 //! by requests ([`super::FiguresCache`]), and their percentiles.
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, Duration as TimeDelta, Utc};
 use serde::Serialize;
 
 use super::{slo_window, ObservedFigures, LATENCY_KINDS, RECENT, TPS_KINDS, UPTIME_KINDS};
-use crate::route::RouteId;
 use crate::slo;
 use crate::store::{quantile, Counts, Granularity, Reader, Rollup, StoreError, Window};
 
-/// Per route id, hashed with FxHash: a view of 10,000 routes looks each of them up in
-/// several of these per request, and SipHash over the id was a third of building it. The
-/// keys come from the config and the store, never from a request.
-pub type RouteMap<V> = HashMap<RouteId, V, rustc_hash::FxBuildHasher>;
+pub use crate::route::RouteMap;
 
 /// What the store knows for the status view, read in one go.
 #[derive(Debug, Default)]
