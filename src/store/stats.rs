@@ -206,22 +206,21 @@ impl Reader {
             vec![HashMap::default(); windows.len()];
         for scan in merged {
             let mut stmt = self.conn.prepare_cached(&format!(
-                "SELECT route_id, bucket_start_ms, kind, count, successes, good FROM rollups
-                 WHERE granularity_s = ?1 AND bucket_start_ms >= ?2 AND bucket_start_ms < ?3
+                "SELECT route_id, bucket_start_ms, kind, count, successes, good FROM {}
+                 WHERE granularity_s = {} AND bucket_start_ms >= ?1 AND bucket_start_ms < ?2
                      AND {}",
+                counts_source(self.conn.engine(), scan.granularity),
+                scan.granularity.seconds(),
                 kind_filter_sql("kind", &kinds)
             ))?;
-            let rows = stmt.query_map(
-                params![scan.granularity.seconds(), scan.from, scan.to],
-                |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, OutcomeKind>(2)?,
-                        counts_at(r, 3)?,
-                    ))
-                },
-            )?;
+            let rows = stmt.query_map(params![scan.from, scan.to], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, OutcomeKind>(2)?,
+                    counts_at(r, 3)?,
+                ))
+            })?;
             for row in rows {
                 let (id, start, kind, c) = row?;
                 for ((w, plan), into) in windows.iter().zip(&plans).zip(by_id.iter_mut()) {
@@ -391,19 +390,25 @@ impl Reader {
     }
 }
 
+/// Where a query of counts alone reads rollups of `g` from. Daily counts have their own
+/// index (`rollups_day_counts`, no histograms); a query using it names the granularity as a
+/// literal, not a bound parameter: only then may the planner use a partial index. SQLite's
+/// planner, without statistics, would take the primary key for the same range (and read
+/// every histogram), so the index is named; PostgreSQL chooses by its statistics.
+fn counts_source(engine: Engine, g: Granularity) -> &'static str {
+    match (engine, g) {
+        (Engine::Sqlite, Granularity::Day) => "rollups INDEXED BY rollups_day_counts",
+        _ => "rollups",
+    }
+}
+
 /// [`Reader::daily_counts_by_route`]'s query: `?1` and `?2` bound the bucket starts (ms).
 fn daily_counts_sql(engine: Engine, kinds: &[OutcomeKind]) -> String {
-    // SQLite's planner, without statistics, takes the primary key for the same range (and
-    // reads every histogram): the index is named. PostgreSQL chooses by its statistics.
-    let indexed = match engine {
-        Engine::Sqlite => " INDEXED BY rollups_day_counts",
-        Engine::Postgres => "",
-    };
     format!(
-        "SELECT route_id, bucket_start_ms, count, successes, good FROM rollups{indexed}
+        "SELECT route_id, bucket_start_ms, count, successes, good FROM {}
          WHERE granularity_s = {} AND bucket_start_ms >= ?1 AND bucket_start_ms < ?2 AND {}
          ORDER BY bucket_start_ms, route_id",
-        // Inlined, not bound: only then may the planner use the partial index.
+        counts_source(engine, Granularity::Day),
         Granularity::Day.seconds(),
         kind_filter_sql("kind", kinds)
     )
