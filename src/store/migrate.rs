@@ -86,10 +86,6 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0018_metering_index",
         include_str!("../../migrations/sqlite/0018_metering_index.sql"),
     ),
-    (
-        "0019_day_bars",
-        include_str!("../../migrations/sqlite/0019_day_bars.sql"),
-    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -165,10 +161,6 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0018_metering_index",
         include_str!("../../migrations/postgres/0018_metering_index.sql"),
-    ),
-    (
-        "0019_day_bars",
-        include_str!("../../migrations/postgres/0019_day_bars.sql"),
     ),
 ];
 
