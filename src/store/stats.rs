@@ -211,15 +211,17 @@ impl Reader {
                      AND {}",
                 kind_filter_sql("kind", &kinds)
             ))?;
-            let params = params![scan.granularity.seconds(), scan.from, scan.to];
-            let rows = stmt.query_map(params, |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, OutcomeKind>(2)?,
-                    counts_at(r, 3)?,
-                ))
-            })?;
+            let rows = stmt.query_map(
+                params![scan.granularity.seconds(), scan.from, scan.to],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, OutcomeKind>(2)?,
+                        counts_at(r, 3)?,
+                    ))
+                },
+            )?;
             for row in rows {
                 let (id, start, kind, c) = row?;
                 for ((w, plan), into) in windows.iter().zip(&plans).zip(by_id.iter_mut()) {
