@@ -8,10 +8,11 @@
 //! much CPU again as writing it). [`Meter::close`], called once the server has drained, writes what is
 //! queued without waiting.
 //!
-//! While the database is unreachable (read-only mode) the queue is the buffer: the record
-//! being written is kept and retried every [`RETRY_PAUSE`] (the store is marked unavailable),
-//! the others wait behind it, and once the database returns they are written in the writer's
-//! usual batches. Only a record the store refuses for another reason is dropped (logged).
+//! A batch is one writer command, written in one transaction. While the database is
+//! unreachable (read-only mode) the queue is the buffer: the batch being written is kept and
+//! sent again every [`RETRY_PAUSE`] (the store is marked unavailable), the others wait behind
+//! it, and once the database returns they are written in batches again. Only a record the
+//! store refuses for another reason is dropped (logged).
 //!
 //! [`ProxyCounters`] keeps `probeok_proxy_requests_total{serves,route,outcome}` and
 //! `probeok_proxy_failovers_total{reason}` and `probeok_contract_uses_total{feature,contract}`
@@ -116,31 +117,15 @@ impl Meter {
                         break;
                     }
                 }
-                let mut pending = std::mem::take(&mut batch);
-                // Sent at once, they share the writer's transactions: a buffer of thousands
-                // is written in a few commits when the database returns.
-                loop {
-                    let sent = pending.iter().map(|r| writer.record_request(r.clone()));
-                    let results = futures_util::future::join_all(sent).await;
-                    let mut retry = Vec::new();
-                    let mut written = false;
-                    for (r, result) in pending.into_iter().zip(results) {
-                        match result {
-                            Ok(()) => written = true,
-                            Err(e) if health.failed(&e, clock.now()) => retry.push(r),
-                            Err(e) => {
-                                tracing::error!(error = %e, "cannot store a metered proxy request");
-                            }
-                        }
-                    }
-                    if written {
-                        health.recovered();
-                    }
-                    if retry.is_empty() {
-                        break;
-                    }
-                    pending = retry;
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                let records: Arc<[RequestRecord]> = batch.drain(..).collect();
+                // One command for the batch: one transaction, one answer. A record the store
+                // refuses fails its whole transaction, so then each is written on its own and
+                // only the refused one is lost.
+                if write(&writer, &health, &*clock, records.clone()).await || records.len() == 1 {
+                    continue;
+                }
+                for r in records.iter() {
+                    write(&writer, &health, &*clock, Arc::new([r.clone()])).await;
                 }
             }
         });
@@ -189,6 +174,32 @@ impl Meter {
     /// Records dropped so far.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// Writes `records` in one transaction, sending them again every [`RETRY_PAUSE`] while the
+/// database is unreachable (`health` marks it so). False when the store refused them for
+/// another reason, logged once they were one record.
+async fn write(
+    writer: &Writer,
+    health: &StoreHealth,
+    clock: &dyn Clock,
+    records: Arc<[RequestRecord]>,
+) -> bool {
+    loop {
+        match writer.record_requests(records.clone()).await {
+            Ok(()) => {
+                health.recovered();
+                return true;
+            }
+            Err(e) if health.failed(&e, clock.now()) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(e) => {
+                if records.len() == 1 {
+                    tracing::error!(error = %e, "cannot store a metered proxy request");
+                }
+                return false;
+            }
+        }
     }
 }
 

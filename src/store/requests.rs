@@ -13,6 +13,8 @@
 //! idempotency rows expire with their TTL (expired rows are never answered, and each insert
 //! deletes a few expired ones).
 
+use std::sync::Arc;
+
 use super::sql::{params, Connection, OptionalExtension};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -363,11 +365,14 @@ pub(crate) fn apply_idempotency(conn: &Connection, op: &IdempotencyOp) -> Result
 impl Writer {
     /// Stores one metered request with its attempts; resolves after COMMIT.
     pub async fn record_request(&self, record: RequestRecord) -> Result<(), StoreError> {
-        self.request(|ack: Ack<()>| Command::ProxyRequest {
-            record: Box::new(record),
-            ack,
-        })
-        .await
+        self.record_requests(Arc::new([record])).await
+    }
+
+    /// Stores metered requests with their attempts in one transaction (all or none);
+    /// resolves after COMMIT.
+    pub async fn record_requests(&self, records: Arc<[RequestRecord]>) -> Result<(), StoreError> {
+        self.request(|ack: Ack<()>| Command::ProxyRequests { records, ack })
+            .await
     }
 
     /// Stores (or replaces) the answer to an idempotency key; resolves after COMMIT.

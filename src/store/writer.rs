@@ -100,9 +100,10 @@ pub(crate) enum Command {
         run: Box<crate::records::drift::SetRun>,
         ack: Ack<()>,
     },
-    /// One metered proxy request (`store/requests.rs`).
-    ProxyRequest {
-        record: Box<super::requests::RequestRecord>,
+    /// Metered proxy requests (`store/requests.rs`), all or none. Shared, so that the
+    /// sender keeps them to send again while the database is unreachable, without a copy.
+    ProxyRequests {
+        records: Arc<[super::requests::RequestRecord]>,
         ack: Ack<()>,
     },
     /// An idempotency key's answer (`store/requests.rs`).
@@ -157,6 +158,7 @@ impl Command {
         match self {
             Command::Record { outcomes, .. } => outcomes.len().max(1),
             Command::Vantage { items, .. } => items.len().max(1),
+            Command::ProxyRequests { records, .. } => records.len().max(1),
             _ => 1,
         }
     }
@@ -175,7 +177,7 @@ impl Command {
             | Command::CheckWritable { ack }
             | Command::Meta { ack, .. }
             | Command::DriftRun { ack, .. }
-            | Command::ProxyRequest { ack, .. }
+            | Command::ProxyRequests { ack, .. }
             | Command::Idempotent { ack, .. }
             | Command::Switch { ack, .. }
             | Command::Observed { ack, .. } => {
@@ -589,8 +591,10 @@ impl State {
                     super::drift::insert_run(&tx, run)?;
                     0
                 }
-                Command::ProxyRequest { record, .. } => {
-                    super::requests::insert_request(&tx, record)?;
+                Command::ProxyRequests { records, .. } => {
+                    for r in records.iter() {
+                        super::requests::insert_request(&tx, r)?;
+                    }
                     0
                 }
                 Command::Idempotent { answer, now, .. } => {
