@@ -38,8 +38,8 @@
 //!   burn-rate alerts.
 //! - [`stdout`]: the command line's own output (a closed pipe ends it quietly).
 //! - [`lag`]: how far the store is behind the probes (`probeok_store_lag_seconds`, `/readyz`).
-//! - [`malloc`]: the process's malloc, tuned once at start (two glibc arenas, a fixed mmap
-//!   threshold) and trimmed every minute in `serve`.
+//! - [`malloc`]: the process's allocators (jemalloc for Rust, glibc's malloc tuned once at
+//!   start for SQLite: two arenas, a fixed mmap threshold), trimmed every minute in `serve`.
 //! - [`vantage`]: the places probes run from (the monitor's own scheduler and remote agents),
 //!   vantage ids, and an agent's outcome as it travels (`VantageOutcome`).
 //!

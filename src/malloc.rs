@@ -1,19 +1,26 @@
-//! The process's malloc, tuned once at start.
+//! The process's allocators: jemalloc for Rust's allocations, glibc's malloc, tuned once at
+//! start, for what C code allocates (SQLite's page caches and statements).
+//!
+//! jemalloc serves every Rust allocation. The proxy allocates and frees a hundred small blocks
+//! per request across the runtime's threads and the store's writer thread, and glibc's
+//! arenas spent a tenth of a request's instructions on that (callgrind), with more under
+//! contention; jemalloc's thread caches take it with less. Its background thread hands pages
+//! freed after a burst back to the system after a few seconds, also while the process idles.
 //!
 //! glibc gives each thread that allocates its own arena (up to eight per core) and keeps
-//! what each one freed. The runtime's worker and blocking threads build multi-megabyte
-//! answers at 10,000 routes, and that kept about 90 MB more resident than two arenas do;
-//! this workload does not contend on malloc enough to need more.
-//!
-//! glibc also raises its mmap threshold each time a large block is freed (up to 32 MB), after
-//! which multi-megabyte answers (`/api/v1/status`, `/metrics`, the figures read for them) are
-//! carved out of the heap and their pages stay resident between requests. A fixed threshold
-//! keeps such blocks mapped on their own, so freeing one gives its memory back.
+//! what each one freed; two arenas are enough for SQLite's allocations. glibc also raises its
+//! mmap threshold each time a large block is freed (up to 32 MB), after which large blocks
+//! are carved out of the heap and their pages stay resident; a fixed threshold keeps such
+//! blocks mapped on their own, so freeing one gives its memory back.
+
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static JEMALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// Blocks at least this large are mapped on their own and unmapped when freed.
 pub const MMAP_THRESHOLD: i32 = 256 * 1024;
 
-/// Holds glibc to two arenas and a fixed mmap threshold. Call it first thing in `main` (and
+/// Holds glibc's malloc to two arenas and a fixed mmap threshold. Call it first thing in `main` (and
 /// in a benchmark that reports the RSS the product would have), before any other thread exists.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn tune() {
@@ -31,11 +38,11 @@ pub fn tune() {}
 /// How often [`trim_every`] runs in `serve`.
 pub const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Gives the pages malloc holds free back to the system every `period`, for a long-running
-/// process whose heap has held a burst (a provider-wide outage, a 10 MB answer): glibc
-/// returns only the top of its heaps by itself, and what a burst leaves free in the middle
-/// would otherwise stay resident until it is reused. `release` runs first, to free what is
-/// held only as a cache (the store's idle connections). Never returns.
+/// Gives the pages the allocators hold free back to the system every `period`, for a
+/// long-running process whose heap has held a burst (a provider-wide outage, a 10 MB answer):
+/// glibc returns only the top of its heaps by itself, and what a burst leaves free in the
+/// middle would otherwise stay resident until it is reused. `release` runs first, to free what
+/// is held only as a cache (the store's idle connections). Never returns.
 pub async fn trim_every(period: std::time::Duration, release: impl Fn() + Clone + Send + 'static) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -53,14 +60,26 @@ pub async fn trim_every(period: std::time::Duration, release: impl Fn() + Clone 
 }
 
 /// Gives the free pages back now (blocking: call it from a blocking thread), after work that
-/// freed many megabytes of small blocks at once.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// freed many megabytes of small blocks at once: jemalloc's unused dirty pages (rather than
+/// after its decay of a few seconds) and glibc's free heap pages.
 pub fn trim() {
+    #[cfg(not(target_env = "msvc"))]
+    // SAFETY: `arena.<all>.purge` takes no arguments and only releases unused pages; the
+    // name is NUL-terminated.
+    unsafe {
+        const PURGE_ALL: &[u8] = b"arena.4096.purge\0"; // 4096: MALLCTL_ARENAS_ALL
+        let null = std::ptr::null_mut();
+        tikv_jemalloc_sys::mallctl(
+            PURGE_ALL.as_ptr().cast(),
+            null,
+            std::ptr::null_mut(),
+            null,
+            0,
+        );
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim is thread-safe; it only releases free memory.
     unsafe {
         libc::malloc_trim(0);
     }
 }
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn trim() {}
