@@ -279,7 +279,9 @@ min_vantages = 2
                 id,
                 &base,
                 &dir.path().join(format!("agent-{id}.db")),
-                free_port(),
+                // Its own port is not read here: any free one, chosen at bind time (a port
+                // picked beforehand can be taken by another test before the agent binds it).
+                0,
             )
             .await,
         );
@@ -481,7 +483,7 @@ url_env = "T_VANTAGE_HOOK"
             extra,
         },
     );
-    let mut bj = agent(&bj_cfg, "bj", &base, &dir.path().join("bj.db"), free_port()).await;
+    let mut bj = agent(&bj_cfg, "bj", &base, &dir.path().join("bj.db"), 0).await;
     let _monitor = serve(
         &mon_cfg,
         &[("T_VANTAGE_HOOK", format!("{}/hook", receiver.base_url()))],
