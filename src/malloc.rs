@@ -20,8 +20,9 @@ static JEMALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// Blocks at least this large are mapped on their own and unmapped when freed.
 pub const MMAP_THRESHOLD: i32 = 256 * 1024;
 
-/// Holds glibc's malloc to two arenas and a fixed mmap threshold. Call it first thing in `main` (and
-/// in a benchmark that reports the RSS the product would have), before any other thread exists.
+/// Holds glibc's malloc to two arenas and a fixed mmap threshold. Call it first thing in
+/// `main` (and in a benchmark that reports the RSS the product would have), before any other
+/// thread exists.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn tune() {
     // SAFETY: mallopt only sets malloc parameters, and no other thread exists yet.
