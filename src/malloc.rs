@@ -65,18 +65,17 @@ pub async fn trim_every(period: std::time::Duration, release: impl Fn() + Clone 
 /// after its decay of a few seconds) and glibc's free heap pages.
 pub fn trim() {
     #[cfg(not(target_env = "msvc"))]
-    // SAFETY: `arena.<all>.purge` takes no arguments and only releases unused pages; the
-    // name is NUL-terminated.
+    // SAFETY: `arena.<all>.purge` reads and writes nothing (null pointers, length 0) and
+    // only releases unused pages; the name is NUL-terminated. Best effort: its result is not
+    // needed.
     unsafe {
         const PURGE_ALL: &[u8] = b"arena.4096.purge\0"; // 4096: MALLCTL_ARENAS_ALL
-        let null = std::ptr::null_mut();
-        tikv_jemalloc_sys::mallctl(
-            PURGE_ALL.as_ptr().cast(),
-            null,
+        let (old, old_len, new) = (
             std::ptr::null_mut(),
-            null,
-            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
         );
+        tikv_jemalloc_sys::mallctl(PURGE_ALL.as_ptr().cast(), old, old_len, new, 0);
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim is thread-safe; it only releases free memory.

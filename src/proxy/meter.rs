@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::route::Price;
-use crate::store::{RequestRecord, StoreHealth, Writer};
+use crate::store::{RequestRecord, StoreError, StoreHealth, Writer};
 
 /// Records waiting for the writer (also the read-only mode buffer).
 pub const METER_QUEUE: usize = 4096;
@@ -121,11 +121,19 @@ impl Meter {
                 // One command for the batch: one transaction, one answer. A record the store
                 // refuses fails its whole transaction, so then each is written on its own and
                 // only the refused one is lost.
-                if write(&writer, &health, &*clock, records.clone()).await || records.len() == 1 {
-                    continue;
-                }
-                for r in records.iter() {
-                    write(&writer, &health, &*clock, Arc::new([r.clone()])).await;
+                let refused = match write(&writer, &health, &*clock, records.clone()).await {
+                    Err(_) if records.len() > 1 => {
+                        let mut refused = Vec::new();
+                        for r in records.iter() {
+                            let one = write(&writer, &health, &*clock, Arc::new([r.clone()]));
+                            refused.extend(one.await.err());
+                        }
+                        refused
+                    }
+                    other => other.err().into_iter().collect(),
+                };
+                for e in refused {
+                    tracing::error!(error = %e, "cannot store a metered proxy request");
                 }
             }
         });
@@ -178,27 +186,21 @@ impl Meter {
 }
 
 /// Writes `records` in one transaction, sending them again every [`RETRY_PAUSE`] while the
-/// database is unreachable (`health` marks it so). False when the store refused them for
-/// another reason, logged once they were one record.
+/// database is unreachable (`health` marks it so); the error when the store refused them.
 async fn write(
     writer: &Writer,
     health: &StoreHealth,
     clock: &dyn Clock,
     records: Arc<[RequestRecord]>,
-) -> bool {
+) -> Result<(), StoreError> {
     loop {
         match writer.record_requests(records.clone()).await {
             Ok(()) => {
                 health.recovered();
-                return true;
+                return Ok(());
             }
             Err(e) if health.failed(&e, clock.now()) => tokio::time::sleep(RETRY_PAUSE).await,
-            Err(e) => {
-                if records.len() == 1 {
-                    tracing::error!(error = %e, "cannot store a metered proxy request");
-                }
-                return false;
-            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -353,7 +355,7 @@ impl ProxyCounters {
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
-    use crate::store::{RequestFilter, Store};
+    use crate::store::{AttemptRecord, RequestFilter, Store};
 
     fn record(id: &str) -> RequestRecord {
         RequestRecord {
@@ -411,6 +413,42 @@ mod tests {
             1,
             "a record after closing is counted, not lost silently"
         );
+    }
+
+    #[tokio::test]
+    async fn a_refused_record_is_the_only_one_of_its_batch_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("m.db"), Default::default()).unwrap();
+        let (meter, task) = Meter::spawn_lingering(
+            store.writer(),
+            store.health().clone(),
+            Arc::new(SystemClock),
+            Duration::from_secs(3600),
+        );
+        // Two attempts numbered alike break the attempts' key: the store refuses the record,
+        // and with it the transaction of the batch it is in.
+        let attempt = AttemptRecord {
+            n: 1,
+            route: "p/r/m".into(),
+            reason: None,
+            status_class: "2xx".into(),
+            status: Some(200),
+            ttfb_ms: None,
+            latency_ms: 1.0,
+            prompt_tokens: None,
+            completion_tokens: None,
+            cost: None,
+            outcome: "ok".into(),
+        };
+        let mut bad = record("bad");
+        bad.attempts = vec![attempt.clone(), attempt];
+        meter.send(record("a"));
+        meter.send(bad);
+        meter.send(record("c"));
+        meter.close().await;
+        task.await.unwrap();
+        assert_eq!(stored(&store), ["a", "c"]);
+        assert_eq!(meter.dropped(), 0, "refused is not dropped from the queue");
     }
 
     #[test]
