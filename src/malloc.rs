@@ -17,6 +17,19 @@
 #[global_allocator]
 static JEMALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options, read once before `main` (the build adds `background_thread:true`;
+/// `_RJEM_MALLOC_CONF` in the environment overrides both). A thread cache is swept for
+/// blocks to hand back to the arenas each time its thread has allocated
+/// `tcache_gc_incr_bytes` (64 KiB by default): every request or so on the proxy, and
+/// sweeping cost 5% of a request's instructions. Every 1 MiB the sweep costs a sixteenth of
+/// that; what a cache may hold is bounded per size class either way.
+#[cfg(not(target_env = "msvc"))]
+#[used]
+#[export_name = "_rjem_malloc_conf"]
+static MALLOC_CONF: Option<&'static std::ffi::c_char> =
+    // SAFETY: a pointer to the first byte of a static, NUL-terminated string.
+    Some(unsafe { &*c"tcache_gc_incr_bytes:1048576".as_ptr() });
+
 /// Blocks at least this large are mapped on their own and unmapped when freed.
 pub const MMAP_THRESHOLD: i32 = 256 * 1024;
 
@@ -81,5 +94,26 @@ pub fn trim() {
     // SAFETY: malloc_trim is thread-safe; it only releases free memory.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(all(test, not(target_env = "msvc")))]
+mod tests {
+    #[test]
+    fn jemalloc_reads_its_options_from_here() {
+        let mut value: usize = 0;
+        let mut len = std::mem::size_of::<usize>();
+        // SAFETY: `opt.tcache_gc_incr_bytes` is a size_t, read into one of its size.
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                c"opt.tcache_gc_incr_bytes".as_ptr(),
+                (&mut value as *mut usize).cast(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        assert_eq!(rc, 0);
+        assert_eq!(value, 1 << 20);
     }
 }

@@ -17,7 +17,7 @@
 //!
 //! Pure apart from one mutex: every call takes an explicit `now` (`tokio::time::Instant`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -66,7 +66,7 @@ struct Event {
 /// Recent outcomes per route and client.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    routes: Mutex<HashMap<RouteId, VecDeque<Event>>>,
+    routes: Mutex<crate::route::RouteMap<VecDeque<Event>>>,
 }
 
 impl Ledger {

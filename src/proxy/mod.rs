@@ -66,11 +66,11 @@ mod trace;
 mod transport;
 pub mod weights;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -155,10 +155,9 @@ pub enum ProxyError {
     Client(String),
 }
 
-/// The proxy's state: cheap to clone (one `Arc`).
 /// Since when a condition has held per logical model, as this proxy saw it.
 #[derive(Default)]
-struct Since(Mutex<HashMap<String, DateTime<Utc>>>);
+struct Since(Mutex<FxHashMap<String, DateTime<Utc>>>);
 
 impl Since {
     /// While `holds`, the time `model` was first seen so (`now` the first time); otherwise
@@ -174,6 +173,7 @@ impl Since {
     }
 }
 
+/// The proxy's state: cheap to clone (one `Arc`).
 #[derive(Clone)]
 pub struct Proxy {
     inner: Arc<Inner>,

@@ -7,7 +7,7 @@
 //! process's rows: `store::observed`). No prompt or answer text is kept or stored: an answer
 //! is held only until it is judged.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -246,16 +246,16 @@ fn verdict(expect: &Expect, content: Content) -> Validity {
 /// The buckets this process holds: route × minute and route × hour.
 struct Rollup {
     source: String,
-    buckets: HashMap<(Span, String, i64), ObservedBucket>,
-    dirty: HashSet<(Span, String, i64)>,
+    buckets: FxHashMap<(Span, String, i64), ObservedBucket>,
+    dirty: FxHashSet<(Span, String, i64)>,
 }
 
 impl Rollup {
     fn new(source: String) -> Self {
         Self {
             source,
-            buckets: HashMap::new(),
-            dirty: HashSet::new(),
+            buckets: FxHashMap::default(),
+            dirty: FxHashSet::default(),
         }
     }
 

@@ -146,10 +146,22 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.chars().all(|c| c.is_ascii_graphic()))
-        .map_or_else(
-            || format!("req_{:032x}", rand::random::<u128>()),
-            str::to_owned,
-        )
+        .map_or_else(generated_request_id, str::to_owned)
+}
+
+/// `req_` and 32 random hex digits, written straight into the string: through `format!` it
+/// cost about 1,250 instructions a request (callgrind), five times this.
+fn generated_request_id() -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let n = rand::random::<u128>();
+    let mut id = String::with_capacity(36);
+    id.push_str("req_");
+    id.extend(
+        (0..32)
+            .rev()
+            .map(|i| HEX[(n >> (i * 4)) as usize & 0xf] as char),
+    );
+    id
 }
 
 /// Everything one request gathers on its way: what the headers disclose, what metering
@@ -578,6 +590,19 @@ mod tests {
         let generated = request_id(&h);
         assert!(generated.starts_with("req_") && generated.len() == 36);
         assert!(request_id(&HeaderMap::new()).starts_with("req_"));
+    }
+
+    #[test]
+    fn a_generated_request_id_is_32_hex_digits_that_differ() {
+        let (a, b) = (generated_request_id(), generated_request_id());
+        for id in [&a, &b] {
+            let digits = id.strip_prefix("req_").expect(id);
+            assert_eq!(digits.len(), 32, "{id}");
+            assert!(digits
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        }
+        assert_ne!(a, b);
     }
 
     #[test]
