@@ -162,27 +162,13 @@ fn finite(v: f64) -> Option<f64> {
     v.is_finite().then_some(v)
 }
 
-pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(), StoreError> {
-    let latency = finite(r.latency_ms).unwrap_or(0.0);
-    let values = params![
-        r.request_id,
-        r.serves,
-        to_ms(r.started_at),
-        r.route,
-        r.outcome,
-        r.status,
-        r.stream,
-        r.attempts.len() as i64,
-        r.fallback_reason,
-        r.prompt_tokens.map(|v| v as i64),
-        r.completion_tokens.map(|v| v as i64),
-        r.cost.and_then(finite),
-        r.currency,
-        latency,
-        r.contract,
-        r.trace_id,
-        r.client,
-    ];
+/// Writes a batch of metered requests with their attempts. Each statement is taken from the
+/// connection's cache once per batch, not once per row: handing a statement back to the cache
+/// copies its SQL into a new key, and per row that cost as much as binding the row's values.
+pub(crate) fn insert_requests(
+    conn: &Connection,
+    records: &[RequestRecord],
+) -> Result<(), StoreError> {
     macro_rules! insert {
         () => {
             "INSERT INTO proxy_requests (request_id, serves, started_at_ms, route, outcome,
@@ -193,35 +179,60 @@ pub(crate) fn insert_request(conn: &Connection, r: &RequestRecord) -> Result<(),
     }
     // SQLite runs `RETURNING` through a temporary table; the connection's last rowid is the
     // same answer, and the row's insert costs a third less on the metering's hot path.
-    let pk = match conn.as_sqlite() {
-        Some(sqlite) => {
-            conn.prepare_cached(insert!())?.execute(values)?;
-            sqlite.last_insert_rowid()
-        }
-        None => conn
-            .prepare_cached(concat!(insert!(), " RETURNING id"))?
-            .query_row(values, |row| row.get::<_, i64>(0))?,
+    let sqlite = conn.as_sqlite();
+    let mut request = match sqlite {
+        Some(_) => conn.prepare_cached(insert!())?,
+        None => conn.prepare_cached(concat!(insert!(), " RETURNING id"))?,
     };
-    let mut stmt = conn.prepare_cached(
+    let mut attempt = conn.prepare_cached(
         "INSERT INTO proxy_attempts (request_pk, n, route, reason, status_class, status, ttfb_ms,
              latency_ms, prompt_tokens, completion_tokens, cost, outcome)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )?;
-    for a in &r.attempts {
-        stmt.execute(params![
-            pk,
-            a.n,
-            a.route,
-            a.reason,
-            a.status_class,
-            a.status,
-            a.ttfb_ms.and_then(finite),
-            finite(a.latency_ms).unwrap_or(0.0),
-            a.prompt_tokens.map(|v| v as i64),
-            a.completion_tokens.map(|v| v as i64),
-            a.cost.and_then(finite),
-            a.outcome,
-        ])?;
+    for r in records {
+        let latency = finite(r.latency_ms).unwrap_or(0.0);
+        let values = params![
+            r.request_id,
+            r.serves,
+            to_ms(r.started_at),
+            r.route,
+            r.outcome,
+            r.status,
+            r.stream,
+            r.attempts.len() as i64,
+            r.fallback_reason,
+            r.prompt_tokens.map(|v| v as i64),
+            r.completion_tokens.map(|v| v as i64),
+            r.cost.and_then(finite),
+            r.currency,
+            latency,
+            r.contract,
+            r.trace_id,
+            r.client,
+        ];
+        let pk = match sqlite {
+            Some(sqlite) => {
+                request.execute(values)?;
+                sqlite.last_insert_rowid()
+            }
+            None => request.query_row(values, |row| row.get::<_, i64>(0))?,
+        };
+        for a in &r.attempts {
+            attempt.execute(params![
+                pk,
+                a.n,
+                a.route,
+                a.reason,
+                a.status_class,
+                a.status,
+                a.ttfb_ms.and_then(finite),
+                finite(a.latency_ms).unwrap_or(0.0),
+                a.prompt_tokens.map(|v| v as i64),
+                a.completion_tokens.map(|v| v as i64),
+                a.cost.and_then(finite),
+                a.outcome,
+            ])?;
+        }
     }
     Ok(())
 }

@@ -592,9 +592,7 @@ impl State {
                     0
                 }
                 Command::ProxyRequests { records, .. } => {
-                    for r in records.iter() {
-                        super::requests::insert_request(&tx, r)?;
-                    }
+                    super::requests::insert_requests(&tx, records)?;
                     0
                 }
                 Command::Idempotent { answer, now, .. } => {
