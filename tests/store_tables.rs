@@ -406,6 +406,31 @@ async fn metering_filters_and_idempotency_keys(db: &TestDb) {
 
 on_both_engines! {
 #[tokio::test]
+async fn a_metering_batch_keeps_each_requests_attempts_with_it(db: &TestDb) {
+    // One writer command, one transaction, the statements reused from row to row: every
+    // attempt row still names its own request.
+    let store = db.open(StoreOptions::default());
+    let w = store.writer();
+    let batch: Vec<RequestRecord> = (0..3)
+        .map(|i| {
+            let mut attempts = vec![attempt(1, "a/x/m", Some("http_503"))];
+            attempts.extend((i > 0).then(|| attempt(2, "b/y/m", None)));
+            request(&format!("r{i}"), t0() + Duration::seconds(i), attempts)
+        })
+        .collect();
+    w.record_requests(batch.clone().into()).await.unwrap();
+    let r = store.reader().unwrap();
+    let mut read = r.proxy_requests(&RequestFilter { limit: 10, ..Default::default() }).unwrap();
+    read.reverse(); // it reads newest first
+    assert_eq!(read, batch);
+    assert_eq!(read.iter().map(|x| x.attempts.len()).collect::<Vec<_>>(), [1, 2, 2]);
+    drop(r);
+    store.close().await.unwrap();
+}
+}
+
+on_both_engines! {
+#[tokio::test]
 async fn switch_records_drift_runs_and_drills(db: &TestDb) {
     let store = db.open(StoreOptions::default());
     let w = store.writer();

@@ -149,8 +149,8 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
         .map_or_else(generated_request_id, str::to_owned)
 }
 
-/// `req_` and 32 random hex digits, written straight into the string: through `format!` it
-/// cost about 1,250 instructions a request (callgrind), five times this.
+/// `req_` and 32 random hex digits, written straight into the string: through `format!`
+/// `request_id` cost 1.7k instructions a request, this way 1.1k (callgrind).
 fn generated_request_id() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let n = rand::random::<u128>();
