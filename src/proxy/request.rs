@@ -106,35 +106,46 @@ impl Disclosure {
     }
 
     fn apply(&self, mut response: Response) -> Response {
+        // Names made at compile time, and the fixed values (`none`, the mode) neither copied
+        // nor checked: these headers are on every answer.
+        const ROUTE: HeaderName = HeaderName::from_static("x-probeok-route");
+        const ATTEMPTS: HeaderName = HeaderName::from_static("x-probeok-attempts");
+        const MODE: HeaderName = HeaderName::from_static("x-probeok-mode");
+        const FALLBACK_REASON: HeaderName = HeaderName::from_static("x-probeok-fallback-reason");
+        const DEGRADED_SINCE: HeaderName = HeaderName::from_static("x-probeok-degraded-since");
+        const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+        const PROFILE: HeaderName = HeaderName::from_static("x-probeok-profile");
         let h = response.headers_mut();
-        let mut set = |name: &'static str, value: &str| {
-            if let Ok(v) = HeaderValue::from_str(value) {
-                h.insert(HeaderName::from_static(name), v);
+        match &self.route {
+            Some(route) => put(h, ROUTE, route.as_str()),
+            None => {
+                h.insert(ROUTE, HeaderValue::from_static("none"));
             }
-        };
-        set(
-            "x-probeok-route",
-            self.route.as_ref().map_or("none", RouteId::as_str),
-        );
-        set("x-probeok-attempts", &self.attempts.to_string());
-        set("x-probeok-mode", self.mode().as_str());
+        }
+        h.insert(ATTEMPTS, HeaderValue::from(self.attempts));
+        h.insert(MODE, HeaderValue::from_static(self.mode().as_str()));
         if let Some(r) = &self.fallback_reason {
-            set("x-probeok-fallback-reason", r);
+            put(h, FALLBACK_REASON, r);
         }
         if let Some(since) = self.degraded_since {
-            set(
-                "x-probeok-degraded-since",
-                &since.to_rfc3339_opts(SecondsFormat::Secs, true),
-            );
+            let since = since.to_rfc3339_opts(SecondsFormat::Secs, true);
+            put(h, DEGRADED_SINCE, &since);
         }
-        set("x-request-id", &self.request_id);
+        put(h, REQUEST_ID, &self.request_id);
         if let Some(route) = &self.profile {
-            set("x-probeok-profile", route.as_str());
+            put(h, PROFILE, route.as_str());
         }
         for (name, value) in &self.extra {
-            set(name, value);
+            put(h, HeaderName::from_static(name), value);
         }
         response
+    }
+}
+
+/// Sets `name` to `value` unless `value` cannot be a header's (then the header is left out).
+fn put(h: &mut HeaderMap, name: HeaderName, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        h.insert(name, v);
     }
 }
 
