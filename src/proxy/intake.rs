@@ -184,28 +184,46 @@ pub(crate) fn validate(request: &Value) -> Result<(), Reject> {
             ));
         }
     }
-    let check = |key: &str, ok: fn(&Value) -> bool, what: &str| match request.get(key) {
-        None | Some(Value::Null) => Ok(()),
-        Some(v) if ok(v) => Ok(()),
-        Some(_) => Err(invalid("invalid_type", format!("`{key}` must be {what}"))),
-    };
-    check("stream", Value::is_boolean, "a boolean")?;
-    for k in ["max_tokens", "max_completion_tokens", "n"] {
-        check(k, Value::is_u64, "a non-negative integer")?;
+    // One pass over the members, not a map lookup per checked name: of several wrong ones
+    // the first in `TYPED` is reported.
+    let wrong = request
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| !v.is_null())
+        .filter_map(|(k, v)| {
+            let i = TYPED.iter().position(|(name, _, _)| name == k)?;
+            (!(TYPED[i].1)(v)).then_some(i)
+        })
+        .min();
+    match wrong {
+        Some(i) => {
+            let (key, _, what) = TYPED[i];
+            Err(invalid("invalid_type", format!("`{key}` must be {what}")))
+        }
+        None => Ok(()),
     }
-    for k in [
-        "temperature",
-        "top_p",
-        "presence_penalty",
-        "frequency_penalty",
-    ] {
-        check(k, Value::is_number, "a number")?;
-    }
-    check("tools", Value::is_array, "an array")?;
-    check("response_format", Value::is_object, "an object")?;
-    check("stream_options", Value::is_object, "an object")?;
-    Ok(())
 }
+
+/// The members whose type is checked when present and not `null`: name, check, what it must be.
+type TypeCheck = (&'static str, fn(&Value) -> bool, &'static str);
+const TYPED: [TypeCheck; 11] = [
+    ("stream", Value::is_boolean, "a boolean"),
+    ("max_tokens", Value::is_u64, "a non-negative integer"),
+    (
+        "max_completion_tokens",
+        Value::is_u64,
+        "a non-negative integer",
+    ),
+    ("n", Value::is_u64, "a non-negative integer"),
+    ("temperature", Value::is_number, "a number"),
+    ("top_p", Value::is_number, "a number"),
+    ("presence_penalty", Value::is_number, "a number"),
+    ("frequency_penalty", Value::is_number, "a number"),
+    ("tools", Value::is_array, "an array"),
+    ("response_format", Value::is_object, "an object"),
+    ("stream_options", Value::is_object, "an object"),
+];
 
 /// What the request's `Idempotency-Key` means for it.
 pub(crate) enum Claim {
@@ -303,6 +321,17 @@ mod tests {
         }
         let err = validate(&json!({"model": "chat", "messages": msgs, "n": 1.5})).unwrap_err();
         assert_eq!(err.to_string(), "`n` must be a non-negative integer");
+        // Of several wrong members the same one is named whatever their order in the body.
+        let err = validate(&json!({"tools": 1, "temperature": "hot", "model": "chat", "messages": msgs, "stream": 1, "top_p": null})).unwrap_err();
+        assert_eq!(err.to_string(), "`stream` must be a boolean");
+        let err =
+            validate(&json!({"tools": 1, "model": "chat", "messages": msgs, "temperature": "hot"}))
+                .unwrap_err();
+        assert_eq!(err.to_string(), "`temperature` must be a number");
+        assert_eq!(
+            code(json!({"model": "chat", "messages": msgs, "top_p": null, "tools": null})),
+            None
+        );
     }
 
     #[test]
