@@ -684,24 +684,24 @@ async fn follow_breakers(
     }
 }
 
-/// Stores passive outcomes as they arrive (what is queued together in one transaction), then
-/// hands them to detection.
+/// Stores passive outcomes as they arrive (what is queued together in one transaction, taken
+/// in gatherings), then hands them to detection.
 async fn record_passive(
     mut passive: mpsc::Receiver<ProbeOutcome>,
     writer: Writer,
     detect: mpsc::Sender<ProbeOutcome>,
     recorded: Recorded,
 ) {
-    while let Some(first) = passive.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < crate::store::BATCH_CAP {
-            match passive.try_recv() {
-                Ok(o) => batch.push(o),
-                Err(_) => break,
-            }
-        }
+    // One wake-up per gathering: the proxy sends one outcome per request.
+    let mut gather = crate::gather::Gather::new(crate::gather::PAUSE);
+    let mut batch = Vec::new();
+    while gather
+        .take(&mut passive, &mut batch, crate::store::BATCH_CAP)
+        .await
+        > 0
+    {
         store_batch(&writer, &batch, &recorded).await;
-        for o in batch {
+        for o in batch.drain(..) {
             to_detection(&detect, o).await;
         }
     }

@@ -37,6 +37,8 @@
 //!   `(1 − target) × window`) for the route page, the API, the incidents page and the
 //!   burn-rate alerts.
 //! - [`stdout`]: the command line's own output (a closed pipe ends it quietly).
+//! - [`gather`]: draining a queue the request path feeds in gatherings (one wake-up per
+//!   short pause, not one per item).
 //! - [`lag`]: how far the store is behind the probes (`probeok_store_lag_seconds`, `/readyz`).
 //! - [`malloc`]: the process's allocators (jemalloc for Rust, glibc's malloc tuned once at
 //!   start for SQLite: two arenas, a fixed mmap threshold), trimmed every minute in `serve`.
@@ -170,6 +172,7 @@
 // Base: the shared nouns.
 pub mod clock;
 pub mod evidence;
+pub mod gather;
 pub mod glob;
 pub mod lag;
 pub mod lang;

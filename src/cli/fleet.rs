@@ -181,9 +181,13 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
         None => {
             // No monitor: passive outcomes have nowhere to go.
             let mut rx = passive_rx;
-            tasks.push(tokio::spawn(
-                async move { while rx.recv().await.is_some() {} },
-            ));
+            tasks.push(tokio::spawn(async move {
+                let mut gather = crate::gather::Gather::new(crate::gather::PAUSE);
+                let mut dropped = Vec::new();
+                while gather.take(&mut rx, &mut dropped, 512).await > 0 {
+                    dropped.clear();
+                }
+            }));
             drop(weights_tx);
         }
     }

@@ -106,15 +106,19 @@ impl Meter {
                 if !more {
                     break;
                 }
-                let deadline = tokio::time::Instant::now() + linger;
-                while batch.len() < FLUSH_BATCH && !close.is_cancelled() {
-                    let room = FLUSH_BATCH - batch.len();
-                    let next = tokio::select! {
-                        r = tokio::time::timeout_at(deadline, rx.recv_many(&mut batch, room)) => r,
-                        () = close.cancelled() => break,
-                    };
-                    if !matches!(next, Ok(n) if n > 0) {
-                        break;
+                // The linger is a timer, not a wait on the queue: the records that arrive
+                // meanwhile are queued without waking this task, one wake-up a batch instead
+                // of one a request. A full batch (a queue that was not empty) does not linger.
+                if batch.len() < FLUSH_BATCH {
+                    tokio::select! {
+                        () = tokio::time::sleep(linger) => {}
+                        () = close.cancelled() => {}
+                    }
+                    while batch.len() < FLUSH_BATCH {
+                        match rx.try_recv() {
+                            Ok(r) => batch.push(r),
+                            Err(_) => break,
+                        }
                     }
                 }
                 let records: Arc<[RequestRecord]> = batch.drain(..).collect();

@@ -22,6 +22,7 @@ use super::request::RequestCtx;
 use super::stream::Streamed;
 use super::structured::{self, Expect, Validity};
 use crate::clock::Clock;
+use crate::gather::Gather;
 use crate::store::observed::TPOT_SCALE;
 use crate::store::{ObservedBucket, ObservedRow, Span, Writer};
 
@@ -29,6 +30,8 @@ use crate::store::{ObservedBucket, ObservedRow, Span, Writer};
 pub const OBSERVE_QUEUE: usize = 4096;
 /// How often changed buckets are written.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(10);
+/// Observations taken from the queue at once.
+const TAKE: usize = 512;
 /// Answers larger than this are not judged ("not checked"), so the queue never holds a
 /// large body alive.
 pub const MAX_JUDGED_BYTES: usize = 256 * 1024;
@@ -191,31 +194,38 @@ async fn run(
 ) {
     let mut tick = tokio::time::interval(FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Woken once per gathering, not once per request.
+    let mut gather = Gather::new(crate::gather::PAUSE);
+    let mut msgs = Vec::with_capacity(TAKE);
     loop {
         tokio::select! {
-            msg = rx.recv() => match msg {
-                Some(Msg::Seen { seen, judge }) => {
-                    let validity = judge.map(|(route, expect, judge)| {
-                        let v = match judge {
-                            Judge::Answer(content, n) => {
-                                pending.fetch_sub(n, Ordering::Relaxed);
-                                verdict(&expect, content)
-                            }
-                            Judge::Skip(why) => Validity::NotChecked(why),
-                        };
-                        (route, v)
-                    });
-                    r.add(clock.now(), &seen, validity);
-                }
-                Some(Msg::Flush(ack)) => {
-                    r.flush(&writer, clock.now()).await;
-                    let _ = ack.send(());
-                }
-                None => {
+            n = gather.take(&mut rx, &mut msgs, TAKE) => {
+                if n == 0 {
                     r.flush(&writer, clock.now()).await;
                     return;
                 }
-            },
+                for msg in msgs.drain(..) {
+                    match msg {
+                        Msg::Seen { seen, judge } => {
+                            let validity = judge.map(|(route, expect, judge)| {
+                                let v = match judge {
+                                    Judge::Answer(content, n) => {
+                                        pending.fetch_sub(n, Ordering::Relaxed);
+                                        verdict(&expect, content)
+                                    }
+                                    Judge::Skip(why) => Validity::NotChecked(why),
+                                };
+                                (route, v)
+                            });
+                            r.add(clock.now(), &seen, validity);
+                        }
+                        Msg::Flush(ack) => {
+                            r.flush(&writer, clock.now()).await;
+                            let _ = ack.send(());
+                        }
+                    }
+                }
+            }
             _ = tick.tick() => r.flush(&writer, clock.now()).await,
         }
     }

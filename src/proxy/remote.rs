@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::breaker::backoff;
 use super::weights::{FeedStatus, WeightsView};
+use crate::gather::Gather;
 use crate::probe::ProbeOutcome;
 use crate::secret::Secret;
 
@@ -189,10 +190,16 @@ pub fn ingest_with(
         let mut open = true;
         // The last send failed: wait for the next tick.
         let mut failing = false;
+        // Woken once per gathering: the proxy sends one outcome per request.
+        let mut gather = Gather::new(crate::gather::PAUSE);
+        let mut taken = Vec::new();
         while open || !buffer.is_empty() {
             let flush = tokio::select! {
-                o = outcomes.recv(), if open => match o {
-                    Some(o) => {
+                n = gather.take(&mut outcomes, &mut taken, batch_max), if open => {
+                    if n == 0 {
+                        open = false;
+                    }
+                    for o in taken.drain(..) {
                         if buffer.len() >= capacity {
                             buffer.pop_front();
                             let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
@@ -201,13 +208,9 @@ pub fn ingest_with(
                             }
                         }
                         buffer.push_back(o);
-                        buffer.len() >= batch_max && !failing
                     }
-                    None => {
-                        open = false;
-                        true
-                    }
-                },
+                    !open || (buffer.len() >= batch_max && !failing)
+                }
                 _ = tick.tick() => {
                     failing = false;
                     true
