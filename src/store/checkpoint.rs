@@ -9,7 +9,7 @@
 //! fall behind, so the WAL stays bounded either way.
 
 use std::path::Path;
-use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{self, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,7 @@ impl Drop for Checkpointer {
     fn drop(&mut self) {
         self.wake = None;
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -65,15 +66,16 @@ impl Drop for Checkpointer {
 fn run(conn: &rusqlite::Connection, rx: &mpsc::Receiver<()>) {
     let mut last: Option<Instant> = None;
     while rx.recv().is_ok() {
-        // Pace: what commits while waiting is copied by the same checkpoint.
+        // Pace: what commits while waiting is copied by the same checkpoint. The wait parks
+        // rather than receives, so those commits do not wake the thread; closing unparks it.
         if let Some(at) = last {
             let due = at + EVERY;
             while let Some(left) = due.checked_duration_since(Instant::now()) {
-                match rx.recv_timeout(left) {
-                    Err(RecvTimeoutError::Disconnected) => break,
-                    Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-                }
                 if left.is_zero() {
+                    break;
+                }
+                std::thread::park_timeout(left);
+                if matches!(rx.try_recv(), Err(TryRecvError::Disconnected)) {
                     break;
                 }
             }
