@@ -3,10 +3,11 @@
 //! does a `try_send`, never waits for the database. A full queue drops the record, counted
 //! and logged. Readable at `GET /api/v1/requests` (`web::requests`, admin token).
 //!
-//! The first record of a batch waits up to [`LINGER`] for others, so requests that arrive one
-//! at a time share a commit instead of paying one each (a commit of one record cost half as
-//! much CPU again as writing it). [`Meter::close`], called once the server has drained, writes what is
-//! queued without waiting.
+//! The first record of a batch waits [`LINGER`] for others, so requests that arrive one at a
+//! time share a commit instead of paying one each (a commit of one record cost half as much
+//! CPU again as writing it); the wait is a timer, so the records that come meanwhile do not
+//! wake the task. [`Meter::close`], called once the server has drained, writes what is queued
+//! without waiting.
 //!
 //! A batch is one writer command, written in one transaction. While the database is
 //! unreachable (read-only mode) the queue is the buffer: the batch being written is kept and
