@@ -23,6 +23,7 @@ use super::stream::Streamed;
 use super::structured::{self, Expect, Validity};
 use crate::clock::Clock;
 use crate::gather::Gather;
+use crate::route::RouteId;
 use crate::store::observed::TPOT_SCALE;
 use crate::store::{ObservedBucket, ObservedRow, Span, Writer};
 
@@ -59,7 +60,8 @@ pub(crate) enum Content {
 /// One sent attempt as the observables count it.
 #[derive(Debug, Clone, PartialEq)]
 struct Seen {
-    route: String,
+    /// The route's id (an `Arc`: keying the buckets by it allocates nothing per request).
+    route: RouteId,
     /// A complete answer (a refusal is one).
     ok: bool,
     status: Option<u16>,
@@ -72,7 +74,7 @@ struct Seen {
 enum Msg {
     Seen {
         seen: Vec<Seen>,
-        judge: Option<(String, Expect, Judge)>,
+        judge: Option<(RouteId, Expect, Judge)>,
     },
     Flush(oneshot::Sender<()>),
 }
@@ -118,7 +120,7 @@ impl Observer {
             .map(|a| {
                 let ok = a.outcome == AttemptOutcome::Ok || a.refused;
                 Seen {
-                    route: a.route.as_str().to_owned(),
+                    route: a.route.clone(),
                     ok,
                     status: a.status,
                     refused: a.refused,
@@ -256,8 +258,8 @@ fn verdict(expect: &Expect, content: Content) -> Validity {
 /// The buckets this process holds: route × minute and route × hour.
 struct Rollup {
     source: String,
-    buckets: FxHashMap<(Span, String, i64), ObservedBucket>,
-    dirty: FxHashSet<(Span, String, i64)>,
+    buckets: FxHashMap<(Span, RouteId, i64), ObservedBucket>,
+    dirty: FxHashSet<(Span, RouteId, i64)>,
 }
 
 impl Rollup {
@@ -269,7 +271,7 @@ impl Rollup {
         }
     }
 
-    fn add(&mut self, now: DateTime<Utc>, seen: &[Seen], validity: Option<(String, Validity)>) {
+    fn add(&mut self, now: DateTime<Utc>, seen: &[Seen], validity: Option<(RouteId, Validity)>) {
         for span in [Span::Minute, Span::Hour] {
             let start = span.start(now);
             for s in seen {
@@ -326,7 +328,7 @@ impl Rollup {
                     Some(ObservedRow {
                         span: k.0,
                         bucket_ms: k.2,
-                        route: k.1.clone(),
+                        route: k.1.as_str().to_owned(),
                         source: self.source.clone(),
                         bucket: b.clone(),
                     })
@@ -349,9 +351,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn id(model: &str) -> RouteId {
+        RouteId::new("p", "r", model)
+    }
+
     fn seen(route: &str, ok: bool, status: u16) -> Seen {
         Seen {
-            route: route.into(),
+            route: id(route),
             ok,
             status: Some(status),
             refused: false,
@@ -368,15 +374,15 @@ mod tests {
         r.add(
             now,
             &[seen("a", false, 503), seen("b", true, 200)],
-            Some(("b".into(), Validity::Invalid("content is not JSON".into()))),
+            Some((id("b"), Validity::Invalid("content is not JSON".into()))),
         );
         r.add(now, &[seen("a", false, 429)], None);
-        let a = &r.buckets[&(Span::Minute, "a".to_owned(), Span::Minute.start(now))];
+        let a = &r.buckets[&(Span::Minute, id("a"), Span::Minute.start(now))];
         assert_eq!(
             (a.requests, a.ok, a.server_error, a.rate_limited),
             (2, 0, 1, 1)
         );
-        let b = &r.buckets[&(Span::Hour, "b".to_owned(), Span::Hour.start(now))];
+        let b = &r.buckets[&(Span::Hour, id("b"), Span::Hour.start(now))];
         assert_eq!((b.requests, b.ok, b.checked, b.valid), (1, 1, 1, 0));
         assert_eq!(b.errors, ["content is not JSON"]);
         assert_eq!(b.cost_n, 1);
