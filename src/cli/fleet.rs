@@ -184,7 +184,8 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
             tasks.push(tokio::spawn(async move {
                 let mut gather = crate::gather::Gather::new(crate::gather::PAUSE);
                 let mut dropped = Vec::new();
-                while gather.take(&mut rx, &mut dropped, 512).await > 0 {
+                const TAKE: usize = 512;
+                while gather.take(&mut rx, &mut dropped, TAKE).await > 0 {
                     dropped.clear();
                 }
             }));

@@ -209,16 +209,8 @@ async fn run(
                 for msg in msgs.drain(..) {
                     match msg {
                         Msg::Seen { seen, judge } => {
-                            let validity = judge.map(|(route, expect, judge)| {
-                                let v = match judge {
-                                    Judge::Answer(content, n) => {
-                                        pending.fetch_sub(n, Ordering::Relaxed);
-                                        verdict(&expect, content)
-                                    }
-                                    Judge::Skip(why) => Validity::NotChecked(why),
-                                };
-                                (route, v)
-                            });
+                            let validity =
+                                judge.map(|(route, expect, j)| (route, judged(&expect, j, &pending)));
                             r.add(clock.now(), &seen, validity);
                         }
                         Msg::Flush(ack) => {
@@ -230,6 +222,17 @@ async fn run(
             }
             _ = tick.tick() => r.flush(&writer, clock.now()).await,
         }
+    }
+}
+
+/// The verdict on what was held for judging; an answer's bytes leave the queue's count.
+fn judged(expect: &Expect, judge: Judge, pending: &AtomicUsize) -> Validity {
+    match judge {
+        Judge::Answer(content, n) => {
+            pending.fetch_sub(n, Ordering::Relaxed);
+            verdict(expect, content)
+        }
+        Judge::Skip(why) => Validity::NotChecked(why),
     }
 }
 
