@@ -124,9 +124,12 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime, SqlError> {
 }
 
 /// Blocks this thread on a client future. The future only exchanges messages with the
-/// connection task on the runtime above, so it needs no runtime of its own.
+/// connection task on the runtime above, so it needs no runtime of its own. It runs outside
+/// tokio's cooperative budget: called from a tokio task whose budget is spent (a store call
+/// made from async code), every tokio channel would answer "not yet" and wake itself at
+/// once, and this thread would spin forever instead of waiting.
 pub(crate) fn wait<F: Future>(f: F) -> F::Output {
-    futures_executor::block_on(f)
+    futures_executor::block_on(tokio::task::unconstrained(f))
 }
 
 /// One PostgreSQL session with its prepared statements.
@@ -271,6 +274,7 @@ impl PgPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::FutureExt;
 
     #[test]
     fn urls_never_show_their_password() {
@@ -288,5 +292,32 @@ mod tests {
         assert!(PgUrl::parse("probeok.db").is_none());
         let bad = PgUrl::parse("postgres://u:pw@host:notaport/db").unwrap();
         assert!(!bad.unwrap_err().contains("pw"));
+    }
+
+    #[test]
+    fn waiting_from_a_task_whose_budget_is_spent_still_ends() {
+        let (done_tx, done) = std::sync::mpsc::channel();
+        // On a thread of its own: a wait that spins never answers, and the deadline fails.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                while tokio::task::coop::has_budget_remaining() {
+                    tx.send(()).unwrap();
+                    // Ready at once: each take spends budget without yielding.
+                    rx.recv().now_or_never().unwrap();
+                }
+                let (answer, answered) = tokio::sync::oneshot::channel();
+                answer.send(7).unwrap();
+                let _ = done_tx.send(wait(answered).unwrap());
+            });
+        });
+        assert_eq!(
+            done.recv_timeout(std::time::Duration::from_secs(30)),
+            Ok(7),
+            "wait spun on a spent budget"
+        );
     }
 }
