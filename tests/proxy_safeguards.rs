@@ -508,6 +508,74 @@ async fn idempotency_keys_replay_conflict_and_expire() {
 }
 
 #[tokio::test]
+async fn an_idempotent_answer_is_not_held_for_its_commit_and_a_repeat_still_replays_it() {
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (on_arrival, on_release) = (arrived.clone(), release.clone());
+    let a = up(move |_| {
+        on_arrival.notify_one();
+        let release = on_release.clone();
+        let body = openai::body("kept", "stop", Some(3)).to_string();
+        let held = futures_util::stream::once(async move {
+            release.notified().await;
+            Ok::<_, std::io::Error>(body)
+        });
+        Reply::now(common::with_type(
+            StatusCode::OK,
+            "application/json",
+            axum::body::Body::from_stream(held),
+        ))
+    })
+    .await;
+    let px = start(&[&a], |_| {}).await;
+
+    // The key is claimed before the upstream is called; once it has been, another connection
+    // takes the database's write lock, so the answer cannot be committed until it lets go.
+    let first = tokio::spawn({
+        let (http, base) = (px.http.clone(), px.base.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/v1/chat/completions"))
+                .header("idempotency-key", "k-held")
+                .json(&chat())
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.text().await.unwrap())
+        }
+    });
+    arrived.notified().await;
+    let lock = rusqlite::Connection::open(px._dir.path().join("p.db")).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    release.notify_one();
+
+    // The client has its whole answer while the write lock is still held.
+    let (status, body) = first.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("kept"), "{body}");
+
+    // A repeat gets the answer back once the lock goes, with no second upstream call: its
+    // claim queues behind the answer's write, or comes after its commit.
+    let repeat = tokio::spawn({
+        let (http, base) = (px.http.clone(), px.base.clone());
+        async move {
+            http.post(format!("{base}/v1/chat/completions"))
+                .header("idempotency-key", "k-held")
+                .json(&chat())
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    lock.execute_batch("ROLLBACK").unwrap();
+    let repeat = repeat.await.unwrap();
+    assert_eq!(repeat.status(), 200);
+    assert_eq!(header(&repeat, "x-probeok-idempotent-replay"), "true");
+    assert_eq!(repeat.text().await.unwrap(), body);
+    assert_eq!(a.reqs.all().len(), 1);
+}
+
+#[tokio::test]
 async fn idempotent_streams_replay_the_whole_event_sequence() {
     let a = up(|_| {
         Reply::now(

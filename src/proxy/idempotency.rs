@@ -313,10 +313,13 @@ impl Idempotency {
 }
 
 impl Guard {
-    /// Stores the first request's answer (then releases the key). Resolves once committed, so
-    /// a repeat sent after the answer finds it.
+    /// Stores the first request's answer (then releases the key). Resolves once the write is
+    /// queued, not committed: the client need not wait for the commit. The key stays claimed
+    /// until then, so a repeat that comes meanwhile waits for the answer, and one that reaches
+    /// this proxy queues its claim behind the answer and finds it at once. Should the commit
+    /// fail, the claim is released, as when the answer could not be kept at all.
     pub async fn store(
-        mut self,
+        self,
         status: u16,
         headers: &HeaderMap,
         stream: bool,
@@ -348,18 +351,28 @@ impl Guard {
             stream,
             body,
         };
-        match self
-            .owner
-            .store
-            .writer()
-            .store_idempotent(answer, now)
-            .await
-        {
-            Ok(()) => self.answered = true,
-            Err(e) => {
-                self.owner.store.health().failed(&e, now);
-                tracing::error!(error = %e, "cannot store an idempotent answer");
+        let writer = self.owner.store.writer();
+        let queued = match writer.queue_idempotent(answer, now).await {
+            Ok(queued) => queued,
+            Err(e) => return self.not_stored(&e, now),
+        };
+        tokio::spawn(async move {
+            match queued.committed().await {
+                Ok(()) => self.answered(),
+                Err(e) => self.not_stored(&e, now),
             }
-        }
+        });
+    }
+
+    /// The answer is committed: the key stays with it.
+    fn answered(mut self) {
+        self.answered = true;
+    }
+
+    /// The answer could not be stored: the store is marked, and dropping the guard releases
+    /// the key.
+    fn not_stored(self, e: &StoreError, now: DateTime<Utc>) {
+        self.owner.store.health().failed(e, now);
+        tracing::error!(error = %e, "cannot store an idempotent answer");
     }
 }

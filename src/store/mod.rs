@@ -82,7 +82,7 @@ pub use rollups::{Granularity, Rollup};
 pub use spend::{Booking, Hold, LedgerAnswer, LedgerOp, LedgerRow, SpendLedger};
 pub use stats::{quantile, Counts, DailyCounts, Samples, Window, MAX_SAMPLE_ROWS};
 pub use vantage::VantageWrite;
-pub use writer::{Writer, RETENTION_BATCH};
+pub use writer::{Queued, Writer, RETENTION_BATCH};
 
 use crate::outcome::OutcomeKind;
 use crate::route::RouteId;

@@ -19,7 +19,7 @@ use super::sql::{params, Connection, OptionalExtension};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::writer::{Ack, Command};
+use super::writer::{Ack, Command, Queued};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
 
 /// Expired idempotency rows deleted per insert: cleanup keeps up with inserts, never stalls one.
@@ -392,7 +392,18 @@ impl Writer {
         answer: IdempotentAnswer,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        self.request(|ack: Ack<()>| Command::Idempotent {
+        self.queue_idempotent(answer, now).await?.committed().await
+    }
+
+    /// Queues the answer to an idempotency key; resolves once it is queued
+    /// ([`Queued::committed`] resolves after its COMMIT). The writer takes commands in order, so any write queued
+    /// later through this writer (a repeat's claim) sees the answer.
+    pub async fn queue_idempotent(
+        &self,
+        answer: IdempotentAnswer,
+        now: DateTime<Utc>,
+    ) -> Result<Queued<()>, StoreError> {
+        self.queue(|ack: Ack<()>| Command::Idempotent {
             answer: Box::new(answer),
             now,
             ack,

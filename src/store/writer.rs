@@ -197,6 +197,17 @@ impl Command {
     }
 }
 
+/// A write in the writer's queue.
+#[derive(Debug)]
+pub struct Queued<T>(oneshot::Receiver<Result<T, StoreError>>);
+
+impl<T> Queued<T> {
+    /// Resolves after the write's COMMIT (or its failure).
+    pub async fn committed(self) -> Result<T, StoreError> {
+        self.0.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
 /// Sends writes to the writer thread. Every method resolves once its write is committed (or
 /// failed); dropping the future does not cancel a write already queued.
 #[derive(Clone)]
@@ -223,9 +234,17 @@ impl Writer {
         &self,
         make: impl FnOnce(Ack<T>) -> Command,
     ) -> Result<T, StoreError> {
+        self.queue(make).await?.committed().await
+    }
+
+    /// Queues a write; resolves once it is queued.
+    pub(crate) async fn queue<T>(
+        &self,
+        make: impl FnOnce(Ack<T>) -> Command,
+    ) -> Result<Queued<T>, StoreError> {
         let (ack, answer) = oneshot::channel();
         self.send(make(ack)).await?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        Ok(Queued(answer))
     }
 
     /// Stores one outcome and updates its rollups; resolves after COMMIT.
