@@ -86,6 +86,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0018_metering_index",
         include_str!("../../migrations/sqlite/0018_metering_index.sql"),
     ),
+    (
+        "0019_attempts_by_request",
+        include_str!("../../migrations/sqlite/0019_attempts_by_request.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -161,6 +165,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0018_metering_index",
         include_str!("../../migrations/postgres/0018_metering_index.sql"),
+    ),
+    (
+        "0019_attempts_by_request",
+        include_str!("../../migrations/postgres/0019_attempts_by_request.sql"),
     ),
 ];
 
