@@ -1,6 +1,7 @@
 //! Publishing benchmark at 1,000 routes: `/api/v1/status` latency over a real socket with a
 //! real store full of rollups, the weights snapshot build time, and SSE fan-out latency to
-//! 1,000 subscribers (`BENCH_SUBSCRIBERS` sets another count). `cargo bench --bench api`
+//! 1,000 subscribers (`BENCH_SUBSCRIBERS` sets another count; they run in a process of their
+//! own, so 10,000 fit under a descriptor limit of 20,000). `cargo bench --bench api`
 //!
 //! Store contents: for every route, 30 days of hourly probes (rollups at every granularity)
 //! plus the last hour at the default 30 s interval with a throughput probe every 5 minutes —
@@ -168,24 +169,37 @@ fn health(routes: &[Route], now: DateTime<Utc>, critical_every: usize) -> Health
     }
 }
 
+/// One SSE subscription with its read buffer, kept from one event to the next: a buffer
+/// made afresh for each event would have the subscribers' process fault in a gigabyte of
+/// new pages at 10,000 subscribers, and the first rounds would measure that.
+struct Sub {
+    s: tokio::net::TcpStream,
+    chunk: Vec<u8>,
+}
+
 /// Opens a raw HTTP/1.1 SSE subscription and reads until `id: {first}` arrived.
-async fn subscribe(addr: std::net::SocketAddr, first: u64) -> tokio::net::TcpStream {
+async fn subscribe(addr: std::net::SocketAddr, first: u64) -> Sub {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     s.write_all(b"GET /api/v1/weights/stream HTTP/1.1\r\nHost: bench\r\n\r\n")
         .await
         .expect("write");
-    wait_for(&mut s, &format!("id: {first}\n")).await;
-    s
+    let mut sub = Sub {
+        s,
+        chunk: vec![0u8; 64 * 1024],
+    };
+    sub.chunk.fill(1); // resident now, not during a round
+    wait_for(&mut sub, &format!("id: {first}\n")).await;
+    sub
 }
 
 /// Reads until the event carrying `needle` (its `id:` line) has fully arrived (the blank line
 /// ending it). Only new bytes are searched, so the client costs little next to the server.
-async fn wait_for(s: &mut tokio::net::TcpStream, needle: &str) {
-    let mut chunk = vec![0u8; 256 * 1024];
+async fn wait_for(sub: &mut Sub, needle: &str) {
+    let Sub { s, chunk } = sub;
     let mut tail: Vec<u8> = Vec::new();
     let mut found = false;
     loop {
-        let n = s.read(&mut chunk).await.expect("read");
+        let n = s.read(chunk).await.expect("read");
         assert!(n > 0, "stream closed before {needle:?}");
         // The last bytes of the previous read plus this one, so a split needle is seen.
         let mut window = std::mem::take(&mut tail);
@@ -210,9 +224,13 @@ fn subscribers() -> usize {
         .unwrap_or(1000)
 }
 
+/// The argument that makes this bench the subscribers' process: `subscribers ADDR N FIRST`.
+const SUBSCRIBERS_ROLE: &str = "subscribers";
+
 fn main() {
-    // Each subscriber takes two descriptors (both ends live in this process).
-    if let Err(e) = rlimit::increase_nofile_limit(2 * subscribers() as u64 + 4096) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // One descriptor per subscriber on each side.
+    if let Err(e) = rlimit::increase_nofile_limit(subscribers() as u64 + 4096) {
         eprintln!("could not raise RLIMIT_NOFILE: {e}");
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -220,7 +238,131 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run());
+    match args.as_slice() {
+        [role, addr, n, first] if role == SUBSCRIBERS_ROLE => rt.block_on(subscribe_all(
+            addr.parse().expect("address"),
+            n.parse().expect("count"),
+            first.parse().expect("version"),
+        )),
+        _ => rt.block_on(run()),
+    }
+}
+
+/// The subscribers' process, driven over its stdin and stdout: once all `n` are connected
+/// (each has read event `first`) it says `ready`; for each `round V` it says `armed` once
+/// every subscriber waits for event V, then `done` and, per subscriber, when its event
+/// arrived (nanoseconds since the Unix epoch, comma-separated).
+async fn subscribe_all(addr: std::net::SocketAddr, n: usize, first: u64) {
+    use tokio::io::AsyncBufReadExt;
+    let mut subs = Vec::with_capacity(n);
+    for _ in 0..n {
+        subs.push(subscribe(addr, first).await);
+    }
+    let mut out = tokio::io::stdout();
+    out.write_all(b"ready\n").await.expect("stdout");
+    out.flush().await.expect("stdout");
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    while let Some(line) = lines.next_line().await.expect("stdin") {
+        let Some(version) = line.strip_prefix("round ") else {
+            break;
+        };
+        let needle = format!("id: {version}\n");
+        let tasks: Vec<_> = subs
+            .drain(..)
+            .map(|mut s| {
+                let needle = needle.clone();
+                tokio::spawn(async move {
+                    wait_for(&mut s, &needle).await;
+                    (std::time::SystemTime::now(), s)
+                })
+            })
+            .collect();
+        out.write_all(b"armed\n").await.expect("stdout");
+        out.flush().await.expect("stdout");
+        let mut at = Vec::with_capacity(n);
+        for task in tasks {
+            let (t, s) = task.await.expect("subscriber");
+            let ns = t.duration_since(std::time::UNIX_EPOCH).expect("clock");
+            at.push(ns.as_nanos().to_string());
+            subs.push(s);
+        }
+        out.write_all(format!("done {}\n", at.join(",")).as_bytes())
+            .await
+            .expect("stdout");
+        out.flush().await.expect("stdout");
+    }
+}
+
+/// The subscribers' process, seen from the bench.
+struct Subscribers {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Subscribers {
+    async fn start(addr: std::net::SocketAddr, n: usize, first: u64) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let t = Instant::now();
+        let mut child = tokio::process::Command::new(std::env::current_exe().expect("exe"))
+            .args([
+                SUBSCRIBERS_ROLE,
+                &addr.to_string(),
+                &n.to_string(),
+                &first.to_string(),
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("subscribers' process");
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut me = Self {
+            child,
+            stdin,
+            lines,
+        };
+        me.expect("ready").await;
+        println!(
+            "sse: {n} subscribers connected in {:.2} s (in a process of their own)",
+            t.elapsed().as_secs_f64()
+        );
+        me
+    }
+
+    async fn line(&mut self) -> String {
+        match self.lines.next_line().await.expect("subscribers' stdout") {
+            Some(line) => line,
+            None => panic!(
+                "the subscribers' process ended: {:?}",
+                self.child.try_wait()
+            ),
+        }
+    }
+
+    async fn expect(&mut self, what: &str) {
+        let line = self.line().await;
+        assert_eq!(line, what, "the subscribers' process");
+    }
+
+    /// Every subscriber waits for event `version` once this returns.
+    async fn arm(&mut self, version: u64) {
+        self.stdin
+            .write_all(format!("round {version}\n").as_bytes())
+            .await
+            .expect("subscribers' stdin");
+        self.expect("armed").await;
+    }
+
+    /// When each subscriber's event arrived.
+    async fn received(&mut self) -> Vec<std::time::SystemTime> {
+        let line = self.line().await;
+        let list = line.strip_prefix("done ").expect("done");
+        list.split(',')
+            .map(|ns| std::time::UNIX_EPOCH + Duration::from_nanos(ns.parse().expect("nanos")))
+            .collect()
+    }
 }
 
 async fn run() {
@@ -392,45 +534,28 @@ async fn run() {
         probeok::web::api::FIGURES_TTL.as_secs()
     );
 
-    // SSE fan-out.
+    // SSE fan-out. The subscribers live in a process of their own (this bench run again),
+    // so that each side holds one descriptor per subscriber: 10,000 fit under a hard limit
+    // of 20,000. Both sides read the system clock, so a latency is the time from the change
+    // here to an event's last byte read there.
     let subscribers = subscribers();
     let v0 = weights_rx.borrow().version;
-    let t = Instant::now();
-    let mut subs = Vec::with_capacity(subscribers);
-    for _ in 0..subscribers {
-        subs.push(subscribe(addr, v0).await);
-    }
-    println!(
-        "sse: {subscribers} subscribers connected in {:.2} s",
-        t.elapsed().as_secs_f64()
-    );
+    let mut child = Subscribers::start(addr, subscribers, v0).await;
     let mut rounds = Vec::new();
     let mut version = v0;
     for round in 0..5 {
         version += 1;
-        let needle = format!("id: {version}\n");
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        let mut tasks = Vec::new();
-        for mut s in subs.drain(..) {
-            let needle = needle.clone();
-            let done = done_tx.clone();
-            tasks.push(tokio::spawn(async move {
-                wait_for(&mut s, &needle).await;
-                let _ = done.send(Instant::now());
-                s
-            }));
-        }
-        drop(done_tx);
+        child.arm(version).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let start = Instant::now();
+        let start = std::time::SystemTime::now();
         health_tx.send_replace(Arc::new(if round % 2 == 0 { b.clone() } else { a.clone() }));
-        let mut lat = Vec::with_capacity(subscribers);
-        while let Some(at) = done_rx.recv().await {
-            lat.push(at.duration_since(start).as_secs_f64() * 1e3);
-        }
-        for task in tasks {
-            subs.push(task.await.expect("subscriber"));
-        }
+        let mut lat: Vec<f64> = child
+            .received()
+            .await
+            .into_iter()
+            .map(|at| at.duration_since(start).unwrap_or_default().as_secs_f64() * 1e3)
+            .collect();
+        assert_eq!(lat.len(), subscribers, "every subscriber gets the event");
         lat.sort_by(f64::total_cmp);
         let p50 = lat[lat.len() / 2];
         let p99 = lat[lat.len() * 99 / 100];
@@ -444,9 +569,9 @@ async fn run() {
     let (m50, ..) = median(rounds.iter().map(|r| r.0).collect());
     let (mmax, ..) = median(rounds.iter().map(|r| r.1).collect());
     println!("SSE fan-out to {subscribers} subscribers: median over rounds of p50 {m50:.1} ms, of the last subscriber {mmax:.1} ms");
+    drop(child);
 
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    drop(subs);
     let _ = store.close().await;
 }
