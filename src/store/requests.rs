@@ -396,8 +396,8 @@ impl Writer {
     }
 
     /// Queues the answer to an idempotency key; resolves once it is queued
-    /// ([`Queued::committed`] resolves after its COMMIT). The writer takes commands in order, so any write queued
-    /// later through this writer (a repeat's claim) sees the answer.
+    /// ([`Queued::committed`] resolves after its COMMIT). The writer takes commands in order,
+    /// so any write queued later through this writer (a repeat's claim) sees the answer.
     pub async fn queue_idempotent(
         &self,
         answer: IdempotentAnswer,

@@ -209,7 +209,9 @@ impl<T> Queued<T> {
 }
 
 /// Sends writes to the writer thread. Every method resolves once its write is committed (or
-/// failed); dropping the future does not cancel a write already queued.
+/// failed), except those named `queue_*`, which resolve once it is queued and hand back a
+/// [`Queued`] to wait for the commit with; dropping the future does not cancel a write
+/// already queued.
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::Sender<Command>,
