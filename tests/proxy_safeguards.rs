@@ -411,6 +411,21 @@ async fn metering_records_attempts_cost_and_filters() {
     assert_eq!(bad.status(), 400);
 }
 
+/// An upstream answer whose body is held: `arrival` is notified when the call comes, and the
+/// body is sent once `release` is.
+fn held(body: String, arrival: &tokio::sync::Notify, release: Arc<tokio::sync::Notify>) -> Reply {
+    arrival.notify_one();
+    let held = futures_util::stream::once(async move {
+        release.notified().await;
+        Ok::<_, std::io::Error>(body)
+    });
+    Reply::now(common::with_type(
+        StatusCode::OK,
+        "application/json",
+        axum::body::Body::from_stream(held),
+    ))
+}
+
 async fn post_key(px: &Px, key: &str, body: Value) -> reqwest::Response {
     px.http
         .post(format!("{}/v1/chat/completions", px.base))
@@ -440,17 +455,7 @@ async fn idempotency_keys_replay_conflict_and_expire() {
                 body.into(),
             ));
         }
-        on_arrival.notify_one();
-        let release = on_release.clone();
-        let held = futures_util::stream::once(async move {
-            release.notified().await;
-            Ok::<_, std::io::Error>(body)
-        });
-        Reply::now(common::with_type(
-            StatusCode::OK,
-            "application/json",
-            axum::body::Body::from_stream(held),
-        ))
+        held(body, &on_arrival, on_release.clone())
     })
     .await;
     let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
@@ -513,62 +518,32 @@ async fn an_idempotent_answer_is_not_held_for_its_commit_and_a_repeat_still_repl
     let release = Arc::new(tokio::sync::Notify::new());
     let (on_arrival, on_release) = (arrived.clone(), release.clone());
     let a = up(move |_| {
-        on_arrival.notify_one();
-        let release = on_release.clone();
         let body = openai::body("kept", "stop", Some(3)).to_string();
-        let held = futures_util::stream::once(async move {
-            release.notified().await;
-            Ok::<_, std::io::Error>(body)
-        });
-        Reply::now(common::with_type(
-            StatusCode::OK,
-            "application/json",
-            axum::body::Body::from_stream(held),
-        ))
+        held(body, &on_arrival, on_release.clone())
     })
     .await;
     let px = start(&[&a], |_| {}).await;
 
     // The key is claimed before the upstream is called; once it has been, another connection
     // takes the database's write lock, so the answer cannot be committed until it lets go.
-    let first = tokio::spawn({
-        let (http, base) = (px.http.clone(), px.base.clone());
-        async move {
-            let r = http
-                .post(format!("{base}/v1/chat/completions"))
-                .header("idempotency-key", "k-held")
-                .json(&chat())
-                .send()
-                .await
-                .unwrap();
-            (r.status(), r.text().await.unwrap())
-        }
+    let (first, lock) = tokio::join!(post_key(&px, "k-held", chat()), async {
+        arrived.notified().await;
+        let lock = rusqlite::Connection::open(px._dir.path().join("p.db")).unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        release.notify_one();
+        lock
     });
-    arrived.notified().await;
-    let lock = rusqlite::Connection::open(px._dir.path().join("p.db")).unwrap();
-    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
-    release.notify_one();
 
     // The client has its whole answer while the write lock is still held.
-    let (status, body) = first.await.unwrap();
-    assert_eq!(status, 200);
+    assert_eq!(first.status(), 200);
+    let body = first.text().await.unwrap();
     assert!(body.contains("kept"), "{body}");
 
     // A repeat gets the answer back once the lock goes, with no second upstream call: its
     // claim queues behind the answer's write, or comes after its commit.
-    let repeat = tokio::spawn({
-        let (http, base) = (px.http.clone(), px.base.clone());
-        async move {
-            http.post(format!("{base}/v1/chat/completions"))
-                .header("idempotency-key", "k-held")
-                .json(&chat())
-                .send()
-                .await
-                .unwrap()
-        }
+    let (repeat, ()) = tokio::join!(post_key(&px, "k-held", chat()), async {
+        lock.execute_batch("ROLLBACK").unwrap();
     });
-    lock.execute_batch("ROLLBACK").unwrap();
-    let repeat = repeat.await.unwrap();
     assert_eq!(repeat.status(), 200);
     assert_eq!(header(&repeat, "x-probeok-idempotent-replay"), "true");
     assert_eq!(repeat.text().await.unwrap(), body);
