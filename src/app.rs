@@ -1,6 +1,7 @@
 //! Wires the running service together: store, probe client, scheduler, recorder, retention,
 //! detection (the health service) and the web server, all under one `CancellationToken` with
-//! a bounded drain at shutdown.
+//! a bounded drain at shutdown. Routers follow the weights through the web server's feed
+//! and Envoy's endpoint discovery, and through HAProxy's agent-check on a listener of its own.
 //!
 //! What only one monitor of a cluster may do — the scheduler, detection's judging, alerts, the
 //! switch controller, drills, retention, regression runs — runs in leader terms, and a
@@ -368,6 +369,20 @@ pub async fn start_with(
         None
     };
 
+    // HAProxy's agent checks, answered from the same weights.
+    let agent_task = match config.haproxy.agent_listen {
+        Some(addr) => {
+            let agent_listener = TcpListener::bind(addr).await?;
+            tracing::info!(%addr, "haproxy agent-check serving");
+            Some(tokio::spawn(crate::haproxy::serve(
+                agent_listener,
+                weights_rx.clone(),
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
+
     let ingest_token = config.env.secret(&config.server.ingest_token_env);
     if ingest_token.is_none() {
         tracing::info!(var = %config.server.ingest_token_env, "ingest disabled: token variable unset");
@@ -415,6 +430,7 @@ pub async fn start_with(
         guards: Default::default(),
         shutdown: shutdown.clone(),
         vantages: Some(vantages),
+        xds: Default::default(),
     };
     let alerts = {
         let channels = crate::alert::channels(&config).unwrap_or_else(|e| {
@@ -498,6 +514,9 @@ pub async fn start_with(
                 if let Ok(Err(e)) = proxy.await {
                     tracing::error!(error = %e, "proxy server failed");
                 }
+            }
+            if let Some(agent) = agent_task {
+                let _ = agent.await;
             }
             // The web server (and with it every passive sender) is gone: the queue drains.
             let _ = passive_task.await;

@@ -157,6 +157,9 @@
 //!   `proxy::shadow::compare`); named clients and
 //!   their spend limits (`proxy::clients`: booked before any upstream call, settled to every
 //!   attempt's usage).
+//! - [`haproxy`]: HAProxy's agent-check answered from the weights (`[haproxy]
+//!   agent_listen`): `up ready N%`, `drain`, `down #reason`, `maint #unknown route`, one
+//!   bounded line per connection. (Envoy's endpoint discovery is `web::xds`.)
 //!
 //! **Wiring** — may import anything; nothing imports it.
 //!
@@ -214,6 +217,7 @@ pub mod weights;
 
 // Surfaces.
 pub mod alert;
+pub mod haproxy;
 pub mod proxy;
 pub mod web;
 

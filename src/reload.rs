@@ -199,6 +199,9 @@ pub fn plan(old: &Config, new: &Config) -> (Config, Plan) {
     restart!("agent", agent);
     // The proxy's shadows (queue, worker, histories) are built with the proxy.
     restart!("shadow", shadows);
+    // Envoy's endpoints are the routes' (restart-only) addresses; the agent's listener is bound at start.
+    restart!("envoy", envoy);
+    restart!("haproxy", haproxy);
     // Later diagnostics point into the file as it is now.
     next.source_map = new.source_map.clone();
     (next, p)

@@ -605,6 +605,7 @@ async fn maintenance_and_silences_suppress() {
         guards: Default::default(),
         shutdown,
         vantages: None,
+        xds: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let web = listener.local_addr().unwrap();

@@ -64,6 +64,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("alert", Layer::Surface),
     ("web", Layer::Surface),
     ("proxy", Layer::Surface),
+    ("haproxy", Layer::Surface),
     ("app", Layer::Wiring),
     ("cli", Layer::Wiring),
 ];

@@ -373,6 +373,8 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         quorum: super::vantage::quorum(ck, raw.quorum),
         agent: super::vantage::agent(ck, raw.agent),
         shadows: super::shadow::shadows(raw.shadows),
+        envoy: super::routers::envoy(raw.envoy),
+        haproxy: super::routers::haproxy(ck, raw.haproxy),
         source_map: map.text_only(),
         env: crate::secret::Env::process(),
     }

@@ -1,7 +1,8 @@
 //! The TOML config (docs/configuration.md): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
 //! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
-//! [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent]`. Other sections are rejected as unknown
+//! [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent] [[shadow]]
+//! [[envoy.cluster]] [haproxy]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -20,6 +21,7 @@ mod diag;
 mod keys;
 mod profile;
 mod raw;
+mod routers;
 mod shadow;
 mod source_map;
 mod validate;
@@ -41,6 +43,7 @@ pub(crate) use convert::parse_located;
 pub use diag::{ConfigErrors, Diagnostic};
 pub use keys::{known_keys, KeysError};
 pub use profile::RequestProfile;
+pub use routers::{endpoint_addr, EnvoyCluster, EnvoyConfig, EnvoyEndpoint, HaproxyConfig};
 pub use shadow::ShadowConfig;
 pub use source_map::SourceMap;
 pub(crate) use validate::Checker;
@@ -92,6 +95,10 @@ pub struct Config {
     pub agent: AgentConfig,
     /// `[[shadow]]`: routes that get a sampled copy of a logical model's traffic.
     pub shadows: Vec<ShadowConfig>,
+    /// `[[envoy.cluster]]`: Envoy clusters whose endpoints follow the weights (REST xDS).
+    pub envoy: EnvoyConfig,
+    /// `[haproxy]`: the agent-check responder HAProxy servers ask about their route.
+    pub haproxy: HaproxyConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -128,6 +135,8 @@ impl Default for Config {
             quorum: QuorumConfig::default(),
             agent: AgentConfig::default(),
             shadows: Vec::new(),
+            envoy: EnvoyConfig::default(),
+            haproxy: HaproxyConfig::default(),
             source_map: SourceMap::default(),
             env: Env::process(),
         }

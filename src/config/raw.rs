@@ -63,6 +63,30 @@ pub(super) struct RawConfig {
     pub agent: RawAgent,
     #[serde(default, rename = "shadow")]
     pub shadows: Vec<RawShadow>,
+    #[serde(default)]
+    pub envoy: RawEnvoy,
+    #[serde(default)]
+    pub haproxy: RawHaproxy,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEnvoy {
+    #[serde(default)]
+    pub cluster: Vec<RawEnvoyCluster>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEnvoyCluster {
+    pub name: String,
+    pub routes: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHaproxy {
+    pub agent_listen: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

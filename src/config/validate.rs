@@ -122,6 +122,7 @@ impl<'a> Checker<'a> {
         super::vantage::check(self, c);
         super::profile::check(self, c);
         super::shadow::check(self, c);
+        super::routers::check(self, c);
         super::clients::check(self, c);
     }
 

@@ -8,6 +8,7 @@
 //! - [`api`]: `/api/v1/status`, `/api/v1/routes/{id}/probes`, `/api/v1/incidents`.
 //! - [`ingest`]: `POST /api/v1/ingest` (passive outcomes, bearer token).
 //! - [`feed`]: the weights feed — `/api/v1/weights` (ETag, long-poll) and its SSE stream.
+//! - [`xds`]: `POST /v3/discovery:endpoints`, Envoy's endpoint discovery (REST xDS v3).
 //! - [`drift`]: `/api/v1/drift`; [`switches`]: `/api/v1/switches`; [`requests`]:
 //!   `/api/v1/requests` (the proxy's metering); [`shadow`]: `/api/v1/shadow` (shadow routes
 //!   compared with the real answers).
@@ -45,6 +46,7 @@ pub mod silences;
 pub mod switches;
 pub mod table;
 pub mod vantages;
+pub mod xds;
 
 use std::sync::Arc;
 
@@ -109,6 +111,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Agents' outcomes to detection and its per-vantage view, when detection runs here.
     pub vantages: Option<crate::health::VantageLink>,
+    /// Envoy's endpoint assignments, serialised once per weights version.
+    pub xds: Arc<xds::XdsCache>,
 }
 
 /// Checks `Authorization: Bearer <token>` against the variable `server.admin_token_env` names

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{
     api, atom, badges, clients, drift, drills, feed, ingest, metrics, openapi, pages, reload,
-    requests, shadow, silences, switches, AppState, Endpoint,
+    requests, shadow, silences, switches, xds, AppState, Endpoint,
 };
 
 /// One endpoint: where it is, what serves it, and how the OpenAPI document describes it.
@@ -119,6 +119,13 @@ pub fn table() -> Vec<Entry> {
             "/api/v1/weights/stream",
             get(feed::stream),
             openapi::weights_stream(),
+        ),
+        // Envoy's endpoint discovery: the weights as ClusterLoadAssignments.
+        Entry::new(
+            M::POST,
+            xds::PATH,
+            post(xds::endpoints).layer(DefaultBodyLimit::max(xds::MAX_BODY)),
+            xds::doc(),
         ),
         // Passive outcomes, drift, switching, metering.
         Entry::new(

@@ -192,6 +192,7 @@ impl Harness {
             guards: Default::default(),
             shutdown: shutdown.clone(),
             vantages: None,
+            xds: Default::default(),
         };
         Self {
             state,
