@@ -183,8 +183,8 @@ async fn read_line(stream: &mut TcpStream) -> Result<String, &'static str> {
     let mut len = 0;
     loop {
         if let Some(end) = buf[..len].iter().position(|&b| b == b'\n') {
-            let line = std::str::from_utf8(&buf[..end])
-                .map_err(|_| "maint #bad request: not UTF-8\n")?;
+            let line =
+                std::str::from_utf8(&buf[..end]).map_err(|_| "maint #bad request: not UTF-8\n")?;
             return Ok(line.trim_end_matches('\r').to_owned());
         }
         if len == MAX_LINE {

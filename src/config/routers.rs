@@ -95,16 +95,18 @@ pub(super) fn envoy(raw: RawEnvoy) -> EnvoyConfig {
 }
 
 pub(super) fn haproxy(ck: &mut Checker<'_>, raw: RawHaproxy) -> HaproxyConfig {
-    let agent_listen = raw.agent_listen.and_then(|s| match s.parse::<SocketAddr>() {
-        Ok(a) => Some(a),
-        Err(_) => {
-            ck.fail(
-                "haproxy.agent_listen",
-                format!("invalid address {s:?}: expected IP:PORT, e.g. \"127.0.0.1:9403\""),
-            );
-            None
-        }
-    });
+    let agent_listen = raw
+        .agent_listen
+        .and_then(|s| match s.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                ck.fail(
+                    "haproxy.agent_listen",
+                    format!("invalid address {s:?}: expected IP:PORT, e.g. \"127.0.0.1:9403\""),
+                );
+                None
+            }
+        });
     HaproxyConfig { agent_listen }
 }
 
@@ -124,13 +126,13 @@ pub(super) fn check(ck: &mut Checker<'_>, c: &Config) {
             );
         }
         if cl.routes.is_empty() {
-            ck.error(
-                format!("{at}.routes"),
-                "must list at least one route glob",
-            );
+            ck.error(format!("{at}.routes"), "must list at least one route glob");
         }
         for g in &cl.routes {
-            if !routes.iter().any(|r| crate::glob::glob_match(g, r.id.as_str())) {
+            if !routes
+                .iter()
+                .any(|r| crate::glob::glob_match(g, r.id.as_str()))
+            {
                 ck.error(
                     format!("{at}.routes"),
                     format!("{g:?} matches no configured route"),
@@ -146,7 +148,10 @@ pub(super) fn check(ck: &mut Checker<'_>, c: &Config) {
                 ),
                 Ok(addr) if !seen.insert(addr) => ck.error(
                     format!("{at}.routes"),
-                    format!("route {}: {addr} is already an endpoint of this cluster", r.id),
+                    format!(
+                        "route {}: {addr} is already an endpoint of this cluster",
+                        r.id
+                    ),
                 ),
                 Ok(_) => {}
             }
@@ -156,7 +161,9 @@ pub(super) fn check(ck: &mut Checker<'_>, c: &Config) {
         if a == c.server.listen || (c.proxy.enabled && a == c.proxy.listen) {
             ck.error(
                 "haproxy.agent_listen",
-                format!("{a} is already server.listen or proxy.listen: the agent needs its own address"),
+                format!(
+                    "{a} is already server.listen or proxy.listen: the agent needs its own address"
+                ),
             );
         }
     }

@@ -11,6 +11,8 @@
 //! - [`pages`]: a served monitor with routes in every state and 90 days of history, for the
 //!   page and browser tests.
 //! - [`scale`]: a served monitor with a thousand routes and 90 days of history.
+//! - [`pool`]: three model servers on 127.0.0.1-3 probed by a monitor that Envoy and HAProxy
+//!   follow, and the helpers to run those programs and count where traffic went.
 //! - [`cluster`]: a database of the test's own on the PostgreSQL server of
 //!   `PROBEOK_TEST_PG_URL`, for the monitor pair's lease.
 
@@ -21,6 +23,7 @@ pub mod app;
 pub mod cluster;
 pub mod pages;
 pub mod pg;
+pub mod pool;
 pub mod scale;
 pub mod upstream;
 
