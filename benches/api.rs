@@ -442,6 +442,7 @@ async fn run() {
         guards: Default::default(),
         shutdown: shutdown.clone(),
         vantages: None,
+        xds: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

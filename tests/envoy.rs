@@ -162,7 +162,7 @@ async fn flip(
         .await;
     let bound = REFRESH * 2 + Duration::from_secs(2);
     // Stopped: no request for 500 ms while the others keep getting them, within the bound.
-    let stopped = pool::until(
+    pool::until(
         bound + Duration::from_secs(1),
         "Envoy stops sending to the CRITICAL replica",
         || async {
@@ -172,7 +172,6 @@ async fn flip(
         },
     )
     .await;
-    let _ = stopped;
     let last = replica.last_hit().unwrap_or(critical);
     let off = last.saturating_duration_since(critical);
     assert!(
