@@ -121,7 +121,9 @@
 //! (it mounts the proxy's request log and shows alert and proxy metrics); `alert` and `proxy`
 //! never import another surface.
 //!
-//! - [`alert`]: alerts to DingTalk, Feishu/Lark, email and webhooks — grouping, egress
+//! - [`alert`]: alerts to DingTalk, Feishu/Lark, WeCom, email, webhooks, Slack, Teams, Telegram,
+//!   PagerDuty and Opsgenie (`alert::slack` … `alert::opsgenie`, shared pieces in
+//!   `alert::oncall`) — grouping, egress
 //!   inhibition, flapping summaries, maintenance windows and silences (admin API), SLO
 //!   burn-rate alerts, a persisted SQLite outbox (at-least-once, dedup keys, backoff),
 //!   messages in zh/en; `probeok alert test`.

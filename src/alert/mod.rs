@@ -12,7 +12,8 @@
 //!    (at least once; a restart resumes what is pending; past [`outbox::MAX_AGE`] it is
 //!    dropped with a log line and a counter).
 //! 4. Channels ([`Notifier`]): [`dingtalk`], [`feishu`], [`email`], [`webhook`], [`wecom`],
-//!    each built by `from_config(&table, &ChannelEnv)`. Robots are signed at *send* time
+//!    and for on-call teams elsewhere [`slack`], [`teams`], [`telegram`], [`pagerduty`],
+//!    [`opsgenie`] (their shared pieces in [`oncall`]), each built by `from_config(&table, &ChannelEnv)`. Robots are signed at *send* time
 //!    (signatures expire) and their HTTP-200 error bodies are failures. [`routing`] decides
 //!    per channel which routes it owns (a group is regrouped over them) and who is mentioned.
 //!
@@ -32,11 +33,17 @@ pub mod engine;
 pub mod feishu;
 pub mod group;
 pub mod maintenance;
+pub mod oncall;
+pub mod opsgenie;
 pub mod outbox;
+pub mod pagerduty;
 pub mod render;
 pub mod routing;
 pub mod silences;
+pub mod slack;
 pub mod tally;
+pub mod teams;
+pub mod telegram;
 pub mod webhook;
 pub mod wecom;
 
@@ -282,6 +289,10 @@ pub enum AlertError {
         body: String,
         retry_after_s: u64,
     },
+    /// A refusal that no retry will change (Slack `channel_not_found`, PagerDuty's 400 for an
+    /// invalid event): recorded with the receiver's reason and not tried again.
+    #[error("refused: HTTP {status}: {body}")]
+    Refused { status: u16, body: String },
     /// The channel cannot be used as configured (a bad SMTP URL, a missing variable).
     #[error("config: {0}")]
     Config(String),
@@ -298,6 +309,11 @@ impl AlertError {
             )),
             _ => None,
         }
+    }
+
+    /// Whether retrying cannot help (see [`AlertError::Refused`]).
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, AlertError::Refused { .. })
     }
 }
 
@@ -442,7 +458,7 @@ pub fn channels(c: &Config) -> Result<Vec<Arc<dyn Notifier>>, AlertError> {
 }
 
 /// Builds every configured channel, in the order `probeok alert test --channel N` counts them:
-/// dingtalk, feishu, email, webhook, wecom.
+/// dingtalk, feishu, email, webhook, wecom, slack, teams, telegram, pagerduty, opsgenie.
 pub fn build_channels(
     c: &Config,
     vars: &dyn Vars,
@@ -474,6 +490,26 @@ pub fn build_channels(
     for (i, r) in a.wecom.iter().enumerate() {
         let e = env(format!("wecom[{i}]"));
         out.push(Arc::new(wecom::Wecom::from_config(r, &e)?));
+    }
+    for (i, r) in a.slack.iter().enumerate() {
+        let e = env(format!("slack[{i}]"));
+        out.push(Arc::new(slack::Slack::from_config(r, &e)?));
+    }
+    for (i, r) in a.teams.iter().enumerate() {
+        let e = env(format!("teams[{i}]"));
+        out.push(Arc::new(teams::Teams::from_config(r, &e)?));
+    }
+    for (i, r) in a.telegram.iter().enumerate() {
+        let e = env(format!("telegram[{i}]"));
+        out.push(Arc::new(telegram::Telegram::from_config(r, &e)?));
+    }
+    for (i, r) in a.pagerduty.iter().enumerate() {
+        let e = env(format!("pagerduty[{i}]"));
+        out.push(Arc::new(pagerduty::PagerDuty::from_config(r, &e)?));
+    }
+    for (i, r) in a.opsgenie.iter().enumerate() {
+        let e = env(format!("opsgenie[{i}]"));
+        out.push(Arc::new(opsgenie::Opsgenie::from_config(r, &e)?));
     }
     Ok(out)
 }
@@ -544,6 +580,18 @@ impl AlertMetrics {
         self.evicted.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Every result a channel can count: exported from the start, at 0 until it happens.
+    pub const RESULTS: [&'static str; 4] = ["delivered", "failed", "dropped", "suppressed"];
+
+    /// Makes `channel`'s counters exist at 0, so `rate()` and dashboards see the channel
+    /// before its first message.
+    pub fn declare(&self, channel: &str) {
+        let mut m = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        for r in Self::RESULTS {
+            m.entry((channel.to_owned(), r)).or_default();
+        }
+    }
+
     pub fn add(&self, channel: &str, result: &'static str) {
         let mut m = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         *m.entry((channel.to_owned(), result)).or_default() += 1;
@@ -576,7 +624,8 @@ pub fn test_message(now: DateTime<Utc>) -> Message {
 }
 
 /// `probeok alert test`: sends the test message to each channel (or channel `only`, 0-based
-/// over all channels in the order dingtalk, feishu, email, webhook, wecom) and returns each
+/// over all channels in the order dingtalk, feishu, email, webhook, wecom, slack, teams,
+/// telegram, pagerduty, opsgenie) and returns each
 /// channel's name and what its receiver answered.
 pub async fn send_test(
     c: &Config,

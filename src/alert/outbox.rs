@@ -6,6 +6,8 @@
 //! - a failure → attempt counted, next try after [`backoff`] (exponential with jitter); the
 //!   channel's other due rows wait for the next round instead of hammering a dead receiver;
 //! - over the channel's per-minute limit (DingTalk: 20) → deferred, no attempt counted;
+//! - a refusal no retry changes ([`AlertError::is_permanent`]) → recorded with the
+//!   receiver's reason, counted `failed`, not tried again;
 //! - older than [`MAX_AGE`] → `dropped`, with a log line and `probeok_alerts_total{result=dropped}`;
 //! - beyond [`MAX_ROWS`] rows in all, the oldest are deleted (done ones first) by the engine's
 //!   maintenance, counted in `probeok_alert_outbox_evicted_total`.
@@ -85,6 +87,9 @@ impl Outbox {
         ctx: RenderCtx,
         metrics: Arc<AlertMetrics>,
     ) -> Self {
+        for c in &channels {
+            metrics.declare(c.name());
+        }
         Self {
             store,
             channels: std::sync::RwLock::new(Arc::new(channels)),
@@ -112,6 +117,9 @@ impl Outbox {
     /// New channels and links after a config reload. Pending rows of a channel that is gone
     /// are dropped (logged and counted) at their next round, as at a restart.
     pub fn reconfigure(&self, channels: Vec<Arc<dyn Notifier>>, ctx: RenderCtx) {
+        for c in &channels {
+            self.metrics.declare(c.name());
+        }
         *self.channels.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(channels);
         *self.ctx.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(ctx);
     }
@@ -278,6 +286,18 @@ impl Outbox {
                     .alert(AlertOp::Delivered {
                         id: row.id,
                         at: now,
+                    })
+                    .await?;
+            }
+            Err(e) if e.is_permanent() => {
+                tracing::warn!(channel = %row.channel, key = %row.dedup_key, attempt = row.attempts + 1, error = %e, "alert refused by its receiver; not retried");
+                self.metrics.add(&row.channel, "failed");
+                round.failed += 1;
+                writer
+                    .alert(AlertOp::Dropped {
+                        id: row.id,
+                        at: now,
+                        error: e.to_string(),
                     })
                     .await?;
             }

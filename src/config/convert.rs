@@ -24,6 +24,7 @@ use super::{
     RegionConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig,
     SwitchConfig, WebhookConfig, WecomConfig,
 };
+use super::{ChatWebhookConfig, OpsgenieConfig, PagerDutyConfig, TelegramConfig};
 use crate::lang::Lang;
 use crate::route::{Capability, ProviderKind};
 use crate::severity::Severity;

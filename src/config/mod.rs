@@ -1,8 +1,9 @@
 //! The TOML config (docs/configuration.md): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
-//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
-//! [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent] [[shadow]]
-//! [[envoy.cluster]] [haproxy]`. Other sections are rejected as unknown
+//! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[alert.slack]] [[alert.teams]]
+//! [[alert.telegram]] [[alert.pagerduty]] [[alert.opsgenie]] [[maintenance]] [drift] [proxy] [proxy.breaker]
+//! [switch] [budget] [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent]
+//! [[shadow]] [[envoy.cluster]] [haproxy]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -985,6 +986,55 @@ pub struct WebhookConfig {
     pub options: ChannelOptions,
 }
 
+/// `[[alert.slack]]` and `[[alert.teams]]`: an incoming webhook whose URL is the secret.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatWebhookConfig {
+    /// The variable holding the full webhook URL.
+    pub webhook_env: String,
+    /// Sends to this scheme, host and port instead of the webhook URL's (its path and query
+    /// kept): an egress proxy, or a test receiver.
+    pub api_base: Option<String>,
+    /// Slack only: who is mentioned (`user_ids` `U…` as `<@U…>`, `S…` as `<!subteam^S…>`,
+    /// `all` as `<!here>`), and from which severity.
+    pub mention: Option<Mention>,
+    pub options: ChannelOptions,
+}
+
+/// `[[alert.telegram]]`: a bot posting into one chat.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TelegramConfig {
+    /// The variable holding the bot token (`123456:ABC…`).
+    pub token_env: String,
+    /// The chat: a numeric id (`-1001234567890`) or `@channelusername`.
+    pub chat_id: String,
+    /// Default `https://api.telegram.org`.
+    pub api_base: Option<String>,
+    pub options: ChannelOptions,
+}
+
+/// `[[alert.pagerduty]]`: an Events API v2 integration of a PagerDuty service.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PagerDutyConfig {
+    /// The variable holding the integration's routing key.
+    pub routing_key_env: String,
+    /// Default `https://events.pagerduty.com` (`https://events.eu.pagerduty.com` for EU
+    /// accounts).
+    pub api_base: Option<String>,
+    pub options: ChannelOptions,
+}
+
+/// `[[alert.opsgenie]]`: an Opsgenie API integration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OpsgenieConfig {
+    /// The variable holding the integration's API key (sent as `Authorization: GenieKey …`).
+    pub api_key_env: String,
+    /// `us` (default, `https://api.opsgenie.com`) or `eu` (`https://api.eu.opsgenie.com`).
+    pub region: String,
+    /// Overrides the region's host.
+    pub api_base: Option<String>,
+    pub options: ChannelOptions,
+}
+
 /// Every `[[alert.*]]` table, each kind in file order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AlertChannelsConfig {
@@ -993,6 +1043,11 @@ pub struct AlertChannelsConfig {
     pub email: Vec<EmailConfig>,
     pub webhook: Vec<WebhookConfig>,
     pub wecom: Vec<WecomConfig>,
+    pub slack: Vec<ChatWebhookConfig>,
+    pub teams: Vec<ChatWebhookConfig>,
+    pub telegram: Vec<TelegramConfig>,
+    pub pagerduty: Vec<PagerDutyConfig>,
+    pub opsgenie: Vec<OpsgenieConfig>,
 }
 
 impl AlertChannelsConfig {
@@ -1003,10 +1058,16 @@ impl AlertChannelsConfig {
             + self.email.len()
             + self.webhook.len()
             + self.wecom.len()
+            + self.slack.len()
+            + self.teams.len()
+            + self.telegram.len()
+            + self.pagerduty.len()
+            + self.opsgenie.len()
     }
 
     /// `(name, options)` of every channel, in the order they are built and numbered by
-    /// `probeok alert test --channel N`: dingtalk, feishu, email, webhook, wecom.
+    /// `probeok alert test --channel N`: dingtalk, feishu, email, webhook, wecom, slack,
+    /// teams, telegram, pagerduty, opsgenie.
     pub fn options(&self) -> Vec<(String, &ChannelOptions)> {
         fn named<'a>(
             kind: &'a str,
@@ -1020,6 +1081,14 @@ impl AlertChannelsConfig {
             .chain(named("email", self.email.iter().map(|c| &c.options)))
             .chain(named("webhook", self.webhook.iter().map(|c| &c.options)))
             .chain(named("wecom", self.wecom.iter().map(|c| &c.options)))
+            .chain(named("slack", self.slack.iter().map(|c| &c.options)))
+            .chain(named("teams", self.teams.iter().map(|c| &c.options)))
+            .chain(named("telegram", self.telegram.iter().map(|c| &c.options)))
+            .chain(named(
+                "pagerduty",
+                self.pagerduty.iter().map(|c| &c.options),
+            ))
+            .chain(named("opsgenie", self.opsgenie.iter().map(|c| &c.options)))
             .collect()
     }
 
@@ -1268,6 +1337,32 @@ impl Config {
             out.push((
                 format!("alert.wecom[{i}].webhook_env"),
                 w.webhook_env.clone(),
+            ));
+        }
+        for (kind, hooks) in [("slack", &a.slack), ("teams", &a.teams)] {
+            for (i, w) in hooks.iter().enumerate() {
+                out.push((
+                    format!("alert.{kind}[{i}].webhook_env"),
+                    w.webhook_env.clone(),
+                ));
+            }
+        }
+        for (i, t) in a.telegram.iter().enumerate() {
+            out.push((
+                format!("alert.telegram[{i}].token_env"),
+                t.token_env.clone(),
+            ));
+        }
+        for (i, p) in a.pagerduty.iter().enumerate() {
+            out.push((
+                format!("alert.pagerduty[{i}].routing_key_env"),
+                p.routing_key_env.clone(),
+            ));
+        }
+        for (i, o) in a.opsgenie.iter().enumerate() {
+            out.push((
+                format!("alert.opsgenie[{i}].api_key_env"),
+                o.api_key_env.clone(),
             ));
         }
         out

@@ -399,6 +399,75 @@ pub(super) struct RawAlert {
     pub webhook: Vec<RawWebhook>,
     #[serde(default)]
     pub wecom: Vec<RawWecom>,
+    #[serde(default)]
+    pub slack: Vec<RawChatWebhook>,
+    #[serde(default)]
+    pub teams: Vec<RawChatWebhook>,
+    #[serde(default)]
+    pub telegram: Vec<RawTelegram>,
+    #[serde(default)]
+    pub pagerduty: Vec<RawPagerDuty>,
+    #[serde(default)]
+    pub opsgenie: Vec<RawOpsgenie>,
+}
+
+/// `[[alert.slack]]` and `[[alert.teams]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawChatWebhook {
+    pub webhook_env: String,
+    pub api_base: Option<String>,
+    pub mention: Option<RawMention>,
+    // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
+    pub min_severity: Option<String>,
+    pub lang: Option<String>,
+    pub send_resolved: Option<bool>,
+    pub repeat_interval: Option<String>,
+    pub routes: Option<Vec<String>>,
+}
+
+/// `[[alert.telegram]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTelegram {
+    pub token_env: String,
+    pub chat_id: String,
+    pub api_base: Option<String>,
+    // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
+    pub min_severity: Option<String>,
+    pub lang: Option<String>,
+    pub send_resolved: Option<bool>,
+    pub repeat_interval: Option<String>,
+    pub routes: Option<Vec<String>>,
+}
+
+/// `[[alert.pagerduty]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPagerDuty {
+    pub routing_key_env: String,
+    pub api_base: Option<String>,
+    // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
+    pub min_severity: Option<String>,
+    pub lang: Option<String>,
+    pub send_resolved: Option<bool>,
+    pub repeat_interval: Option<String>,
+    pub routes: Option<Vec<String>>,
+}
+
+/// `[[alert.opsgenie]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOpsgenie {
+    pub api_key_env: String,
+    pub region: Option<String>,
+    pub api_base: Option<String>,
+    // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
+    pub min_severity: Option<String>,
+    pub lang: Option<String>,
+    pub send_resolved: Option<bool>,
+    pub repeat_interval: Option<String>,
+    pub routes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -509,6 +578,10 @@ options_of!(RawRobot);
 options_of!(RawEmail);
 options_of!(RawWebhook);
 options_of!(RawWecom);
+options_of!(RawChatWebhook);
+options_of!(RawTelegram);
+options_of!(RawPagerDuty);
+options_of!(RawOpsgenie);
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -242,6 +242,10 @@ impl Metrics {
             registry.register(name, help, family.clone());
         }
         let ingest_items = Family::<IngestLabels, Counter>::default();
+        // Both results exist from the start, so `rate()` sees the first rejection.
+        for result in ["accepted", "rejected"] {
+            let _ = ingest_items.get_or_create(&IngestLabels { result });
+        }
         let alerts = Family::<AlertLabels, Counter>::default();
         let budget_cost = Family::<BudgetLabels, Gauge<f64, AtomicU64>>::default();
         let budget_used = Gauge::<f64, AtomicU64>::default();

@@ -8,6 +8,8 @@
 //!   served on `127.0.0.1:0`, and builders for configs, outcomes and route statuses.
 //! - [`alerts`]: fake alert receivers (DingTalk, Feishu, WeCom, webhook, SMTP) that verify
 //!   signatures and answer the services' real bodies, and the alert tests' rig.
+//! - [`oncall`]: fake Slack, Teams, Telegram, PagerDuty and Opsgenie services that check the
+//!   documented request shapes and answer as the services do, rate limits and refusals included.
 //! - [`pages`]: a served monitor with routes in every state and 90 days of history, for the
 //!   page and browser tests.
 //! - [`scale`]: a served monitor with a thousand routes and 90 days of history.
@@ -21,6 +23,7 @@
 pub mod alerts;
 pub mod app;
 pub mod cluster;
+pub mod oncall;
 pub mod pages;
 pub mod pg;
 pub mod pool;

@@ -24,7 +24,54 @@ pub(super) fn alert(ck: &mut Checker<'_>, r: RawAlert) -> AlertChannelsConfig {
             })
             .collect()
     };
+    let hooks = |ck: &mut Checker<'_>, kind: &str, raw: Vec<crate::config::raw::RawChatWebhook>| {
+        raw.into_iter()
+            .enumerate()
+            .map(|(i, x)| ChatWebhookConfig {
+                options: options(ck, &format!("alert.{kind}[{i}]"), x.options()),
+                mention: x
+                    .mention
+                    .map(|m| mention(ck, &format!("alert.{kind}[{i}].mention"), m)),
+                webhook_env: x.webhook_env,
+                api_base: x.api_base,
+            })
+            .collect()
+    };
     AlertChannelsConfig {
+        slack: hooks(ck, "slack", r.slack),
+        teams: hooks(ck, "teams", r.teams),
+        telegram: r
+            .telegram
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| TelegramConfig {
+                options: options(ck, &format!("alert.telegram[{i}]"), x.options()),
+                token_env: x.token_env,
+                chat_id: x.chat_id,
+                api_base: x.api_base,
+            })
+            .collect(),
+        pagerduty: r
+            .pagerduty
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| PagerDutyConfig {
+                options: options(ck, &format!("alert.pagerduty[{i}]"), x.options()),
+                routing_key_env: x.routing_key_env,
+                api_base: x.api_base,
+            })
+            .collect(),
+        opsgenie: r
+            .opsgenie
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| OpsgenieConfig {
+                options: options(ck, &format!("alert.opsgenie[{i}]"), x.options()),
+                api_key_env: x.api_key_env,
+                region: x.region.unwrap_or_else(|| "us".into()),
+                api_base: x.api_base,
+            })
+            .collect(),
         dingtalk: robots(ck, "dingtalk", r.dingtalk),
         feishu: robots(ck, "feishu", r.feishu),
         email: r

@@ -29,6 +29,57 @@ impl Checker<'_> {
                 self.mention(&format!("{p}.mention"), m, false);
             }
         }
+        for (kind, hooks) in [("slack", &a.slack), ("teams", &a.teams)] {
+            for (i, w) in hooks.iter().enumerate() {
+                let p = format!("alert.{kind}[{i}]");
+                self.env_name(&format!("{p}.webhook_env"), &w.webhook_env);
+                self.api_base(&p, w.api_base.as_deref());
+                match (&w.mention, kind) {
+                    (Some(_), "teams") => self.error(
+                        format!("{p}.mention"),
+                        "a Teams Workflows webhook cannot mention anyone: remove mention",
+                    ),
+                    (Some(m), _) => self.slack_mention(&format!("{p}.mention"), m),
+                    (None, _) => {}
+                }
+            }
+        }
+        for (i, t) in a.telegram.iter().enumerate() {
+            let p = format!("alert.telegram[{i}]");
+            self.env_name(&format!("{p}.token_env"), &t.token_env);
+            self.api_base(&p, t.api_base.as_deref());
+            let id = t.chat_id.strip_prefix('-').unwrap_or(&t.chat_id);
+            let numeric = !id.is_empty() && id.chars().all(|c| c.is_ascii_digit());
+            let username = t.chat_id.strip_prefix('@').is_some_and(|u| {
+                (5..=32).contains(&u.len())
+                    && u.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+            if !numeric && !username {
+                self.error(
+                    format!("{p}.chat_id"),
+                    format!(
+                        "invalid chat id {:?}: expected a number (\"-1001234567890\") or \"@channelusername\"",
+                        t.chat_id
+                    ),
+                );
+            }
+        }
+        for (i, d) in a.pagerduty.iter().enumerate() {
+            let p = format!("alert.pagerduty[{i}]");
+            self.env_name(&format!("{p}.routing_key_env"), &d.routing_key_env);
+            self.api_base(&p, d.api_base.as_deref());
+        }
+        for (i, o) in a.opsgenie.iter().enumerate() {
+            let p = format!("alert.opsgenie[{i}]");
+            self.env_name(&format!("{p}.api_key_env"), &o.api_key_env);
+            self.api_base(&p, o.api_base.as_deref());
+            if o.region != "us" && o.region != "eu" {
+                self.error(
+                    format!("{p}.region"),
+                    format!("unknown region {:?}: expected \"us\" or \"eu\"", o.region),
+                );
+            }
+        }
         let routes: Vec<String> = c.routes().iter().map(|r| r.id.to_string()).collect();
         for (name, o) in a.options() {
             let p = format!("alert.{name}");
@@ -90,6 +141,40 @@ impl Checker<'_> {
     }
 
     /// `mention`: numbers that are phone numbers, user ids that are ids, and somebody named.
+    /// A channel's `api_base`: an http(s) URL with a host.
+    fn api_base(&mut self, p: &str, base: Option<&str>) {
+        if let Some(b) = base {
+            self.url(&format!("{p}.api_base"), b, true);
+        }
+    }
+
+    /// Slack mentions: member ids `U…`/`W…` and user-group ids `S…`, no phone numbers.
+    fn slack_mention(&mut self, p: &str, m: &crate::config::Mention) {
+        if m.user_ids.is_empty() && !m.all {
+            self.error(p.to_owned(), "names nobody: add user_ids or all = true");
+        }
+        if !m.mobiles.is_empty() {
+            self.error(
+                format!("{p}.mobiles"),
+                "Slack mentions by member id (U…) or user-group id (S…): use user_ids",
+            );
+        }
+        for (j, id) in m.user_ids.iter().enumerate() {
+            let ok = id.len() >= 2
+                && id.len() <= 32
+                && matches!(id.as_bytes()[0], b'U' | b'W' | b'S')
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit());
+            if !ok {
+                self.error(
+                    format!("{p}.user_ids[{j}]"),
+                    format!("invalid Slack id {id:?}: expected a member id (U…, W…) or a user-group id (S…)"),
+                );
+            }
+        }
+    }
+
     fn mention(&mut self, p: &str, m: &crate::config::Mention, feishu: bool) {
         if m.mobiles.is_empty() && m.user_ids.is_empty() && !m.all {
             self.error(
