@@ -199,6 +199,8 @@ pub fn plan(old: &Config, new: &Config) -> (Config, Plan) {
     restart!("agent", agent);
     // The proxy's shadows (queue, worker, histories) are built with the proxy.
     restart!("shadow", shadows);
+    // The subscription form and its sender are built at start.
+    restart!("subscriptions", subscriptions);
     // Later diagnostics point into the file as it is now.
     next.source_map = new.source_map.clone();
     (next, p)

@@ -36,6 +36,7 @@ pub mod outbox;
 pub mod render;
 pub mod routing;
 pub mod silences;
+pub mod subscribers;
 pub mod tally;
 pub mod webhook;
 pub mod wecom;

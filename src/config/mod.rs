@@ -1,7 +1,7 @@
 //! The TOML config (docs/configuration.md): `[server] [storage] [probe] [detection] [egress]
 //! [[provider]] [[provider.region]] [[route]] [slo] [alerting] [[alert.dingtalk]]
 //! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[maintenance]] [drift] [proxy] [proxy.breaker] [switch] [budget]
-//! [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent]`. Other sections are rejected as unknown
+//! [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent] [subscriptions]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -92,6 +92,8 @@ pub struct Config {
     pub agent: AgentConfig,
     /// `[[shadow]]`: routes that get a sampled copy of a logical model's traffic.
     pub shadows: Vec<ShadowConfig>,
+    /// `[subscriptions]`: status page visitors told of incidents by email or webhook.
+    pub subscriptions: SubscriptionsConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -128,6 +130,7 @@ impl Default for Config {
             quorum: QuorumConfig::default(),
             agent: AgentConfig::default(),
             shadows: Vec::new(),
+            subscriptions: SubscriptionsConfig::default(),
             source_map: SourceMap::default(),
             env: Env::process(),
         }
@@ -781,6 +784,32 @@ impl Default for TracingConfig {
             otlp_endpoint_env: "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
             service_name: "probeok".to_owned(),
             sample_ratio: 1.0,
+        }
+    }
+}
+
+/// `[subscriptions]`: visitors of the status page subscribe to public incidents by email or
+/// webhook (off by default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionsConfig {
+    pub enabled: bool,
+    /// Subscriptions by email (sent through the first `[[alert.email]]` SMTP setting).
+    pub email: bool,
+    pub webhook: bool,
+    /// Subscribers kept at most, confirmed or not.
+    pub max_subscribers: u64,
+    /// A webhook URL resolving to a loopback, private or link-local address is refused unless true.
+    pub allow_private_webhooks: bool,
+}
+
+impl Default for SubscriptionsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            email: true,
+            webhook: true,
+            max_subscribers: 10_000,
+            allow_private_webhooks: false,
         }
     }
 }

@@ -63,6 +63,18 @@ pub(super) struct RawConfig {
     pub agent: RawAgent,
     #[serde(default, rename = "shadow")]
     pub shadows: Vec<RawShadow>,
+    #[serde(default)]
+    pub subscriptions: RawSubscriptions,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSubscriptions {
+    pub enabled: Option<bool>,
+    pub email: Option<bool>,
+    pub webhook: Option<bool>,
+    pub max_subscribers: Option<i64>,
+    pub allow_private_webhooks: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

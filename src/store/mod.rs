@@ -50,6 +50,7 @@ mod outcomes;
 mod requests;
 mod rollups;
 pub mod spend;
+pub mod subscribers;
 pub mod sql;
 mod stats;
 mod switch;
