@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lettre::message::header::{ContentType, Header, HeaderName, HeaderValue};
+use lettre::message::header::{
+    ContentTransferEncoding, ContentType, Header, HeaderName, HeaderValue,
+};
 use lettre::message::Mailbox;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use rand::Rng;
@@ -396,6 +398,8 @@ impl Subscribers {
         }
         let email = b
             .header(ContentType::TEXT_PLAIN)
+            // Quoted-printable keeps the links readable in the raw message.
+            .header(ContentTransferEncoding::QuotedPrintable)
             .body(mail.text)
             .map_err(|e| AlertError::Config(e.to_string()))?;
         crate::alert::email::receipt(m.transport.send(email).await).map(|_| ())
