@@ -23,11 +23,12 @@ const SMTP_VAR: &str = "PROBEOK_SUBS_SMTP";
 const ADMIN_VAR: &str = "PROBEOK_SUBS_ADMIN";
 const ROUTES: usize = 20;
 
-fn write_config(dir: &Path, port: u16, upstream: &str) -> PathBuf {
-    let path = dir.join("subs.toml");
+/// A config of `routes` routes of one provider; `storage` is the `[storage]` (and `[cluster]`) text.
+fn write_config(dir: &Path, name: &str, port: u16, upstream: &str, routes_n: usize, storage: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
     std::fs::create_dir_all(dir.join("no-sets")).unwrap();
     let mut routes = String::new();
-    for i in 0..ROUTES {
+    for i in 0..routes_n {
         routes.push_str(&format!(
             "\n[[route]]\nprovider = \"qwen\"\nregion = \"cn\"\nmodel = \"m{i}\"\nserves = \"chat{}\"\n",
             i % 2
@@ -40,8 +41,7 @@ listen = "127.0.0.1:{port}"
 public_url = "http://127.0.0.1:{port}"
 admin_token_env = "{ADMIN_VAR}"
 
-[storage]
-path = "{db}"
+{storage}
 
 [probe]
 interval = "500ms"
@@ -78,7 +78,6 @@ kind = "openai"
   id = "cn"
   base_url = "{upstream}/v1"
 {routes}"#,
-        db = dir.join("subs.db").display(),
         sets = dir.join("no-sets").display(),
     );
     std::fs::write(&path, body).unwrap();
@@ -167,7 +166,8 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
     let hook_url = format!("{}/hook", hook_server.base_url());
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let config = write_config(dir.path(), port, &up.base_url());
+    let storage = format!("[storage]\npath = \"{}\"", dir.path().join("subs.db").display());
+    let config = write_config(dir.path(), "subs", port, &up.base_url(), ROUTES, &storage);
     let log = dir.path().join("serve.log");
     let _member = Member(
         Command::new(env!("CARGO_BIN_EXE_probeok"))
@@ -393,4 +393,111 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
         assert!(!logged.contains(a), "{a} in the log");
     }
     assert!(logged.contains("subscriber notice delivered"), "the log names deliveries by id");
+}
+
+fn spawn_serve(config: &Path, smtp: std::net::SocketAddr, db_url: Option<&str>, log: &Path) -> Member {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_probeok"));
+    cmd.args(["serve", "--config"])
+        .arg(config)
+        .env_remove("PROBEOK_CONFIG")
+        .env(SMTP_VAR, format!("smtp://{smtp}"))
+        .env(ADMIN_VAR, "admin-secret")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    if let Some(url) = db_url {
+        cmd.env(PAIR_URL_VAR, url);
+    }
+    Member(cmd.spawn().unwrap())
+}
+
+const PAIR_URL_VAR: &str = "PROBEOK_SUBS_DATABASE_URL";
+
+/// Two `probeok serve` on one PostgreSQL database (needs `PROBEOK_TEST_PG_URL`): the
+/// subscription is made on one member and confirmed through the other's link; the leader is
+/// killed (-9) while the routes fail, and the other member resolves them. Each notice — the
+/// confirmation, the outage, its end — reaches the subscriber once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitor_pair_sends_each_notice_once_across_a_takeover() {
+    let db = common::cluster::Db::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let failing = Arc::new(AtomicBool::new(false));
+    let up = common::probe_ok_unless(failing.clone()).await;
+    let (smtp, mails) = smtp_server().await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let storage = |name: &str| {
+        format!(
+            "[storage]\npath = \"{}\"\nurl_env = \"{PAIR_URL_VAR}\"\n\n[cluster]\nlease = \"3s\"",
+            dir.path().join(format!("{name}-unused.db")).display()
+        )
+    };
+    let (pa, pb) = (free_port(), free_port());
+    let ca = write_config(dir.path(), "a", pa, &up.base_url(), 2, &storage("a"));
+    let cb = write_config(dir.path(), "b", pb, &up.base_url(), 2, &storage("b"));
+    let (ba, bb) = (format!("http://127.0.0.1:{pa}"), format!("http://127.0.0.1:{pb}"));
+    let role = |base: String| {
+        let http = http.clone();
+        async move {
+            let Ok(r) = http.get(format!("{base}/readyz")).send().await else {
+                return String::new();
+            };
+            r.json::<Value>().await.ok().and_then(|v| v["role"].as_str().map(str::to_owned)).unwrap_or_default()
+        }
+    };
+    let mut a = Some(spawn_serve(&ca, smtp, Some(&db.url), &dir.path().join("a.log")));
+    until(Duration::from_secs(30), "a leads", || async { role(ba.clone()).await == "leader" }).await;
+    let _b = spawn_serve(&cb, smtp, Some(&db.url), &dir.path().join("b.log"));
+    until(Duration::from_secs(30), "b follows", || async { role(bb.clone()).await == "follower" }).await;
+    let normal = |base: String| {
+        let http = http.clone();
+        async move {
+            let Ok(r) = http.get(format!("{base}/api/v1/status")).send().await else {
+                return false;
+            };
+            r.json::<Value>().await.ok().is_some_and(|v| {
+                v["routes"].as_array().is_some_and(|rs| rs.len() == 2 && rs.iter().all(|r| r["state"] == "NORMAL"))
+            })
+        }
+    };
+    until(Duration::from_secs(60), "routes NORMAL", || normal(ba.clone())).await;
+
+    // Subscribed on the follower, confirmed through the leader: one store, one link key.
+    let r = http
+        .post(format!("{bb}/subscribe"))
+        .form(&[("kind", "email"), ("target", "pair@example.com"), ("scope", "*"), ("lang", "zh")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    until(Duration::from_secs(20), "the confirmation mail", || async {
+        !mails_to(&mails, "pair@example.com").is_empty()
+    })
+    .await;
+    let confirm = link(&mails_to(&mails, "pair@example.com")[0], "/subscribe/confirm?t=")
+        .replace(&format!("127.0.0.1:{pb}"), &format!("127.0.0.1:{pa}"));
+    assert_eq!(http.get(&confirm).send().await.unwrap().status(), StatusCode::OK);
+
+    failing.store(true, Ordering::SeqCst);
+    until(Duration::from_secs(60), "the outage mail", || async {
+        mails_to(&mails, "pair@example.com").len() >= 2
+    })
+    .await;
+    // The leader dies while the routes fail; the other member takes over and resolves them.
+    drop(a.take());
+    failing.store(false, Ordering::SeqCst);
+    until(Duration::from_secs(30), "b leads", || async { role(bb.clone()).await == "leader" }).await;
+    until(Duration::from_secs(90), "the resolved mail", || async {
+        mails_to(&mails, "pair@example.com").len() >= 3
+    })
+    .await;
+    until(Duration::from_secs(60), "routes NORMAL on b", || normal(bb.clone())).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let got = mails_to(&mails, "pair@example.com");
+    let subjects: Vec<&str> = got.iter().map(|m| header(m, "Subject").unwrap_or("")).collect();
+    assert_eq!(got.len(), 3, "confirmation, outage, end — each once: {subjects:?}");
+    db.drop_now().await;
 }
