@@ -1,9 +1,11 @@
 //! The leader's subscriber task: incidents in (health events), one grouped notice per
 //! subscriber and group into the subscriber outbox, the outbox sent.
 //!
-//! - Transitions are collected for `[alerting] group_wait`, then split into opened, worse and
+//! - Transitions are collected until `[alerting] group_wait` passes without a new one (at
+//!   most 5 × `group_wait` after the first), then split into opened, worse and
 //!   resolved; each confirmed subscriber gets one row per kind covering every incident its
-//!   scope takes (a 20-route provider outage is one notice, not twenty), under a dedup key
+//!   scope takes (a 20-route provider outage is one notice, not twenty; an incident opened
+//!   and ended within one group is left out), under a dedup key
 //!   made of the incidents, so a new leader repeating a group queues nothing twice.
 //! - Rows are claimed before each send (one conditional UPDATE, as the alert outbox does):
 //!   a monitor pair sends each once. A failure is retried with the alert outbox's backoff; a
@@ -224,8 +226,16 @@ impl Subscribers {
         if group.is_empty() {
             return Ok(0);
         }
+        // An incident that opened and ended within one group was a blip shorter than the
+        // group: subscribers hear of neither.
+        let blips: std::collections::HashSet<String> = group
+            .iter()
+            .filter(|(k, _)| *k == "incident.resolved")
+            .filter(|(_, i)| group.iter().any(|(k, o)| *k == "incident.opened" && o.id == i.id))
+            .map(|(_, i)| i.id.clone())
+            .collect();
         let mut by_kind: BTreeMap<&str, Vec<PublicIncident>> = BTreeMap::new();
-        for (kind, i) in group {
+        for (kind, i) in group.into_iter().filter(|(_, i)| !blips.contains(&i.id)) {
             let list = by_kind.entry(kind).or_default();
             list.retain(|x| x.id != i.id);
             list.push(i);
@@ -483,6 +493,7 @@ pub async fn run(
     let mut keys: Option<Keys> = None;
     let mut group: Vec<(&'static str, PublicIncident)> = Vec::new();
     let mut flush_at: Option<tokio::time::Instant> = None;
+    let mut first_at: Option<tokio::time::Instant> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_maintenance = tokio::time::Instant::now();
@@ -493,7 +504,12 @@ pub async fn run(
                 Ok(e) => {
                     if let Some(p) = subs.public(&e) {
                         group.push(p);
-                        flush_at.get_or_insert(tokio::time::Instant::now() + subs.group_wait);
+                        // The group closes after `group_wait` without a new incident (routes of
+                        // one outage recover a few probes apart), at most 5 × `group_wait` after
+                        // its first.
+                        let now = tokio::time::Instant::now();
+                        let first = *first_at.get_or_insert(now);
+                        flush_at = Some((now + subs.group_wait).min(first + subs.group_wait * 5));
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -504,6 +520,7 @@ pub async fn run(
             _ = tick.tick() => {
                 if flush_at.is_some_and(|t| t <= tokio::time::Instant::now()) {
                     flush_at = None;
+                    first_at = None;
                     let g = std::mem::take(&mut group);
                     if let Err(e) = subs.enqueue(g).await {
                         tracing::error!(error = %e, "subscriptions: cannot queue notices");
