@@ -94,13 +94,12 @@ pub async fn serve(
         // The peer's address reaches handlers as `ConnectInfo` (the subscription form's
         // per-client limit).
         let svc = service.clone();
-        let with_peer = hyper::service::service_fn(
-            move |mut req: hyper::Request<hyper::body::Incoming>| {
+        let with_peer =
+            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut()
                     .insert(axum::extract::ConnectInfo(peer));
                 hyper::service::Service::call(&svc, req)
-            },
-        );
+            });
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), with_peer)
             .into_owned();

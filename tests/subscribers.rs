@@ -24,7 +24,14 @@ const ADMIN_VAR: &str = "PROBEOK_SUBS_ADMIN";
 const ROUTES: usize = 20;
 
 /// A config of `routes` routes of one provider; `storage` is the `[storage]` (and `[cluster]`) text.
-fn write_config(dir: &Path, name: &str, port: u16, upstream: &str, routes_n: usize, storage: &str) -> PathBuf {
+fn write_config(
+    dir: &Path,
+    name: &str,
+    port: u16,
+    upstream: &str,
+    routes_n: usize,
+    storage: &str,
+) -> PathBuf {
     write_config_grouped(dir, name, port, upstream, routes_n, storage, "3s")
 }
 
@@ -135,8 +142,13 @@ fn mails_to(mails: &Mutex<Vec<String>>, to: &str) -> Vec<String> {
 fn link(mail: &str, path: &str) -> String {
     let start = mail.find(&format!("http://127.0.0.1")).unwrap();
     let rest = &mail[start..];
-    let at = rest.find(path).unwrap_or_else(|| panic!("{path} in {mail}"));
-    let end = rest[at..].find(|c: char| c.is_whitespace() || c == '>').unwrap() + at;
+    let at = rest
+        .find(path)
+        .unwrap_or_else(|| panic!("{path} in {mail}"));
+    let end = rest[at..]
+        .find(|c: char| c.is_whitespace() || c == '>')
+        .unwrap()
+        + at;
     rest[..end].to_owned()
 }
 
@@ -159,7 +171,10 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
         let (secret, hooks) = (secret.clone(), hooks.clone());
         fake("/hook", move |c| {
             let v = c.json();
-            let sig_ok = match (secret.lock().unwrap().as_deref(), c.header("x-probeok-signature")) {
+            let sig_ok = match (
+                secret.lock().unwrap().as_deref(),
+                c.header("x-probeok-signature"),
+            ) {
                 (Some(s), Some(sig)) => {
                     let want: String = hmac(s.as_bytes(), &c.body)
                         .iter()
@@ -178,7 +193,10 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
     let hook_url = format!("{}/hook", hook_server.base_url());
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let storage = format!("[storage]\npath = \"{}\"", dir.path().join("subs.db").display());
+    let storage = format!(
+        "[storage]\npath = \"{}\"",
+        dir.path().join("subs.db").display()
+    );
     let config = write_config(dir.path(), "subs", port, &up.base_url(), ROUTES, &storage);
     let log = dir.path().join("serve.log");
     let _member = Member(
@@ -207,15 +225,25 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
         let Ok(v) = r.json::<Value>().await else {
             return false;
         };
-        v["routes"].as_array().is_some_and(|rs| {
-            rs.len() == ROUTES && rs.iter().all(|r| r["state"] == "NORMAL")
-        })
+        v["routes"]
+            .as_array()
+            .is_some_and(|rs| rs.len() == ROUTES && rs.iter().all(|r| r["state"] == "NORMAL"))
     };
     until(Duration::from_secs(60), "every route NORMAL", all_normal).await;
 
     // The form is on the status page and the route pages.
-    let page = http.get(format!("{base}/")).send().await.unwrap().text().await.unwrap();
-    assert!(page.contains("action=\"/subscribe\"") && !page.contains("<script"), "form on /");
+    let page = http
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("action=\"/subscribe\"") && !page.contains("<script"),
+        "form on /"
+    );
     let route_page = http
         .get(format!("{base}/routes/qwen%2Fcn%2Fm0"))
         .send()
@@ -224,10 +252,18 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
         .text()
         .await
         .unwrap();
-    assert!(route_page.contains("provider:qwen"), "the route page offers its provider");
+    assert!(
+        route_page.contains("provider:qwen"),
+        "the route page offers its provider"
+    );
 
     let subscribe = |kind: &str, target: &str, scope: &str| {
-        let form = [("kind", kind), ("target", target), ("scope", scope), ("lang", "en")];
+        let form = [
+            ("kind", kind),
+            ("target", target),
+            ("scope", scope),
+            ("lang", "en"),
+        ];
         let req = http.post(format!("{base}/subscribe")).form(&form);
         async move {
             let r = req.send().await.unwrap();
@@ -241,30 +277,54 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
     assert_eq!(st, StatusCode::OK);
     let (st, body) = subscribe("webhook", &hook_url, "model:chat0").await;
     assert_eq!(st, StatusCode::OK, "{body}");
-    let shown = body.split("<code id=\"secret\">").nth(1).unwrap().split('<').next().unwrap();
+    let shown = body
+        .split("<code id=\"secret\">")
+        .nth(1)
+        .unwrap()
+        .split('<')
+        .next()
+        .unwrap();
     *secret.lock().unwrap() = Some(shown.to_owned());
 
     // One confirmation mail each, then the link.
-    until(Duration::from_secs(20), "the confirmation mails", || async {
-        mails_to(&mails, "reader@example.com").len() == 1 && mails_to(&mails, "never@example.com").len() == 1
-    })
+    until(
+        Duration::from_secs(20),
+        "the confirmation mails",
+        || async {
+            mails_to(&mails, "reader@example.com").len() == 1
+                && mails_to(&mails, "never@example.com").len() == 1
+        },
+    )
     .await;
-    let confirm = link(&mails_to(&mails, "reader@example.com")[0], "/subscribe/confirm?t=");
+    let confirm = link(
+        &mails_to(&mails, "reader@example.com")[0],
+        "/subscribe/confirm?t=",
+    );
     let r = http.get(&confirm).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     // The webhook handshake: a signed confirm event, its code echoed.
-    until(Duration::from_secs(20), "the webhook confirmation", || async {
-        let list = http
-            .get(format!("{base}/api/v1/admin/subscribers"))
-            .bearer_auth("admin-secret")
-            .send()
-            .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap();
-        list["subscribers"].as_array().unwrap().iter().filter(|s| !s["confirmed_at"].is_null()).count() == 2
-    })
+    until(
+        Duration::from_secs(20),
+        "the webhook confirmation",
+        || async {
+            let list = http
+                .get(format!("{base}/api/v1/admin/subscribers"))
+                .bearer_auth("admin-secret")
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap();
+            list["subscribers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| !s["confirmed_at"].is_null())
+                .count()
+                == 2
+        },
+    )
     .await;
     {
         let h = hooks.lock().unwrap();
@@ -281,7 +341,11 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
     .await;
     let mail_after_fail = t_fail.elapsed();
     until(Duration::from_secs(30), "the incident webhook", || async {
-        hooks.lock().unwrap().iter().any(|h| h.0["type"] == "incident.opened")
+        hooks
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|h| h.0["type"] == "incident.opened")
     })
     .await;
     let hook_after_fail = t_fail.elapsed();
@@ -291,10 +355,19 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
     })
     .await;
     until(Duration::from_secs(30), "the resolved webhook", || async {
-        hooks.lock().unwrap().iter().any(|h| h.0["type"] == "incident.resolved")
+        hooks
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|h| h.0["type"] == "incident.resolved")
     })
     .await;
-    until(Duration::from_secs(60), "every route NORMAL again", all_normal).await;
+    until(
+        Duration::from_secs(60),
+        "every route NORMAL again",
+        all_normal,
+    )
+    .await;
     // A moment for anything that would (wrongly) follow: the next group window and sends.
     tokio::time::sleep(Duration::from_secs(5)).await;
 
@@ -303,17 +376,34 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
     for m in &reader[1..] {
         let lu = header(m, "List-Unsubscribe").expect("List-Unsubscribe");
         assert!(lu.starts_with("<http://127.0.0.1") && lu.contains("/subscribe/unsubscribe?t="));
-        assert_eq!(header(m, "List-Unsubscribe-Post"), Some("List-Unsubscribe=One-Click"));
-        assert_eq!(m.matches("qwen/cn/m").count() >= ROUTES, true, "one mail lists all 20 routes");
+        assert_eq!(
+            header(m, "List-Unsubscribe-Post"),
+            Some("List-Unsubscribe=One-Click")
+        );
+        assert_eq!(
+            m.matches("qwen/cn/m").count() >= ROUTES,
+            true,
+            "one mail lists all 20 routes"
+        );
     }
     assert!(header(&reader[1], "Subject").unwrap().contains("incident"));
     assert!(header(&reader[2], "Subject").unwrap().contains("resolved"));
-    assert_eq!(mails_to(&mails, "never@example.com").len(), 1, "unconfirmed: the confirmation only");
+    assert_eq!(
+        mails_to(&mails, "never@example.com").len(),
+        1,
+        "unconfirmed: the confirmation only"
+    );
     let events: Vec<(String, usize, bool)> = hooks
         .lock()
         .unwrap()
         .iter()
-        .map(|h| (h.0["type"].as_str().unwrap().to_owned(), h.0["incidents"].as_array().map_or(0, |a| a.len()), h.1))
+        .map(|h| {
+            (
+                h.0["type"].as_str().unwrap().to_owned(),
+                h.0["incidents"].as_array().map_or(0, |a| a.len()),
+                h.1,
+            )
+        })
         .collect();
     assert_eq!(
         events,
@@ -341,12 +431,26 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     failing.store(true, Ordering::SeqCst);
-    until(Duration::from_secs(60), "the webhook hears the second outage", || async {
-        hooks.lock().unwrap().iter().filter(|h| h.0["type"] == "incident.opened").count() == 2
-    })
+    until(
+        Duration::from_secs(60),
+        "the webhook hears the second outage",
+        || async {
+            hooks
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|h| h.0["type"] == "incident.opened")
+                .count()
+                == 2
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(mails_to(&mails, "reader@example.com").len(), 3, "nothing after unsubscribing");
+    assert_eq!(
+        mails_to(&mails, "reader@example.com").len(),
+        3,
+        "nothing after unsubscribing"
+    );
     failing.store(false, Ordering::SeqCst);
 
     // Abuse limits: the fourth confirmation to one address in a day is refused, clearly.
@@ -356,7 +460,10 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
     }
     let (st, body) = subscribe("email", "flood@example.com", "provider:qwen").await;
     assert_eq!(st, StatusCode::TOO_MANY_REQUESTS);
-    assert!(body.contains("3 confirmation requests in the last 24 hours"), "{body}");
+    assert!(
+        body.contains("3 confirmation requests in the last 24 hours"),
+        "{body}"
+    );
     // And one client address gets 10 attempts an hour: 3 + 4 so far, 3 more, then refused.
     for i in 0..3 {
         let (st, body) = subscribe("email", &format!("x{i}@example.com"), "*").await;
@@ -371,14 +478,38 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
     assert_eq!(st, StatusCode::BAD_REQUEST);
 
     // Addresses appear in no public answer and no log line; the admin API lists them.
-    let addresses = ["reader@example.com", "never@example.com", "flood@example.com", &hook_url];
-    for path in ["/", "/routes/qwen%2Fcn%2Fm0", "/incidents", "/api/v1/status", "/api/v1/incidents", "/metrics", "/api/openapi.json"] {
-        let text = http.get(format!("{base}{path}")).send().await.unwrap().text().await.unwrap();
+    let addresses = [
+        "reader@example.com",
+        "never@example.com",
+        "flood@example.com",
+        &hook_url,
+    ];
+    for path in [
+        "/",
+        "/routes/qwen%2Fcn%2Fm0",
+        "/incidents",
+        "/api/v1/status",
+        "/api/v1/incidents",
+        "/metrics",
+        "/api/openapi.json",
+    ] {
+        let text = http
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         for a in addresses {
             assert!(!text.contains(a), "{a} in {path}");
         }
     }
-    let r = http.get(format!("{base}/api/v1/admin/subscribers")).send().await.unwrap();
+    let r = http
+        .get(format!("{base}/api/v1/admin/subscribers"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let list = http
         .get(format!("{base}/api/v1/admin/subscribers"))
@@ -391,7 +522,10 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
         .unwrap();
     let subs = list["subscribers"].as_array().unwrap();
     assert!(subs.iter().any(|s| s["target"] == "never@example.com"));
-    assert!(!subs.iter().any(|s| s["target"] == "reader@example.com"), "unsubscribed");
+    assert!(
+        !subs.iter().any(|s| s["target"] == "reader@example.com"),
+        "unsubscribed"
+    );
     let id = subs[0]["id"].as_i64().unwrap();
     let r = http
         .delete(format!("{base}/api/v1/admin/subscribers?id={id}"))
@@ -404,10 +538,18 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
     for a in addresses {
         assert!(!logged.contains(a), "{a} in the log");
     }
-    assert!(logged.contains("subscriber notice delivered"), "the log names deliveries by id");
+    assert!(
+        logged.contains("subscriber notice delivered"),
+        "the log names deliveries by id"
+    );
 }
 
-fn spawn_serve(config: &Path, smtp: std::net::SocketAddr, db_url: Option<&str>, log: &Path) -> Member {
+fn spawn_serve(
+    config: &Path,
+    smtp: std::net::SocketAddr,
+    db_url: Option<&str>,
+    log: &Path,
+) -> Member {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_probeok"));
     cmd.args(["serve", "--config"])
         .arg(config)
@@ -450,20 +592,38 @@ async fn a_monitor_pair_sends_each_notice_once_across_a_takeover() {
     let (pa, pb) = (free_port(), free_port());
     let ca = write_config(dir.path(), "a", pa, &up.base_url(), 2, &storage("a"));
     let cb = write_config(dir.path(), "b", pb, &up.base_url(), 2, &storage("b"));
-    let (ba, bb) = (format!("http://127.0.0.1:{pa}"), format!("http://127.0.0.1:{pb}"));
+    let (ba, bb) = (
+        format!("http://127.0.0.1:{pa}"),
+        format!("http://127.0.0.1:{pb}"),
+    );
     let role = |base: String| {
         let http = http.clone();
         async move {
             let Ok(r) = http.get(format!("{base}/readyz")).send().await else {
                 return String::new();
             };
-            r.json::<Value>().await.ok().and_then(|v| v["role"].as_str().map(str::to_owned)).unwrap_or_default()
+            r.json::<Value>()
+                .await
+                .ok()
+                .and_then(|v| v["role"].as_str().map(str::to_owned))
+                .unwrap_or_default()
         }
     };
-    let mut a = Some(spawn_serve(&ca, smtp, Some(&db.url), &dir.path().join("a.log")));
-    until(Duration::from_secs(30), "a leads", || async { role(ba.clone()).await == "leader" }).await;
+    let mut a = Some(spawn_serve(
+        &ca,
+        smtp,
+        Some(&db.url),
+        &dir.path().join("a.log"),
+    ));
+    until(Duration::from_secs(30), "a leads", || async {
+        role(ba.clone()).await == "leader"
+    })
+    .await;
     let _b = spawn_serve(&cb, smtp, Some(&db.url), &dir.path().join("b.log"));
-    until(Duration::from_secs(30), "b follows", || async { role(bb.clone()).await == "follower" }).await;
+    until(Duration::from_secs(30), "b follows", || async {
+        role(bb.clone()).await == "follower"
+    })
+    .await;
     let normal = |base: String| {
         let http = http.clone();
         async move {
@@ -471,16 +631,26 @@ async fn a_monitor_pair_sends_each_notice_once_across_a_takeover() {
                 return false;
             };
             r.json::<Value>().await.ok().is_some_and(|v| {
-                v["routes"].as_array().is_some_and(|rs| rs.len() == 2 && rs.iter().all(|r| r["state"] == "NORMAL"))
+                v["routes"]
+                    .as_array()
+                    .is_some_and(|rs| rs.len() == 2 && rs.iter().all(|r| r["state"] == "NORMAL"))
             })
         }
     };
-    until(Duration::from_secs(60), "routes NORMAL", || normal(ba.clone())).await;
+    until(Duration::from_secs(60), "routes NORMAL", || {
+        normal(ba.clone())
+    })
+    .await;
 
     // Subscribed on the follower, confirmed through the leader: one store, one link key.
     let r = http
         .post(format!("{bb}/subscribe"))
-        .form(&[("kind", "email"), ("target", "pair@example.com"), ("scope", "*"), ("lang", "zh")])
+        .form(&[
+            ("kind", "email"),
+            ("target", "pair@example.com"),
+            ("scope", "*"),
+            ("lang", "zh"),
+        ])
         .send()
         .await
         .unwrap();
@@ -489,9 +659,15 @@ async fn a_monitor_pair_sends_each_notice_once_across_a_takeover() {
         !mails_to(&mails, "pair@example.com").is_empty()
     })
     .await;
-    let confirm = link(&mails_to(&mails, "pair@example.com")[0], "/subscribe/confirm?t=")
-        .replace(&format!("127.0.0.1:{pb}"), &format!("127.0.0.1:{pa}"));
-    assert_eq!(http.get(&confirm).send().await.unwrap().status(), StatusCode::OK);
+    let confirm = link(
+        &mails_to(&mails, "pair@example.com")[0],
+        "/subscribe/confirm?t=",
+    )
+    .replace(&format!("127.0.0.1:{pb}"), &format!("127.0.0.1:{pa}"));
+    assert_eq!(
+        http.get(&confirm).send().await.unwrap().status(),
+        StatusCode::OK
+    );
 
     failing.store(true, Ordering::SeqCst);
     until(Duration::from_secs(60), "the outage mail", || async {
@@ -501,16 +677,29 @@ async fn a_monitor_pair_sends_each_notice_once_across_a_takeover() {
     // The leader dies while the routes fail; the other member takes over and resolves them.
     drop(a.take());
     failing.store(false, Ordering::SeqCst);
-    until(Duration::from_secs(30), "b leads", || async { role(bb.clone()).await == "leader" }).await;
+    until(Duration::from_secs(30), "b leads", || async {
+        role(bb.clone()).await == "leader"
+    })
+    .await;
     until(Duration::from_secs(90), "the resolved mail", || async {
         mails_to(&mails, "pair@example.com").len() >= 3
     })
     .await;
-    until(Duration::from_secs(60), "routes NORMAL on b", || normal(bb.clone())).await;
+    until(Duration::from_secs(60), "routes NORMAL on b", || {
+        normal(bb.clone())
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let got = mails_to(&mails, "pair@example.com");
-    let subjects: Vec<&str> = got.iter().map(|m| header(m, "Subject").unwrap_or("")).collect();
-    assert_eq!(got.len(), 3, "confirmation, outage, end — each once: {subjects:?}");
+    let subjects: Vec<&str> = got
+        .iter()
+        .map(|m| header(m, "Subject").unwrap_or(""))
+        .collect();
+    assert_eq!(
+        got.len(),
+        3,
+        "confirmation, outage, end — each once: {subjects:?}"
+    );
     db.drop_now().await;
 }
 
@@ -530,7 +719,8 @@ async fn figures_time_to_notice_and_notices_per_outage() {
     let failing = Arc::new(AtomicBool::new(false));
     let up = common::probe_ok_unless(failing.clone()).await;
     let (smtp, mails) = smtp_server().await;
-    let hooks: Arc<Mutex<Vec<(Value, chrono::DateTime<chrono::Utc>)>>> = Arc::new(Mutex::new(Vec::new()));
+    let hooks: Arc<Mutex<Vec<(Value, chrono::DateTime<chrono::Utc>)>>> =
+        Arc::new(Mutex::new(Vec::new()));
     let (hook_server, _) = {
         let hooks = hooks.clone();
         fake("/hook", move |c| {
@@ -543,23 +733,50 @@ async fn figures_time_to_notice_and_notices_per_outage() {
     };
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let storage = format!("[storage]\npath = \"{}\"", dir.path().join("fig.db").display());
-    let config = write_config_grouped(dir.path(), "fig", port, &up.base_url(), ROUTES, &storage, "2s");
+    let storage = format!(
+        "[storage]\npath = \"{}\"",
+        dir.path().join("fig.db").display()
+    );
+    let config = write_config_grouped(
+        dir.path(),
+        "fig",
+        port,
+        &up.base_url(),
+        ROUTES,
+        &storage,
+        "2s",
+    );
     let _m = spawn_serve(&config, smtp, None, &dir.path().join("fig.log"));
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let normal = || async {
         let Ok(r) = http.get(format!("{base}/api/v1/status")).send().await else {
             return false;
         };
         r.json::<Value>().await.ok().is_some_and(|v| {
-            v["routes"].as_array().is_some_and(|rs| rs.len() == ROUTES && rs.iter().all(|r| r["state"] == "NORMAL"))
+            v["routes"]
+                .as_array()
+                .is_some_and(|rs| rs.len() == ROUTES && rs.iter().all(|r| r["state"] == "NORMAL"))
         })
     };
     until(Duration::from_secs(60), "routes NORMAL", normal).await;
-    for (kind, target) in [("email", "fig@example.com"), ("webhook", &format!("{}/hook", hook_server.base_url()) as &str)] {
+    for (kind, target) in [
+        ("email", "fig@example.com"),
+        (
+            "webhook",
+            &format!("{}/hook", hook_server.base_url()) as &str,
+        ),
+    ] {
         let r = http
             .post(format!("{base}/subscribe"))
-            .form(&[("kind", kind), ("target", target), ("scope", "provider:qwen"), ("lang", "en")])
+            .form(&[
+                ("kind", kind),
+                ("target", target),
+                ("scope", "provider:qwen"),
+                ("lang", "en"),
+            ])
             .send()
             .await
             .unwrap();
@@ -569,8 +786,14 @@ async fn figures_time_to_notice_and_notices_per_outage() {
         !mails_to(&mails, "fig@example.com").is_empty()
     })
     .await;
-    let confirm = link(&mails_to(&mails, "fig@example.com")[0], "/subscribe/confirm?t=");
-    assert_eq!(http.get(&confirm).send().await.unwrap().status(), StatusCode::OK);
+    let confirm = link(
+        &mails_to(&mails, "fig@example.com")[0],
+        "/subscribe/confirm?t=",
+    );
+    assert_eq!(
+        http.get(&confirm).send().await.unwrap().status(),
+        StatusCode::OK
+    );
     until(Duration::from_secs(20), "the webhook confirmed", || async {
         let v: Value = http
             .get(format!("{base}/api/v1/admin/subscribers"))
@@ -581,7 +804,11 @@ async fn figures_time_to_notice_and_notices_per_outage() {
             .json()
             .await
             .unwrap();
-        v["subscribers"].as_array().unwrap().iter().all(|s| !s["confirmed_at"].is_null())
+        v["subscribers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| !s["confirmed_at"].is_null())
     })
     .await;
 
@@ -593,7 +820,10 @@ async fn figures_time_to_notice_and_notices_per_outage() {
         // The mail's arrival, seen within 10 ms.
         let start = Instant::now();
         while mails_to(&mails, "fig@example.com").len() == mails_before {
-            assert!(start.elapsed() < Duration::from_secs(60), "cycle {cycle}: the outage mail");
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "cycle {cycle}: the outage mail"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let mail_at = chrono::Utc::now();
@@ -622,32 +852,47 @@ async fn figures_time_to_notice_and_notices_per_outage() {
         until(Duration::from_secs(60), "routes NORMAL again", normal).await;
         // Every incident the outage opened is resolved to the webhook (in one event, asserted
         // below), then a moment for anything that would wrongly follow.
-        until(Duration::from_secs(30), "every incident resolved", || async {
-            let h = hooks.lock().unwrap();
-            let count = |t: &str| -> usize {
-                h[hooks_before..]
-                    .iter()
-                    .filter(|(v, _)| v["type"] == t)
-                    .map(|(v, _)| v["incidents"].as_array().map_or(0, |a| a.len()))
-                    .sum()
-            };
-            count("incident.resolved") >= count("incident.opened")
-        })
+        until(
+            Duration::from_secs(30),
+            "every incident resolved",
+            || async {
+                let h = hooks.lock().unwrap();
+                let count = |t: &str| -> usize {
+                    h[hooks_before..]
+                        .iter()
+                        .filter(|(v, _)| v["type"] == t)
+                        .map(|(v, _)| v["incidents"].as_array().map_or(0, |a| a.len()))
+                        .sum()
+                };
+                count("incident.resolved") >= count("incident.opened")
+            },
+        )
         .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mails_now = mails_to(&mails, "fig@example.com").len() - mails_before;
         let hooks_now: Vec<(String, usize)> = hooks.lock().unwrap()[hooks_before..]
             .iter()
-            .map(|(v, _)| (v["type"].as_str().unwrap().to_owned(), v["incidents"].as_array().map_or(0, |a| a.len())))
+            .map(|(v, _)| {
+                (
+                    v["type"].as_str().unwrap().to_owned(),
+                    v["incidents"].as_array().map_or(0, |a| a.len()),
+                )
+            })
             .collect();
         let subjects: Vec<String> = mails_to(&mails, "fig@example.com")[mails_before..]
             .iter()
             .map(|m| header(m, "Subject").unwrap_or("").to_owned())
             .collect();
-        assert_eq!(mails_now, 2, "cycle {cycle}: one outage mail and one resolved mail: {subjects:?} {hooks_now:?}");
+        assert_eq!(
+            mails_now, 2,
+            "cycle {cycle}: one outage mail and one resolved mail: {subjects:?} {hooks_now:?}"
+        );
         assert_eq!(
             hooks_now,
-            vec![("incident.opened".to_owned(), ROUTES), ("incident.resolved".to_owned(), ROUTES)],
+            vec![
+                ("incident.opened".to_owned(), ROUTES),
+                ("incident.resolved".to_owned(), ROUTES)
+            ],
             "cycle {cycle}: one event each way, listing all {ROUTES} routes"
         );
     }

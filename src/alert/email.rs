@@ -158,7 +158,9 @@ pub fn transport(
     let tls_err =
         |e: lettre::transport::smtp::Error| AlertError::Config(format!("{name}: TLS setup: {e}"));
     let mut builder = match target.security {
-        Security::Tls => AsyncSmtpTransport::<Tokio1Executor>::relay(&target.host).map_err(tls_err)?,
+        Security::Tls => {
+            AsyncSmtpTransport::<Tokio1Executor>::relay(&target.host).map_err(tls_err)?
+        }
         Security::StartTls => {
             AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(&target.host).map_err(tls_err)?
         }

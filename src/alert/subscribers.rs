@@ -91,12 +91,19 @@ impl Scope {
 /// no spaces or header-breaking characters.
 pub fn check_address(s: &str) -> Result<(), SubscribeError> {
     let bad = || SubscribeError::Invalid("not an email address".into());
-    if s.len() > MAX_TARGET || s.chars().any(|c| c.is_whitespace() || c.is_control() || "<>,;\"".contains(c)) {
+    if s.len() > MAX_TARGET
+        || s.chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "<>,;\"".contains(c))
+    {
         return Err(bad());
     }
     match s.split_once('@') {
-        Some((local, domain)) if !local.is_empty() && domain.contains('.') && !domain.contains('@') => {
-            s.parse::<lettre::message::Mailbox>().map(|_| ()).map_err(|_| bad())
+        Some((local, domain))
+            if !local.is_empty() && domain.contains('.') && !domain.contains('@') =>
+        {
+            s.parse::<lettre::message::Mailbox>()
+                .map(|_| ())
+                .map_err(|_| bad())
         }
         _ => Err(bad()),
     }
@@ -122,7 +129,10 @@ pub async fn check_webhook(url: &str, allow_private: bool) -> Result<reqwest::Ur
         return Ok(u);
     }
     let port = u.port_or_known_default().unwrap_or(443);
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
     let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
         .await
         .map_err(|_| bad("its host does not resolve"))?
@@ -212,7 +222,10 @@ impl Keys {
     /// subscription's earlier links stop working.
     pub fn confirm_token(&self, id: i64, secret: &str, expires: DateTime<Utc>) -> String {
         let exp = expires.timestamp();
-        format!("c.{id}.{exp}.{}", self.mac(&format!("confirm:{id}:{exp}:{secret}")))
+        format!(
+            "c.{id}.{exp}.{}",
+            self.mac(&format!("confirm:{id}:{exp}:{secret}"))
+        )
     }
 
     /// `u.<id>.<mac>`: valid as long as the subscription.
@@ -232,7 +245,14 @@ impl Keys {
 
     /// Whether `token` is a valid confirmation (`confirm`) or unsubscribe token of subscriber
     /// `id` with `secret`, at `now`. Compared in constant time.
-    pub fn verify(&self, token: &str, confirm: bool, id: i64, secret: &str, now: DateTime<Utc>) -> bool {
+    pub fn verify(
+        &self,
+        token: &str,
+        confirm: bool,
+        id: i64,
+        secret: &str,
+        now: DateTime<Utc>,
+    ) -> bool {
         use subtle::ConstantTimeEq;
         let want = if confirm {
             let Some(exp) = token.split('.').nth(2).and_then(|e| e.parse::<i64>().ok()) else {
@@ -283,7 +303,9 @@ pub enum Notice {
 pub fn reason(mode: Option<FailureMode>, lang: Lang) -> &'static str {
     match (mode, lang) {
         (Some(FailureMode::Unavailable), Lang::Zh) => "请求失败（连接错误、5xx 或超时）",
-        (Some(FailureMode::Unavailable), Lang::En) => "requests fail (connection errors, 5xx or timeouts)",
+        (Some(FailureMode::Unavailable), Lang::En) => {
+            "requests fail (connection errors, 5xx or timeouts)"
+        }
         (Some(FailureMode::Degraded), Lang::Zh) => "响应变慢",
         (Some(FailureMode::Degraded), Lang::En) => "answers are slow",
         (Some(FailureMode::BehaviorChanged), Lang::Zh) => "回答异常",
@@ -434,8 +456,17 @@ mod tests {
         assert!(k.verify(&t, true, 7, "s", now));
         assert!(!k.verify(&t, true, 7, "other", now));
         assert!(!k.verify(&t, true, 8, "s", now));
-        assert!(!k.verify(&t, false, 7, "s", now), "not an unsubscribe token");
-        assert!(!k.verify(&t, true, 7, "s", now + CONFIRM_VALID + chrono::Duration::seconds(1)));
+        assert!(
+            !k.verify(&t, false, 7, "s", now),
+            "not an unsubscribe token"
+        );
+        assert!(!k.verify(
+            &t,
+            true,
+            7,
+            "s",
+            now + CONFIRM_VALID + chrono::Duration::seconds(1)
+        ));
         let u = k.unsubscribe_token(7, "s");
         assert!(k.verify(&u, false, 7, "s", now));
         assert!(!Keys::new("other").verify(&u, false, 7, "s", now));
@@ -444,8 +475,14 @@ mod tests {
     #[test]
     fn scopes_and_addresses() {
         assert_eq!(Scope::parse("*"), Some(Scope::All));
-        assert_eq!(Scope::parse("model:qwen-max"), Some(Scope::Model("qwen-max".into())));
-        assert_eq!(Scope::parse("provider:qwen").unwrap().as_string(), "provider:qwen");
+        assert_eq!(
+            Scope::parse("model:qwen-max"),
+            Some(Scope::Model("qwen-max".into()))
+        );
+        assert_eq!(
+            Scope::parse("provider:qwen").unwrap().as_string(),
+            "provider:qwen"
+        );
         assert_eq!(Scope::parse("route:x"), None);
         assert!(check_address("a@example.com").is_ok());
         assert!(check_address("a@b@example.com").is_err());
@@ -461,10 +498,14 @@ mod tests {
 
     #[tokio::test]
     async fn private_webhooks_are_refused_unless_allowed() {
-        let e = check_webhook("http://127.0.0.1:9/hook", false).await.unwrap_err();
+        let e = check_webhook("http://127.0.0.1:9/hook", false)
+            .await
+            .unwrap_err();
         assert!(e.to_string().contains("loopback"), "{e}");
         assert!(check_webhook("http://127.0.0.1:9/hook", true).await.is_ok());
         assert!(check_webhook("ftp://example.com/", true).await.is_err());
-        assert!(check_webhook("https://u:p@example.com/", true).await.is_err());
+        assert!(check_webhook("https://u:p@example.com/", true)
+            .await
+            .is_err());
     }
 }

@@ -9,13 +9,12 @@ use std::time::Duration;
 use chrono::NaiveTime;
 use toml_edit::ImDocument;
 
-use super::raw::{RawSubscriptions, RawTracing};
 use super::raw::{
     RawAlert, RawAlerting, RawBehaviour, RawBuckets, RawConfig, RawContract, RawDrill,
     RawHeartbeat, RawMaintenance, RawOptions, RawProxy, RawRoute, RawSwitch,
 };
+use super::raw::{RawSubscriptions, RawTracing};
 use super::validate::Checker;
-use super::{SubscriptionsConfig, TracingConfig};
 use super::{
     AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
     ChannelOptions, ClusterConfig, Config, ConfigErrors, ConfirmAfter, ContractConfig,
@@ -24,6 +23,7 @@ use super::{
     RegionConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig,
     SwitchConfig, WebhookConfig, WecomConfig,
 };
+use super::{SubscriptionsConfig, TracingConfig};
 use crate::lang::Lang;
 use crate::route::{Capability, ProviderKind};
 use crate::severity::Severity;

@@ -80,9 +80,14 @@ const FULL: u64 = u64::MAX - 3;
 pub enum SubscriberOp {
     Subscribe(Box<NewSubscriber>),
     /// Answers 1 when it was pending and is now confirmed.
-    Confirm { id: i64, at: DateTime<Utc> },
+    Confirm {
+        id: i64,
+        at: DateTime<Utc>,
+    },
     /// Deletes the subscriber and its pending messages; answers 1 when it existed.
-    Delete { id: i64 },
+    Delete {
+        id: i64,
+    },
     /// Queues messages `(dedup key, subscriber id, body)`; a known key is skipped. Answers
     /// how many were new.
     Enqueue {
@@ -115,9 +120,13 @@ pub enum SubscriberOp {
         error: String,
     },
     /// The link-signing key: `candidate` unless one is stored already.
-    EnsureKey { candidate: String },
+    EnsureKey {
+        candidate: String,
+    },
     /// Forgets attempts, finished rows and unconfirmed subscribers older than `before`.
-    Prune { before: DateTime<Utc> },
+    Prune {
+        before: DateTime<Utc>,
+    },
 }
 
 pub(crate) const KEY_META: &str = "subscription_link_key";
@@ -129,7 +138,8 @@ pub(crate) fn apply(conn: &Connection, op: &SubscriberOp) -> Result<u64, StoreEr
             .prepare_cached(
                 "UPDATE subscribers SET confirmed_ms = ?2 WHERE id = ?1 AND confirmed_ms IS NULL",
             )?
-            .execute(params![id, to_ms(*at)])? as u64),
+            .execute(params![id, to_ms(*at)])?
+            as u64),
         SubscriberOp::Delete { id } => {
             conn.prepare_cached(
                 "DELETE FROM subscriber_outbox WHERE subscriber_id = ?1 AND status = 'pending'",
@@ -203,7 +213,8 @@ pub(crate) fn apply(conn: &Connection, op: &SubscriberOp) -> Result<u64, StoreEr
             .prepare_cached(
                 "INSERT INTO store_meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
             )?
-            .execute(params![KEY_META, candidate])? as u64),
+            .execute(params![KEY_META, candidate])?
+            as u64),
         SubscriberOp::Prune { before } => {
             let t = to_ms(*before);
             let a = conn
@@ -236,7 +247,8 @@ fn subscribe(conn: &Connection, s: &NewSubscriber) -> Result<u64, StoreError> {
     if count(conn, attempts, &[&s.ip_key, &hour])? >= s.ip_limit {
         return Ok(IP);
     }
-    let mut note = conn.prepare_cached("INSERT INTO subscriber_attempts (key, at_ms) VALUES (?1, ?2)")?;
+    let mut note =
+        conn.prepare_cached("INSERT INTO subscriber_attempts (key, at_ms) VALUES (?1, ?2)")?;
     note.execute(params![s.ip_key, now])?;
     let existing: Option<(i64, Option<i64>)> = conn
         .prepare_cached(
@@ -294,7 +306,10 @@ impl Writer {
     /// A subscription, its limits checked and its confirmation queued in one transaction.
     pub async fn subscribe(&self, s: NewSubscriber) -> Result<Subscribed, StoreError> {
         Ok(
-            match self.subscriber(SubscriberOp::Subscribe(Box::new(s))).await? {
+            match self
+                .subscriber(SubscriberOp::Subscribe(Box::new(s)))
+                .await?
+            {
                 ALREADY => Subscribed::Already,
                 IP => Subscribed::TooManyFromIp,
                 TARGET => Subscribed::TooManyForTarget,
@@ -347,7 +362,10 @@ impl Reader {
 
     /// Every subscriber, by id.
     pub fn subscribers(&self) -> Result<Vec<SubscriberRow>, StoreError> {
-        self.subscriber_query(&format!("SELECT {COLUMNS} FROM subscribers ORDER BY id"), &[])
+        self.subscriber_query(
+            &format!("SELECT {COLUMNS} FROM subscribers ORDER BY id"),
+            &[],
+        )
     }
 
     pub fn subscriber(&self, id: i64) -> Result<Option<SubscriberRow>, StoreError> {
@@ -365,7 +383,11 @@ impl Reader {
     }
 
     /// Pending subscriber messages due at `now`, oldest first.
-    pub fn notices_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<NoticeRow>, StoreError> {
+    pub fn notices_due(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<NoticeRow>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, dedup_key, subscriber_id, body, created_ms, attempts FROM subscriber_outbox

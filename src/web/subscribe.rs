@@ -66,12 +66,20 @@ fn refused(zh: bool, en: &str, zh_text: &str) -> Response {
     if zh {
         page(status, "订阅未受理", &format!("<p>{}</p>", esc(zh_text)))
     } else {
-        page(status, "Subscription refused", &format!("<p>{}</p>", esc(en)))
+        page(
+            status,
+            "Subscription refused",
+            &format!("<p>{}</p>", esc(en)),
+        )
     }
 }
 
 fn off() -> Response {
-    page(StatusCode::NOT_FOUND, "Subscriptions are off", "<p>This status page offers no subscriptions.</p>")
+    page(
+        StatusCode::NOT_FOUND,
+        "Subscriptions are off",
+        "<p>This status page offers no subscriptions.</p>",
+    )
 }
 
 /// `POST /subscribe`.
@@ -86,7 +94,17 @@ pub async fn subscribe(
         return off();
     }
     let zh = f.lang == "zh";
-    let bad = |m: String| page(StatusCode::BAD_REQUEST, if zh { "订阅未受理" } else { "Subscription refused" }, &format!("<p>{}</p>", esc(&m)));
+    let bad = |m: String| {
+        page(
+            StatusCode::BAD_REQUEST,
+            if zh {
+                "订阅未受理"
+            } else {
+                "Subscription refused"
+            },
+            &format!("<p>{}</p>", esc(&m)),
+        )
+    };
     let Some(scope) = Scope::parse(f.scope.trim()) else {
         return bad("unknown scope: all, model:<name> or provider:<id>".into());
     };
@@ -141,7 +159,11 @@ pub async fn subscribe(
         Ok(a) => a,
         Err(e) => {
             tracing::error!(error = %e, "subscription not stored");
-            return page(StatusCode::SERVICE_UNAVAILABLE, "Try again later", "<p>The subscription could not be stored.</p>");
+            return page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Try again later",
+                "<p>The subscription could not be stored.</p>",
+            );
         }
     };
     match answer {
@@ -177,7 +199,13 @@ pub async fn subscribe(
 }
 
 async fn check_token(state: &AppState, token: &str, confirm: bool) -> Result<i64, Response> {
-    let bad = || page(StatusCode::BAD_REQUEST, "Invalid link", &format!("<p>{}</p>", subscribers::SubscribeError::BadLink));
+    let bad = || {
+        page(
+            StatusCode::BAD_REQUEST,
+            "Invalid link",
+            &format!("<p>{}</p>", subscribers::SubscribeError::BadLink),
+        )
+    };
     let id = Keys::token_id(token).ok_or_else(bad)?;
     let keys = deliver::keys(&state.store).await.map_err(|_| bad())?;
     let store = state.store.clone();
@@ -203,7 +231,12 @@ pub async fn confirm(State(state): State<AppState>, Query(t): Query<Token>) -> R
         Err(r) => return r,
     };
     let at = state.clock.now();
-    if let Err(e) = state.store.writer().subscriber(SubscriberOp::Confirm { id, at }).await {
+    if let Err(e) = state
+        .store
+        .writer()
+        .subscriber(SubscriberOp::Confirm { id, at })
+        .await
+    {
         tracing::error!(error = %e, "confirmation not stored");
         return page(StatusCode::SERVICE_UNAVAILABLE, "Try again later", "");
     }
@@ -213,12 +246,19 @@ pub async fn confirm(State(state): State<AppState>, Query(t): Query<Token>) -> R
 
 /// `GET /subscribe/unsubscribe`: one button (a GET never unsubscribes: mail scanners follow links).
 pub async fn unsubscribe_page(Query(t): Query<Token>) -> Response {
-    page(StatusCode::OK, "Unsubscribe / 退订", &format!(
-        "<form method=\"post\" action=\"/subscribe/unsubscribe?t={}\">\
+    page(
+        StatusCode::OK,
+        "Unsubscribe / 退订",
+        &format!(
+            "<form method=\"post\" action=\"/subscribe/unsubscribe?t={}\">\
          <input type=\"hidden\" name=\"List-Unsubscribe\" value=\"One-Click\">\
          <button type=\"submit\">Unsubscribe / 退订</button></form>",
-        esc(&percent_encoding::utf8_percent_encode(&t.t, percent_encoding::NON_ALPHANUMERIC).to_string())
-    ))
+            esc(
+                &percent_encoding::utf8_percent_encode(&t.t, percent_encoding::NON_ALPHANUMERIC)
+                    .to_string()
+            )
+        ),
+    )
 }
 
 /// `POST /subscribe/unsubscribe` (RFC 8058 one-click).
@@ -227,12 +267,21 @@ pub async fn unsubscribe(State(state): State<AppState>, Query(t): Query<Token>) 
         Ok(id) => id,
         Err(r) => return r,
     };
-    if let Err(e) = state.store.writer().subscriber(SubscriberOp::Delete { id }).await {
+    if let Err(e) = state
+        .store
+        .writer()
+        .subscriber(SubscriberOp::Delete { id })
+        .await
+    {
         tracing::error!(error = %e, "unsubscription not stored");
         return page(StatusCode::SERVICE_UNAVAILABLE, "Try again later", "");
     }
     tracing::info!(subscriber = id, "unsubscribed");
-    page(StatusCode::OK, "Unsubscribed / 已退订", "<p>Nothing more will be sent. / 不会再发送任何通知。</p>")
+    page(
+        StatusCode::OK,
+        "Unsubscribed / 已退订",
+        "<p>Nothing more will be sent. / 不会再发送任何通知。</p>",
+    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -241,7 +290,10 @@ pub struct Id {
 }
 
 /// `GET /api/v1/admin/subscribers`.
-pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+pub async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
     super::check_admin(&state.config.current(), &headers)?;
     let store = state.store.clone();
     let subs = tokio::task::spawn_blocking(move || store.reader()?.subscribers())
@@ -262,10 +314,19 @@ pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<J
 }
 
 /// `DELETE /api/v1/admin/subscribers?id=N`.
-pub async fn remove(State(state): State<AppState>, headers: HeaderMap, Query(q): Query<Id>) -> Result<Response, ApiError> {
+pub async fn remove(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<Id>,
+) -> Result<Response, ApiError> {
     super::check_admin(&state.config.current(), &headers)?;
-    let id = q.id.ok_or_else(|| ApiError::bad_request("missing_id", "give the subscriber as ?id=N"))?;
-    let n = state.store.writer().subscriber(SubscriberOp::Delete { id }).await?;
+    let id =
+        q.id.ok_or_else(|| ApiError::bad_request("missing_id", "give the subscriber as ?id=N"))?;
+    let n = state
+        .store
+        .writer()
+        .subscriber(SubscriberOp::Delete { id })
+        .await?;
     if n == 0 {
         return Err(ApiError::NotFound(format!("no subscriber {id}")));
     }
@@ -311,16 +372,34 @@ pub fn unsubscribe_doc() -> Value {
 
 /// The subscribe form of the status page (`scope` empty) or of a route page (its model and
 /// provider offered first). Plain HTML, no JavaScript; empty when subscriptions are off.
-pub fn form(c: &crate::config::SubscriptionsConfig, zh: bool, routes: &[crate::route::Route], route: Option<&crate::route::Route>) -> String {
+pub fn form(
+    c: &crate::config::SubscriptionsConfig,
+    zh: bool,
+    routes: &[crate::route::Route],
+    route: Option<&crate::route::Route>,
+) -> String {
     if !c.enabled {
         return String::new();
     }
     let mut scopes: Vec<(String, String)> = Vec::new();
     if let Some(r) = route {
-        scopes.push((format!("model:{}", r.serves), format!("{} {}", if zh { "模型" } else { "model" }, r.serves)));
-        scopes.push((format!("provider:{}", r.provider), format!("{} {}", if zh { "服务商" } else { "provider" }, r.provider)));
+        scopes.push((
+            format!("model:{}", r.serves),
+            format!("{} {}", if zh { "模型" } else { "model" }, r.serves),
+        ));
+        scopes.push((
+            format!("provider:{}", r.provider),
+            format!("{} {}", if zh { "服务商" } else { "provider" }, r.provider),
+        ));
     }
-    scopes.push(("*".into(), if zh { "全部线路".into() } else { "all routes".into() }));
+    scopes.push((
+        "*".into(),
+        if zh {
+            "全部线路".into()
+        } else {
+            "all routes".into()
+        },
+    ));
     if route.is_none() {
         let mut models: Vec<&str> = routes.iter().map(|r| r.serves.as_str()).collect();
         models.sort();
@@ -329,10 +408,16 @@ pub fn form(c: &crate::config::SubscriptionsConfig, zh: bool, routes: &[crate::r
         providers.sort();
         providers.dedup();
         for m in models {
-            scopes.push((format!("model:{m}"), format!("{} {m}", if zh { "模型" } else { "model" })));
+            scopes.push((
+                format!("model:{m}"),
+                format!("{} {m}", if zh { "模型" } else { "model" }),
+            ));
         }
         for p in providers {
-            scopes.push((format!("provider:{p}"), format!("{} {p}", if zh { "服务商" } else { "provider" })));
+            scopes.push((
+                format!("provider:{p}"),
+                format!("{} {p}", if zh { "服务商" } else { "provider" }),
+            ));
         }
     }
     let options: String = scopes
@@ -341,7 +426,10 @@ pub fn form(c: &crate::config::SubscriptionsConfig, zh: bool, routes: &[crate::r
         .collect();
     let mut kinds = String::new();
     if c.email {
-        kinds.push_str(&format!("<option value=\"email\">{}</option>", if zh { "邮件" } else { "email" }));
+        kinds.push_str(&format!(
+            "<option value=\"email\">{}</option>",
+            if zh { "邮件" } else { "email" }
+        ));
     }
     if c.webhook {
         kinds.push_str("<option value=\"webhook\">webhook</option>");

@@ -52,9 +52,8 @@ const MAX_ANSWER: usize = 16 * 1024;
 /// [`super`] for why it is not an environment variable).
 pub async fn keys(store: &Store) -> Result<Keys, AlertError> {
     let s = store.clone();
-    let read = move || -> Result<Option<String>, AlertError> {
-        Ok(s.reader()?.subscription_key()?)
-    };
+    let read =
+        move || -> Result<Option<String>, AlertError> { Ok(s.reader()?.subscription_key()?) };
     let stored = tokio::task::spawn_blocking(read.clone())
         .await
         .map_err(|e| AlertError::Store(e.to_string()))??;
@@ -143,7 +142,9 @@ impl Subscribers {
                     })
                 })();
                 built
-                    .map_err(|err| tracing::error!(error = %err, "subscriptions: mail cannot be sent"))
+                    .map_err(
+                        |err| tracing::error!(error = %err, "subscriptions: mail cannot be sent"),
+                    )
                     .ok()
             })
         } else {
@@ -222,7 +223,10 @@ impl Subscribers {
     }
 
     /// Queues one notice per confirmed subscriber and kind for a group of incidents.
-    pub async fn enqueue(&self, group: Vec<(&'static str, PublicIncident)>) -> Result<u64, AlertError> {
+    pub async fn enqueue(
+        &self,
+        group: Vec<(&'static str, PublicIncident)>,
+    ) -> Result<u64, AlertError> {
         if group.is_empty() {
             return Ok(0);
         }
@@ -231,7 +235,11 @@ impl Subscribers {
         let blips: std::collections::HashSet<String> = group
             .iter()
             .filter(|(k, _)| *k == "incident.resolved")
-            .filter(|(_, i)| group.iter().any(|(k, o)| *k == "incident.opened" && o.id == i.id))
+            .filter(|(_, i)| {
+                group
+                    .iter()
+                    .any(|(k, o)| *k == "incident.opened" && o.id == i.id)
+            })
             .map(|(_, i)| i.id.clone())
             .collect();
         let mut by_kind: BTreeMap<&str, Vec<PublicIncident>> = BTreeMap::new();
@@ -243,7 +251,10 @@ impl Subscribers {
         let subs = self.read(|r| r.subscribers()).await?;
         let mut rows = Vec::new();
         for (kind, incidents) in by_kind {
-            let mut ids: Vec<String> = incidents.iter().map(|i| format!("{}:{}", i.id, i.state)).collect();
+            let mut ids: Vec<String> = incidents
+                .iter()
+                .map(|i| format!("{}:{}", i.id, i.state))
+                .collect();
             ids.sort();
             let digest: String = Sha256::digest(ids.join("\n").as_bytes())
                 .iter()
@@ -254,7 +265,11 @@ impl Subscribers {
                 let Some(scope) = Scope::parse(&s.scope) else {
                     continue;
                 };
-                let mine: Vec<PublicIncident> = incidents.iter().filter(|i| scope.covers(i)).cloned().collect();
+                let mine: Vec<PublicIncident> = incidents
+                    .iter()
+                    .filter(|i| scope.covers(i))
+                    .cloned()
+                    .collect();
                 if mine.is_empty() {
                     continue;
                 }
@@ -288,7 +303,12 @@ impl Subscribers {
         Ok(delivered)
     }
 
-    async fn one(&self, keys: &Keys, row: NoticeRow, now: DateTime<Utc>) -> Result<bool, AlertError> {
+    async fn one(
+        &self,
+        keys: &Keys,
+        row: NoticeRow,
+        now: DateTime<Utc>,
+    ) -> Result<bool, AlertError> {
         let writer = self.store.writer();
         let claimed = writer
             .subscriber(SubscriberOp::Claim {
@@ -307,18 +327,24 @@ impl Subscribers {
             error,
         };
         let Some(sub) = self.read(move |r| r.subscriber(sid)).await? else {
-            writer.subscriber(drop("the subscriber is gone".into())).await?;
+            writer
+                .subscriber(drop("the subscriber is gone".into()))
+                .await?;
             return Ok(false);
         };
         if now - row.created_at > MAX_AGE {
             tracing::warn!(subscriber = sub.id, key = %row.dedup_key, attempts = row.attempts, "subscriber notice dropped: undelivered past its maximum age");
-            writer.subscriber(drop("undelivered past its maximum age".into())).await?;
+            writer
+                .subscriber(drop("undelivered past its maximum age".into()))
+                .await?;
             return Ok(false);
         }
         let notice: Notice = match serde_json::from_str(&row.body) {
             Ok(n) => n,
             Err(e) => {
-                writer.subscriber(drop(format!("unreadable notice: {e}"))).await?;
+                writer
+                    .subscriber(drop(format!("unreadable notice: {e}")))
+                    .await?;
                 return Ok(false);
             }
         };
@@ -337,7 +363,10 @@ impl Subscribers {
                     .await?;
                 if matches!(notice, Notice::Confirm) && sub.kind == "webhook" {
                     writer
-                        .subscriber(SubscriberOp::Confirm { id: sub.id, at: now })
+                        .subscriber(SubscriberOp::Confirm {
+                            id: sub.id,
+                            at: now,
+                        })
                         .await?;
                     tracing::info!(subscriber = sub.id, "subscriber webhook confirmed");
                 }
@@ -370,9 +399,17 @@ impl Subscribers {
         }
     }
 
-    async fn mail(&self, keys: &Keys, sub: &SubscriberRow, notice: &Notice, now: DateTime<Utc>) -> Result<(), AlertError> {
+    async fn mail(
+        &self,
+        keys: &Keys,
+        sub: &SubscriberRow,
+        notice: &Notice,
+        now: DateTime<Utc>,
+    ) -> Result<(), AlertError> {
         let Some(m) = &self.mailer else {
-            return Err(AlertError::Config("no usable [[alert.email]] SMTP setting".into()));
+            return Err(AlertError::Config(
+                "no usable [[alert.email]] SMTP setting".into(),
+            ));
         };
         let lang = Self::lang(sub);
         let unsubscribe = format!(
@@ -389,9 +426,14 @@ impl Subscribers {
                 );
                 super::confirm_mail(&self.title, &sub.scope, &link, lang)
             }
-            Notice::Incidents { event, incidents } => {
-                super::incident_mail(&self.title, event, incidents, &self.base, &unsubscribe, lang)
-            }
+            Notice::Incidents { event, incidents } => super::incident_mail(
+                &self.title,
+                event,
+                incidents,
+                &self.base,
+                &unsubscribe,
+                lang,
+            ),
         };
         let to: Mailbox = sub
             .target
@@ -415,16 +457,33 @@ impl Subscribers {
         crate::alert::email::receipt(m.transport.send(email).await).map(|_| ())
     }
 
-    async fn post(&self, keys: &Keys, sub: &SubscriberRow, notice: &Notice, now: DateTime<Utc>) -> Result<(), AlertError> {
+    async fn post(
+        &self,
+        keys: &Keys,
+        sub: &SubscriberRow,
+        notice: &Notice,
+        now: DateTime<Utc>,
+    ) -> Result<(), AlertError> {
         // Checked again at every send: a name may resolve elsewhere than when it subscribed.
         let url = super::check_webhook(&sub.target, self.allow_private)
             .await
             .map_err(|e| AlertError::Config(e.to_string()))?;
         let (kind, code) = match notice {
-            Notice::Confirm => ("subscription.confirm", Some(keys.webhook_code(sub.id, &sub.secret))),
+            Notice::Confirm => (
+                "subscription.confirm",
+                Some(keys.webhook_code(sub.id, &sub.secret)),
+            ),
             Notice::Incidents { event, .. } => (event.as_str(), None),
         };
-        let body = super::event_body(kind, sub.id, &sub.scope, notice, &self.base, code.as_deref(), now);
+        let body = super::event_body(
+            kind,
+            sub.id,
+            &sub.scope,
+            notice,
+            &self.base,
+            code.as_deref(),
+            now,
+        );
         let raw = serde_json::to_vec(&body).map_err(|e| AlertError::Config(e.to_string()))?;
         let resp = self
             .http
@@ -435,7 +494,9 @@ impl Subscribers {
             .body(raw)
             .send()
             .await
-            .map_err(|e| AlertError::Transport(crate::alert::cut(&e.without_url().to_string(), 300)))?;
+            .map_err(|e| {
+                AlertError::Transport(crate::alert::cut(&e.without_url().to_string(), 300))
+            })?;
         let status = resp.status().as_u16();
         let mut answer = Vec::new();
         let mut resp = resp;
@@ -474,9 +535,15 @@ impl Subscribers {
             })
             .await?;
         for s in self.read(|r| r.subscribers()).await? {
-            if s.kind == "webhook" && s.failing_since.is_some_and(|t| now - t >= super::FAILING_FOR) {
+            if s.kind == "webhook"
+                && s.failing_since
+                    .is_some_and(|t| now - t >= super::FAILING_FOR)
+            {
                 writer.subscriber(SubscriberOp::Delete { id: s.id }).await?;
-                tracing::warn!(subscriber = s.id, "subscriber webhook removed: failing for 3 days");
+                tracing::warn!(
+                    subscriber = s.id,
+                    "subscriber webhook removed: failing for 3 days"
+                );
             }
         }
         Ok(())

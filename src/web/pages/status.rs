@@ -636,12 +636,8 @@ pub async fn status(
             .collect();
     }
     page.drills = drill_lines(&state, lang, now, None);
-    page.subscribe_form = crate::web::subscribe::form(
-        &config.subscriptions,
-        lang == Lang::Zh,
-        &state.routes,
-        None,
-    );
+    page.subscribe_form =
+        crate::web::subscribe::form(&config.subscriptions, lang == Lang::Zh, &state.routes, None);
     if let Some(link) = &state.vantages {
         let view = link.view.borrow().clone();
         if !view.routes.is_empty() {
