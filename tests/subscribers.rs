@@ -140,7 +140,7 @@ fn mails_to(mails: &Mutex<Vec<String>>, to: &str) -> Vec<String> {
 }
 
 fn link(mail: &str, path: &str) -> String {
-    let start = mail.find(&format!("http://127.0.0.1")).unwrap();
+    let start = mail.find("http://127.0.0.1").unwrap();
     let rest = &mail[start..];
     let at = rest
         .find(path)
@@ -380,9 +380,8 @@ async fn subscribers_hear_of_a_grouped_outage_once_and_its_end_once() {
             header(m, "List-Unsubscribe-Post"),
             Some("List-Unsubscribe=One-Click")
         );
-        assert_eq!(
+        assert!(
             m.matches("qwen/cn/m").count() >= ROUTES,
-            true,
             "one mail lists all 20 routes"
         );
     }
@@ -703,6 +702,9 @@ async fn a_monitor_pair_sends_each_notice_once_across_a_takeover() {
     db.drop_now().await;
 }
 
+/// A webhook event and when it arrived.
+type Received = (Value, chrono::DateTime<chrono::Utc>);
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -719,8 +721,7 @@ async fn figures_time_to_notice_and_notices_per_outage() {
     let failing = Arc::new(AtomicBool::new(false));
     let up = common::probe_ok_unless(failing.clone()).await;
     let (smtp, mails) = smtp_server().await;
-    let hooks: Arc<Mutex<Vec<(Value, chrono::DateTime<chrono::Utc>)>>> =
-        Arc::new(Mutex::new(Vec::new()));
+    let hooks: Arc<Mutex<Vec<Received>>> = Arc::new(Mutex::new(Vec::new()));
     let (hook_server, _) = {
         let hooks = hooks.clone();
         fake("/hook", move |c| {
