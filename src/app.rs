@@ -460,6 +460,13 @@ pub async fn start_with(
         vantage_inputs: vantage_slot,
         vantage_view,
         alerts,
+        subscribers: config.subscriptions.enabled.then(|| {
+            Arc::new(crate::alert::subscribers::deliver::Subscribers::new(
+                &config,
+                store.clone(),
+                clock.clone(),
+            ))
+        }),
         drift: drift_tx,
         overrides: overrides_tx,
         switch: switch_tx,

@@ -126,7 +126,9 @@
 //!   `alert::oncall`) — grouping, egress
 //!   inhibition, flapping summaries, maintenance windows and silences (admin API), SLO
 //!   burn-rate alerts, a persisted SQLite outbox (at-least-once, dedup keys, backoff),
-//!   messages in zh/en; `probeok alert test`.
+//!   messages in zh/en; `probeok alert test`. Status page subscribers
+//!   (`alert::subscribers`: signed links, scopes, public notices; `alert::subscribers::deliver`,
+//!   the leader's grouping and subscriber outbox), their form and admin API in `web::subscribe`.
 //! - [`web`]: the monitor's whole HTTP surface, every endpoint one entry of `web::table`
 //!   (method, path, handler, OpenAPI operation) from which the router and `/api/openapi.json`
 //!   are built — JSON API (status, probes, incidents, ingest, drift, switches, requests), the

@@ -73,10 +73,10 @@ pub async fn serve(
                 Err(_) => break,
             },
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) if matches!(
                     e.kind(),
                     std::io::ErrorKind::ConnectionRefused
@@ -91,8 +91,17 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        // The peer's address reaches handlers as `ConnectInfo` (the subscription form's
+        // per-client limit).
+        let svc = service.clone();
+        let with_peer =
+            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                hyper::service::Service::call(&svc, req)
+            });
         let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
+            .serve_connection_with_upgrades(TokioIo::new(stream), with_peer)
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

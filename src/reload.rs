@@ -202,6 +202,8 @@ pub fn plan(old: &Config, new: &Config) -> (Config, Plan) {
     // Envoy's endpoints are the routes' (restart-only) addresses; the agent's listener is bound at start.
     restart!("envoy", envoy);
     restart!("haproxy", haproxy);
+    // The subscription form and its sender are built at start.
+    restart!("subscriptions", subscriptions);
     // Later diagnostics point into the file as it is now.
     next.source_map = new.source_map.clone();
     (next, p)

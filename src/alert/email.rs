@@ -139,34 +139,58 @@ impl Email {
             .iter()
             .map(|t| mailbox(t))
             .collect::<Result<Vec<_>, _>>()?;
-        let tls_err = |e: lettre::transport::smtp::Error| {
-            AlertError::Config(format!("{name}: TLS setup: {e}"))
-        };
-        let mut builder = match target.security {
-            Security::Tls => {
-                AsyncSmtpTransport::<Tokio1Executor>::relay(&target.host).map_err(tls_err)?
-            }
-            Security::StartTls => {
-                AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(&target.host)
-                    .map_err(tls_err)?
-            }
-            Security::Plain => {
-                AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(&target.host)
-            }
-        };
-        builder = builder
-            .port(target.port)
-            .timeout(Some(std::time::Duration::from_secs(15)));
-        if let (Some(u), Some(p)) = (&target.user, &target.password) {
-            builder = builder.credentials(Credentials::new(u.clone(), p.clone()));
-        }
+        let transport = transport(&name, target)?;
         Ok(Self {
             name,
             from,
             to,
             options,
-            transport: builder.build(),
+            transport,
         })
+    }
+}
+
+/// The SMTP transport for `target` (`name` labels errors): also how subscriber mail is sent.
+pub fn transport(
+    name: &str,
+    target: &SmtpTarget,
+) -> Result<AsyncSmtpTransport<Tokio1Executor>, AlertError> {
+    let tls_err =
+        |e: lettre::transport::smtp::Error| AlertError::Config(format!("{name}: TLS setup: {e}"));
+    let mut builder = match target.security {
+        Security::Tls => {
+            AsyncSmtpTransport::<Tokio1Executor>::relay(&target.host).map_err(tls_err)?
+        }
+        Security::StartTls => {
+            AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(&target.host).map_err(tls_err)?
+        }
+        Security::Plain => AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(&target.host),
+    };
+    builder = builder
+        .port(target.port)
+        .timeout(Some(std::time::Duration::from_secs(15)));
+    if let (Some(u), Some(p)) = (&target.user, &target.password) {
+        builder = builder.credentials(Credentials::new(u.clone(), p.clone()));
+    }
+    Ok(builder.build())
+}
+
+/// A send's SMTP answer as a receipt, or its failure.
+pub fn receipt(
+    sent: Result<lettre::transport::smtp::response::Response, lettre::transport::smtp::Error>,
+) -> Result<Receipt, AlertError> {
+    match sent {
+        Ok(resp) => Ok(Receipt {
+            status: u16::from(resp.code()),
+            body: cut(&resp.message().collect::<Vec<_>>().join(" "), 300),
+        }),
+        Err(e) => match e.status() {
+            Some(code) => Err(AlertError::Rejected {
+                status: u16::from(code),
+                body: cut(&e.to_string(), 300),
+            }),
+            None => Err(AlertError::Transport(cut(&e.to_string(), 300))),
+        },
     }
 }
 
@@ -212,19 +236,7 @@ impl Notifier for Email {
                         ),
                 )
                 .map_err(|e| AlertError::Config(format!("{}: {e}", self.name)))?;
-            match self.transport.send(email).await {
-                Ok(resp) => Ok(Receipt {
-                    status: u16::from(resp.code()),
-                    body: cut(&resp.message().collect::<Vec<_>>().join(" "), 300),
-                }),
-                Err(e) => match e.status() {
-                    Some(code) => Err(AlertError::Rejected {
-                        status: u16::from(code),
-                        body: cut(&e.to_string(), 300),
-                    }),
-                    None => Err(AlertError::Transport(cut(&e.to_string(), 300))),
-                },
-            }
+            receipt(self.transport.send(email).await)
         }
         .boxed()
     }

@@ -41,6 +41,7 @@ pub mod render;
 pub mod routing;
 pub mod silences;
 pub mod slack;
+pub mod subscribers;
 pub mod tally;
 pub mod teams;
 pub mod telegram;

@@ -61,6 +61,8 @@ pub(super) struct Member {
     pub vantage_inputs: VantageSlot,
     pub vantage_view: watch::Sender<Arc<crate::health::VantageView>>,
     pub alerts: Arc<crate::alert::AlertService>,
+    /// Status page subscribers' notices (`[subscriptions] enabled`), sent by the leader.
+    pub subscribers: Option<Arc<crate::alert::subscribers::deliver::Subscribers>>,
     pub drift: watch::Sender<Arc<crate::drift::DriftSnapshot>>,
     pub overrides: watch::Sender<Arc<crate::weights::Overrides>>,
     pub switch: watch::Sender<Arc<crate::switch::SwitchStatus>>,
@@ -157,12 +159,20 @@ pub(super) async fn lead(
     *m.detect.lock().unwrap_or_else(|e| e.into_inner()) = Some(inputs_tx);
     // Alerts subscribe before detection can publish anything, so no event is missed.
     let alert_events = m.events.subscribe();
+    let subscriber_events = m.subscribers.as_ref().map(|_| m.events.subscribe());
     let health_task = tokio::spawn(health.run(inputs, token.clone()));
     let mut tasks: Vec<JoinHandle<()>> = vec![tokio::spawn(crate::alert::run(
         m.alerts.clone(),
         alert_events,
         token.clone(),
     ))];
+    if let (Some(subs), Some(events)) = (&m.subscribers, subscriber_events) {
+        tasks.push(tokio::spawn(crate::alert::subscribers::deliver::run(
+            subs.clone(),
+            events,
+            token.clone(),
+        )));
+    }
     tasks.push(relay(vantages.view, m.vantage_view.clone(), token.clone()));
     tasks.push(tokio::spawn(scheduler::run_with_confirmations(
         m.routes.iter().cloned().map(Arc::new).collect(),

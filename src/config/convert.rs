@@ -9,13 +9,12 @@ use std::time::Duration;
 use chrono::NaiveTime;
 use toml_edit::ImDocument;
 
-use super::raw::RawTracing;
 use super::raw::{
     RawAlert, RawAlerting, RawBehaviour, RawBuckets, RawConfig, RawContract, RawDrill,
     RawHeartbeat, RawMaintenance, RawOptions, RawProxy, RawRoute, RawSwitch,
 };
+use super::raw::{RawSubscriptions, RawTracing};
 use super::validate::Checker;
-use super::TracingConfig;
 use super::{
     AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
     ChannelOptions, ClusterConfig, Config, ConfigErrors, ConfirmAfter, ContractConfig,
@@ -25,6 +24,7 @@ use super::{
     SwitchConfig, WebhookConfig, WecomConfig,
 };
 use super::{ChatWebhookConfig, OpsgenieConfig, PagerDutyConfig, TelegramConfig};
+use super::{SubscriptionsConfig, TracingConfig};
 use crate::lang::Lang;
 use crate::route::{Capability, ProviderKind};
 use crate::severity::Severity;
@@ -376,6 +376,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         shadows: super::shadow::shadows(raw.shadows),
         envoy: super::routers::envoy(raw.envoy),
         haproxy: super::routers::haproxy(ck, raw.haproxy),
+        subscriptions: subscriptions(ck, raw.subscriptions),
         source_map: map.text_only(),
         env: crate::secret::Env::process(),
     }
@@ -444,6 +445,28 @@ fn tracing(r: RawTracing) -> TracingConfig {
         otlp_endpoint_env: r.otlp_endpoint_env.unwrap_or(d.otlp_endpoint_env),
         service_name: r.service_name.unwrap_or(d.service_name),
         sample_ratio: r.sample_ratio.unwrap_or(d.sample_ratio),
+    }
+}
+
+fn subscriptions(ck: &mut Checker<'_>, r: RawSubscriptions) -> SubscriptionsConfig {
+    let d = SubscriptionsConfig::default();
+    let max_subscribers = match r.max_subscribers {
+        None => d.max_subscribers,
+        Some(n) if (1..=1_000_000).contains(&n) => n as u64,
+        Some(_) => {
+            ck.fail(
+                "subscriptions.max_subscribers",
+                "must be between 1 and 1000000",
+            );
+            d.max_subscribers
+        }
+    };
+    SubscriptionsConfig {
+        enabled: r.enabled.unwrap_or(d.enabled),
+        email: r.email.unwrap_or(d.email),
+        webhook: r.webhook.unwrap_or(d.webhook),
+        max_subscribers,
+        allow_private_webhooks: r.allow_private_webhooks.unwrap_or(d.allow_private_webhooks),
     }
 }
 

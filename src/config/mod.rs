@@ -3,7 +3,7 @@
 //! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[alert.slack]] [[alert.teams]]
 //! [[alert.telegram]] [[alert.pagerduty]] [[alert.opsgenie]] [[maintenance]] [drift] [proxy] [proxy.breaker]
 //! [switch] [budget] [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent]
-//! [[shadow]] [[envoy.cluster]] [haproxy]`. Other sections are rejected as unknown
+//! [[shadow]] [[envoy.cluster]] [haproxy] [subscriptions]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -100,6 +100,8 @@ pub struct Config {
     pub envoy: EnvoyConfig,
     /// `[haproxy]`: the agent-check responder HAProxy servers ask about their route.
     pub haproxy: HaproxyConfig,
+    /// `[subscriptions]`: status page visitors told of incidents by email or webhook.
+    pub subscriptions: SubscriptionsConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -138,6 +140,7 @@ impl Default for Config {
             shadows: Vec::new(),
             envoy: EnvoyConfig::default(),
             haproxy: HaproxyConfig::default(),
+            subscriptions: SubscriptionsConfig::default(),
             source_map: SourceMap::default(),
             env: Env::process(),
         }
@@ -791,6 +794,32 @@ impl Default for TracingConfig {
             otlp_endpoint_env: "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
             service_name: "probeok".to_owned(),
             sample_ratio: 1.0,
+        }
+    }
+}
+
+/// `[subscriptions]`: visitors of the status page subscribe to public incidents by email or
+/// webhook (off by default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionsConfig {
+    pub enabled: bool,
+    /// Subscriptions by email (sent through the first `[[alert.email]]` SMTP setting).
+    pub email: bool,
+    pub webhook: bool,
+    /// Subscribers kept at most, confirmed or not.
+    pub max_subscribers: u64,
+    /// A webhook URL resolving to a loopback, private or link-local address is refused unless true.
+    pub allow_private_webhooks: bool,
+}
+
+impl Default for SubscriptionsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            email: true,
+            webhook: true,
+            max_subscribers: 10_000,
+            allow_private_webhooks: false,
         }
     }
 }

@@ -67,6 +67,8 @@ pub(super) struct RawConfig {
     pub envoy: RawEnvoy,
     #[serde(default)]
     pub haproxy: RawHaproxy,
+    #[serde(default)]
+    pub subscriptions: RawSubscriptions,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -87,6 +89,16 @@ pub(super) struct RawEnvoyCluster {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHaproxy {
     pub agent_listen: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSubscriptions {
+    pub enabled: Option<bool>,
+    pub email: Option<bool>,
+    pub webhook: Option<bool>,
+    pub max_subscribers: Option<i64>,
+    pub allow_private_webhooks: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

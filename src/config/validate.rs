@@ -119,6 +119,19 @@ impl<'a> Checker<'a> {
         if !(0.0..=1.0).contains(&ratio) {
             self.error("tracing.sample_ratio", "must be between 0 and 1");
         }
+        let subs = &c.subscriptions;
+        if subs.enabled && subs.email && c.alert.email.is_empty() {
+            self.error(
+                "subscriptions.email",
+                "subscriptions by email need an [[alert.email]] table (its SMTP setting sends them); add one or set email = false",
+            );
+        }
+        if subs.enabled && !subs.email && !subs.webhook {
+            self.error(
+                "subscriptions.enabled",
+                "neither email nor webhook is on: nothing could be subscribed to",
+            );
+        }
         super::vantage::check(self, c);
         super::profile::check(self, c);
         super::shadow::check(self, c);

@@ -90,6 +90,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0019_attempts_by_request",
         include_str!("../../migrations/sqlite/0019_attempts_by_request.sql"),
     ),
+    (
+        "0022_subscribers",
+        include_str!("../../migrations/sqlite/0022_subscribers.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -169,6 +173,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0019_attempts_by_request",
         include_str!("../../migrations/postgres/0019_attempts_by_request.sql"),
+    ),
+    (
+        "0022_subscribers",
+        include_str!("../../migrations/postgres/0022_subscribers.sql"),
     ),
 ];
 

@@ -52,6 +52,7 @@ mod rollups;
 pub mod spend;
 pub mod sql;
 mod stats;
+pub mod subscribers;
 mod switch;
 mod vantage;
 mod writer;

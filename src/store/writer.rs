@@ -127,6 +127,11 @@ pub(crate) enum Command {
         op: super::contracts::ContractOp,
         ack: Ack<u64>,
     },
+    /// A write to the subscriber tables (`store/subscribers.rs`).
+    Subscriber {
+        op: super::subscribers::SubscriberOp,
+        ack: Ack<u64>,
+    },
     /// A write to the `drills` table (`store/drills.rs`).
     Drill {
         op: super::drills::DrillOp,
@@ -187,7 +192,8 @@ impl Command {
             | Command::Alert { ack, .. }
             | Command::Contract { ack, .. }
             | Command::Idempotency { ack, .. }
-            | Command::Drill { ack, .. } => {
+            | Command::Drill { ack, .. }
+            | Command::Subscriber { ack, .. } => {
                 let _ = ack.send(result);
             }
             Command::Shutdown { ack } => {
@@ -658,6 +664,7 @@ impl State {
                 Command::Alert { op, .. } => super::alerts::apply(&tx, op)?,
                 Command::Contract { op, .. } => super::contracts::apply(&tx, op)?,
                 Command::Drill { op, .. } => super::drills::apply(&tx, op)?,
+                Command::Subscriber { op, .. } => super::subscribers::apply(&tx, op)?,
                 Command::Vantage {
                     items,
                     now,

@@ -43,6 +43,7 @@ pub mod reload;
 pub mod requests;
 pub mod shadow;
 pub mod silences;
+pub mod subscribe;
 pub mod switches;
 pub mod table;
 pub mod vantages;

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{
     api, atom, badges, clients, drift, drills, feed, ingest, metrics, openapi, pages, reload,
-    requests, shadow, silences, switches, xds, AppState, Endpoint,
+    requests, shadow, silences, subscribe, switches, xds, AppState, Endpoint,
 };
 
 /// One endpoint: where it is, what serves it, and how the OpenAPI document describes it.
@@ -193,6 +193,42 @@ pub fn table() -> Vec<Entry> {
             "/api/v1/admin/silences/{id}",
             delete(silences::remove),
             silences::remove_doc(),
+        ),
+        Entry::new(
+            M::GET,
+            "/api/v1/admin/subscribers",
+            get(subscribe::list),
+            subscribe::list_doc(),
+        ),
+        Entry::new(
+            M::DELETE,
+            "/api/v1/admin/subscribers",
+            delete(subscribe::remove),
+            subscribe::remove_doc(),
+        ),
+        Entry::new(
+            M::POST,
+            "/subscribe",
+            post(subscribe::subscribe).layer(DefaultBodyLimit::max(subscribe::MAX_FORM)),
+            subscribe::subscribe_doc(),
+        ),
+        Entry::new(
+            M::GET,
+            "/subscribe/confirm",
+            get(subscribe::confirm),
+            subscribe::confirm_doc(),
+        ),
+        Entry::new(
+            M::GET,
+            "/subscribe/unsubscribe",
+            get(subscribe::unsubscribe_page),
+            subscribe::unsubscribe_page_doc(),
+        ),
+        Entry::new(
+            M::POST,
+            "/subscribe/unsubscribe",
+            post(subscribe::unsubscribe).layer(DefaultBodyLimit::max(subscribe::MAX_FORM)),
+            subscribe::unsubscribe_doc(),
         ),
         Entry::new(
             M::GET,

@@ -23,6 +23,8 @@ pub struct ErrorRow {
 #[template(path = "route.html")]
 pub struct RoutePage {
     pub c: Chrome,
+    /// The subscribe form (HTML), empty when subscriptions are off.
+    pub subscribe_form: String,
     pub r: RouteCard,
     pub provider: String,
     pub region: String,
@@ -121,6 +123,12 @@ pub async fn route(
         .map(|p| p.shadow_report())
         .unwrap_or_default();
     let body = RoutePage {
+        subscribe_form: crate::web::subscribe::form(
+            &state.config.current().subscriptions,
+            lang == Lang::Zh,
+            &state.routes,
+            Some(&route),
+        ),
         shadow: super::shadow::shadow_box(lang, &shadow_report, &route.id),
         vantages: rows(&view, &route.id, lang, &when),
         vantage_local: local(&health, &route.id),

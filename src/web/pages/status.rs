@@ -91,6 +91,8 @@ pub struct IncidentLine {
 #[template(path = "status.html")]
 pub struct StatusPage {
     pub c: Chrome,
+    /// The subscribe form (HTML), empty when subscriptions are off.
+    pub subscribe_form: String,
     pub overall_class: &'static str,
     pub overall_text: &'static str,
     pub incidents: Vec<IncidentLine>,
@@ -540,6 +542,7 @@ pub fn status_page(
         .map(|f| i18n::finding(lang, f.kind, &f.providers, f.routes.len()))
         .collect();
     StatusPage {
+        subscribe_form: String::new(),
         c: Chrome {
             badge: routes
                 .first()
@@ -633,6 +636,8 @@ pub async fn status(
             .collect();
     }
     page.drills = drill_lines(&state, lang, now, None);
+    page.subscribe_form =
+        crate::web::subscribe::form(&config.subscriptions, lang == Lang::Zh, &state.routes, None);
     if let Some(link) = &state.vantages {
         let view = link.view.borrow().clone();
         if !view.routes.is_empty() {
