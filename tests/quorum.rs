@@ -352,3 +352,115 @@ async fn a_restart_resumes_the_stored_states() {
     }
     svc.stop().await;
 }
+
+/// What the demo's simulator would answer `route` at `s` seconds after the demo started, as
+/// the vantage there records it (the agent's path to its cut region fails to connect).
+fn demo_outcome(
+    route: &probeok::route::Route,
+    kind: OutcomeKind,
+    agent: bool,
+    s: u64,
+    at: DateTime<Utc>,
+    rng: &mut rand::rngs::StdRng,
+) -> ProbeOutcome {
+    use probeok::demo::edge::{EdgeOutage, EDGE_REGION};
+    let id = &route.id;
+    let (provider, region, model) = id.split();
+    let scenario = probeok::demo::scenario_for(provider, region, model);
+    let elapsed = Duration::from_secs_f64(s as f64 * probeok::demo::DEMO_TIME_SCALE);
+    let b = probeok::sim::scenario::behaviour(scenario, elapsed, true, rng);
+    let mut o = probeok::sim::history::outcome(route, kind, at, &b, rng);
+    let cut = (provider, region) == EDGE_REGION;
+    if agent && cut && EdgeOutage::DEMO.is_down(Duration::from_secs(s)) {
+        o = probe(id, at, false);
+        o.kind = kind;
+        o.http_status = None;
+        o.error = Some(ProbeError::Connect {
+            message: "connection reset by the agent's network".into(),
+        });
+    }
+    o
+}
+
+/// The built-in demo for its first five minutes after its first start (its month of history
+/// written, as `probeok serve` does): every route probed by this monitor and the demo's
+/// agent at the demo's intervals, each answered as the demo's simulator acts its scenario out
+/// at the demo's time scale (the agent's own path to one region cut from the second minute).
+/// No route changes state more than twice in any minute. Prints the transitions per route
+/// per hour, the figure compared before and after the quorum had memory.
+#[tokio::test(start_paused = true)]
+async fn the_demo_moves_no_route_more_than_twice_a_minute() {
+    use rand::SeedableRng;
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let demo = probeok::demo::start(shutdown.child_token()).await.unwrap();
+    let mut config = demo.config.clone();
+    config.storage.path = dir.path().join("demo.db");
+    probeok::demo::history::write_to_file(&config, t0())
+        .await
+        .unwrap()
+        .expect("a fresh database gets the history");
+    let store = Store::open(&config.storage.path, StoreOptions::default()).unwrap();
+    let mut svc = Svc::start(&config, &store, t0()).await;
+    let routes = config.routes();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(53);
+    let minutes: u64 = std::env::var("QUORUM_DEMO_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(5);
+    for s in 0..minutes * 60 {
+        for (i, route) in routes.iter().enumerate() {
+            let every = route.probe.interval.as_secs().max(1);
+            let tp = route.probe.throughput_every.as_secs().max(1);
+            // The two vantages' schedulers are not in step: the agent probes 2 s later.
+            for (vantage, offset) in [("local", 0), ("demo-edge", 2)] {
+                let t = s + i as u64 % every;
+                let kind = if t % every == offset {
+                    OutcomeKind::Probe
+                } else if t % tp == offset + every / 2 {
+                    OutcomeKind::Throughput
+                } else {
+                    continue;
+                };
+                let o = demo_outcome(route, kind, vantage != "local", s, svc.now(), &mut rng);
+                if vantage == "local" {
+                    svc.tx.as_ref().unwrap().send(o).await.unwrap();
+                } else {
+                    svc.pushed += 1;
+                    let v = VantageOutcome {
+                        vantage: vantage.to_owned(),
+                        id: format!("edge-{}", svc.pushed),
+                        outcome: o,
+                    };
+                    svc.agents.send(v).await.unwrap();
+                }
+            }
+        }
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        svc.second().await;
+    }
+    let hours = minutes as f64 / 60.0;
+    let total = svc.seen.len();
+    println!(
+        "demo, first {minutes} min: {total} transitions over {} routes: {:.1} per route per hour",
+        routes.len(),
+        total as f64 / routes.len() as f64 / hours
+    );
+    for route in &routes {
+        let moves = svc.moves(&route.id);
+        for (k, (_, _, at)) in moves.iter().enumerate() {
+            let within = (moves[k..].iter())
+                .filter(|(.., later)| *later - *at < chrono::Duration::seconds(60))
+                .count();
+            assert!(
+                within <= 2,
+                "{}: {within} changes within a minute of {at}: {moves:?}",
+                route.id
+            );
+        }
+    }
+    svc.stop().await;
+    shutdown.cancel();
+}
