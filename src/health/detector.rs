@@ -42,7 +42,7 @@ use super::reasons::{failure_mode, lead_code, reason_text, signals_text, streak_
 use super::route_health::{ModeCounts, RouteHealth, Suppression};
 use super::split::{Split, TpsCheck};
 use super::window::Counts;
-use super::{fmt_spread, Reason, State};
+use super::{fmt_spread, FailureMode, Reason, State};
 use crate::config::DetectionConfig;
 pub use crate::evidence::{ErrorRateEvidence, Evidence, Observed, Threshold};
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
@@ -608,7 +608,8 @@ impl Detector {
             None => {
                 if !matches!(h.state, State::Normal | State::Unknown) {
                     refresh_split_reason(h, &obs, core);
-                    h.failure_mode = failure_mode(h);
+                    // A route that follows its vantages counts no modes of its own: keep theirs.
+                    h.failure_mode = failure_mode(h).or(h.failure_mode);
                     if let Some(i) = h.incident.as_mut() {
                         i.failure_mode = h.failure_mode.or(i.failure_mode);
                     }
@@ -695,6 +696,7 @@ impl Detector {
         h: &mut RouteHealth,
         to: State,
         reason: Reason,
+        mode: Option<FailureMode>,
         agreeing: u32,
         min_vantages: u32,
         now: DateTime<Utc>,
@@ -709,8 +711,20 @@ impl Detector {
             limit: f64::from(min_vantages),
         }];
         let ev = self.evidence(h, &Obs::default(), &rate, thresholds);
-        let t = self.transition(h, to, reason, ev, now);
+        let mut t = self.transition(h, to, reason, ev, now);
         h.abnormal_run_since = None;
+        // The route's own machine saw none of the probes: how it fails is what its vantages
+        // see.
+        if !matches!(to, State::Normal | State::Unknown) && t.failure_mode.is_none() {
+            t.failure_mode = mode;
+            h.failure_mode = mode;
+            if let Some(i) = h.incident.as_mut() {
+                i.failure_mode = i.failure_mode.or(mode);
+                if let Some(last) = i.transitions.last_mut() {
+                    last.failure_mode = mode;
+                }
+            }
+        }
         Some(t)
     }
 

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{Reason, State};
+use super::{FailureMode, Reason, State};
 
 /// One vantage's view of a route, as the quorum reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +36,8 @@ pub struct Vote<'a> {
     /// Has this vantage judged the route since the monitor started? Without, it has no
     /// opinion yet: its vote is the route's current state.
     pub judged: bool,
+    /// The failure mode its own machine sees, if any.
+    pub mode: Option<FailureMode>,
 }
 
 /// What the quorum decided for one route.
@@ -48,6 +50,8 @@ pub struct Verdict {
     pub local: Vec<String>,
     /// Why, for the route's transition.
     pub reason: Reason,
+    /// How the route fails, as the vantages carrying the state see it.
+    pub failure_mode: Option<FailureMode>,
 }
 
 /// The quorum over `votes` (fresh vantages only) for a route now in `current` (see the
@@ -62,6 +66,7 @@ pub fn judge(votes: &[Vote<'_>], min_vantages: u32, current: State) -> Verdict {
             agreeing: votes.iter().map(|v| v.vantage.to_owned()).collect(),
             local: Vec::new(),
             reason: Reason::new("vantages_unknown", "no vantage has judged the route yet"),
+            failure_mode: None,
         };
     }
     // Every fresh vantage counts toward the quorum, UNKNOWN sorting mildest; one with no
@@ -96,6 +101,7 @@ pub fn judge(votes: &[Vote<'_>], min_vantages: u32, current: State) -> Verdict {
                     votes.len()
                 ),
             ),
+            failure_mode: None,
         };
     }
     let agreeing: Vec<String> = known
@@ -123,12 +129,25 @@ pub fn judge(votes: &[Vote<'_>], min_vantages: u32, current: State) -> Verdict {
         (_, None) => "quorum".to_owned(),
     };
     let mut text = format!(
-        "{} of {} vantages ({}) see {}",
+        "{} of {} {} ({}) {} {}",
         agreeing.len(),
         known.len(),
+        if known.len() == 1 {
+            "vantage"
+        } else {
+            "vantages"
+        },
         agreeing.join(", "),
+        if agreeing.len() == 1 { "sees" } else { "see" },
         state.as_str()
     );
+    let failure_mode = (state > State::Normal)
+        .then(|| {
+            (known.iter())
+                .filter(|v| v.state >= state)
+                .find_map(|v| v.mode)
+        })
+        .flatten();
     if let Some(r) = lead.filter(|_| state != State::Normal) {
         text.push_str(": ");
         text.push_str(&r.text);
@@ -138,6 +157,7 @@ pub fn judge(votes: &[Vote<'_>], min_vantages: u32, current: State) -> Verdict {
         agreeing,
         local,
         reason: Reason::new(&code, text),
+        failure_mode,
     }
 }
 
@@ -263,6 +283,7 @@ mod tests {
                 state: *s,
                 reason: None,
                 judged: true,
+                mode: None,
             })
             .collect()
     }
@@ -372,11 +393,17 @@ mod tests {
     fn a_vantage_with_no_opinion_yet_neither_heals_nor_worsens() {
         // Restarted DEGRADED: the monitor's own vantage sees NORMAL, the agents have not
         // reported yet. Their votes keep the route where it is.
-        let v = abstaining(votes(&[("a", Normal), ("b", Normal), ("c", Normal)]), &[1, 2]);
+        let v = abstaining(
+            votes(&[("a", Normal), ("b", Normal), ("c", Normal)]),
+            &[1, 2],
+        );
         assert_eq!(judge(&v, 2, Degraded).state, Degraded);
         assert_eq!(judge(&v, 1, Degraded).state, Degraded);
         // And a NORMAL route is not worsened by one failing place beside them.
-        let v = abstaining(votes(&[("a", Critical), ("b", Normal), ("c", Normal)]), &[1, 2]);
+        let v = abstaining(
+            votes(&[("a", Critical), ("b", Normal), ("c", Normal)]),
+            &[1, 2],
+        );
         assert_eq!(judge(&v, 2, Normal).state, Normal);
     }
 
@@ -396,6 +423,7 @@ mod tests {
             agreeing: vec!["a".into(), "b".into()],
             local: Vec::new(),
             reason: Reason::new(code, "x"),
+            failure_mode: None,
         }
     }
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::{HealthEvent, HealthService, Persist, State};
-use crate::health::quorum::Verdict;
 use crate::health::confirm;
+use crate::health::quorum::Verdict;
 use crate::probe::ProbeOutcome;
 use crate::scheduler::Confirm;
 use crate::vantage::VantageOutcome;
@@ -110,6 +110,7 @@ impl HealthService {
                 &mut r.health,
                 v.state,
                 v.reason.clone(),
+                v.failure_mode,
                 agreeing,
                 self.board.min_vantages(),
                 now,

@@ -277,6 +277,7 @@ impl Board {
             state: j.local.state(),
             reason: j.local.reason(),
             judged: j.local_judged,
+            mode: j.local.failure_mode(),
         }];
         for s in &j.seats {
             let a = &self.agents[s.agent];
@@ -286,6 +287,7 @@ impl Board {
                     state: s.health.state(),
                     reason: s.health.reason(),
                     judged: s.judged,
+                    mode: s.health.failure_mode(),
                 });
             }
         }
@@ -307,7 +309,10 @@ impl Board {
         };
         let alone_changed = j.alone != v.local;
         j.alone.clone_from(&v.local);
-        (j.memory.step(v, report, self.hysteresis, now), alone_changed)
+        (
+            j.memory.step(v, report, self.hysteresis, now),
+            alone_changed,
+        )
     }
 
     /// The state the quorum last moved `route` to.
