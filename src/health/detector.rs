@@ -42,7 +42,7 @@ use super::reasons::{failure_mode, lead_code, reason_text, signals_text, streak_
 use super::route_health::{ModeCounts, RouteHealth, Suppression};
 use super::split::{Split, TpsCheck};
 use super::window::Counts;
-use super::{fmt_spread, FailureMode, Reason, State};
+use super::{fmt_spread, Reason, State};
 use crate::config::DetectionConfig;
 pub use crate::evidence::{ErrorRateEvidence, Evidence, Observed, Threshold};
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
@@ -694,13 +694,12 @@ impl Detector {
     pub fn follow(
         &self,
         h: &mut RouteHealth,
-        to: State,
-        reason: Reason,
-        mode: Option<FailureMode>,
-        agreeing: u32,
+        v: &super::quorum::Verdict,
         min_vantages: u32,
         now: DateTime<Utc>,
     ) -> Option<Transition> {
+        let (to, reason, mode) = (v.state, v.reason.clone(), v.failure_mode);
+        let agreeing = u32::try_from(v.agreeing.len()).unwrap_or(u32::MAX);
         if h.state == to {
             return None;
         }

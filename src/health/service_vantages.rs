@@ -105,16 +105,7 @@ impl HealthService {
         }
         if let Some(v) = &to {
             let r = &mut self.routes[i];
-            let agreeing = u32::try_from(v.agreeing.len()).unwrap_or(u32::MAX);
-            let t = self.detector.follow(
-                &mut r.health,
-                v.state,
-                v.reason.clone(),
-                v.failure_mode,
-                agreeing,
-                self.board.min_vantages(),
-                now,
-            );
+            let t = (self.detector).follow(&mut r.health, v, self.board.min_vantages(), now);
             r.unsaved = true;
             if let Some(t) = t {
                 self.on_transition(i, t, persist).await;

@@ -492,7 +492,7 @@ stale_after = "10s"
         assert_eq!(f[0].kind, FindingKind::VantageLocal);
         let (to, alone) = board.note(&m, &v, true, t0);
         assert_eq!((to.map(|v| v.state), alone), (Some(State::Normal), true));
-        assert_eq!(board.note(&m, &v, true, t0).1, false);
+        assert!(!board.note(&m, &v, true, t0).1);
 
         // sh goes silent: stale once, out of the quorum (hz and bj are left: still NORMAL,
         // bj failing alone).
