@@ -100,7 +100,7 @@ fn main() {
     }
     for id in &ids {
         if let Some(v) = board.verdict(id) {
-            let _ = board.note(id, &v);
+            let _ = board.note(id, &v, true, now);
         }
     }
     println!(
@@ -119,7 +119,7 @@ fn main() {
         let mut moved = 0usize;
         for id in &ids {
             if let Some(v) = board.verdict(id) {
-                moved += usize::from(board.note(id, &v).0.is_some());
+                moved += usize::from(board.note(id, &v, false, at).0.is_some());
             }
         }
         black_box(moved);

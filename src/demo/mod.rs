@@ -79,7 +79,7 @@ const PROVIDERS: [DemoProvider; 3] = [
 ];
 
 /// Which demo routes misbehave, and how. Everything else is healthy.
-fn scenario_for(provider: &str, region: &str, model: &str) -> Scenario {
+pub fn scenario_for(provider: &str, region: &str, model: &str) -> Scenario {
     match (provider, region, model) {
         ("qwen", "cn-beijing", "qwen-max") => Scenario::LatencySpike,
         ("qwen", "cn-hangzhou", "qwen-turbo") => Scenario::PartialOutage,

@@ -608,7 +608,8 @@ impl Detector {
             None => {
                 if !matches!(h.state, State::Normal | State::Unknown) {
                     refresh_split_reason(h, &obs, core);
-                    h.failure_mode = failure_mode(h);
+                    // A route that follows its vantages counts no modes of its own: keep theirs.
+                    h.failure_mode = failure_mode(h).or(h.failure_mode);
                     if let Some(i) = h.incident.as_mut() {
                         i.failure_mode = h.failure_mode.or(i.failure_mode);
                     }
@@ -693,12 +694,12 @@ impl Detector {
     pub fn follow(
         &self,
         h: &mut RouteHealth,
-        to: State,
-        reason: Reason,
-        agreeing: u32,
+        v: &super::quorum::Verdict,
         min_vantages: u32,
         now: DateTime<Utc>,
     ) -> Option<Transition> {
+        let (to, reason, mode) = (v.state, v.reason.clone(), v.failure_mode);
+        let agreeing = u32::try_from(v.agreeing.len()).unwrap_or(u32::MAX);
         if h.state == to {
             return None;
         }
@@ -709,8 +710,20 @@ impl Detector {
             limit: f64::from(min_vantages),
         }];
         let ev = self.evidence(h, &Obs::default(), &rate, thresholds);
-        let t = self.transition(h, to, reason, ev, now);
+        let mut t = self.transition(h, to, reason, ev, now);
         h.abnormal_run_since = None;
+        // The route's own machine saw none of the probes: how it fails is what its vantages
+        // see.
+        if !matches!(to, State::Normal | State::Unknown) && t.failure_mode.is_none() {
+            t.failure_mode = mode;
+            h.failure_mode = mode;
+            if let Some(i) = h.incident.as_mut() {
+                i.failure_mode = i.failure_mode.or(mode);
+                if let Some(last) = i.transitions.last_mut() {
+                    last.failure_mode = mode;
+                }
+            }
+        }
         Some(t)
     }
 

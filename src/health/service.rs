@@ -266,7 +266,7 @@ impl HealthService {
         .await??;
 
         let detector = Detector::new(&config.detection);
-        let board = Board::new(config, &detector, remote, now);
+        let mut board = Board::new(config, &detector, remote, now);
         let mut stored: HashMap<RouteId, RouteHealth> = stored
             .into_iter()
             .map(|s| {
@@ -283,6 +283,9 @@ impl HealthService {
             let health = match stored.remove(id) {
                 Some(h) => {
                     restored += 1;
+                    // A restart resumes: the route keeps this state until its vantages'
+                    // reports move it.
+                    board.resume(id, h.state());
                     h
                 }
                 None => detector.route(id.clone(), now),
@@ -599,7 +602,7 @@ impl HealthService {
             }
             for i in 0..self.routes.len() {
                 if self.board.covers(self.routes[i].health.route()) {
-                    self.follow_quorum(i, persist).await;
+                    self.follow_quorum(i, false, persist).await;
                 }
             }
             if went_stale {

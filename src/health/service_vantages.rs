@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::{HealthEvent, HealthService, Persist, State};
 use crate::health::confirm;
+use crate::health::quorum::Verdict;
 use crate::probe::ProbeOutcome;
 use crate::scheduler::Confirm;
 use crate::vantage::VantageOutcome;
@@ -39,6 +40,7 @@ impl HealthService {
             return;
         };
         let _ = self.detector.ingest(local, &mut r.baseline, &o, now);
+        let local = &*local;
         if let Some(tx) = &self.confirms {
             if let Some(kind) = confirm::confirmation(local, &o, self.detector.config()) {
                 let asked = Confirm {
@@ -50,7 +52,8 @@ impl HealthService {
                 }
             }
         }
-        self.follow_quorum(i, persist).await;
+        self.board.local_judged(&o.route);
+        self.follow_quorum(i, true, persist).await;
     }
 
     /// An outcome from an agent.
@@ -72,35 +75,37 @@ impl HealthService {
             return;
         }
         if let Some(&i) = self.index.get(&v.outcome.route) {
-            self.follow_quorum(i, persist).await;
+            self.follow_quorum(i, true, persist).await;
         }
     }
 
-    /// Moves route `i` to its vantages' quorum when that changed (see [`crate::health::quorum`]).
-    pub(super) async fn follow_quorum(&mut self, i: usize, persist: &mpsc::Sender<Persist>) {
+    /// Moves route `i` where its vantages' quorum, with its memory, says (see
+    /// [`crate::health::quorum`]); `report` says whether a vantage's outcome brought this
+    /// evaluation (a tick's does not complete a run).
+    pub(super) async fn follow_quorum(
+        &mut self,
+        i: usize,
+        report: bool,
+        persist: &mpsc::Sender<Persist>,
+    ) {
         let id = self.routes[i].health.route().clone();
         let Some(verdict) = self.board.verdict(&id) else {
             return;
         };
-        let (mut to, alone_changed) = self.board.note(&id, &verdict);
-        // Real traffic (passive outcomes) may make the route worse than its vantages see, and
-        // never better: a route the quorum finds bad is not healed by its own passive rules.
-        let judged = self.routes[i].health.state();
-        if to.is_none() && verdict.state != State::Unknown && judged < verdict.state {
-            to = Some(verdict.state);
-        }
         let now = self.clock.now();
-        if let Some(to) = to {
+        let (mut to, alone_changed) = self.board.note(&id, &verdict, report, now);
+        // Real traffic (passive outcomes) may make the route worse than its vantages see, and
+        // never better: a route the quorum holds bad is not healed by its own passive rules.
+        let applied = self.board.applied(&id).unwrap_or(State::Unknown);
+        if to.is_none() && applied != State::Unknown && self.routes[i].health.state() < applied {
+            to = Some(Verdict {
+                state: applied,
+                ..verdict
+            });
+        }
+        if let Some(v) = &to {
             let r = &mut self.routes[i];
-            let agreeing = u32::try_from(verdict.agreeing.len()).unwrap_or(u32::MAX);
-            let t = self.detector.follow(
-                &mut r.health,
-                to,
-                verdict.reason.clone(),
-                agreeing,
-                self.board.min_vantages(),
-                now,
-            );
+            let t = (self.detector).follow(&mut r.health, v, self.board.min_vantages(), now);
             r.unsaved = true;
             if let Some(t) = t {
                 self.on_transition(i, t, persist).await;

@@ -8,6 +8,10 @@
 //! [`Detector::follow`]. Routes no `[[vantage]]` names are not on the board: one box judges
 //! them exactly as before.
 //!
+//! A vantage joins a route's vote once its own machine has judged the route (left `UNKNOWN`)
+//! and stays in it until it goes stale; before that it has no opinion (see [`super::quorum`]).
+//! Each route's [`quorum::Memory`] moves it with the single-vantage machine's hysteresis.
+//!
 //! An agent silent for its `stale_after` (counted from the later of its last push and the
 //! service start) is stale: it leaves every quorum until it pushes again, and the change is
 //! reported once as a `vantage_stale` finding. Pure apart from the clock values passed in.
@@ -20,7 +24,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::findings::{Finding, FindingKind};
-use super::quorum::{self, Verdict, Vote};
+use super::quorum::{self, Hysteresis, Memory, Verdict, Vote};
 use super::{Baseline, Detector, Reason, RouteHealth, State};
 use crate::config::Config;
 use crate::outcome::ProbeOutcome;
@@ -75,14 +79,17 @@ struct Seat {
     agent: usize,
     health: RouteHealth,
     baseline: Baseline,
+    /// Its machine has left `UNKNOWN` since the start: a member of the route's vote.
+    judged: bool,
 }
 
 struct Judged {
     /// The monitor's own vantage's machine (its baseline is the shell's route baseline).
     local: RouteHealth,
+    local_judged: bool,
     seats: Vec<Seat>,
-    /// The quorum state last applied to the route.
-    applied: State,
+    /// The quorum state last applied to the route, and the run toward another.
+    memory: Memory,
     /// The vantages failing alone, as last reported.
     alone: Vec<String>,
 }
@@ -91,6 +98,7 @@ struct Judged {
 pub struct Board {
     local_id: String,
     min_vantages: u32,
+    hysteresis: Hysteresis,
     started: DateTime<Utc>,
     agents: Vec<Agent>,
     routes: HashMap<RouteId, Judged>,
@@ -129,6 +137,7 @@ impl Board {
                     baseline: baselines
                         .remove(&(id.clone(), a.id.clone()))
                         .unwrap_or_else(|| Baseline::new(id.clone(), detector.config())),
+                    judged: false,
                 })
                 .collect();
             if !seats.is_empty() {
@@ -136,8 +145,9 @@ impl Board {
                     id.clone(),
                     Judged {
                         local: detector.route(id.clone(), now),
+                        local_judged: false,
                         seats,
-                        applied: State::Unknown,
+                        memory: Memory::new(State::Unknown),
                         alone: Vec::new(),
                     },
                 );
@@ -146,9 +156,21 @@ impl Board {
         Self {
             local_id: config.server.vantage.clone(),
             min_vantages: config.quorum.min_vantages,
+            hysteresis: Hysteresis {
+                degraded_after: detector.config().degraded_after,
+                recover_after: detector.config().recover_after,
+            },
             started: now,
             agents,
             routes,
+        }
+    }
+
+    /// After a start: `route` is in `state` (restored from the store) until its vantages
+    /// move it.
+    pub fn resume(&mut self, route: &RouteId, state: State) {
+        if let Some(j) = self.routes.get_mut(route) {
+            j.memory = Memory::new(state);
         }
     }
 
@@ -165,6 +187,14 @@ impl Board {
     /// The monitor's own vantage's machine of a covered route.
     pub fn local_mut(&mut self, route: &RouteId) -> Option<&mut RouteHealth> {
         self.routes.get_mut(route).map(|j| &mut j.local)
+    }
+
+    /// After the monitor's own vantage judged an outcome of `route`: it joins the vote once
+    /// its machine left `UNKNOWN`.
+    pub fn local_judged(&mut self, route: &RouteId) {
+        if let Some(j) = self.routes.get_mut(route) {
+            j.local_judged |= j.local.state() != State::Unknown;
+        }
     }
 
     /// One outcome measured at `vantage`. Answers whether a covered route and an assigned
@@ -191,6 +221,7 @@ impl Board {
         // Transitions of one vantage are its own view, not the route's: they are shown, not
         // stored as the route's history.
         let _ = detector.ingest(&mut seat.health, &mut seat.baseline, o, now);
+        seat.judged |= seat.health.state() != State::Unknown;
         (true, fresh)
     }
 
@@ -199,8 +230,10 @@ impl Board {
     pub fn tick(&mut self, detector: &Detector, now: DateTime<Utc>) -> bool {
         for j in self.routes.values_mut() {
             let _ = detector.tick(&mut j.local, now);
+            j.local_judged |= j.local.state() != State::Unknown;
             for s in &mut j.seats {
                 let _ = detector.tick(&mut s.health, now);
+                s.judged |= s.health.state() != State::Unknown;
             }
         }
         let mut changed = false;
@@ -243,7 +276,8 @@ impl Board {
             vantage: &self.local_id,
             state: j.local.state(),
             reason: j.local.reason(),
-            failed_lately: failed_lately(&j.local),
+            judged: j.local_judged,
+            mode: j.local.failure_mode(),
         }];
         for s in &j.seats {
             let a = &self.agents[s.agent];
@@ -252,27 +286,38 @@ impl Board {
                     vantage: &a.id,
                     state: s.health.state(),
                     reason: s.health.reason(),
-                    failed_lately: failed_lately(&s.health),
+                    judged: s.judged,
+                    mode: s.health.failure_mode(),
                 });
             }
         }
-        Some(quorum::judge(&votes, self.min_vantages))
+        Some(quorum::judge(&votes, self.min_vantages, j.memory.applied()))
     }
 
-    /// Records `v` as `route`'s latest verdict: answers the state to move the route to (when
-    /// the quorum's state changed; never back to UNKNOWN) and whether the vantages failing
-    /// alone changed.
-    pub fn note(&mut self, route: &RouteId, v: &Verdict) -> (Option<State>, bool) {
+    /// Records `v` as `route`'s latest verdict (`report`: a vantage reported since the last
+    /// evaluation): answers the verdict to move the route to, when its memory moves it now
+    /// (never back to UNKNOWN), and whether the vantages failing alone changed.
+    pub fn note(
+        &mut self,
+        route: &RouteId,
+        v: &Verdict,
+        report: bool,
+        now: DateTime<Utc>,
+    ) -> (Option<Verdict>, bool) {
         let Some(j) = self.routes.get_mut(route) else {
             return (None, false);
         };
         let alone_changed = j.alone != v.local;
         j.alone.clone_from(&v.local);
-        let to = (v.state != j.applied && v.state != State::Unknown).then_some(v.state);
-        if to.is_some() {
-            j.applied = v.state;
-        }
-        (to, alone_changed)
+        (
+            j.memory.step(v, report, self.hysteresis, now),
+            alone_changed,
+        )
+    }
+
+    /// The state the quorum last moved `route` to.
+    pub fn applied(&self, route: &RouteId) -> Option<State> {
+        self.routes.get(route).map(|j| j.memory.applied())
     }
 
     pub fn min_vantages(&self) -> u32 {
@@ -341,12 +386,6 @@ impl Board {
         }
         VantageView { routes }
     }
-}
-
-/// Whether an `UNKNOWN` vantage has failed within its error window (summed only for those:
-/// a judged vantage's vote does not need it).
-fn failed_lately(h: &RouteHealth) -> bool {
-    h.state() == State::Unknown && h.window().failures_held() > 0
 }
 
 #[cfg(test)]
@@ -435,6 +474,7 @@ stale_after = "10s"
             let o = probe(&m, at, true);
             let h = board.local_mut(&m).unwrap();
             let _ = d.ingest(h, &mut local, &o, at);
+            board.local_judged(&m);
             assert_eq!(board.ingest_remote(&d, "bj", &o, at), (true, false));
             assert_eq!(board.ingest_remote(&d, "sh", &o, at), (true, false));
         }
@@ -450,8 +490,9 @@ stale_after = "10s"
         let f = board.findings(t0);
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].kind, FindingKind::VantageLocal);
-        assert_eq!(board.note(&m, &v), (Some(State::Normal), true));
-        assert_eq!(board.note(&m, &v), (None, false));
+        let (to, alone) = board.note(&m, &v, true, t0);
+        assert_eq!((to.map(|v| v.state), alone), (Some(State::Normal), true));
+        assert!(!board.note(&m, &v, true, t0).1);
 
         // sh goes silent: stale once, out of the quorum (hz and bj are left: still NORMAL,
         // bj failing alone).

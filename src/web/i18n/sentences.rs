@@ -77,6 +77,34 @@ pub fn reason(lang: Lang, code: &str, f: &ReasonFigures, detail: &str) -> String
         "recovered" => "已恢复：最近的观测都正常".into(),
         "baseline_ready" if en => "enough samples to judge latency".into(),
         "baseline_ready" => "样本已足够，开始按基线判断延迟".into(),
+        "ttft_above_baseline" if en => "the first token comes later than its baseline".into(),
+        "ttft_above_baseline" => "首个 token 比基线来得晚".into(),
+        "ttft_and_tps_off_baseline" if en => {
+            "the first token is late and output is slower than normal".into()
+        }
+        "ttft_and_tps_off_baseline" => "首个 token 来得晚，输出速度也低于正常".into(),
+        "abnormal" if en => "observations are abnormal".into(),
+        "abnormal" => "观测异常".into(),
+        // The quorum's own codes: the English detail names the vantages and their count.
+        "quorum_normal" | "vantages_unknown" | "quorum" if en => detail.to_owned(),
+        "quorum_normal" => match quorum_counts(detail) {
+            Some((n, m, who)) if !who.is_empty() => {
+                format!("{m} 个探测点中有 {n} 个（{who}）看到该线路正常")
+            }
+            _ => "多数探测点看到该线路正常".into(),
+        },
+        "vantages_unknown" => match quorum_counts(detail) {
+            Some((n, m, _)) => {
+                format!("{m} 个探测点中只有 {n} 个已判断该线路：不足以判定状态")
+            }
+            None => "还没有足够的探测点判断该线路".into(),
+        },
+        "quorum" => match quorum_counts(detail) {
+            Some((n, m, who)) if !who.is_empty() => {
+                format!("{m} 个探测点中有 {n} 个（{who}）看到该线路异常")
+            }
+            _ => "多个探测点一致看到该线路异常".into(),
+        },
         _ => detail.to_owned(),
     }
 }
@@ -251,24 +279,86 @@ pub fn evidence(lang: Lang, e: &Evidence) -> Vec<String> {
     out
 }
 
-/// A finding in plain words, with the providers it names.
-pub fn finding(lang: Lang, kind: FindingKind, providers: &[String], routes: usize) -> String {
+/// The counts in the quorum's English sentence ("2 of 3 vantages (a, b) see …", "1 of 2
+/// vantages have judged …"): (agreeing, of, names joined with 、).
+fn quorum_counts(detail: &str) -> Option<(u32, u32, String)> {
+    let (n, rest) = detail.split_once(" of ")?;
+    let (m, rest) = rest.split_once(" vantage")?;
+    let rest = rest.strip_prefix('s').unwrap_or(rest);
+    let who = (rest.strip_prefix(" ("))
+        .and_then(|r| r.split_once(')'))
+        .map(|(w, _)| w.replace(", ", "、"))
+        .unwrap_or_default();
+    Some((n.trim().parse().ok()?, m.trim().parse().ok()?, who))
+}
+
+/// Names shown in a finding before "and N more".
+const FINDING_NAMES: usize = 5;
+
+/// `names` joined, the first [`FINDING_NAMES`] of them and how many more.
+fn name_list(lang: Lang, names: &[&str]) -> String {
+    let shown = &names[..names.len().min(FINDING_NAMES)];
+    let more = names.len() - shown.len();
+    match (lang, more) {
+        (Lang::En, 0) => shown.join(", "),
+        (Lang::En, n) => format!("{} and {n} more", shown.join(", ")),
+        (Lang::Zh, 0) => shown.join("、"),
+        (Lang::Zh, n) => format!("{} 等 {} 个", shown.join("、"), shown.len() + n),
+    }
+}
+
+/// A finding in plain words, naming its routes and who sees it: the vantages for a
+/// vantage's finding, the providers for the others.
+pub fn finding(lang: Lang, f: &crate::health::Finding) -> String {
     let t = lang.text();
-    let base = match kind {
+    let base = match f.kind {
         FindingKind::Egress => t.finding_egress,
         FindingKind::RequestSide => t.finding_request_side,
         FindingKind::VantageLocal => t.finding_vantage_local,
         FindingKind::VantageStale => t.finding_vantage_stale,
     };
+    let by_vantage = matches!(
+        f.kind,
+        FindingKind::VantageLocal | FindingKind::VantageStale
+    );
+    let who: Vec<&str> = f.providers.iter().map(String::as_str).collect();
+    let routes: Vec<&str> = f.routes.iter().map(|r| r.as_str()).collect();
+    let plural = |n: usize, one: &'static str, many: &'static str| if n == 1 { one } else { many };
+    let mut parts = Vec::new();
     match lang {
-        Lang::En => format!(
-            "{base} ({routes} routes; providers: {})",
-            providers.join(", ")
-        ),
-        Lang::Zh => format!(
-            "{base}（{routes} 条线路；供应商：{}）",
-            providers.join("、")
-        ),
+        Lang::En => {
+            if !who.is_empty() {
+                let label = if by_vantage {
+                    plural(who.len(), "vantage", "vantages")
+                } else {
+                    plural(who.len(), "provider", "providers")
+                };
+                parts.push(format!("{label} {}", name_list(lang, &who)));
+            }
+            if !routes.is_empty() {
+                let label = plural(routes.len(), "route", "routes");
+                parts.push(format!("{label} {}", name_list(lang, &routes)));
+            }
+            if parts.is_empty() {
+                base.to_owned()
+            } else {
+                format!("{base} ({})", parts.join("; "))
+            }
+        }
+        Lang::Zh => {
+            if !who.is_empty() {
+                let label = if by_vantage { "探测点" } else { "供应商" };
+                parts.push(format!("{label}：{}", name_list(lang, &who)));
+            }
+            if !routes.is_empty() {
+                parts.push(format!("线路：{}", name_list(lang, &routes)));
+            }
+            if parts.is_empty() {
+                base.to_owned()
+            } else {
+                format!("{base}（{}）", parts.join("；"))
+            }
+        }
     }
 }
 

@@ -539,7 +539,7 @@ pub fn status_page(
     let findings = health
         .findings
         .iter()
-        .map(|f| i18n::finding(lang, f.kind, &f.providers, f.routes.len()))
+        .map(|f| i18n::finding(lang, f))
         .collect();
     StatusPage {
         subscribe_form: String::new(),
