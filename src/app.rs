@@ -55,13 +55,13 @@ pub enum AppError {
     #[error("detection: {0}")]
     Health(#[from] crate::health::service::HealthError),
     #[error("probe client: {0}")]
-    Probe(String),
+    Probe(#[from] crate::probe::client::ProbeSetupError),
     #[error("web server: {0}")]
     Io(#[from] std::io::Error),
     #[error("drift: {0}")]
     Drift(String),
     #[error("drills: {0}")]
-    Drill(String),
+    Drill(#[from] crate::drill::service::DrillError),
     #[error("proxy: {0}")]
     Proxy(#[from] crate::proxy::ProxyError),
     #[error("cluster: {0}")]
@@ -160,8 +160,7 @@ pub async fn start_with(
         latency_threshold: config.slo.latency_threshold,
     };
     let store = tokio::task::spawn_blocking(move || Store::open_at(&location, opts)).await??;
-    let client = ProbeClient::with_env(&routes, clock.clone(), &config.env)
-        .map_err(|e| AppError::Probe(e.to_string()))?;
+    let client = ProbeClient::with_env(&routes, clock.clone(), &config.env)?;
 
     // The member's role: a lease on the PostgreSQL database `[storage] url_env` names, or
     // (SQLite, one box) always the leader.
@@ -278,7 +277,7 @@ pub async fn start_with(
     // (SWITCHED through detection's command channel, its overrides into the weights, its
     // status on `/metrics`, the status page and `GET /api/v1/switches`; it runs in leader
     // terms and publishes into these watches).
-    let budget = crate::budget::Budget::new(
+    let budget = crate::extra_cost::ExtraCost::new(
         config.budget.clone(),
         &routes,
         clock.clone(),
@@ -314,8 +313,7 @@ pub async fn start_with(
         store.clone(),
         clock.clone(),
     )
-    .await
-    .map_err(|e| AppError::Drill(e.to_string()))?;
+    .await?;
     let weights_rx = crate::weights::spawn_publisher(
         crate::weights::Feeds {
             policy: crate::weights::Policy::from_config(&config),

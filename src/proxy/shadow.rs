@@ -246,7 +246,7 @@ impl Shadows {
             };
             let estimate = e.estimate(&pending.request);
             if !e.reserve(estimate, now) {
-                e.history().skipped(Skip::Budget, now);
+                e.history().skipped(Skip::ExtraCost, now);
                 continue;
             }
             let job = Job {

@@ -1,0 +1,6 @@
+mod burn_tally;
+mod claims;
+mod counts;
+mod delivery;
+mod drift;
+mod routing;
