@@ -54,20 +54,15 @@ use super::findings::{findings, Finding, FindingKind, RouteSummary};
 use super::vantages::{Board, VantageLink, VantageView};
 
 // The multi-vantage part of the shell: agents' outcomes, the quorum, the published view.
-#[path = "service_vantages.rs"]
-mod multi;
+mod vantages;
 // The persister task: transitions, incidents and states written in order.
-#[path = "service_persist.rs"]
 mod persist;
 // A cluster follower: the stored states published through the same path.
-#[path = "service_follow.rs"]
 mod follow;
 use persist::{persist_loop, send};
 // What a route shows and what of it is worth saving or publishing.
-#[path = "service_view.rs"]
 mod view;
 // Cross-route findings and publishing by change (bursts held to a window).
-#[path = "service_publish.rs"]
 mod publish;
 use super::{
     Baseline, Detector, HealthEvent, HealthRx, HealthSnapshot, Incident, RouteHealth, RouteStatus,
@@ -80,7 +75,7 @@ use crate::route::RouteId;
 use crate::scheduler::{Confirm, CONFIRM_QUEUE};
 use crate::store::{Store, StoreError, Writer, ALL_KINDS};
 use crate::vantage::VantageOutcome;
-use multi::next_remote;
+use vantages::next_remote;
 use view::{fingerprint, same_finding, same_view, status};
 
 /// The job name of the service's heartbeat (`/readyz`).
