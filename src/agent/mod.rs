@@ -8,9 +8,9 @@
 //! a unique id → outbox, in small transactions) → the pusher (oldest first, backoff with
 //! jitter while the monitor is unreachable); and `/healthz`, `/metrics` on `--listen`.
 
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod outbox;
-pub mod push;
+pub(crate) mod push;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

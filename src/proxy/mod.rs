@@ -36,11 +36,11 @@
 //! `api_key_env`, are added by the proxy and never returned. [`export`] puts the proxy's
 //! families on the monitor's `/metrics`; [`remote`] links a standalone proxy to its monitor.
 
-pub mod attempt;
+pub(crate) mod attempt;
 pub mod attribution;
-pub mod breaker;
-pub mod cache;
-pub mod clients;
+pub(crate) mod breaker;
+pub(crate) mod cache;
+pub(crate) mod clients;
 pub mod contract;
 mod degrade;
 pub mod export;
@@ -48,11 +48,11 @@ mod failover;
 pub mod idempotency;
 mod intake;
 pub mod jobs;
-pub mod meter;
+pub(crate) mod meter;
 mod notice;
-pub mod observe;
-pub mod profile;
-pub mod readonly;
+pub(crate) mod observe;
+pub(crate) mod profile;
+pub(crate) mod readonly;
 mod record;
 mod reject;
 pub mod remote;
@@ -60,11 +60,11 @@ mod request;
 pub mod select;
 mod server;
 pub mod shadow;
-pub mod stream;
-pub mod structured;
+pub(crate) mod stream;
+pub(crate) mod structured;
 mod trace;
 mod transport;
-pub mod weights;
+pub(crate) mod weights;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

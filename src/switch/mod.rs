@@ -46,8 +46,8 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod driver;
-pub mod view;
+pub(crate) mod driver;
+pub(crate) mod view;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Duration;

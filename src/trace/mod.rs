@@ -11,7 +11,7 @@
 //! A [`Tracer`] is off when the variable `otlp_endpoint_env` names is unset: then it is a
 //! `None` and the request path only checks it (no ids, no headers, no spans, no queue).
 
-pub mod context;
+pub(crate) mod context;
 pub mod export;
 pub mod span;
 

@@ -24,25 +24,25 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
-pub mod atom;
-pub mod badges;
-pub mod clients;
+pub(crate) mod atom;
+pub(crate) mod badges;
+pub(crate) mod clients;
 pub mod drift;
 pub mod drills;
-pub mod feed;
+pub(crate) mod feed;
 pub mod guards;
 pub mod i18n;
-pub mod ingest;
-pub mod memo;
-pub mod metrics;
+pub(crate) mod ingest;
+pub(crate) mod memo;
+pub(crate) mod metrics;
 pub mod openapi;
 pub mod pages;
-pub mod refresh;
-pub mod reload;
+pub(crate) mod refresh;
+pub(crate) mod reload;
 pub mod requests;
 pub mod shadow;
-pub mod silences;
-pub mod switches;
+pub(crate) mod silences;
+pub(crate) mod switches;
 pub mod table;
 pub mod vantages;
 
