@@ -19,7 +19,7 @@ use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::store::{Store, StoreOptions};
 use probeok::web::api::Figures;
 use probeok::web::i18n::Lang;
-use probeok::web::pages::{status_page, BudgetSource, PageData};
+use probeok::web::pages::{status_page, ErrorBudgetSource, PageData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -189,7 +189,7 @@ async fn main() {
             let data = PageData::load(
                 &store.reader().expect("reader"),
                 now,
-                BudgetSource::from_config(&config),
+                ErrorBudgetSource::from_config(&config),
                 previous,
             )
             .expect("page data");

@@ -20,13 +20,12 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::health::service::{HealthOptions, HealthService};
 use crate::health::HealthRx;
 use crate::probe::client::ProbeClient;
 use crate::probe::{OutcomeKind, ProbeOutcome};
@@ -35,6 +34,7 @@ use crate::scheduler::{Prober, SchedulerEvent};
 use crate::store::{Store, StoreOptions, Writer};
 use crate::web::{self, AppState};
 
+mod subsystems;
 mod terms;
 
 /// How long shutdown waits for in-flight work before giving up on it.
@@ -56,13 +56,13 @@ pub enum AppError {
     #[error("detection: {0}")]
     Health(#[from] crate::health::service::HealthError),
     #[error("probe client: {0}")]
-    Probe(String),
+    Probe(#[from] crate::probe::client::ProbeSetupError),
     #[error("web server: {0}")]
     Io(#[from] std::io::Error),
     #[error("drift: {0}")]
     Drift(String),
     #[error("drills: {0}")]
-    Drill(String),
+    Drill(#[from] crate::drill::service::DrillError),
     #[error("proxy: {0}")]
     Proxy(#[from] crate::proxy::ProxyError),
     #[error("cluster: {0}")]
@@ -138,7 +138,8 @@ pub async fn start(
     start_with(config, listener, clock, shutdown, StartOptions::default()).await
 }
 
-/// [`start`] with a config file to reload and the heartbeat monitor's periods.
+/// [`start`] with a config file to reload and the heartbeat monitor's periods. Starts the
+/// subsystems in the order the data flows (`app::subsystems`, one function each).
 pub async fn start_with(
     config: Config,
     listener: TcpListener,
@@ -161,68 +162,10 @@ pub async fn start_with(
         latency_threshold: config.slo.latency_threshold,
     };
     let store = tokio::task::spawn_blocking(move || Store::open_at(&location, opts)).await??;
-    let client = ProbeClient::with_env(&routes, clock.clone(), &config.env)
-        .map_err(|e| AppError::Probe(e.to_string()))?;
+    let client = ProbeClient::with_env(&routes, clock.clone(), &config.env)?;
 
-    // The member's role: a lease on the PostgreSQL database `[storage] url_env` names, or
-    // (SQLite, one box) always the leader.
-    let lease_stop = CancellationToken::new();
-    let (_lone, role, lease_task) = match options.role.clone() {
-        Some(role) => (None, role, None),
-        None => match crate::cluster::database_url(config.storage.url_env.as_deref()) {
-            Some((var, url)) => {
-                let target = crate::cluster::Target::parse(&var, &url)?;
-                let lease = crate::cluster::spawn(
-                    target,
-                    crate::cluster::LeaseOptions::new(config.cluster.lease),
-                    lease_stop.clone(),
-                );
-                (None, lease.role, Some(lease.task))
-            }
-            None => {
-                let (tx, rx) = crate::cluster::always_leader();
-                (Some(tx), rx, None)
-            }
-        },
-    };
-    let clustered = options.role.is_some() || lease_task.is_some();
-    let health_options = HealthOptions {
-        // Followers show what the leader stored: save often enough for them to keep up.
-        save_every: if clustered {
-            terms::CLUSTER_SAVE_EVERY
-        } else {
-            HealthOptions::default().save_every
-        },
-        ..HealthOptions::default()
-    };
-
-    let (health_events, _) = broadcast::channel(1024);
-    // Restored once now (a store that cannot be read fails the start); it serves the first
-    // term, later terms restore their own from what the leader stored.
-    let mut first = HealthService::restore(
-        &config,
-        health_options.clone(),
-        &store,
-        clock.clone(),
-        health_events.clone(),
-    )
-    .await?;
-    // The member's health watch: every term's detection publishes into it.
-    let (health_tx, health_rx) = watch::channel(first.subscribe().borrow().clone());
-    first.publish_into(health_tx.clone());
-    // Stored outcomes (probe and passive) go to the leader term's detection.
-    let (detect_tx, detect_rx) = mpsc::channel(DETECTION_QUEUE);
-    let detect_slot: terms::DetectSlot = Default::default();
-    let dispatch_task = tokio::spawn(terms::dispatch(detect_rx, detect_slot.clone()));
-    // Agents' outcomes go to the leader term's per-vantage detection; its view is the member's.
-    let (vantage_tx, vantage_rx) = mpsc::channel(DETECTION_QUEUE);
-    let vantage_slot: terms::VantageSlot = Default::default();
-    let vantage_dispatch = tokio::spawn(terms::dispatch(vantage_rx, vantage_slot.clone()));
-    let (vantage_view, _) = watch::channel(Arc::new(crate::health::VantageView::default()));
-    let vantages = crate::health::VantageLink {
-        inputs: vantage_tx,
-        view: vantage_view.subscribe(),
-    };
+    let membership = subsystems::membership(&config, &options)?;
+    let detection = subsystems::detection(&config, &store, &clock, membership.clustered).await?;
 
     // Drift findings (read by `GET /api/v1/drift` and the weights) from the leader's runner.
     let drift_jobs = crate::drift::runner::jobs(&config, &routes).map_err(AppError::Drift)?;
@@ -233,141 +176,72 @@ pub async fn start_with(
     // Spans of probes and proxied requests, when `[tracing] otlp_endpoint_env` is set.
     let tracer = crate::trace::Tracer::from_env(&config.tracing)?;
     metrics.attach_tracer(tracer.clone());
-    metrics.attach_role(role.clone());
-    // The burn-rate windows as running sums: the rollups read once now, before the first
-    // outcome of this run is written; every stored outcome is added from then on.
-    let tally = Arc::new(crate::alert::tally::Tally::new(
-        routes.iter().map(|r| &r.id),
-        config.slo.latency_threshold,
-    ));
-    {
-        let (tally, store, now) = (tally.clone(), store.clone(), clock.now());
-        tokio::task::spawn_blocking(move || tally.seed(&store.reader()?, now)).await??;
-    }
-    let lag = Arc::new(crate::lag::StoreLag::default());
-    metrics.attach_store_lag(lag.clone());
-    let recorded = Recorded {
-        tally: tally.clone(),
-        lag: Some(lag),
-    };
-    // The scheduler runs in leader terms; the recorder ends once the last term's scheduler
-    // and the terms' own sender are gone, so every outcome is written.
-    let (sched_tx, sched_rx) = mpsc::channel(1024);
-    let recorder_task = tokio::spawn(record(
-        sched_rx,
-        store.writer(),
-        detect_tx.clone(),
-        metrics.clone(),
-        recorded.clone(),
-        tracer.clone(),
-    ));
-
-    let (passive_tx, passive_rx) = mpsc::channel(PASSIVE_QUEUE);
-    let passive_task = tokio::spawn(record_passive(
-        passive_rx,
-        store.writer(),
-        detect_tx,
-        Recorded {
-            lag: None,
-            ..recorded
-        },
-    ));
-
-    // Publishing: weights follow health; metrics see every outcome; the ingest token is read
-    // once here.
-    // The hourly extra-cost budget (the proxy reserves against it) and the switch controller
-    // (SWITCHED through detection's command channel, its overrides into the weights, its
-    // status on `/metrics`, the status page and `GET /api/v1/switches`; it runs in leader
-    // terms and publishes into these watches).
-    let budget = crate::budget::Budget::new(
-        config.budget.clone(),
+    metrics.attach_role(membership.role.clone());
+    let recorders = subsystems::recorders(
+        &config,
         &routes,
-        clock.clone(),
-        Some(health_events.clone()),
-    );
-    // One budget for every process on this store: booked in the store's spend ledger (client
-    // spend limits book there too).
-    let spend = crate::proxy::spend_on(&store, clock.clone(), &config.proxy);
-    budget.share(spend.clone());
-    metrics.attach_budget(budget.clone());
-    let (overrides_tx, overrides_rx) = watch::channel(Arc::new(crate::weights::Overrides::new()));
-    let (switch_tx, switch_rx) = watch::channel(Arc::new(crate::switch::idle_status(
-        &routes,
-        &config.switch,
-        &budget,
-        clock.now(),
-    )));
-    let budget_task = tokio::spawn(budget.clone().keep_hours(
-        Some(pulses.pulse(crate::heartbeat::BUDGET)),
-        shutdown.clone(),
-    ));
-    metrics.attach_switch(switch_rx);
-    // Weights follow drift too (open findings with `on_drift = "deweight"`, the quality gate for
-    // backup and fallback routes) and the switch controller's overrides.
-    // The in-process proxy's open breakers, disclosed in the weights' reasons (the proxy starts
-    // below; without it the sender is dropped and the feed ends).
+        &store,
+        &clock,
+        &metrics,
+        &tracer,
+        detection.detect_tx.clone(),
+    )
+    .await?;
+    let money = subsystems::money(subsystems::MoneyInputs {
+        config: &config,
+        routes: &routes,
+        store: &store,
+        clock: &clock,
+        events: &detection.events,
+        metrics: &metrics,
+        pulses: &pulses,
+        shutdown: &shutdown,
+    });
+
+    // Weights follow health, drift (open findings with `on_drift = "deweight"`, the quality
+    // gate for backup and fallback routes), the switch controller's overrides, the
+    // in-process proxy's open breakers (disclosed in the weights' reasons; without a proxy
+    // the sender is dropped and that feed ends) and the drills' caps. Drills are restored
+    // from the store, served by the admin API and `GET /api/v1/drills`, and step and end
+    // themselves in leader terms.
     let (breakers_tx, breakers_rx) = watch::channel(Arc::new(crate::weights::OpenBreakers::new()));
-    // Drills: active drills restored from the store, their caps into the weights, served by
-    // the admin API and `GET /api/v1/drills`; they step and end themselves in leader terms.
     let drills = crate::drill::DrillService::restore(
         live.clone(),
         routes.clone(),
         store.clone(),
         clock.clone(),
     )
-    .await
-    .map_err(|e| AppError::Drill(e.to_string()))?;
+    .await?;
     let weights_rx = crate::weights::spawn_publisher(
         crate::weights::Feeds {
             policy: crate::weights::Policy::from_config(&config),
             drift: Some(drift_rx.clone()),
-            overrides: Some(overrides_rx),
+            overrides: Some(money.overrides_rx.clone()),
             breakers: Some(breakers_rx),
             drills: Some(drills.caps()),
             pulse: Some(pulses.pulse(crate::heartbeat::WEIGHTS)),
-            ..crate::weights::Feeds::new(routes.clone(), health_rx.clone())
+            ..crate::weights::Feeds::new(routes.clone(), detection.health_rx.clone())
         },
         shutdown.clone(),
     );
     metrics.attach_drills(drills.subscribe());
 
-    // The routing proxy, when enabled: its own listener, the shared shutdown, every attempt into
-    // the passive queue, and the monitor's weights, in-process, through the same JSON a remote
-    // router reads.
-    let proxy_task = if config.proxy.enabled {
-        let proxy_listener = TcpListener::bind(config.proxy.listen).await?;
-        let proxy_weights = follow_weights(weights_rx.clone(), &routes);
-        let opts = crate::proxy::ProxyOptions {
-            store: Some(store.clone()),
-            clock: clock.clone(),
-            live: Some(live.receiver()),
-            tracer: tracer.clone(),
-            client_keys: options.proxy_client_keys.clone(),
-            spend: Some(spend.clone()),
-            ..crate::proxy::ProxyOptions::default()
-        };
-        let proxy =
-            crate::proxy::Proxy::with_options(&config, proxy_weights, passive_tx.clone(), opts)?;
-        proxy.set_budget(budget.clone());
-        // Degradation contracts' async jobs: run on recovery, expire, purged (heartbeat
-        // `async_jobs`); the worker ends with the shutdown.
-        let _jobs = proxy.spawn_jobs(Default::default(), shutdown.clone());
-        // Breakers and counters on `/metrics` and `/api/v1/status`, open breakers in the weights.
-        metrics.attach_proxy(proxy.stats());
-        tokio::spawn(follow_breakers(
-            proxy.stats(),
-            breakers_tx,
-            shutdown.clone(),
-        ));
-        tracing::info!(addr = %config.proxy.listen, "proxy serving");
-        Some(tokio::spawn(crate::proxy::serve(
-            proxy_listener,
-            proxy,
-            shutdown.clone(),
-        )))
-    } else {
-        None
-    };
+    let proxy_task = subsystems::proxy(subsystems::ProxyInputs {
+        config: &config,
+        routes: &routes,
+        store: &store,
+        clock: &clock,
+        live: &live,
+        tracer: &tracer,
+        options: &options,
+        money: &money,
+        metrics: &metrics,
+        weights: &weights_rx,
+        passive_tx: &recorders.passive_tx,
+        breakers_tx,
+        shutdown: &shutdown,
+    })
+    .await?;
 
     // HAProxy's agent checks, answered from the same weights.
     let agent_task = match config.haproxy.agent_listen {
@@ -417,9 +291,9 @@ pub async fn start_with(
         store: store.clone(),
         clock: clock.clone(),
         jobs: jobs.clone(),
-        health: health_rx.clone(),
-        events: health_events.clone(),
-        passive: passive_tx,
+        health: detection.health_rx.clone(),
+        events: detection.events.clone(),
+        passive: recorders.passive_tx.clone(),
         weights: weights_rx,
         metrics: metrics.clone(),
         ingest_token,
@@ -429,36 +303,30 @@ pub async fn start_with(
         figures: Default::default(),
         guards: Default::default(),
         shutdown: shutdown.clone(),
-        vantages: Some(vantages),
+        vantages: Some(detection.vantages.clone()),
         xds: Default::default(),
     };
-    let alerts = {
-        let channels = crate::alert::channels(&config).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "alert channels unusable; alerts are queued for none");
-            Vec::new()
-        });
-        let service =
-            crate::alert::AlertService::new(live.current(), store.clone(), clock.clone(), channels)
-                .with_jobs(&jobs)
-                .with_pulses(&pulses)
-                .with_live(live.clone())
-                .with_tally(tally);
-        metrics.follow_alerts(service.metrics().clone());
-        Arc::new(service)
-    };
-    // The terms: leader-only work while this member leads, the follower's view while not.
+    let alerts = subsystems::alerts(
+        &store,
+        &clock,
+        &live,
+        &jobs,
+        &pulses,
+        &metrics,
+        recorders.tally.clone(),
+    );
     let member = Arc::new(terms::Member {
         config: config.clone(),
         routes: routes.clone(),
         store: store.clone(),
         clock: clock.clone(),
         client: client.clone(),
-        health_options,
-        events: health_events.clone(),
-        health: health_tx,
-        detect: detect_slot,
-        vantage_inputs: vantage_slot,
-        vantage_view,
+        health_options: detection.options.clone(),
+        events: detection.events.clone(),
+        health: detection.health_tx.clone(),
+        detect: detection.detect_slot.clone(),
+        vantage_inputs: detection.vantage_slot.clone(),
+        vantage_view: detection.vantage_view,
         alerts,
         subscribers: config.subscriptions.enabled.then(|| {
             Arc::new(crate::alert::subscribers::deliver::Subscribers::new(
@@ -468,93 +336,52 @@ pub async fn start_with(
             ))
         }),
         drift: drift_tx,
-        overrides: overrides_tx,
-        switch: switch_tx,
-        budget: budget.clone(),
+        overrides: money.overrides_tx,
+        switch: money.switch_tx,
+        budget: money.budget.clone(),
         drills,
         weights: state.weights.clone(),
         pulses: pulses.clone(),
         shutdown: shutdown.clone(),
     });
-    let terms_task = {
-        let mut first = Some(first);
-        tokio::spawn(crate::cluster::terms(
-            role.clone(),
-            shutdown.clone(),
-            move |role, token| {
-                let first = first.take();
-                let m = member.clone();
-                match role {
-                    crate::cluster::Role::Leader => {
-                        terms::lead(m, first, sched_tx.clone(), token).boxed()
-                    }
-                    crate::cluster::Role::Follower => terms::follow(m, first, token).boxed(),
-                }
-            },
-        ))
-    };
+    let terms_task = subsystems::terms(
+        member,
+        detection.first,
+        membership.role.clone(),
+        recorders.sched_tx,
+        shutdown.clone(),
+    );
     let addr = listener.local_addr()?;
-    let web_shutdown = shutdown.clone();
-    let web_task = tokio::spawn(async move {
-        let app = web::router(state);
-        crate::listen::serve(
-            listener,
-            app,
-            crate::listen::Limits {
-                max_connections: config.server.max_connections as usize,
-                ..Default::default()
-            },
-            web_shutdown,
-            "monitor",
-        )
-        .await
-    });
+    let web_task = tokio::spawn(crate::listen::serve(
+        listener,
+        web::router(state),
+        crate::listen::Limits {
+            max_connections: config.server.max_connections as usize,
+            ..Default::default()
+        },
+        shutdown.clone(),
+        "monitor",
+    ));
     tracing::info!(%addr, routes = routes.len(), store = %store.location().describe(), "probeok serving");
 
-    let done_store = store.clone();
-    let done = tokio::spawn(async move {
-        shutdown.cancelled().await;
-        let drain = async {
-            let _ = budget_task.await;
-            let web = web_task.await;
-            if let Some(proxy) = proxy_task {
-                if let Ok(Err(e)) = proxy.await {
-                    tracing::error!(error = %e, "proxy server failed");
-                }
-            }
-            if let Some(agent) = agent_task {
-                let _ = agent.await;
-            }
-            // The web server (and with it every passive sender) is gone: the queue drains.
-            let _ = passive_task.await;
-            let _ = vantage_dispatch.await;
-            // The last term's scheduler has stopped and the terms' sender is dropped.
-            let _ = recorder_task.await;
-            // Both of detection's senders are gone: the leader term's detection judges what
-            // is left, then saves, and the term ends.
-            let _ = dispatch_task.await;
-            let _ = terms_task.await;
-            // Its last flush saves the pulses' final beats.
-            let _ = heartbeat_task.await;
-            web
-        };
-        match tokio::time::timeout(DRAIN_TIMEOUT, drain).await {
-            Ok(web) => web??,
-            Err(_) => tracing::warn!("shutdown drain timed out; stopping anyway"),
-        }
-        // Leadership is released only now: a successor never overlaps this member's drain.
-        lease_stop.cancel();
-        if let Some(lease) = lease_task {
-            let _ = lease.await;
-        }
-        done_store.close().await?;
-        tracing::info!("stopped");
-        Ok(())
-    });
+    let tasks = subsystems::Tasks {
+        budget: money.budget_task,
+        web: web_task,
+        proxy: proxy_task,
+        passive: recorders.passive_task,
+        vantage_dispatch: detection.vantage_dispatch,
+        recorder: recorders.recorder_task,
+        dispatch: detection.dispatch_task,
+        terms: terms_task,
+        heartbeat: heartbeat_task,
+        agent: agent_task,
+    };
+    let role = membership.role.clone();
+    let done = tokio::spawn(tasks.drain(shutdown, membership, store.clone()));
     Ok(Running {
         addr,
         store,
-        health: health_rx,
+        health: detection.health_rx,
         role,
         config: reloader.live(),
         done,

@@ -6,7 +6,7 @@
 //!
 //! Data flows one way: outcomes come in (probes, passive traffic), are stored, judged and
 //! published. The modules sit in six layers; a module imports only modules of the layers
-//! below it, and of its own layer where that layer allows it (`tests/architecture.rs` reads
+//! below it, and of its own layer where that layer allows it (`tests/it/product/architecture.rs` reads
 //! `src/` and holds these rules).
 //!
 //! **Base** — the shared nouns every layer persists or passes; they import only each other.
@@ -87,11 +87,13 @@
 //!   persisted and ended by themselves (`drill::service`, caps into the weights), with a
 //!   report against the backup's own history (`drill::report`, pure, its text form in
 //!   `drill::report::text`); `probeok drill start|stop|report` (`drill::client`).
-//! - [`budget`]: the extra cost of non-primary serving per clock hour — reserve the
-//!   estimated maximum before a request, settle with the metered usage; `degrade_at` stops
-//!   new switches. Shared through the store's spend ledger, one budget for every process on
-//!   the database; `budget::spend` is the one booking interface (`Spend`: reserve, settle,
-//!   release, batched into one transaction per wave) that client spend limits use too.
+//! - [`extra_cost`]: the extra-cost budget of non-primary serving per clock hour — reserve
+//!   the estimated maximum before a request, settle with the metered usage; `degrade_at`
+//!   stops new switches. Shared through the store's spend ledger, one budget for every
+//!   process on the database.
+//! - [`spend`]: the one booking interface of money on the request path (`Spend`: reserve,
+//!   settle, release, batched into one transaction per wave), used by the extra-cost budget
+//!   and by client spend limits alike. (The *error* budget is [`slo`]'s.)
 //! - [`heartbeat`]: which scheduled jobs the service expects and which are stale (pure), the
 //!   in-memory [`heartbeat::Pulse`] of loops that must not wait on the store, the monitor that
 //!   persists them with the store writer's own beat, and the dead-man's switch
@@ -204,17 +206,18 @@ pub mod store;
 pub mod agent;
 
 // Domain.
-pub mod budget;
 pub mod cluster;
 pub mod demo;
 pub mod drift;
 pub mod drill;
+pub mod extra_cost;
 pub mod health;
 pub mod heartbeat;
 pub mod probe;
 pub mod reload;
 pub mod scheduler;
 pub mod sim;
+pub mod spend;
 pub mod switch;
 pub mod trace;
 pub mod weights;

@@ -24,7 +24,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 const ROUTE: &str = "fake/r1/up-model";
-const SPEC: &[common::app::Spec<'static>] = &[("fake", "r1", "up-model", "chat", "primary", 100)];
+const SPEC: &[common::app::Spec<'static>] =
+    &[common::app::Spec::new("fake", "r1", "up-model").serves("chat")];
 
 /// Answers by the user message: `valid` → a JSON object, `broken` → cut JSON, `schema-bad` →
 /// JSON with a string where the schema wants an integer, `refuse` → a content-filter stop;

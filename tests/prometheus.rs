@@ -16,16 +16,14 @@ use serde_json::Value;
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 
 const ROUTES: &[Spec<'static>] = &[
-    ("qwen", "cn-beijing", "qwen-max", "chat-main", "primary", 80),
-    (
-        "deepseek",
-        "cn",
-        "deepseek-ai/DeepSeek-V3",
-        "chat-main",
-        "backup",
-        20,
-    ),
-    ("local", "lab", "small", "chat-lite", "primary", 100),
+    Spec::new("qwen", "cn-beijing", "qwen-max")
+        .serves("chat-main")
+        .weight(80),
+    Spec::new("deepseek", "cn", "deepseek-ai/DeepSeek-V3")
+        .serves("chat-main")
+        .backup()
+        .weight(20),
+    Spec::new("local", "lab", "small").serves("chat-lite"),
 ];
 
 /// Kills (and reaps) the server when dropped.
@@ -79,8 +77,8 @@ async fn api(port: u16, path: &str) -> Option<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_scrapes_metrics_cleanly() {
     let h = Harness::new(ROUTES, at("2026-03-04T12:00:00Z")).await;
-    for (i, (p, r, m, ..)) in ROUTES.iter().enumerate() {
-        let route = format!("{p}/{r}/{m}");
+    for (i, spec) in ROUTES.iter().enumerate() {
+        let route = spec.id();
         let mut o = outcome(
             &route,
             OutcomeKind::Probe,

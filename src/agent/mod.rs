@@ -8,9 +8,9 @@
 //! a unique id → outbox, in small transactions) → the pusher (oldest first, backoff with
 //! jitter while the monitor is unreachable); and `/healthz`, `/metrics` on `--listen`.
 
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod outbox;
-pub mod push;
+pub(crate) mod push;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,10 +44,11 @@ pub enum AgentError {
     #[error("cannot listen on {addr}: {error}")]
     Listen {
         addr: SocketAddr,
+        #[source]
         error: std::io::Error,
     },
     #[error("probe client: {0}")]
-    Probe(String),
+    Probe(#[from] crate::probe::client::ProbeSetupError),
     #[error("a task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
 }
@@ -116,8 +117,7 @@ pub async fn start(
     let metrics = Arc::new(AgentMetrics::new());
     metrics.set_backlog(outbox.len()?, outbox.dropped()?);
     let outbox = Arc::new(Mutex::new(outbox));
-    let client =
-        ProbeClient::new(&routes, clock.clone()).map_err(|e| AgentError::Probe(e.to_string()))?;
+    let client = ProbeClient::new(&routes, clock.clone())?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await

@@ -255,7 +255,7 @@ impl Grouper {
                             key: format!("budget@{}", hour_start.timestamp()),
                             severity: Severity::Warning,
                             status: Status::Firing,
-                            subject: Subject::Budget { used, limit },
+                            subject: Subject::ExtraCost { used, limit },
                             at,
                             items: Vec::new(),
                             related: Vec::new(),

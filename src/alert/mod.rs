@@ -29,17 +29,17 @@
 pub mod burn;
 pub mod dingtalk;
 pub mod email;
-pub mod engine;
+pub(crate) mod engine;
 pub mod feishu;
 pub mod group;
-pub mod maintenance;
+pub(crate) mod maintenance;
 pub mod oncall;
 pub mod opsgenie;
 pub mod outbox;
 pub mod pagerduty;
 pub mod render;
-pub mod routing;
-pub mod silences;
+pub(crate) mod routing;
+pub(crate) mod silences;
 pub mod slack;
 pub mod subscribers;
 pub mod tally;
@@ -99,8 +99,8 @@ pub enum Subject {
     /// An upstream 401/403/404 on one route (`related` names it): our key, account or model
     /// name is wrong there. `status` is the upstream's; `None` on the resolved message.
     RouteFault { route: RouteId, status: Option<u16> },
-    /// The hourly extra-cost budget passed `degrade_at` (`crate::budget`).
-    Budget { used: f64, limit: f64 },
+    /// The hourly extra-cost budget passed `degrade_at` (`crate::extra_cost`).
+    ExtraCost { used: f64, limit: f64 },
     /// A remote vantage (`probeok agent`) stopped pushing and left the quorum (`related`
     /// names its routes).
     VantageStale { vantage: String },

@@ -128,7 +128,7 @@ fn subject_class(m: &Message) -> &'static str {
         S::Drift(_) => "drift",
         S::Switch { .. } => "switch",
         S::RouteFault { .. } => "route_fault",
-        S::Budget { .. } => "budget",
+        S::ExtraCost { .. } => "budget",
         S::VantageStale { .. } => "vantage_stale",
         S::Test => "test",
     }

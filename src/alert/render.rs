@@ -414,7 +414,7 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
                 (Lang::Zh, None) => format!("{route}：已恢复正常应答"),
             }
         }
-        Subject::Budget { used, limit } => match lang {
+        Subject::ExtraCost { used, limit } => match lang {
             Lang::En => {
                 format!("extra-cost budget at {used:.2} of {limit:.2} this hour: no new switch")
             }

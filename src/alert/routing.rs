@@ -18,7 +18,7 @@ pub fn is_cross_route(m: &Message) -> bool {
         m.subject,
         Subject::Egress { .. }
             | Subject::Heartbeat { .. }
-            | Subject::Budget { .. }
+            | Subject::ExtraCost { .. }
             | Subject::VantageStale { .. }
     )
 }

@@ -66,7 +66,7 @@ pub(super) struct Member {
     pub drift: watch::Sender<Arc<crate::drift::DriftSnapshot>>,
     pub overrides: watch::Sender<Arc<crate::weights::Overrides>>,
     pub switch: watch::Sender<Arc<crate::switch::SwitchStatus>>,
-    pub budget: Arc<crate::budget::Budget>,
+    pub budget: Arc<crate::extra_cost::ExtraCost>,
     pub drills: crate::drill::DrillService,
     pub weights: crate::weights::WeightsRx,
     pub pulses: crate::heartbeat::Pulses,

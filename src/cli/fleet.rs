@@ -195,7 +195,8 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
     // The fleet's one hourly extra-cost budget and the clients' limits, in the store's ledger.
     let clock: Arc<dyn crate::clock::Clock> = Arc::new(crate::clock::SystemClock);
     let spend = crate::proxy::spend_on(&store, clock.clone(), &config.proxy);
-    let budget = crate::budget::Budget::new(config.budget.clone(), &config.routes(), clock, None);
+    let budget =
+        crate::extra_cost::ExtraCost::new(config.budget.clone(), &config.routes(), clock, None);
     budget.share(spend.clone());
     tasks.push(tokio::spawn(
         budget.clone().keep_hours(None, shutdown.clone()),

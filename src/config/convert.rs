@@ -16,12 +16,12 @@ use super::raw::{
 use super::raw::{RawSubscriptions, RawTracing};
 use super::validate::Checker;
 use super::{
-    AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, BudgetConfig,
-    ChannelOptions, ClusterConfig, Config, ConfigErrors, ConfirmAfter, ContractConfig,
-    DetectionConfig, Diagnostic, DriftConfig, DrillConfig, EgressConfig, EmailConfig,
-    HeartbeatConfig, Loaded, MaintenanceConfig, Mention, ProbeConfig, ProviderConfig, ProxyConfig,
-    RegionConfig, RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig,
-    SwitchConfig, WebhookConfig, WecomConfig,
+    AlertChannelsConfig, AlertingConfig, Behaviour, BreakerConfig, Buckets, ChannelOptions,
+    ClusterConfig, Config, ConfigErrors, ConfirmAfter, ContractConfig, DetectionConfig, Diagnostic,
+    DriftConfig, DrillConfig, EgressConfig, EmailConfig, ExtraCostConfig, HeartbeatConfig, Loaded,
+    MaintenanceConfig, Mention, ProbeConfig, ProviderConfig, ProxyConfig, RegionConfig,
+    RobotConfig, RouteConfig, ServerConfig, SloConfig, SourceMap, StorageConfig, SwitchConfig,
+    WebhookConfig, WecomConfig,
 };
 use super::{ChatWebhookConfig, OpsgenieConfig, PagerDutyConfig, TelegramConfig};
 use super::{SubscriptionsConfig, TracingConfig};
@@ -308,8 +308,8 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
     let proxy = proxy(ck, raw.proxy);
     let switch = switch(ck, raw.switch);
     let budget = {
-        let d = BudgetConfig::default();
-        BudgetConfig {
+        let d = ExtraCostConfig::default();
+        ExtraCostConfig {
             max_extra_cost_per_hour: raw
                 .budget
                 .max_extra_cost_per_hour

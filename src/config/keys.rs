@@ -1,5 +1,5 @@
 //! Every key the config file accepts, read from the raw serde structs themselves, so the
-//! documentation (`docs/configuration.md`, held true by `tests/docs.rs`) cannot fall behind a
+//! documentation (`docs/configuration.md`, held true by `tests/it/product/docs.rs`) cannot fall behind a
 //! key added to the file format.
 //!
 //! A serde derive passes the list of its fields to `deserialize_struct`; [`known_keys`] walks

@@ -77,7 +77,7 @@ pub struct Config {
     /// `[switch]`: the switch controller.
     pub switch: SwitchConfig,
     /// `[budget]`: the hourly extra-cost budget of non-primary serving.
-    pub budget: BudgetConfig,
+    pub budget: ExtraCostConfig,
     /// `[[contract]]`: what a feature's requests get while their model is DEGRADED or CRITICAL.
     pub contracts: Vec<ContractConfig>,
     /// `[heartbeat]`: when a silent scheduled job counts as stalled; the dead-man's switch.
@@ -128,7 +128,7 @@ impl Default for Config {
             drift: DriftConfig::default(),
             proxy: ProxyConfig::default(),
             switch: SwitchConfig::default(),
-            budget: BudgetConfig::default(),
+            budget: ExtraCostConfig::default(),
             contracts: Vec::new(),
             heartbeat: HeartbeatConfig::default(),
             drill: DrillConfig::default(),
@@ -670,14 +670,14 @@ impl Default for SwitchConfig {
 
 /// `[budget]`: the extra cost of serving from non-primary routes, per clock hour.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BudgetConfig {
+pub struct ExtraCostConfig {
     /// In the routes' price currency.
     pub max_extra_cost_per_hour: f64,
     /// Past this share of the budget no new switch happens (and it is alerted).
     pub degrade_at: f64,
 }
 
-impl Default for BudgetConfig {
+impl Default for ExtraCostConfig {
     fn default() -> Self {
         Self {
             max_extra_cost_per_hour: 300.0,

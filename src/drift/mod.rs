@@ -25,14 +25,14 @@
 //! the quality gate [`DriftSnapshot::eligible`] for backup and fallback routes (a
 //! backup that answers in the wrong format is no backup).
 
-pub mod compare;
+pub(crate) mod compare;
 pub mod events;
-pub mod report;
-pub mod runner;
+pub(crate) mod report;
+pub(crate) mod runner;
 pub mod sets;
-pub mod stats;
+pub(crate) mod stats;
 pub mod traffic;
-pub mod validate;
+pub(crate) mod validate;
 
 use std::sync::Arc;
 

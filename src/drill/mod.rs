@@ -19,8 +19,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod client;
-pub mod plan;
-pub mod report;
+pub(crate) mod plan;
+pub(crate) mod report;
 pub mod service;
 
 use chrono::{DateTime, Utc};

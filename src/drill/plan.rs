@@ -231,7 +231,7 @@ pub fn parse_ramp(raw: Option<&[i64]>) -> Result<Vec<u8>, Refusal> {
     Ok(out)
 }
 
-pub use crate::records::drill::{stage_at, Stage};
+pub use crate::records::drill::Stage;
 
 /// The drilled route's weight: `normal × (1 − p/100) + target × p/100`, rounded.
 pub fn drill_weight(normal: u8, target: u8, percent: u8) -> u8 {
@@ -351,6 +351,7 @@ impl OffPeak {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::records::drill::stage_at;
 
     fn t(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

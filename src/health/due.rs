@@ -121,12 +121,6 @@ impl Wheel {
         out.dedup();
         out
     }
-
-    /// Routes waiting in the heap, stale entries included (bounded: a route is pushed only
-    /// after it left the wheel, and stale entries are dropped as their second passes).
-    pub fn pending(&self) -> usize {
-        self.heap.len()
-    }
 }
 
 #[cfg(test)]

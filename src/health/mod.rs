@@ -34,23 +34,23 @@
 //!   transitions, incidents and states, publishes snapshots and events.
 //! - [`control`]: the egress control probe (a plain GET of `[egress] control_url`).
 
-pub mod baseline;
+pub(crate) mod baseline;
 pub mod classify;
 pub mod confirm;
-pub mod control;
-pub mod detector;
-pub mod due;
-pub mod evidence;
-pub mod fault;
+pub(crate) mod control;
+pub(crate) mod detector;
+pub(crate) mod due;
+pub(crate) mod evidence;
+pub(crate) mod fault;
 pub mod findings;
-pub mod quorum;
-pub mod reasons;
-pub mod route_health;
+pub(crate) mod quorum;
+pub(crate) mod reasons;
+pub(crate) mod route_health;
 pub mod service;
-pub mod split;
-pub mod status;
+pub(crate) mod split;
+pub(crate) mod status;
 pub mod vantages;
-pub mod window;
+pub(crate) mod window;
 
 pub use crate::evidence::{fmt_ms, fmt_spread};
 pub use crate::state::{FailureMode, Reason, State};

@@ -150,7 +150,7 @@ pub enum HealthEvent {
         status: Option<u16>,
         at: DateTime<Utc>,
     },
-    /// The hourly extra-cost budget passed `degrade_at` (`crate::budget`): no new switch this
+    /// The hourly extra-cost budget passed `degrade_at` (`crate::extra_cost`): no new switch this
     /// hour.
     BudgetCrossed {
         /// Spent + reserved.

@@ -44,10 +44,6 @@ impl CallTokens {
             output: u64::from(max_tokens),
         }
     }
-
-    pub fn total(self) -> u64 {
-        self.input + self.output
-    }
 }
 
 /// A month of one kind of call.

@@ -18,7 +18,7 @@
 pub(crate) mod answer;
 mod anthropic;
 pub mod client;
-pub mod cost;
+pub(crate) mod cost;
 pub mod measure;
 pub(crate) mod openai;
 pub(crate) mod sse;

@@ -309,10 +309,6 @@ impl Breakers {
         self.with(id, (), |b| b.record(now, verdict));
     }
 
-    pub fn state(&self, id: &RouteId, now: Instant) -> BreakerState {
-        self.with(id, BreakerState::Closed, |b| b.state(now))
-    }
-
     /// Every breaker's state at `now`, sorted by route.
     pub fn snapshot(&self, now: Instant) -> Vec<BreakerSnapshot> {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());

@@ -5,7 +5,7 @@
 //!    kept, compared in constant time);
 //! 2. before any upstream call a client with a limit reserves the request's maximum cost
 //!    ([`Clients::reserve`], the estimate from [`max_cost_micros`]) in the shared ledger
-//!    ([`crate::budget::spend::Spend`]); a refusal is a 429 `spend_limit_reached` with
+//!    ([`crate::spend::Spend`]); a refusal is a 429 `spend_limit_reached` with
 //!    `Retry-After` until the period resets, and no upstream call;
 //! 3. when the request ends the reservation is settled to what every attempt used
 //!    ([`ClientHold::settle`], from [`attempts_micros`]) and the rest released. A request that
@@ -23,10 +23,10 @@ use serde_json::Value;
 
 use super::record::{AttemptOutcome, Tried};
 use super::reject::Reject;
-use crate::budget::spend::{self, Spend};
 use crate::config::{ClientConfig, SpendLimit};
 use crate::route::{Price, Route, RouteId};
 use crate::secret::Env;
+use crate::spend::{self, Spend};
 use crate::store::{Hold, LedgerRow};
 
 /// One named client.
@@ -311,7 +311,7 @@ pub(crate) fn attempts_micros(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::tests::route;
+    use crate::extra_cost::tests::route;
     use crate::route::Tier;
     use serde_json::json;
 

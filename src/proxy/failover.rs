@@ -37,7 +37,7 @@ use super::request::{Answer, OutcomeSlot, RequestCtx};
 use super::select::{self, Needs, Plan, Rejection};
 use super::weights::WeightsView;
 use super::{stream, Inner, Proxy};
-use crate::budget::Reservation;
+use crate::extra_cost::Reservation;
 use crate::probe::{ProbeError, ProbeOutcome};
 use crate::route::{Route, RouteId, Tier};
 

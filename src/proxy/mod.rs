@@ -36,11 +36,11 @@
 //! `api_key_env`, are added by the proxy and never returned. [`export`] puts the proxy's
 //! families on the monitor's `/metrics`; [`remote`] links a standalone proxy to its monitor.
 
-pub mod attempt;
+pub(crate) mod attempt;
 pub mod attribution;
-pub mod breaker;
-pub mod cache;
-pub mod clients;
+pub(crate) mod breaker;
+pub(crate) mod cache;
+pub(crate) mod clients;
 pub mod contract;
 mod degrade;
 pub mod export;
@@ -48,11 +48,11 @@ mod failover;
 pub mod idempotency;
 mod intake;
 pub mod jobs;
-pub mod meter;
+pub(crate) mod meter;
 mod notice;
-pub mod observe;
-pub mod profile;
-pub mod readonly;
+pub(crate) mod observe;
+pub(crate) mod profile;
+pub(crate) mod readonly;
 mod record;
 mod reject;
 pub mod remote;
@@ -60,11 +60,11 @@ mod request;
 pub mod select;
 mod server;
 pub mod shadow;
-pub mod stream;
-pub mod structured;
+pub(crate) mod stream;
+pub(crate) mod structured;
 mod trace;
 mod transport;
-pub mod weights;
+pub(crate) mod weights;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -75,9 +75,9 @@ use tokio::sync::mpsc;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::budget::Budget;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ProxyConfig};
+use crate::extra_cost::ExtraCost;
 use crate::probe::ProbeOutcome;
 use crate::route::{Route, RouteId, RouteMap};
 use crate::store::Store;
@@ -126,7 +126,7 @@ pub struct ProxyOptions {
     pub observe: bool,
     /// The shared spend ledger client limits book in. `None`: one on `store`, when there is
     /// a store.
-    pub spend: Option<crate::budget::spend::Spend>,
+    pub spend: Option<crate::spend::Spend>,
 }
 
 impl Default for ProxyOptions {
@@ -152,7 +152,7 @@ impl Default for ProxyOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("cannot build the HTTP client: {0}")]
-    Client(String),
+    Client(#[source] crate::proxy::transport::TransportError),
 }
 
 /// Since when a condition has held per logical model, as this proxy saw it.
@@ -215,7 +215,7 @@ struct Inner {
     feed: Option<Arc<FeedStatus>>,
     /// The hourly extra-cost budget, once the app sets it: requests to non-primary
     /// routes reserve their estimated maximum extra cost first.
-    budget: std::sync::OnceLock<Arc<Budget>>,
+    budget: std::sync::OnceLock<Arc<ExtraCost>>,
     /// The current config, for what reloads without a restart (contracts).
     live: tokio::sync::watch::Receiver<Arc<Config>>,
     /// `async_queue` jobs (needs the store).
@@ -291,7 +291,7 @@ impl Proxy {
             .collect();
         let upstream = Upstream::new(&all, &full.env)
             .map(Arc::new)
-            .map_err(|e| ProxyError::Client(e.to_string()))?;
+            .map_err(ProxyError::Client)?;
         let shadows =
             shadow::Shadows::start(full, &all, upstream.clone(), clock.clone(), opts.shadow);
         let client_keys = match opts.client_keys.clone() {
@@ -378,7 +378,7 @@ impl Proxy {
 
     /// Accounts non-primary serving against `budget` from now on (once; a second call is
     /// ignored).
-    pub fn set_budget(&self, budget: Arc<Budget>) {
+    pub fn set_budget(&self, budget: Arc<ExtraCost>) {
         let _ = self.inner.budget.set(budget);
     }
 
@@ -444,10 +444,6 @@ pub fn hold_for(config: &ProxyConfig) -> Duration {
 }
 
 /// The spend ledger on `store`, holding reservations for [`hold_for`].
-pub fn spend_on(
-    store: &Store,
-    clock: Arc<dyn Clock>,
-    config: &ProxyConfig,
-) -> crate::budget::spend::Spend {
-    crate::budget::spend::Spend::new(store.spend_ledger(), clock, hold_for(config))
+pub fn spend_on(store: &Store, clock: Arc<dyn Clock>, config: &ProxyConfig) -> crate::spend::Spend {
+    crate::spend::Spend::new(store.spend_ledger(), clock, hold_for(config))
 }

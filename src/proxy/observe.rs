@@ -38,9 +38,6 @@ const TAKE: usize = 512;
 pub const MAX_JUDGED_BYTES: usize = 256 * 1024;
 /// Answer bytes waiting in the queue to be judged, at most; beyond it answers go unjudged.
 pub const MAX_PENDING_BYTES: usize = 16 * 1024 * 1024;
-/// Buckets held in memory, at most (a store that stays down must not grow them forever):
-/// past it the oldest unwritten ones are dropped.
-pub const MAX_BUCKETS: usize = 100_000;
 
 /// What the task judges: the answer, or why it is not judged.
 enum Judge {

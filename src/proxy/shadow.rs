@@ -15,7 +15,7 @@
 //! The comparisons live in memory, per shadow, for a day ([`compare::History`]); they are
 //! reported by the monitor's `GET /api/v1/shadow` and on the shadow route's page.
 
-pub mod compare;
+pub(crate) mod compare;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -246,7 +246,7 @@ impl Shadows {
             };
             let estimate = e.estimate(&pending.request);
             if !e.reserve(estimate, now) {
-                e.history().skipped(Skip::Budget, now);
+                e.history().skipped(Skip::ExtraCost, now);
                 continue;
             }
             let job = Job {

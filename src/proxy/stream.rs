@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::attempt::{class_of, Class, Committed, PassiveSink};
 use super::attribution::Ledger;
-use crate::budget::Reservation;
+use crate::extra_cost::Reservation;
 use crate::probe::sse::{BodyFault, ReadFault};
 use crate::probe::wire::{Step, StreamDecoder};
 use crate::probe::ProbeError;

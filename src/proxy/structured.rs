@@ -78,19 +78,9 @@ pub enum Validity {
     NotChecked(&'static str),
 }
 
-impl Validity {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::NotApplicable => "not_applicable",
-            Self::Valid => "valid",
-            Self::Invalid(_) => "invalid",
-            Self::NotChecked(_) => "not_checked",
-        }
-    }
-}
-
 /// Judges one answer: `answer_content` is the message content (empty when there was none),
 /// `tool_args` every tool call's `arguments` string.
+#[cfg(test)]
 pub fn check(request: &Value, answer_content: &str, tool_args: &[&str]) -> Validity {
     judge(&Expect::of(request), answer_content, tool_args)
 }
@@ -198,6 +188,7 @@ fn compiled(schema: &Value) -> Result<Arc<jsonschema::Validator>, &'static str> 
 }
 
 /// Compiled schemas held now (for tests of the bound).
+#[cfg(test)]
 pub fn cached_schemas() -> usize {
     cache().lock().unwrap_or_else(|e| e.into_inner()).map.len()
 }

@@ -12,9 +12,9 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{input_for, machines, pre_probe_passed, status_of, Effect, Machine, SwitchRx};
-use crate::budget::Budget;
 use crate::clock::Clock;
 use crate::config::SwitchConfig;
+use crate::extra_cost::ExtraCost;
 use crate::health::service::HealthCommand;
 use crate::health::{HealthEvent, HealthRx, HealthSnapshot};
 use crate::probe::OutcomeKind;
@@ -34,7 +34,7 @@ pub struct Driver {
     pub cfg: SwitchConfig,
     pub health: HealthRx,
     pub commands: mpsc::Sender<HealthCommand>,
-    pub budget: Arc<Budget>,
+    pub budget: Arc<ExtraCost>,
     pub prober: Arc<dyn Prober>,
     pub store: Store,
     pub events: broadcast::Sender<HealthEvent>,

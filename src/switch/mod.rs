@@ -46,8 +46,8 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod driver;
-pub mod view;
+pub(crate) mod driver;
+pub(crate) mod view;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -55,8 +55,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::budget::Budget;
 use crate::config::SwitchConfig;
+use crate::extra_cost::ExtraCost;
 use crate::health::{HealthSnapshot, State};
 use crate::probe::ProbeOutcome;
 use crate::route::{Route, RouteId, Tier};
@@ -84,7 +84,7 @@ pub struct Input {
     pub backups: Vec<(RouteId, State)>,
     /// Below `degrade_at` of the hourly budget.
     pub budget_allows: bool,
-    /// The model's extra cost since start (`Budget::total_for`).
+    /// The model's extra cost since start (`ExtraCost::total_for`).
     pub extra_cost_total: f64,
 }
 
@@ -590,7 +590,7 @@ fn pct(ratio: f64) -> u8 {
 pub fn idle_status(
     routes: &[Route],
     cfg: &SwitchConfig,
-    budget: &Budget,
+    budget: &ExtraCost,
     now: DateTime<Utc>,
 ) -> SwitchStatus {
     status_of(&machines(routes, cfg), budget, now)
@@ -619,7 +619,7 @@ pub fn input_for(
     machine: &Machine,
     routes: &[Route],
     health: &HealthSnapshot,
-    budget: &Budget,
+    budget: &ExtraCost,
     now: DateTime<Utc>,
 ) -> Input {
     let judged = |id: &RouteId| health.route(id).map_or(State::Unknown, |s| s.judged);
@@ -903,11 +903,11 @@ mod tests {
 
     #[test]
     fn machines_only_for_models_with_backups() {
-        let mut a = crate::budget::tests::route("a/x/m", Tier::Primary, 1.0, 1.0);
+        let mut a = crate::extra_cost::tests::route("a/x/m", Tier::Primary, 1.0, 1.0);
         a.serves = "one".into();
-        let mut b = crate::budget::tests::route("b/x/m", Tier::Primary, 1.0, 1.0);
+        let mut b = crate::extra_cost::tests::route("b/x/m", Tier::Primary, 1.0, 1.0);
         b.serves = "two".into();
-        let mut c = crate::budget::tests::route("c/x/m", Tier::Backup, 1.0, 1.0);
+        let mut c = crate::extra_cost::tests::route("c/x/m", Tier::Backup, 1.0, 1.0);
         c.serves = "two".into();
         let ms = machines(&[a, b, c], &SwitchConfig::default());
         assert_eq!(ms.len(), 1);

@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::{Machine, Phase};
-use crate::budget::{Budget, BudgetSnapshot};
+use crate::extra_cost::{ExtraCost, ExtraCostSnapshot};
 use crate::route::RouteId;
 
 /// One model's phase as published.
@@ -28,12 +28,16 @@ pub struct ModelSwitch {
 pub struct SwitchStatus {
     pub generated_at: DateTime<Utc>,
     pub models: Vec<ModelSwitch>,
-    pub budget: BudgetSnapshot,
+    pub budget: ExtraCostSnapshot,
 }
 
 pub type SwitchRx = watch::Receiver<Arc<SwitchStatus>>;
 
-pub(super) fn status_of(machines: &[Machine], budget: &Budget, now: DateTime<Utc>) -> SwitchStatus {
+pub(super) fn status_of(
+    machines: &[Machine],
+    budget: &ExtraCost,
+    now: DateTime<Utc>,
+) -> SwitchStatus {
     SwitchStatus {
         generated_at: now,
         models: machines

@@ -11,7 +11,7 @@
 //! A [`Tracer`] is off when the variable `otlp_endpoint_env` names is unset: then it is a
 //! `None` and the request path only checks it (no ids, no headers, no spans, no queue).
 
-pub mod context;
+pub(crate) mod context;
 pub mod export;
 pub mod span;
 
@@ -43,8 +43,10 @@ pub enum TraceError {
     /// token).
     #[error("{var} must be an http:// or https:// URL of an OTLP/HTTP collector")]
     BadEndpoint { var: String },
+    #[error("cannot build the OTLP exporter's HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
     #[error("cannot build the OTLP exporter: {0}")]
-    Exporter(String),
+    Exporter(#[source] opentelemetry_otlp::ExporterBuildError),
 }
 
 /// Where spans go, or nothing. Cheap to clone.
@@ -114,7 +116,7 @@ impl Tracer {
             .timeout(EXPORT_TIMEOUT)
             .connect_timeout(Duration::from_secs(5))
             .build()
-            .map_err(|e| TraceError::Exporter(e.to_string()))?;
+            .map_err(TraceError::Client)?;
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_http_client(http)
@@ -122,7 +124,7 @@ impl Tracer {
             .with_endpoint(url)
             .with_timeout(EXPORT_TIMEOUT)
             .build()
-            .map_err(|e| TraceError::Exporter(e.to_string()))?;
+            .map_err(TraceError::Exporter)?;
         let resource = opentelemetry_sdk::Resource::builder_empty()
             .with_service_name(config.service_name.clone())
             .with_attributes([KeyValue::new("service.version", env!("CARGO_PKG_VERSION"))])

@@ -158,7 +158,7 @@ struct StatusView<'a> {
     routes: Vec<RouteView<'a>>,
     /// The hourly extra-cost budget, when the switch controller runs.
     #[serde(skip_serializing_if = "Option::is_none")]
-    budget: Option<crate::budget::BudgetSnapshot>,
+    budget: Option<crate::extra_cost::ExtraCostSnapshot>,
 }
 
 fn slo_window() -> TimeDelta {
@@ -203,7 +203,7 @@ pub fn overall(routes: &[Route], health: &HealthSnapshot) -> &'static str {
 pub struct Extras<'a> {
     /// The in-process proxy's breaker states (route → `closed` …).
     pub breakers: &'a HashMap<RouteId, &'static str>,
-    pub budget: Option<crate::budget::BudgetSnapshot>,
+    pub budget: Option<crate::extra_cost::ExtraCostSnapshot>,
     pub filter: &'a StatusFilter,
     pub role: crate::cluster::Role,
     /// [`overall`] of the snapshot, and each route's probe cost in the routes' order: the

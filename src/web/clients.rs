@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::openapi::{admin_responses, error_response};
 use super::{ApiError, AppState};
-use crate::budget::spend::Spend;
+use crate::spend::Spend;
 
 pub async fn list(
     State(state): State<AppState>,

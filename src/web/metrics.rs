@@ -182,9 +182,9 @@ pub struct Metrics {
     proxy: crate::proxy::export::ProxySlot,
     /// `probeok_budget_extra_cost{kind}` and `probeok_budget_used_ratio`, read from the
     /// hourly extra-cost budget at scrape time.
-    budget_cost: Family<BudgetLabels, Gauge<f64, AtomicU64>>,
+    budget_cost: Family<ExtraCostLabels, Gauge<f64, AtomicU64>>,
     budget_used: Gauge<f64, AtomicU64>,
-    budget: OnceLock<Arc<crate::budget::Budget>>,
+    budget: OnceLock<Arc<crate::extra_cost::ExtraCost>>,
     /// The switch controller's current phases, for the status page.
     switch: OnceLock<crate::switch::SwitchRx>,
     /// Config reloads (`crate::reload`), as Prometheus counts its own.
@@ -205,7 +205,7 @@ pub struct Metrics {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct BudgetLabels {
+struct ExtraCostLabels {
     /// `spent` (settled this hour), `reserved` (running requests) or `limit`.
     kind: &'static str,
 }
@@ -247,7 +247,7 @@ impl Metrics {
             let _ = ingest_items.get_or_create(&IngestLabels { result });
         }
         let alerts = Family::<AlertLabels, Counter>::default();
-        let budget_cost = Family::<BudgetLabels, Gauge<f64, AtomicU64>>::default();
+        let budget_cost = Family::<ExtraCostLabels, Gauge<f64, AtomicU64>>::default();
         let budget_used = Gauge::<f64, AtomicU64>::default();
         let reloads = Family::<ReloadLabels, Counter>::default();
         // Both series exist from the start, so `increase()` sees the first failure.
@@ -466,12 +466,12 @@ impl Metrics {
 
     /// The hourly extra-cost budget: exported on `/metrics` and in `/api/v1/status`.
     /// The first call wins.
-    pub fn attach_budget(&self, budget: Arc<crate::budget::Budget>) {
+    pub fn attach_budget(&self, budget: Arc<crate::extra_cost::ExtraCost>) {
         let _ = self.budget.set(budget);
     }
 
     /// The attached budget, if any.
-    pub fn budget(&self) -> Option<&Arc<crate::budget::Budget>> {
+    pub fn budget(&self) -> Option<&Arc<crate::extra_cost::ExtraCost>> {
         self.budget.get()
     }
 
@@ -673,7 +673,7 @@ impl Metrics {
                 ("limit", snap.max_extra_cost_per_hour),
             ] {
                 self.budget_cost
-                    .get_or_create(&BudgetLabels { kind })
+                    .get_or_create(&ExtraCostLabels { kind })
                     .set(v);
             }
             self.budget_used.set(snap.used_ratio);

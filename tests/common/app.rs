@@ -21,13 +21,70 @@ use probeok::weights;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-/// (provider, region, model, serves, tier, weight)
-pub type Spec<'a> = (&'a str, &'a str, &'a str, &'a str, &'a str, u8);
+/// One route of a test config, built by name instead of by position:
+/// `Spec::new("qwen", "cn", "qwen-max").serves("chat-main").backup().weight(80)`.
+/// Unless said otherwise a route serves its own model name, as a primary, at weight 100.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec<'a> {
+    pub provider: &'a str,
+    pub region: &'a str,
+    pub model: &'a str,
+    pub serves: &'a str,
+    pub tier: &'a str,
+    pub weight: u8,
+}
+
+impl<'a> Spec<'a> {
+    pub const fn new(provider: &'a str, region: &'a str, model: &'a str) -> Self {
+        Spec {
+            provider,
+            region,
+            model,
+            serves: model,
+            tier: "primary",
+            weight: 100,
+        }
+    }
+
+    /// The logical model the route serves.
+    pub const fn serves(mut self, serves: &'a str) -> Self {
+        self.serves = serves;
+        self
+    }
+
+    pub const fn tier(mut self, tier: &'a str) -> Self {
+        self.tier = tier;
+        self
+    }
+
+    pub const fn backup(self) -> Self {
+        self.tier("backup")
+    }
+
+    pub const fn fallback(self) -> Self {
+        self.tier("fallback")
+    }
+
+    pub const fn weight(mut self, weight: u8) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// `provider/region/model`.
+    pub fn id(&self) -> String {
+        format!("{}/{}/{}", self.provider, self.region, self.model)
+    }
+}
 
 pub fn config(routes: &[Spec<'_>], db: &Path) -> Config {
     let mut src = format!("[storage]\npath = \"{}\"\n\n", db.display());
     let mut providers: Vec<(&str, Vec<&str>)> = Vec::new();
-    for (p, r, ..) in routes {
+    for Spec {
+        provider: p,
+        region: r,
+        ..
+    } in routes
+    {
         match providers.iter_mut().find(|(id, _)| id == p) {
             Some((_, regions)) if !regions.contains(r) => regions.push(r),
             Some(_) => {}
@@ -42,9 +99,10 @@ pub fn config(routes: &[Spec<'_>], db: &Path) -> Config {
             );
         }
     }
-    for (p, r, m, serves, tier, weight) in routes {
+    for s in routes {
         src += &format!(
-            "[[route]]\nprovider = \"{p}\"\nregion = \"{r}\"\nmodel = \"{m}\"\nserves = \"{serves}\"\ntier = \"{tier}\"\nweight = {weight}\n"
+            "[[route]]\nprovider = \"{}\"\nregion = \"{}\"\nmodel = \"{}\"\nserves = \"{}\"\ntier = \"{}\"\nweight = {}\n",
+            s.provider, s.region, s.model, s.serves, s.tier, s.weight
         );
     }
     Config::parse(&src, "test.toml")

@@ -25,33 +25,22 @@ pub const LLAMA: &str = "local/dc1/llama-3";
 pub const XSS: &str = "<script>alert(1)</script>";
 
 pub const ROUTES: &[Spec<'static>] = &[
-    ("qwen", "cn-beijing", "qwen-max", "chat-main", "primary", 80),
-    ("kimi", "cn", "moonshot-v1", "chat-main", "primary", 20),
-    (
-        "deepseek",
-        "cn",
-        "deepseek-ai/DeepSeek-V3",
-        "chat-main",
-        "backup",
-        100,
-    ),
-    (
-        "openai",
-        "us-east-1",
-        "gpt-4o-mini",
-        "chat-lite",
-        "primary",
-        100,
-    ),
-    (
-        "anthropic",
-        "us-west-2",
-        "claude-haiku",
-        "chat-lite",
-        "backup",
-        100,
-    ),
-    ("local", "dc1", "llama-3", "chat-fallback", "fallback", 100),
+    Spec::new("qwen", "cn-beijing", "qwen-max")
+        .serves("chat-main")
+        .weight(80),
+    Spec::new("kimi", "cn", "moonshot-v1")
+        .serves("chat-main")
+        .weight(20),
+    Spec::new("deepseek", "cn", "deepseek-ai/DeepSeek-V3")
+        .serves("chat-main")
+        .backup(),
+    Spec::new("openai", "us-east-1", "gpt-4o-mini").serves("chat-lite"),
+    Spec::new("anthropic", "us-west-2", "claude-haiku")
+        .serves("chat-lite")
+        .backup(),
+    Spec::new("local", "dc1", "llama-3")
+        .serves("chat-fallback")
+        .fallback(),
 ];
 
 /// Every route with the state the fixture gives it.

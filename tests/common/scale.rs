@@ -24,20 +24,20 @@ fn specs(routes: usize, per_model: usize) -> Vec<Spec<'static>> {
                 3..=6 => "backup",
                 _ => "fallback",
             };
-            (
+            Spec::new(
                 leak(format!("p{}", i % 20)),
                 leak(format!("r{}", (i / 20) % 5)),
                 leak(format!("m{i}")),
-                leak(format!("model-{}", i / per_model)),
-                tier,
-                50,
             )
+            .serves(leak(format!("model-{}", i / per_model)))
+            .tier(tier)
+            .weight(50)
         })
         .collect()
 }
 
 fn route_id(s: &Spec<'_>) -> String {
-    format!("{}/{}/{}", s.0, s.1, s.2)
+    s.id()
 }
 
 const STATES: [State; 8] = [

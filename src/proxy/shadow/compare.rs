@@ -44,7 +44,7 @@ pub enum Skip {
     /// The copy queue was full.
     QueueFull,
     /// The shadow's hourly cost budget was spent.
-    Budget,
+    ExtraCost,
     /// The client hung up before its stream ended: nothing to compare with.
     ClientGone,
 }
@@ -53,7 +53,7 @@ impl Skip {
     pub const ALL: [Skip; 4] = [
         Skip::IdempotencyKey,
         Skip::QueueFull,
-        Skip::Budget,
+        Skip::ExtraCost,
         Skip::ClientGone,
     ];
 
@@ -61,7 +61,7 @@ impl Skip {
         match self {
             Self::IdempotencyKey => "idempotency_key",
             Self::QueueFull => "queue_full",
-            Self::Budget => "budget",
+            Self::ExtraCost => "budget",
             Self::ClientGone => "client_gone",
         }
     }
@@ -291,7 +291,7 @@ mod tests {
         let now = Utc::now();
         let mut h = History::default();
         h.copied(now - Duration::hours(3));
-        h.skipped(Skip::Budget, now - Duration::hours(3));
+        h.skipped(Skip::ExtraCost, now - Duration::hours(3));
         for i in 0..3 {
             h.copied(now);
             h.compared(Comparison {

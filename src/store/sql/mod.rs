@@ -11,9 +11,9 @@
 //! `RETURNING`, `CASE`, `CAST(SUM(x) AS BIGINT)`); the few real differences branch on
 //! [`Connection::engine`].
 
-pub mod dialect;
-pub mod pg;
-pub mod value;
+pub(crate) mod dialect;
+pub(crate) mod pg;
+pub(crate) mod value;
 
 use std::path::Path;
 use std::time::Duration;

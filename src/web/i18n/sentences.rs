@@ -431,7 +431,7 @@ pub fn drill_line(
 
 /// The extra-cost budget line: `Extra cost of serving off the primaries this hour: 12.00 of
 /// 300.00 (4.0%); switching allowed`.
-pub fn budget(lang: Lang, b: &crate::budget::BudgetSnapshot) -> String {
+pub fn budget(lang: Lang, b: &crate::extra_cost::ExtraCostSnapshot) -> String {
     let used = b.spent + b.reserved;
     let pct = b.used_ratio * 100.0;
     let max = b.max_extra_cost_per_hour;
@@ -502,7 +502,7 @@ pub fn incident_what(lang: Lang, peak: State, mode: Option<FailureMode>, reason:
     s
 }
 
-/// Budget left with the bad time it was measured by: `96.5% · 1 m 30 s bad of 43.2 min`.
+/// Error budget left with the bad time it was measured by: `96.5% · 1 m 30 s bad of 43.2 min`.
 /// Overspent, the multiple of the budget spent (`0% · 1 h 48 m bad, 2.5× the budget of
 /// 43.2 min`): the bad time is what was measured, the multiple says how far past it that is.
 pub fn budget_left(lang: Lang, b: &crate::slo::ErrorBudget) -> String {

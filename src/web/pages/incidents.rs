@@ -10,7 +10,7 @@ pub struct Spend {
     pub what: String,
 }
 
-pub struct BudgetRow {
+pub struct ErrorBudgetRow {
     pub route: String,
     pub href: String,
     pub budget: String,
@@ -23,7 +23,7 @@ pub struct IncidentsPage {
     pub c: Chrome,
     pub month: String,
     pub spends: Vec<Spend>,
-    pub budgets: Vec<BudgetRow>,
+    pub budgets: Vec<ErrorBudgetRow>,
     pub incidents: Vec<IncidentLine>,
 }
 
@@ -167,7 +167,7 @@ pub fn incidents_page(
         spends: spends.into_iter().map(|(_, s)| s).collect(),
         budgets: per_route
             .iter()
-            .map(|(r, b, _)| BudgetRow {
+            .map(|(r, b, _)| ErrorBudgetRow {
                 route: r.id.as_str().to_owned(),
                 href: route_href(&r.id, lang),
                 budget: i18n::duration(lang, b.budget_seconds as i64),
@@ -196,7 +196,7 @@ pub async fn incidents(
         .pages(
             &state.store,
             &state.clock,
-            BudgetSource::from_config(&config),
+            ErrorBudgetSource::from_config(&config),
         )
         .await
         .map_err(fail)?;

@@ -174,14 +174,14 @@ impl PastDays {
 
 /// What the pages' error-budget figures depend on in the config.
 #[derive(Debug, Clone, Copy)]
-pub struct BudgetSource {
+pub struct ErrorBudgetSource {
     /// `[slo] latency_threshold`: a slower success is bad time.
     pub latency_threshold: std::time::Duration,
     /// `[storage] retention_days`: how far back raw outcomes answer per-incident figures.
     pub retention_days: u32,
 }
 
-impl BudgetSource {
+impl ErrorBudgetSource {
     pub fn from_config(c: &crate::config::Config) -> Self {
         Self {
             latency_threshold: c.slo.latency_threshold,
@@ -196,7 +196,7 @@ impl PageData {
     pub fn load(
         reader: &Reader,
         now: DateTime<Utc>,
-        src: BudgetSource,
+        src: ErrorBudgetSource,
         previous: Option<&PageData>,
     ) -> Result<Self, StoreError> {
         let since = Granularity::Day.bucket_start(now) - TimeDelta::days(DAYS - 1);
@@ -264,7 +264,7 @@ impl FiguresCache {
         &self,
         store: &Store,
         clock: &Arc<dyn crate::clock::Clock>,
-        src: BudgetSource,
+        src: ErrorBudgetSource,
     ) -> Result<Arc<PageData>, PageError> {
         let store = store.clone();
         let load = Arc::new(move |now, previous: Option<Arc<PageData>>| {
@@ -279,7 +279,7 @@ impl FiguresCache {
         &self,
         store: &Store,
         clock: &Arc<dyn crate::clock::Clock>,
-        src: BudgetSource,
+        src: ErrorBudgetSource,
     ) -> Result<(Arc<Figures>, Arc<PageData>), PageError> {
         let figures = async { self.get(store, clock).await.map_err(PageError::from) };
         tokio::try_join!(figures, self.pages(store, clock, src))

@@ -87,7 +87,7 @@ pub async fn route(
         .figures_and_pages(
             &state.store,
             &state.clock,
-            BudgetSource::from_config(&config),
+            ErrorBudgetSource::from_config(&config),
         )
         .await
         .map_err(fail)?;

@@ -601,7 +601,7 @@ pub async fn status(
         .figures_and_pages(
             &state.store,
             &state.clock,
-            BudgetSource::from_config(&config),
+            ErrorBudgetSource::from_config(&config),
         )
         .await
         .map_err(fail)?;

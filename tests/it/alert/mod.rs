@@ -1,0 +1,7 @@
+mod burn_tally;
+mod claims;
+mod counts;
+mod delivery;
+mod drift;
+mod oncall;
+mod routing;

@@ -1,0 +1,13 @@
+mod confirmations;
+mod detection;
+mod error_budget;
+mod heartbeats;
+mod quorum;
+mod roles;
+mod route_faults;
+mod scale_outage;
+mod scheduler;
+mod service;
+mod store;
+mod switch_incident;
+mod weights;

@@ -1,0 +1,11 @@
+mod architecture;
+mod cli;
+mod demo;
+mod demo_history;
+mod docs;
+mod drift;
+mod drills;
+mod probe_client;
+mod serve;
+mod sim_http;
+mod vantages;

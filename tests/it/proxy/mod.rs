@@ -1,0 +1,13 @@
+mod bounds;
+mod contracts;
+mod env;
+mod extra_cost;
+mod failover;
+mod monitor;
+mod props;
+mod reasoning;
+mod request_side;
+mod safeguards;
+mod shadow;
+mod spend;
+mod traces;

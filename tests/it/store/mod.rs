@@ -1,0 +1,5 @@
+mod migrate;
+mod outcomes;
+mod spend_figures;
+mod spend_ledger;
+mod tables;
