@@ -10,7 +10,8 @@
 //! - [`web`]: the monitor's HTTP surface: JSON API, pages, badges, the weights feed;
 //! - [`product`]: the whole product as a user runs it: CLI, demo, drills, vantages, docs.
 //!
-//! Tests that need a program from outside (Chromium, Prometheus, the openai SDK) or run the
+//! Tests that need a program from outside (Chromium, Prometheus, the openai SDK, Envoy,
+//! HAProxy) or run the
 //! monitor pair and the proxy fleet as separate processes on PostgreSQL are binaries of their
 //! own beside this one. Every test here that needs the PostgreSQL server of
 //! `PROBEOK_TEST_PG_URL` says `postgres` in its name (the `…::postgres` halves of
