@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{broadcast, Notify};
 use tokio_util::sync::CancellationToken;
 
+use super::announced::Announced;
 use super::group::{Draft, Grouper};
 use super::maintenance::{Silence, Suppressor};
 use super::outbox::Outbox;
@@ -174,10 +175,27 @@ impl AlertService {
         if drafts.is_empty() {
             return Ok(0);
         }
-        let (silences, firing_keys) = self
-            .blocking(|r| Ok((r.silences()?, r.alert_firing_keys()?)))
+        let resolving = drafts.iter().any(|d| d.message.status == Status::Resolved);
+        let (silences, firing) = self
+            .blocking(move |r| {
+                let firing = if resolving {
+                    r.alert_firing()?
+                } else {
+                    // Nothing resolves: the keys suffice (no message text is read).
+                    r.alert_firing_keys()?
+                        .into_iter()
+                        .map(|key| FiringRow {
+                            key,
+                            message: Arc::from(""),
+                            opened_at: DateTime::UNIX_EPOCH,
+                        })
+                        .collect()
+                };
+                Ok((r.silences()?, firing))
+            })
             .await?;
-        let mut firing_now: HashSet<String> = firing_keys.into_iter().collect();
+        let mut firing_now = Announced::new(&firing);
+        drop(firing);
         let config = self.config();
         let suppressor = Suppressor {
             windows: &config.maintenance,
@@ -199,32 +217,34 @@ impl AlertService {
                 .map(|i| i.route.to_string())
                 .zip(item_keys)
                 .collect();
+            // The texts of the firing messages this resolution's routes were announced by.
+            let mut announced_by = Vec::new();
             if message.status == Status::Resolved {
                 // Only what was announced is resolved (and a resolution is never silenced).
                 message.items.retain(|i| {
                     keys.get(i.route.as_str())
                         .and_then(Option::as_ref)
-                        .is_some_and(|k| firing_now.contains(k))
+                        .is_some_and(|k| firing_now.is_firing(k))
                 });
-                let whole = key.as_ref().is_some_and(|k| firing_now.contains(k));
+                let whole = key.as_ref().is_some_and(|k| firing_now.is_firing(k));
                 if message.items.is_empty() && !whole {
                     continue;
                 }
                 for i in &message.items {
                     if let Some(Some(k)) = keys.remove(i.route.as_str()) {
-                        firing_now.remove(&k);
+                        announced_by.extend(firing_now.resolve(&k));
                         resolve.push(k);
                     }
                 }
                 if let Some(k) = key {
-                    firing_now.remove(&k);
+                    firing_now.resolve(&k);
                     resolve.push(k);
                 }
             } else {
                 // A route fault is announced once until the route answers normally, even when
                 // the detection restarted and saw it anew.
                 if matches!(message.subject, Subject::RouteFault { .. })
-                    && key.as_ref().is_some_and(|k| firing_now.contains(k))
+                    && key.as_ref().is_some_and(|k| firing_now.is_firing(k))
                 {
                     continue;
                 }
@@ -242,7 +262,7 @@ impl AlertService {
                 let json: Arc<str> = Arc::from(to_json(&message)?);
                 for i in &message.items {
                     if let Some(Some(k)) = keys.remove(i.route.as_str()) {
-                        firing_now.insert(k.clone());
+                        firing_now.fire(&k, &json);
                         fire.push(FiringRow {
                             key: k,
                             message: json.clone(),
@@ -251,7 +271,7 @@ impl AlertService {
                     }
                 }
                 if let Some(k) = key {
-                    firing_now.insert(k.clone());
+                    firing_now.fire(&k, &json);
                     fire.push(FiringRow {
                         key: k,
                         message: json.clone(),
@@ -259,7 +279,7 @@ impl AlertService {
                     });
                 }
             }
-            entries.extend(self.entries(&message, now)?);
+            entries.extend(self.entries(&message, &announced_by, &mut firing_now, now)?);
         }
         let n = self
             .store
@@ -277,15 +297,30 @@ impl AlertService {
     }
 
     /// One outbox row per channel that accepts `m`, under `<key>#<channel>`: each channel gets
-    /// `m` as its `routes` see it (regrouped over its own routes, with its own key).
-    fn entries(&self, m: &Message, now: DateTime<Utc>) -> Result<Vec<NewEntry>, AlertError> {
+    /// `m` as its `routes` see it (regrouped over its own routes, with its own key). A
+    /// resolution of routes announced by the messages `announced_by` tells an incident tool
+    /// which of its triggers to resolve, and skips it when that is none.
+    fn entries(
+        &self,
+        m: &Message,
+        announced_by: &[Arc<str>],
+        firing: &mut Announced,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEntry>, AlertError> {
         let mut out = Vec::new();
         for c in self.outbox.channels().iter() {
-            let Some(own) = routing::for_channel(m, &c.options().routes) else {
+            let Some(mut own) = routing::for_channel(m, &c.options().routes) else {
                 continue;
             };
             if !accepts(c.options(), &own) {
                 continue;
+            }
+            if c.resolves_by_key() && m.status == Status::Resolved && !m.items.is_empty() {
+                let keys = firing.closed_keys(announced_by, &c.options().routes);
+                if keys.is_empty() {
+                    continue;
+                }
+                own.to_mut().resolves = Some(keys);
             }
             let json = to_json(&own)?;
             let key = format!("{}#{}", own.key, c.name());
@@ -399,6 +434,7 @@ impl AlertService {
                     items: Vec::new(),
                     related: Vec::new(),
                     note: None,
+                    resolves: None,
                 },
                 item_keys: Vec::new(),
                 key: Some(key),
@@ -530,6 +566,7 @@ fn burn_draft(b: burn::BurnAlert, key: String, now: DateTime<Utc>, status: Statu
             related: vec![b.route.clone()],
             subject: Subject::BurnRate(b),
             note: None,
+            resolves: None,
         },
         item_keys: Vec::new(),
         key: Some(key),

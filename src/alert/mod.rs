@@ -13,7 +13,8 @@
 //!    dropped with a log line and a counter).
 //! 4. Channels ([`Notifier`]): [`dingtalk`], [`feishu`], [`email`], [`webhook`], [`wecom`],
 //!    and for on-call teams elsewhere [`slack`], [`teams`], [`telegram`], [`pagerduty`],
-//!    [`opsgenie`] (their shared pieces in [`oncall`]), each built by `from_config(&table, &ChannelEnv)`. Robots are signed at *send* time
+//!    [`opsgenie`] (their shared pieces in [`oncall`]; which trigger a resolution may resolve in
+//!    [`announced`]), each built by `from_config(&table, &ChannelEnv)`. Robots are signed at *send* time
 //!    (signatures expire) and their HTTP-200 error bodies are failures. [`routing`] decides
 //!    per channel which routes it owns (a group is regrouped over them) and who is mentioned.
 //!
@@ -26,6 +27,7 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub(crate) mod announced;
 pub mod burn;
 pub mod dingtalk;
 pub mod email;
@@ -243,6 +245,11 @@ pub struct Message {
     pub related: Vec<RouteId>,
     /// A finding's or summary's own sentence.
     pub note: Option<String>,
+    /// On a resolution for an incident tool (PagerDuty, Opsgenie): the keys it resolves, each
+    /// a trigger no route still firing stands for ([`announced`]). `None` elsewhere, and on a
+    /// resolution that closes by its own key (egress, heartbeats, burn rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolves: Option<Vec<String>>,
 }
 
 impl Message {
@@ -362,6 +369,12 @@ pub trait Notifier: Send + Sync {
     ) -> BoxFuture<'a, Result<Receipt, AlertError>>;
     /// Whether `message` needs a second delivery carrying the mention (WeCom: its markdown
     /// cannot mention phone numbers). It gets its own outbox row, `…#mention`.
+    /// Whether the receiver is an incident tool that resolves by the key it was triggered
+    /// with (PagerDuty, Opsgenie): its resolutions carry [`Message::resolves`], and one
+    /// that resolves nothing (a group with routes still failing) is not sent to it.
+    fn resolves_by_key(&self) -> bool {
+        false
+    }
     fn mention_part(&self, _message: &Message) -> bool {
         false
     }
@@ -621,6 +634,7 @@ pub fn test_message(now: DateTime<Utc>) -> Message {
         items: Vec::new(),
         related: Vec::new(),
         note: None,
+        resolves: None,
     }
 }
 

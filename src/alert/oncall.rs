@@ -122,6 +122,13 @@ pub fn link(m: &Message, ctx: &RenderCtx) -> String {
         )
 }
 
+/// The keys a resolution resolves at an incident tool: those the engine worked out from the
+/// triggers it stands for ([`Message::resolves`]), else the message's own key (egress,
+/// heartbeats, burn rate, and rows written before the engine worked them out).
+pub fn resolved_keys(m: &Message) -> Vec<String> {
+    m.resolves.clone().unwrap_or_else(|| vec![incident_key(m)])
+}
+
 /// The key an incident tool deduplicates on (PagerDuty `dedup_key`, Opsgenie `alias`): the
 /// same for a message that fires and the one that resolves it, read from the message the
 /// outbox stored (so a restart or another monitor of the pair sends the same key).

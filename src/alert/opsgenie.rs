@@ -9,7 +9,8 @@
 //! <https://docs.opsgenie.com/docs/api-rate-limiting> (429 when throttled).
 //!
 //! The alias is [`oncall::incident_key`] of the stored message, so the close after a restart or
-//! a takeover names the alert that was created. Priority: critical → P1, warning → P3,
+//! a takeover names the alert that was created; a provider group is closed when its last route
+//! recovers ([`super::announced`]). Priority: critical → P1, warning → P3,
 //! info → P5. A reminder creates again under the same alias (Opsgenie counts it on the open
 //! alert); `alert test` creates a P5 alert and closes it at once. A 4xx other than 429 (422
 //! invalid, 401/403 key) is a refusal kept with Opsgenie's `message`, not retried.
@@ -121,16 +122,28 @@ impl Opsgenie {
         Err(oncall::failure(oncall::Answer { body: reason, ..a }))
     }
 
-    async fn close(&self, message: &Message, ctx: &RenderCtx) -> Result<Receipt, AlertError> {
-        let alias = oncall::incident_key(message);
-        let alias = percent_encoding::utf8_percent_encode(&alias, PATH_SEGMENT);
-        let url = format!(
-            "{}/v2/alerts/{alias}/close?identifierType=alias",
-            self.api_base
-        );
+    /// Closes the alerts `aliases` name, with `message`'s title as the note. A retry after a
+    /// partial failure closes again, which Opsgenie takes as a no-op.
+    async fn close(
+        &self,
+        message: &Message,
+        aliases: Vec<String>,
+        ctx: &RenderCtx,
+    ) -> Result<Receipt, AlertError> {
         let note = render::render(message, self.options.lang, ctx).title;
-        self.post(url, json!({"source": ctx.public_url, "note": note}))
-            .await
+        let mut last = None;
+        for alias in aliases {
+            let alias = percent_encoding::utf8_percent_encode(&alias, PATH_SEGMENT);
+            let url = format!(
+                "{}/v2/alerts/{alias}/close?identifierType=alias",
+                self.api_base
+            );
+            last = Some(
+                self.post(url, json!({"source": ctx.public_url, "note": note}))
+                    .await?,
+            );
+        }
+        last.ok_or_else(|| AlertError::Config("a resolution that closes nothing".into()))
     }
 }
 
@@ -143,6 +156,10 @@ impl Notifier for Opsgenie {
         &self.options
     }
 
+    fn resolves_by_key(&self) -> bool {
+        true
+    }
+
     fn send<'a>(
         &'a self,
         message: &'a Message,
@@ -151,12 +168,15 @@ impl Notifier for Opsgenie {
     ) -> BoxFuture<'a, Result<Receipt, AlertError>> {
         async move {
             if message.status == Status::Resolved {
-                return self.close(message, ctx).await;
+                return self
+                    .close(message, oncall::resolved_keys(message), ctx)
+                    .await;
             }
             let url = format!("{}/v2/alerts", self.api_base);
             let r = self.post(url, self.create(message, ctx)).await?;
             if message.status == Status::Test {
-                return self.close(message, ctx).await;
+                let alias = oncall::incident_key(message);
+                return self.close(message, vec![alias], ctx).await;
             }
             Ok(r)
         }

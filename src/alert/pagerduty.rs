@@ -10,7 +10,8 @@
 //! is not retried; 429 and 5xx are retried with backoff).
 //!
 //! The `dedup_key` is [`oncall::incident_key`] of the stored message: a resolution sent after
-//! a restart, or by the other monitor of a pair, names what was triggered. A reminder
+//! a restart, or by the other monitor of a pair, names what was triggered. A provider group
+//! is resolved when its last route recovers ([`super::announced`]). A reminder
 //! triggers again under the same key (PagerDuty adds it to the open alert); `alert test`
 //! triggers an `info` event and resolves it at once, so no incident is left open.
 
@@ -53,12 +54,9 @@ impl PagerDuty {
         })
     }
 
-    /// The event for `message` (`resolve` for a resolved one), without the routing key.
-    pub fn event(&self, message: &Message, ctx: &RenderCtx, action: &str) -> serde_json::Value {
+    /// The `trigger` event for `message`, without the routing key.
+    pub fn event(&self, message: &Message, ctx: &RenderCtx) -> serde_json::Value {
         let dedup_key = oncall::incident_key(message);
-        if action == "resolve" {
-            return json!({"event_action": "resolve", "dedup_key": dedup_key});
-        }
         let r = render::render(message, self.options.lang, ctx);
         let severity = message.severity.as_str();
         let routes: Vec<&str> = message.routes().iter().map(|r| r.as_str()).collect();
@@ -143,6 +141,10 @@ impl Notifier for PagerDuty {
         &self.options
     }
 
+    fn resolves_by_key(&self) -> bool {
+        true
+    }
+
     fn send<'a>(
         &'a self,
         message: &'a Message,
@@ -150,14 +152,24 @@ impl Notifier for PagerDuty {
         _now: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<Receipt, AlertError>> {
         async move {
-            if message.status == Status::Resolved {
-                return self.post(self.event(message, ctx, "resolve")).await;
+            let keys = match message.status {
+                Status::Resolved => oncall::resolved_keys(message),
+                _ => {
+                    let r = self.post(self.event(message, ctx)).await?;
+                    if message.status != Status::Test {
+                        return Ok(r);
+                    }
+                    vec![oncall::incident_key(message)]
+                }
+            };
+            // One resolve per trigger; a retry after a partial failure resolves again, which
+            // PagerDuty takes as a no-op.
+            let mut last = None;
+            for dedup_key in keys {
+                let event = json!({"event_action": "resolve", "dedup_key": dedup_key});
+                last = Some(self.post(event).await?);
             }
-            let r = self.post(self.event(message, ctx, "trigger")).await?;
-            if message.status == Status::Test {
-                return self.post(self.event(message, ctx, "resolve")).await;
-            }
-            Ok(r)
+            last.ok_or_else(|| AlertError::Config("a resolution that resolves nothing".into()))
         }
         .boxed()
     }

@@ -101,6 +101,7 @@ mod tests {
             items,
             related: Vec::new(),
             note: None,
+            resolves: None,
         }
     }
 

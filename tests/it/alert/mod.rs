@@ -4,4 +4,5 @@ mod counts;
 mod delivery;
 mod drift;
 mod oncall;
+mod oncall_kill;
 mod routing;

@@ -423,6 +423,79 @@ async fn a_20_route_provider_outage_is_one_message_and_one_trigger_per_channel()
 }
 
 #[tokio::test]
+async fn a_provider_group_is_resolved_at_incident_tools_when_its_last_route_recovers() {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let (fakes, rig) = setup(clock.clone()).await;
+    // Ten routes fail a minute before the ten others: the group's trigger is keyed by one
+    // of the first ten, and those recover first.
+    let early = t0() - chrono::Duration::minutes(1);
+    let opened = |i: usize| if i < 10 { early } else { t0() };
+    rig.push((0..20).map(|i| fire(i, S::Critical, opened(i))).collect())
+        .await;
+    rig.service.deliver().await.unwrap();
+    let pd = fakes.get(Service::PagerDuty);
+    let og = fakes.get(Service::Opsgenie);
+    assert_eq!(pd.got().len(), 1, "one trigger");
+    assert_eq!(og.got().len(), 1, "one alert");
+
+    clock.advance(Duration::from_secs(300));
+    let now = clock.now();
+    rig.push(
+        (0..10)
+            .map(|i| resolve(i, S::Critical, opened(i), now))
+            .collect(),
+    )
+    .await;
+    rig.service.deliver().await.unwrap();
+    // The chat channels say which routes recovered; the incident stays open where it pages.
+    for f in fakes.all() {
+        let n = f.got().len();
+        match f.service {
+            Service::PagerDuty | Service::Opsgenie => {
+                assert_eq!(n, 1, "{:?}: ten routes still fail", f.service)
+            }
+            _ => assert_eq!(n, 2, "{:?}: the recovery of ten routes", f.service),
+        }
+    }
+
+    clock.advance(Duration::from_secs(600));
+    let now = clock.now();
+    rig.push(
+        (10..20)
+            .map(|i| resolve(i, S::Critical, opened(i), now))
+            .collect(),
+    )
+    .await;
+    rig.service.deliver().await.unwrap();
+    let got = pd.got();
+    assert_eq!(
+        got.len(),
+        2,
+        "{:?}",
+        got.iter().map(|g| &g.body).collect::<Vec<_>>()
+    );
+    assert_eq!(got[1].body["event_action"], "resolve");
+    assert_eq!(got[0].body["dedup_key"], got[1].body["dedup_key"]);
+    let got = og.got();
+    assert_eq!(got.len(), 2);
+    assert_eq!(
+        got[1].path,
+        format!(
+            "/v2/alerts/{}/close",
+            got[0].body["alias"].as_str().unwrap()
+        )
+    );
+    for f in fakes.all() {
+        assert!(
+            f.malformed().is_empty(),
+            "{:?}: {:?}",
+            f.service,
+            f.malformed()
+        );
+    }
+}
+
+#[tokio::test]
 async fn alert_test_reaches_each_channel_and_leaves_no_incident_open() {
     let fakes = Fakes::start().await;
     let mut cfg = Config::default();

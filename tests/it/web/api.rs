@@ -942,6 +942,31 @@ async fn metrics_export_the_alert_engines_counters() {
 }
 
 #[tokio::test]
+async fn a_fresh_monitor_exports_every_probe_result_and_ingest_result_at_zero() {
+    let h = Harness::new(ROUTES, now()).await;
+    let s = h.serve().await;
+    let text = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for spec in ROUTES {
+        let (provider, region, model) = (spec.provider, spec.region, spec.model);
+        for result in std::iter::once("success").chain(probeok::outcome::ProbeError::KINDS) {
+            let line = format!(
+                r#"probeok_probes_total{{provider="{provider}",region="{region}",model="{model}",vantage="local",result="{result}"}} 0"#
+            );
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+    }
+    for result in ["accepted", "rejected"] {
+        let line = format!(r#"probeok_ingest_items_total{{result="{result}"}} 0"#);
+        assert!(text.contains(&line), "{line}");
+    }
+}
+
+#[tokio::test]
 async fn the_extra_cost_budget_shows_in_status_and_metrics() {
     let h = Harness::new(ROUTES, now()).await;
     let budget = probeok::extra_cost::ExtraCost::new(

@@ -1,0 +1,194 @@
+//! What an incident tool may resolve. PagerDuty and Opsgenie are triggered once per message
+//! (a provider's grouped routes are one trigger, under one key), so a trigger is resolved when
+//! no route it still stands for is firing — not when the first of a group's routes recovers,
+//! and never under a key nothing was triggered with.
+//!
+//! Pure: built from the stored firing state (each firing key with the text of the message that
+//! last announced it), moved along as an enqueue fires and resolves keys; the keys are worked
+//! out per channel, as each channel's `routes` regroup the message it triggered with.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use super::{oncall, routing, Message};
+use crate::store::alerts::FiringRow;
+
+/// Firing keys with the text of the message that last announced each.
+#[derive(Debug, Default)]
+pub struct Announced {
+    by_key: HashMap<String, Arc<str>>,
+    /// Parsed texts, each once per enqueue (`None`: a text that is not a message).
+    parsed: HashMap<Arc<str>, Option<Message>>,
+}
+
+impl Announced {
+    pub fn new(rows: &[FiringRow]) -> Self {
+        let mut a = Self::default();
+        for r in rows {
+            a.fire(&r.key, &r.message);
+        }
+        a
+    }
+
+    pub fn is_firing(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
+    }
+
+    /// `key` is announced by `text` from now on.
+    pub fn fire(&mut self, key: &str, text: &Arc<str>) {
+        self.by_key.insert(key.to_owned(), text.clone());
+    }
+
+    /// Resolves `key`; the text that announced it, if it was firing.
+    pub fn resolve(&mut self, key: &str) -> Option<Arc<str>> {
+        self.by_key.remove(key)
+    }
+
+    /// The incident keys the channel with route globs `routes` may resolve, now that the keys
+    /// announced by `resolved` texts have resolved: the key each of those messages was
+    /// triggered with on this channel, unless a route still firing was announced under it.
+    pub fn closed_keys(&mut self, resolved: &[Arc<str>], routes: &[String]) -> Vec<String> {
+        let mut candidates = BTreeSet::new();
+        for t in resolved {
+            if let Some(k) = self.channel_key(t, routes) {
+                candidates.insert(k);
+            }
+        }
+        if candidates.is_empty() {
+            return Vec::new();
+        }
+        let still: HashSet<Arc<str>> = self.by_key.values().cloned().collect();
+        for t in still {
+            if let Some(k) = self.channel_key(&t, routes) {
+                candidates.remove(&k);
+            }
+        }
+        candidates.into_iter().collect()
+    }
+
+    /// The key the message `text` was triggered with on a channel with `routes`.
+    fn channel_key(&mut self, text: &Arc<str>, routes: &[String]) -> Option<String> {
+        let m = self
+            .parsed
+            .entry(text.clone())
+            .or_insert_with(|| serde_json::from_str(text).ok())
+            .as_ref()?;
+        let own = routing::for_channel(m, routes)?;
+        Some(oncall::incident_key(&own))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{RouteItem, Severity, Status, Subject};
+    use super::*;
+    use crate::state::State;
+
+    fn item(route: &str, incident: &str, opened_min: i64) -> RouteItem {
+        let at = chrono::DateTime::UNIX_EPOCH + chrono::Duration::minutes(opened_min);
+        RouteItem {
+            route: crate::route::RouteId::parse(route).unwrap(),
+            serves: Vec::new(),
+            from: State::Normal,
+            to: State::Degraded,
+            at,
+            reason_code: "unavailable".into(),
+            reason_text: String::new(),
+            failure_mode: None,
+            evidence: None,
+            incident_id: Some(incident.to_owned()),
+            opened_at: Some(at),
+            closed_at: None,
+            peak: None,
+            shifted: None,
+            path: Vec::new(),
+        }
+    }
+
+    fn text(subject: Subject, items: Vec<RouteItem>) -> Arc<str> {
+        let m = Message {
+            key: "k".into(),
+            severity: Severity::Warning,
+            status: Status::Firing,
+            subject,
+            at: chrono::DateTime::UNIX_EPOCH,
+            items,
+            related: Vec::new(),
+            note: None,
+            resolves: None,
+        };
+        Arc::from(serde_json::to_string(&m).unwrap())
+    }
+
+    fn provider(items: Vec<RouteItem>) -> Arc<str> {
+        text(
+            Subject::Provider {
+                provider: "qwen".into(),
+            },
+            items,
+        )
+    }
+
+    fn resolve(a: &mut Announced, keys: &[&str]) -> Vec<Arc<str>> {
+        keys.iter().filter_map(|k| a.resolve(k)).collect()
+    }
+
+    #[test]
+    fn a_group_is_resolved_when_its_last_route_resolves() {
+        let group = provider(vec![
+            item("qwen/cn/a", "i-a", 0),
+            item("qwen/cn/b", "i-b", 1),
+            item("qwen/cn/c", "i-c", 2),
+        ]);
+        let lone = text(Subject::Route, vec![item("qwen/us/d", "i-d", 3)]);
+        let rows: Vec<FiringRow> = [("a", &group), ("b", &group), ("c", &group), ("d", &lone)]
+            .iter()
+            .map(|(k, t)| FiringRow {
+                key: format!("incident:i-{k}"),
+                message: (*t).clone(),
+                opened_at: chrono::DateTime::UNIX_EPOCH,
+            })
+            .collect();
+        let mut a = Announced::new(&rows);
+        let group_key = a.channel_key(&group, &[]).unwrap();
+        let lone_key = a.channel_key(&lone, &[]).unwrap();
+        assert_ne!(group_key, lone_key);
+
+        // The group's earliest route recovers first: nothing is resolved.
+        let r = resolve(&mut a, &["incident:i-a", "incident:i-b"]);
+        assert!(a.closed_keys(&r, &[]).is_empty());
+        let r = resolve(&mut a, &["incident:i-d"]);
+        assert_eq!(a.closed_keys(&r, &[]), vec![lone_key]);
+        let r = resolve(&mut a, &["incident:i-c", "incident:i-x"]);
+        assert_eq!(a.closed_keys(&r, &[]), vec![group_key.clone()]);
+
+        // A channel that sees only route a was triggered for a alone, and resolves that.
+        let mut a = Announced::new(&rows);
+        let only_a = vec!["qwen/cn/a".to_owned()];
+        let r = resolve(&mut a, &["incident:i-a"]);
+        let keys = a.closed_keys(&r, &only_a);
+        assert_eq!(keys.len(), 1);
+        assert_ne!(keys[0], group_key);
+    }
+
+    #[test]
+    fn routes_announced_again_under_the_same_key_keep_it_open() {
+        let group = provider(vec![
+            item("qwen/cn/a", "i-a", 0),
+            item("qwen/cn/b", "i-b", 1),
+        ]);
+        let mut a = Announced::new(&[]);
+        a.fire("incident:i-a", &group);
+        a.fire("incident:i-b", &group);
+        // Route a gets worse and is announced again, with the group's earliest incident:
+        // the same key as the group.
+        let worse = provider(vec![item("qwen/cn/a", "i-a", 0)]);
+        a.fire("incident:i-a", &worse);
+        let key = a.channel_key(&group, &[]).unwrap();
+        assert_eq!(a.channel_key(&worse, &[]).unwrap(), key);
+        let r = resolve(&mut a, &["incident:i-b"]);
+        assert!(a.closed_keys(&r, &[]).is_empty(), "a still fires under it");
+        let r = resolve(&mut a, &["incident:i-a"]);
+        assert_eq!(a.closed_keys(&r, &[]), vec![key]);
+    }
+}
