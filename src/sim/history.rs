@@ -4,9 +4,12 @@
 //!
 //! Each hour of history holds [`MINUTES_PER_HOUR`] minutes of probing at the route's own
 //! interval (and its throughput probes), from the same [`scenario::behaviour`] the HTTP
-//! simulator acts out. Most hours are healthy; in a *fault hour* the burst runs through the
-//! scenario's misbehaving window at high speed — a little before it, all of it, a little
-//! after — so detection sees the fault open and close. Which hours are fault hours is drawn per
+//! simulator acts out. Most hours are healthy; a *fault hour* is probed for
+//! [`FAULT_HOUR_MINUTES`] without a gap: a minute before the fault, the scenario's misbehaving
+//! window acted out over [`FAULT_MINUTES`], then long enough for detection's default
+//! `recover_after` to close the incident. So an incident of the history lasts as long as the
+//! bad time it spends from the error budget says (plus the recovery it waited for), instead of
+//! an hour of incident over a few minutes of samples. Which hours are fault hours is drawn per
 //! provider region and scenario ([`fault_hours`]), so the two models of a failing region fail
 //! together, as they would.
 //!
@@ -29,6 +32,13 @@ use crate::route::Route;
 
 /// Minutes of simulated probing per hour of history.
 pub const MINUTES_PER_HOUR: u32 = 3;
+
+/// Minutes of probing, without a gap, in a fault hour.
+pub const FAULT_HOUR_MINUTES: u32 = 20;
+
+/// Minutes of a fault hour the scenario's misbehaving window is acted out over, starting a
+/// minute in.
+pub const FAULT_MINUTES: u32 = 6;
 
 /// Share of a misbehaving route's hours that hold its fault: about one a week.
 pub const FAULT_HOUR_SHARE: f64 = 1.0 / 150.0;
@@ -58,7 +68,8 @@ pub fn fault_hours(
 
 /// The outcomes of one hour of history starting at `hour_start`, oldest first: regular probes
 /// every `interval` and throughput probes every `throughput_every` for [`MINUTES_PER_HOUR`]
-/// minutes. `fault`: the burst sweeps the scenario's misbehaving window.
+/// minutes, or [`FAULT_HOUR_MINUTES`] in a `fault` hour, which acts out the scenario's
+/// misbehaving window over [`FAULT_MINUTES`] from its second minute.
 pub fn hour<R: Rng + ?Sized>(
     route: &Route,
     scenario: Scenario,
@@ -67,7 +78,12 @@ pub fn hour<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> Vec<ProbeOutcome> {
     let s = &route.probe;
-    let burst = Duration::from_secs(u64::from(MINUTES_PER_HOUR) * 60);
+    let minutes = if fault {
+        FAULT_HOUR_MINUTES
+    } else {
+        MINUTES_PER_HOUR
+    };
+    let burst = Duration::from_secs(u64::from(minutes) * 60);
     let mut starts: Vec<(Duration, OutcomeKind)> = Vec::new();
     let step = s.interval.max(Duration::from_secs(1));
     let mut t = Duration::ZERO;
@@ -84,15 +100,17 @@ pub fn hour<R: Rng + ?Sized>(
     }
     starts.sort_by_key(|(t, _)| *t);
     let timeline = scenario.timeline();
-    let window = timeline.end.saturating_sub(timeline.start);
-    let lead = window / 8;
-    let sweep = window + lead * 2;
+    // The fault's own timeline, stretched or squeezed onto FAULT_MINUTES from minute one;
+    // before and after it the route behaves.
+    let lead = 60.0;
+    let window = timeline.end.saturating_sub(timeline.start).as_secs_f64();
+    let scale = window / f64::from(FAULT_MINUTES * 60);
     starts
         .into_iter()
         .map(|(offset, kind)| {
-            let b = if fault {
-                let into = sweep.mul_f64(offset.as_secs_f64() / burst.as_secs_f64());
-                let elapsed = (timeline.start + into).saturating_sub(lead);
+            let into = (offset.as_secs_f64() - lead) * scale;
+            let b = if fault && (0.0..window).contains(&into) {
+                let elapsed = timeline.start + Duration::from_secs_f64(into);
                 scenario::behaviour(scenario, elapsed, true, rng)
             } else {
                 scenario::behaviour(scenario, Duration::ZERO, false, rng)
@@ -306,11 +324,24 @@ mod tests {
             &mut rng,
         );
         let probes: Vec<_> = h.iter().filter(|o| o.kind == OutcomeKind::Probe).collect();
-        let failed = probes.iter().filter(|o| !o.success).count();
-        // The window is 8/10 of the sweep: about 29 of 36 probes never get headers.
-        assert!((24..=33).contains(&failed), "{failed} of 36 failed");
-        assert!(probes[0].success, "the sweep starts before the window");
-        assert!(probes.last().unwrap().success, "and ends after it");
+        assert_eq!(probes.len(), 240, "20 minutes at 5 s, without a gap");
+        let failed: Vec<_> = probes.iter().filter(|o| !o.success).collect();
+        // The fault is acted out over 6 minutes: about 72 probes never get headers, all of
+        // them between minute one and minute seven.
+        assert!(
+            (60..=76).contains(&failed.len()),
+            "{} of 240 failed",
+            failed.len()
+        );
+        let minute = |m: i64| at("2026-05-01T10:00:00Z") + TimeDelta::minutes(m);
+        assert!(failed
+            .iter()
+            .all(|o| o.started_at >= minute(1) && o.started_at < minute(7)));
+        assert!(probes[0].success, "a healthy minute before the fault");
+        assert!(
+            probes.iter().rev().take(90).all(|o| o.success),
+            "and healthy minutes after it, enough to recover"
+        );
         let e = probes.iter().find(|o| !o.success).unwrap();
         assert_eq!(e.error, Some(ProbeError::TimeoutBeforeFirstByte));
         assert_eq!(e.total_ms, 3000.0);

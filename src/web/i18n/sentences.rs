@@ -564,10 +564,10 @@ pub fn model_filter(lang: Lang, model: &str) -> String {
 pub fn demo_history(lang: Lang, days: i64, to: &str) -> String {
     match lang {
         Lang::En => format!(
-            "the {days} days before {to} are simulated: the built-in demo wrote them on its first start from its fault scenarios at high speed (a few minutes of probing per hour of history), so the day bars, uptime, incidents and error budget have a past. Everything after is live."
+            "the {days} days before {to} are simulated: the built-in demo wrote them on its first start from its fault scenarios, sampled (a few minutes of probing per hour, twenty without a gap around each fault), so the day bars, uptime, incidents and error budget have a past. An incident of that past stays open until a later sample sees the route recover, so it can last an hour while the error budget it spends counts only the probes that failed. Everything after is live."
         ),
         Lang::Zh => format!(
-            "{to} 之前的 {days} 天为模拟数据：内置演示在首次启动时按其故障场景高速生成（每小时历史含几分钟的探测），让日线、可用率、事件和错误预算有历史可看；此后的数据均为实时。"
+            "{to} 之前的 {days} 天为模拟数据：内置演示在首次启动时按其故障场景抽样生成（每小时探测几分钟，故障前后连续探测二十分钟），让日线、可用率、事件和错误预算有历史可看。历史中的事件要等之后的抽样看到路由恢复才关闭，因此可能持续一小时，而它消耗的错误预算只计失败的探测。此后的数据均为实时。"
         ),
     }
 }

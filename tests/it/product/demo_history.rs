@@ -76,6 +76,41 @@ async fn the_demos_first_page_has_a_month_of_history_and_a_restart_writes_none()
         )
         .unwrap();
     assert_eq!(doubly_open, 0, "routes with more than one open incident");
+    // A fault of the history is probed through, not sampled: its incident spends the bad
+    // time of the whole fault (six minutes of failures), more than the three minutes a
+    // healthy hour's sample holds.
+    let threshold_ms = config.slo.latency_threshold.as_secs_f64() * 1000.0;
+    let mut stmt = c
+        .prepare(
+            "SELECT r.name, i.closed_at_ms - i.opened_at_ms,
+                    (SELECT count(*) FROM outcomes o WHERE o.route_id = i.route_id
+                        AND o.kind = 'probe' AND o.started_at_ms >= i.opened_at_ms
+                        AND o.started_at_ms < i.closed_at_ms
+                        AND (o.success = 0 OR o.total_ms > ?1))
+             FROM incidents i JOIN routes r ON r.id = i.route_id
+             WHERE i.closed_at_ms IS NOT NULL",
+        )
+        .unwrap();
+    let spent: Vec<(String, i64, i64)> = stmt
+        .query_map([threshold_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    drop(stmt);
+    let bad_seconds = |(route, _, bad): &(String, i64, i64)| {
+        let interval = routes
+            .iter()
+            .find(|r| r.id.to_string() == *route)
+            .unwrap()
+            .probe
+            .interval;
+        *bad as f64 * interval.as_secs_f64()
+    };
+    let most = spent.iter().map(bad_seconds).fold(0.0, f64::max);
+    assert!(
+        most >= 200.0,
+        "the worst incident spent {most} s of bad time: {spent:?}"
+    );
     drop(c);
 
     // The service opens on it: the first page shows the history.
@@ -103,6 +138,9 @@ async fn the_demos_first_page_has_a_month_of_history_and_a_restart_writes_none()
             "演示历史</strong> · "
         };
         assert!(page.contains(mark), "{mark} on the {lang} page");
+        // And says it is sampled, so an hour-long incident that spent minutes is explained.
+        let sampled = if lang == "en" { "sampled" } else { "抽样" };
+        assert!(page.contains(sampled), "{sampled} on the {lang} page");
         let bars = day_bars(&page);
         assert_eq!(bars.len(), routes.len(), "every route has its line");
         for (id, days) in &bars {
