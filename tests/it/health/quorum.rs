@@ -113,6 +113,8 @@ struct Svc {
     pushed: u64,
     /// Every transition announced so far: (route, from, to, at).
     seen: Vec<(RouteId, State, State, DateTime<Utc>)>,
+    /// Every event announced so far, with when it was received.
+    events_seen: Vec<(HealthEvent, DateTime<Utc>)>,
 }
 
 impl Svc {
@@ -146,6 +148,7 @@ impl Svc {
             clock,
             pushed: 0,
             seen: Vec::new(),
+            events_seen: Vec::new(),
         }
     }
 
@@ -179,9 +182,10 @@ impl Svc {
             tokio::task::yield_now().await;
         }
         while let Ok(e) = self.events.try_recv() {
-            if let HealthEvent::Transition { transition: t, .. } = e {
+            if let HealthEvent::Transition { transition: t, .. } = &e {
                 self.seen.push((t.route.clone(), t.from, t.to, t.at));
             }
+            self.events_seen.push((e, self.clock.now()));
         }
     }
 
@@ -351,6 +355,39 @@ async fn a_restart_resumes_the_stored_states() {
     svc.stop().await;
 }
 
+/// The messages a webhook channel added to `config` would have been sent for the events `svc`
+/// announced: the alert engine's own grouping (`[alerting] group_wait`), firing state and
+/// outbox, over the same store; counted in the outbox, not delivered.
+async fn webhook_messages(config: &Config, store: &Store, svc: &Svc) -> usize {
+    let mut config = config.clone();
+    config.alert.webhook.push(probeok::config::WebhookConfig {
+        url_env: "DEMO_HOOK".into(),
+        secret_env: None,
+        options: Default::default(),
+    });
+    let vars: std::collections::HashMap<String, String> =
+        [("DEMO_HOOK".to_owned(), "http://127.0.0.1:9/hook".to_owned())].into();
+    let channels = probeok::alert::build_channels(&config, &vars, reqwest::Client::new()).unwrap();
+    let alerts = probeok::alert::AlertService::new(
+        Arc::new(config),
+        store.clone(),
+        svc.clock.clone(),
+        channels,
+    );
+    let mut grouper = alerts.grouper();
+    for (event, at) in &svc.events_seen {
+        if let Some(due) = grouper.deadline().filter(|due| due <= at) {
+            alerts.enqueue(grouper.flush(due), due).await.unwrap();
+        }
+        grouper.push(event.clone(), *at);
+    }
+    if let Some(due) = grouper.deadline() {
+        alerts.enqueue(grouper.flush(due), due).await.unwrap();
+    }
+    let rows = store.reader().unwrap().outbox_all().unwrap();
+    rows.iter().filter(|r| r.channel == "webhook[0]").count()
+}
+
 /// What the demo's simulator would answer `route` at `s` seconds after the demo started, as
 /// the vantage there records it (the agent's path to its cut region fails to connect).
 fn demo_outcome(
@@ -445,6 +482,10 @@ async fn the_demo_moves_no_route_more_than_twice_a_minute() {
         "demo, first {minutes} min: {total} transitions over {} routes: {:.1} per route per hour",
         routes.len(),
         total as f64 / routes.len() as f64 / hours
+    );
+    println!(
+        "demo, first {minutes} min: {} alert messages to a webhook channel",
+        webhook_messages(&config, &store, &svc).await
     );
     for route in &routes {
         let moves = svc.moves(&route.id);
