@@ -71,6 +71,8 @@ pub enum AppError {
     Trace(#[from] crate::trace::TraceError),
     #[error("a task panicked: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error("{0}")]
+    Task(crate::supervise::Failure),
 }
 
 /// Where the store lives: PostgreSQL when `[storage] url_env` names a variable holding a
@@ -173,6 +175,8 @@ pub async fn start_with(
         watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(clock.now())));
 
     let metrics = Arc::new(web::Metrics::for_vantage(&routes, &config.server.vantage));
+    let supervisor = crate::supervise::Supervisor::new(crate::supervise::MONITOR_TASKS);
+    metrics.follow_tasks(supervisor.clone());
     // Spans of probes and proxied requests, when `[tracing] otlp_endpoint_env` is set.
     let tracer = crate::trace::Tracer::from_env(&config.tracing)?;
     metrics.attach_tracer(tracer.clone());
@@ -248,11 +252,11 @@ pub async fn start_with(
         Some(addr) => {
             let agent_listener = TcpListener::bind(addr).await?;
             tracing::info!(%addr, "haproxy agent-check serving");
-            Some(tokio::spawn(crate::haproxy::serve(
-                agent_listener,
-                weights_rx.clone(),
+            Some(supervisor.spawn(
+                "haproxy_agent",
                 shutdown.clone(),
-            )))
+                crate::haproxy::serve(agent_listener, weights_rx.clone(), shutdown.clone()),
+            ))
         }
         None => None,
     };
@@ -343,6 +347,7 @@ pub async fn start_with(
         weights: state.weights.clone(),
         pulses: pulses.clone(),
         shutdown: shutdown.clone(),
+        supervisor: supervisor.clone(),
     });
     let terms_task = subsystems::terms(
         member,
@@ -352,32 +357,39 @@ pub async fn start_with(
         shutdown.clone(),
     );
     let addr = listener.local_addr()?;
-    let web_task = tokio::spawn(crate::listen::serve(
-        listener,
-        web::router(state),
-        crate::listen::Limits {
-            max_connections: config.server.max_connections as usize,
-            ..Default::default()
-        },
+    let web_task = supervisor.spawn(
+        "web",
         shutdown.clone(),
-        "monitor",
-    ));
+        crate::listen::serve(
+            listener,
+            web::router(state),
+            crate::listen::Limits {
+                max_connections: config.server.max_connections as usize,
+                ..Default::default()
+            },
+            shutdown.clone(),
+            "monitor",
+        ),
+    );
     tracing::info!(%addr, routes = routes.len(), store = %store.location().describe(), "probeok serving");
 
+    // Every long-lived task is watched: one that panics or ends early stops the process.
+    let sv = &supervisor;
+    let until = || shutdown.clone();
     let tasks = subsystems::Tasks {
-        budget: money.budget_task,
+        budget: sv.watch("budget", until(), money.budget_task),
         web: web_task,
-        proxy: proxy_task,
-        passive: recorders.passive_task,
-        vantage_dispatch: detection.vantage_dispatch,
-        recorder: recorders.recorder_task,
-        dispatch: detection.dispatch_task,
-        terms: terms_task,
-        heartbeat: heartbeat_task,
+        proxy: proxy_task.map(|t| sv.watch("proxy", until(), t)),
+        passive: sv.watch("passive_recorder", until(), recorders.passive_task),
+        vantage_dispatch: sv.watch("vantage_dispatch", until(), detection.vantage_dispatch),
+        recorder: sv.watch("recorder", until(), recorders.recorder_task),
+        dispatch: sv.watch("dispatch", until(), detection.dispatch_task),
+        terms: sv.watch("terms", until(), terms_task),
+        heartbeat: sv.watch("heartbeat", until(), heartbeat_task),
         agent: agent_task,
     };
     let role = membership.role.clone();
-    let done = tokio::spawn(tasks.drain(shutdown, membership, store.clone()));
+    let done = tokio::spawn(tasks.drain(shutdown, supervisor, membership, store.clone()));
     Ok(Running {
         addr,
         store,

@@ -42,6 +42,8 @@
 //! - [`lag`]: how far the store is behind the probes (`probeok_store_lag_seconds`, `/readyz`).
 //! - [`malloc`]: the process's allocators (jemalloc for Rust, glibc's malloc tuned once at
 //!   start for SQLite: two arenas, a fixed mmap threshold), trimmed every minute in `serve`.
+//! - [`supervise`]: no task dies quietly — a long-lived task that panics or ends before
+//!   shutdown is logged by name, counted, and stops the process with a non-zero code.
 //! - [`vantage`]: the places probes run from (the monitor's own scheduler and remote agents),
 //!   vantage ids, and an agent's outcome as it travels (`VantageOutcome`).
 //!
@@ -196,6 +198,7 @@ pub mod silence;
 pub mod slo;
 pub mod state;
 pub mod stdout;
+pub mod supervise;
 pub mod vantage;
 
 // Config and store.

@@ -51,6 +51,8 @@ pub enum AgentError {
     Probe(#[from] crate::probe::client::ProbeSetupError),
     #[error("a task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error("{0}")]
+    Task(crate::supervise::Failure),
 }
 
 /// What `probeok agent` was given.
@@ -133,46 +135,77 @@ pub async fn start(
 
     let wake = Arc::new(Notify::new());
     let (events_tx, events_rx) = mpsc::channel(1024);
-    let scheduler = tokio::spawn(crate::scheduler::run(
-        routes.into_iter().map(Arc::new).collect(),
-        Arc::new(client),
-        clock.clone(),
-        events_tx,
-        SchedulerOptions::default(),
-        shutdown.clone(),
-    ));
-    let recorder = tokio::spawn(record(
-        events_rx,
-        opts.vantage.clone(),
-        outbox.clone(),
-        metrics.clone(),
-        wake.clone(),
-    ));
-    let pusher = tokio::spawn(push::run(
-        push::Pusher {
-            url,
-            token,
-            outbox: outbox.clone(),
-            metrics: metrics.clone(),
-            wake,
-            clock,
-            opts: opts.push.clone(),
-        },
-        shutdown.clone(),
-    ));
-    let web = tokio::spawn(crate::listen::serve(
-        listener,
-        metrics::router(metrics.clone()),
-        crate::listen::Limits::default(),
-        shutdown.clone(),
-        "agent",
-    ));
+    // Every task is watched: one that panics or ends early stops the agent, non-zero.
+    let sv = crate::supervise::Supervisor::new(crate::supervise::AGENT_TASKS);
+    let until = || shutdown.clone();
+    let scheduler = sv.spawn(
+        "agent_scheduler",
+        until(),
+        crate::scheduler::run(
+            routes.into_iter().map(Arc::new).collect(),
+            Arc::new(client),
+            clock.clone(),
+            events_tx,
+            SchedulerOptions::default(),
+            shutdown.clone(),
+        ),
+    );
+    let recorder = sv.spawn(
+        "agent_recorder",
+        until(),
+        record(
+            events_rx,
+            opts.vantage.clone(),
+            outbox.clone(),
+            metrics.clone(),
+            wake.clone(),
+        ),
+    );
+    let pusher = sv.spawn(
+        "agent_pusher",
+        until(),
+        push::run(
+            push::Pusher {
+                url,
+                token,
+                outbox: outbox.clone(),
+                metrics: metrics.clone(),
+                wake,
+                clock,
+                opts: opts.push.clone(),
+            },
+            shutdown.clone(),
+        ),
+    );
+    let web = sv.spawn(
+        "agent_web",
+        until(),
+        crate::listen::serve(
+            listener,
+            metrics::router(metrics.clone()),
+            crate::listen::Limits::default(),
+            shutdown.clone(),
+            "agent",
+        ),
+    );
     let done = tokio::spawn(async move {
-        scheduler.await?;
+        let fatal = sv.fatal();
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = fatal.cancelled() => shutdown.cancel(),
+        }
+        let scheduled = scheduler.await;
         // The recorder ends when the scheduler's sender is gone: every outcome is in the file.
-        recorder.await??;
-        pusher.await?;
-        if let Ok(Err(e)) = web.await {
+        let recorded = recorder.await;
+        let pushed = pusher.await;
+        let served = web.await;
+        if let Some(failure) = sv.failure() {
+            return Err(AgentError::Task(failure));
+        }
+        scheduled?;
+        recorded??;
+        pushed?;
+        if let Ok(Err(e)) = served {
             tracing::warn!(error = %e, "agent endpoint stopped with an error");
         }
         Ok(())

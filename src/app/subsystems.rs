@@ -387,15 +387,21 @@ pub(super) struct Tasks {
 }
 
 impl Tasks {
-    /// Waits for `shutdown`, drains within [`DRAIN_TIMEOUT`], then lets the lease go and
-    /// closes the store.
+    /// Waits for `shutdown` (or a supervised task's failure, which starts it), drains within
+    /// [`DRAIN_TIMEOUT`], then lets the lease go and closes the store. A failed task makes the
+    /// whole run a failure, so the process leaves with a non-zero code.
     pub async fn drain(
         self,
         shutdown: CancellationToken,
+        supervisor: crate::supervise::Supervisor,
         membership: Membership,
         store: Store,
     ) -> Result<(), AppError> {
-        shutdown.cancelled().await;
+        let fatal = supervisor.fatal();
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = fatal.cancelled() => shutdown.cancel(),
+        }
         let drain = async {
             let _ = self.budget.await;
             let web = self.web.await;
@@ -430,6 +436,10 @@ impl Tasks {
             let _ = lease.await;
         }
         store.close().await?;
+        if let Some(failure) = supervisor.failure() {
+            tracing::error!(%failure, "stopped after a task failed");
+            return Err(AppError::Task(failure));
+        }
         tracing::info!("stopped");
         Ok(())
     }

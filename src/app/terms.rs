@@ -71,6 +71,8 @@ pub(super) struct Member {
     pub weights: crate::weights::WeightsRx,
     pub pulses: crate::heartbeat::Pulses,
     pub shutdown: CancellationToken,
+    /// Watches the term's long-lived tasks ([`crate::supervise`]).
+    pub supervisor: crate::supervise::Supervisor,
 }
 
 /// Forwards every stored outcome to the current leader term's detection; at the end (every
@@ -160,39 +162,52 @@ pub(super) async fn lead(
     // Alerts subscribe before detection can publish anything, so no event is missed.
     let alert_events = m.events.subscribe();
     let subscriber_events = m.subscribers.as_ref().map(|_| m.events.subscribe());
-    let health_task = tokio::spawn(health.run(inputs, token.clone()));
-    let mut tasks: Vec<JoinHandle<()>> = vec![tokio::spawn(crate::alert::run(
-        m.alerts.clone(),
-        alert_events,
+    let sv = &m.supervisor;
+    let health_task = sv.spawn(
+        "detection",
         token.clone(),
-    ))];
+        health.run(inputs, token.clone()),
+    );
+    let mut tasks: Vec<JoinHandle<()>> = vec![sv.spawn(
+        "alerts",
+        token.clone(),
+        crate::alert::run(m.alerts.clone(), alert_events, token.clone()),
+    )];
     if let (Some(subs), Some(events)) = (&m.subscribers, subscriber_events) {
-        tasks.push(tokio::spawn(crate::alert::subscribers::deliver::run(
-            subs.clone(),
-            events,
+        tasks.push(sv.spawn(
+            "subscribers",
             token.clone(),
-        )));
+            crate::alert::subscribers::deliver::run(subs.clone(), events, token.clone()),
+        ));
     }
     tasks.push(relay(vantages.view, m.vantage_view.clone(), token.clone()));
-    tasks.push(tokio::spawn(scheduler::run_with_confirmations(
-        m.routes.iter().cloned().map(Arc::new).collect(),
-        Arc::new(m.client.clone()),
-        m.clock.clone(),
-        scheduled,
-        SchedulerOptions {
-            max_confirmations: m.config.detection.degraded_after,
-            ..SchedulerOptions::default()
-        },
-        confirms,
+    tasks.push(sv.spawn(
+        "scheduler",
         token.clone(),
-    )));
-    tasks.push(tokio::spawn(super::retention(
-        m.store.writer(),
-        m.clock.clone(),
-        m.config.storage.retention_days,
-        m.config.storage.rollup_retention_days,
+        scheduler::run_with_confirmations(
+            m.routes.iter().cloned().map(Arc::new).collect(),
+            Arc::new(m.client.clone()),
+            m.clock.clone(),
+            scheduled,
+            SchedulerOptions {
+                max_confirmations: m.config.detection.degraded_after,
+                ..SchedulerOptions::default()
+            },
+            confirms,
+            token.clone(),
+        ),
+    ));
+    tasks.push(sv.spawn(
+        "retention",
         token.clone(),
-    )));
+        super::retention(
+            m.store.writer(),
+            m.clock.clone(),
+            m.config.storage.retention_days,
+            m.config.storage.rollup_retention_days,
+            token.clone(),
+        ),
+    ));
     // Drift: regression sets on their own schedule (heartbeat job "drift"), its findings
     // into the member's watch and, opened and closed, to the alert engine.
     let mut runs = None;

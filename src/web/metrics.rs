@@ -116,6 +116,11 @@ struct AlertLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    task: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
     result: &'static str,
 }
@@ -177,6 +182,9 @@ pub struct Metrics {
     /// scrape time (channels come from the config, results are a fixed set).
     alerts: Family<AlertLabels, Counter>,
     alert_source: OnceLock<Arc<AlertMetrics>>,
+    /// `probeok_task_failures_total{task}`, from the process's supervisor at scrape time.
+    tasks: Family<TaskLabels, Counter>,
+    task_source: OnceLock<crate::supervise::Supervisor>,
     /// `probeok_alert_outbox_evicted_total`, from the same source.
     alert_evicted: Counter,
     proxy: crate::proxy::export::ProxySlot,
@@ -247,6 +255,16 @@ impl Metrics {
             let _ = ingest_items.get_or_create(&IngestLabels { result });
         }
         let alerts = Family::<AlertLabels, Counter>::default();
+        let tasks = Family::<TaskLabels, Counter>::default();
+        // Every supervised task from the start, so the first failure is an increase.
+        for task in crate::supervise::MONITOR_TASKS {
+            let _ = tasks.get_or_create(&TaskLabels { task });
+        }
+        registry.register(
+            "task_failures",
+            "Long-lived tasks that panicked or ended before shutdown, by task (the process then exits non-zero)",
+            tasks.clone(),
+        );
         let budget_cost = Family::<ExtraCostLabels, Gauge<f64, AtomicU64>>::default();
         let budget_used = Gauge::<f64, AtomicU64>::default();
         let reloads = Family::<ReloadLabels, Counter>::default();
@@ -404,6 +422,8 @@ impl Metrics {
             ingest_items,
             alerts,
             alert_source: OnceLock::new(),
+            tasks,
+            task_source: OnceLock::new(),
             alert_evicted,
             proxy,
             budget_cost,
@@ -492,6 +512,11 @@ impl Metrics {
 
     /// Exports the alert engine's counters as `probeok_alerts_total` (read at scrape time).
     /// The first call wins; later ones are ignored.
+    /// Exports the supervisor's failure counts.
+    pub fn follow_tasks(&self, source: crate::supervise::Supervisor) {
+        let _ = self.task_source.set(source);
+    }
+
     pub fn follow_alerts(&self, source: Arc<AlertMetrics>) {
         let _ = self.alert_source.set(source);
     }
@@ -679,6 +704,12 @@ impl Metrics {
             }
             let e = &self.alert_evicted;
             e.inc_by(source.evicted_total().saturating_sub(e.get()));
+        }
+        if let Some(source) = self.task_source.get() {
+            for (task, n) in source.counts() {
+                let c = self.tasks.get_or_create(&TaskLabels { task });
+                c.inc_by(n.saturating_sub(c.get()));
+            }
         }
         if let Some(b) = self.budget.get() {
             let snap = b.snapshot();

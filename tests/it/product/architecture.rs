@@ -40,6 +40,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("listen", Layer::Base),
     ("slo", Layer::Base),
     ("stdout", Layer::Base),
+    ("supervise", Layer::Base),
     ("gather", Layer::Base),
     ("lag", Layer::Base),
     ("malloc", Layer::Base),

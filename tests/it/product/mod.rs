@@ -8,4 +8,5 @@ mod drills;
 mod probe_client;
 mod serve;
 mod sim_http;
+mod supervision;
 mod vantages;

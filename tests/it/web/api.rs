@@ -942,7 +942,7 @@ async fn metrics_export_the_alert_engines_counters() {
 }
 
 #[tokio::test]
-async fn a_fresh_monitor_exports_every_probe_result_and_ingest_result_at_zero() {
+async fn a_fresh_monitor_exports_every_probe_ingest_and_task_failure_counter_at_zero() {
     let h = Harness::new(ROUTES, now()).await;
     let s = h.serve().await;
     let text = reqwest::get(s.url("/metrics"))
@@ -962,6 +962,10 @@ async fn a_fresh_monitor_exports_every_probe_result_and_ingest_result_at_zero() 
     }
     for result in ["accepted", "rejected"] {
         let line = format!(r#"probeok_ingest_items_total{{result="{result}"}} 0"#);
+        assert!(text.contains(&line), "{line}");
+    }
+    for task in probeok::supervise::MONITOR_TASKS {
+        let line = format!(r#"probeok_task_failures_total{{task="{task}"}} 0"#);
         assert!(text.contains(&line), "{line}");
     }
 }
