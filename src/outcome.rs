@@ -76,19 +76,6 @@ pub enum ProbeError {
 }
 
 impl ProbeError {
-    /// Every [`ProbeError::kind`], so counters by kind can exist at 0 before the first one.
-    pub const KINDS: [&'static str; 9] = [
-        "connect",
-        "timeout_before_first_byte",
-        "stalled",
-        "timeout",
-        "http",
-        "rate_limited",
-        "refused",
-        "malformed",
-        "truncated",
-    ];
-
     /// The stable code stored and shown: `connect`, `timeout_before_first_byte`, `stalled`,
     /// `timeout`, `http`, `rate_limited`, `refused`, `malformed`, `truncated`.
     pub fn kind(&self) -> &'static str {

@@ -7,7 +7,7 @@
 //! last announced it), moved along as an enqueue fires and resolves keys; the keys are worked
 //! out per channel, as each channel's `routes` regroup the message it triggered with.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::{oncall, routing, Message};
@@ -46,36 +46,74 @@ impl Announced {
 
     /// The incident keys the channel with route globs `routes` may resolve, now that the keys
     /// announced by `resolved` texts have resolved: the key each of those messages was
-    /// triggered with on this channel, unless a route still firing was announced under it.
+    /// triggered with on this channel, unless a route the channel sees, still firing, was
+    /// announced under it.
     pub fn closed_keys(&mut self, resolved: &[Arc<str>], routes: &[String]) -> Vec<String> {
+        let mut keys: HashMap<Arc<str>, Option<String>> = HashMap::new();
         let mut candidates = BTreeSet::new();
         for t in resolved {
-            if let Some(k) = self.channel_key(t, routes) {
+            if let Some(k) = self.channel_key(&mut keys, t, routes) {
                 candidates.insert(k);
             }
         }
         if candidates.is_empty() {
             return Vec::new();
         }
-        let still: HashSet<Arc<str>> = self.by_key.values().cloned().collect();
-        for t in still {
-            if let Some(k) = self.channel_key(&t, routes) {
-                candidates.remove(&k);
+        let still: Vec<(String, Arc<str>)> = (self.by_key.iter())
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect();
+        for (key, text) in still {
+            if candidates.is_empty() {
+                break;
+            }
+            // A firing route outside the channel's routes holds nothing open on it.
+            let seen = match self.message(&text) {
+                Some(m) => route_of(&key, m).is_none_or(|r| routing::owns(routes, r)),
+                None => false,
+            };
+            if seen {
+                if let Some(k) = self.channel_key(&mut keys, &text, routes) {
+                    candidates.remove(&k);
+                }
             }
         }
         candidates.into_iter().collect()
     }
 
-    /// The key the message `text` was triggered with on a channel with `routes`.
-    fn channel_key(&mut self, text: &Arc<str>, routes: &[String]) -> Option<String> {
-        let m = self
-            .parsed
+    fn message(&mut self, text: &Arc<str>) -> Option<&Message> {
+        self.parsed
             .entry(text.clone())
             .or_insert_with(|| serde_json::from_str(text).ok())
-            .as_ref()?;
-        let own = routing::for_channel(m, routes)?;
-        Some(oncall::incident_key(&own))
+            .as_ref()
     }
+
+    /// The key the message `text` was triggered with on a channel with `routes` (memoised in
+    /// `keys` for one call: a firing group text is shared by all its routes).
+    fn channel_key(
+        &mut self,
+        keys: &mut HashMap<Arc<str>, Option<String>>,
+        text: &Arc<str>,
+        routes: &[String],
+    ) -> Option<String> {
+        if let Some(k) = keys.get(text) {
+            return k.clone();
+        }
+        let k = self.message(text).and_then(|m| {
+            let own = routing::for_channel(m, routes)?;
+            Some(oncall::incident_key(&own))
+        });
+        keys.insert(text.clone(), k.clone());
+        k
+    }
+}
+
+/// The route a firing key (`incident:<id>`) names in the message that announced it.
+fn route_of<'m>(key: &str, m: &'m Message) -> Option<&'m crate::route::RouteId> {
+    let id = key.strip_prefix("incident:")?;
+    m.items
+        .iter()
+        .find(|i| i.incident_id.as_deref() == Some(id))
+        .map(|i| &i.route)
 }
 
 #[cfg(test)]
@@ -150,8 +188,8 @@ mod tests {
             })
             .collect();
         let mut a = Announced::new(&rows);
-        let group_key = a.channel_key(&group, &[]).unwrap();
-        let lone_key = a.channel_key(&lone, &[]).unwrap();
+        let group_key = a.channel_key(&mut HashMap::new(), &group, &[]).unwrap();
+        let lone_key = a.channel_key(&mut HashMap::new(), &lone, &[]).unwrap();
         assert_ne!(group_key, lone_key);
 
         // The group's earliest route recovers first: nothing is resolved.
@@ -184,8 +222,11 @@ mod tests {
         // the same key as the group.
         let worse = provider(vec![item("qwen/cn/a", "i-a", 0)]);
         a.fire("incident:i-a", &worse);
-        let key = a.channel_key(&group, &[]).unwrap();
-        assert_eq!(a.channel_key(&worse, &[]).unwrap(), key);
+        let key = a.channel_key(&mut HashMap::new(), &group, &[]).unwrap();
+        assert_eq!(
+            a.channel_key(&mut HashMap::new(), &worse, &[]).unwrap(),
+            key
+        );
         let r = resolve(&mut a, &["incident:i-b"]);
         assert!(a.closed_keys(&r, &[]).is_empty(), "a still fires under it");
         let r = resolve(&mut a, &["incident:i-a"]);

@@ -47,7 +47,7 @@ use prometheus_client::registry::Registry;
 use super::{ApiError, AppState};
 use crate::alert::AlertMetrics;
 use crate::health::{HealthSnapshot, State as RouteState};
-use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
+use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::{Route, RouteId};
 use crate::weights::WeightsSnapshot;
 
@@ -338,21 +338,6 @@ impl Metrics {
             "Output tokens per second of the route's last throughput measurement",
             probe_tps.clone(),
         );
-        // Every result of this monitor's own probes exists from the start, so `rate()` and
-        // `increase()` see the first failure of a kind (a remote vantage's series appear with
-        // its first report).
-        let local: Arc<str> = vantage.into();
-        for r in routes {
-            for result in std::iter::once("success").chain(ProbeError::KINDS) {
-                let _ = probes.get_or_create(&ProbeResultLabels {
-                    provider: r.provider.as_str().into(),
-                    region: r.region.as_str().into(),
-                    model: r.model.as_str().into(),
-                    vantage: local.clone(),
-                    result,
-                });
-            }
-        }
         registry.register("probes", "Probes by result", probes.clone());
         registry.register(
             "route_state",
