@@ -12,7 +12,6 @@ mod common;
 use std::time::Duration;
 
 use common::pool::{self, Child, Pool, Traffic};
-use probeok::health::State;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -153,54 +152,34 @@ async fn flip(
     http: &reqwest::Client,
     route: &probeok::route::RouteId,
 ) -> (Duration, Duration) {
-    let replica = &pool.replicas[0];
-    replica
-        .failing
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let critical = pool
-        .wait_state(route, &[State::Critical], Duration::from_secs(20))
-        .await;
+    let critical = pool.fail_until_critical(route).await;
     let bound = REFRESH * 2 + Duration::from_secs(2);
-    // Stopped: no request for 500 ms while the others keep getting them, within the bound.
-    pool::until(
-        bound + Duration::from_secs(1),
-        "Envoy stops sending to the CRITICAL replica",
-        || async {
-            let quiet = Instant::now() - Duration::from_millis(500);
-            let others = pool.replicas[1].hits_since(quiet);
-            (replica.hits_since(quiet) == 0 && others > 0).then_some(())
-        },
-    )
-    .await;
-    let last = replica.last_hit().unwrap_or(critical);
-    let off = last.saturating_duration_since(critical);
+    let off = pool
+        .traffic_stops(
+            critical,
+            bound + Duration::from_secs(1),
+            "Envoy stops sending to the CRITICAL replica",
+        )
+        .await;
     assert!(
         off <= bound,
         "Envoy kept sending {off:?} after CRITICAL (bound {bound:?}); /clusters:\n{}",
         envoy.clusters(http).await
     );
-
-    replica
-        .failing
-        .store(false, std::sync::atomic::Ordering::SeqCst);
-    let normal = pool
-        .wait_state(route, &[State::Normal], Duration::from_secs(30))
+    let normal = pool.heal_until_normal(route).await;
+    let on = pool
+        .traffic_returns(
+            normal,
+            bound + Duration::from_secs(1),
+            "traffic returns to the healed replica",
+        )
         .await;
-    let first = pool::until(
-        bound + Duration::from_secs(1),
-        "traffic returns to the healed replica",
-        || async { replica.first_hit_after(normal) },
-    )
-    .await;
-    (off, first.saturating_duration_since(normal))
+    (off, on)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flips_transition_to_envoy_acting() {
-    let flips: usize = std::env::var("PROBEOK_FLIPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let flips = pool::flips();
     let pool = Pool::start(agent_addr()).await;
     let mut envoy = Envoy::start(&pool).await;
     let http = reqwest::Client::new();
@@ -212,14 +191,13 @@ async fn flips_transition_to_envoy_acting() {
     let (mut offs, mut ons) = (Vec::new(), Vec::new());
     for _ in 0..flips {
         let (off, on) = flip(&pool, &mut envoy, &http, &a).await;
-        offs.push(off.as_secs_f64() * 1000.0);
-        ons.push(on.as_secs_f64() * 1000.0);
+        offs.push(off);
+        ons.push(on);
     }
-    let (off50, off99) = pool::p50_p99(offs);
-    let (on50, on99) = pool::p50_p99(ons);
     eprintln!(
-        "envoy over {flips} flips: CRITICAL -> last request p50 {off50:.0} ms p99 {off99:.0} ms; \
-         NORMAL -> first request p50 {on50:.0} ms p99 {on99:.0} ms"
+        "envoy over {flips} flips: {}; {}",
+        pool::p50_p99_ms("CRITICAL -> last request", &offs),
+        pool::p50_p99_ms("NORMAL -> first request", &ons)
     );
 }
 

@@ -3,14 +3,15 @@
 //! traffic splits by the weights, leaves a CRITICAL replica within the agent interval plus
 //! 2 s and returns when it heals — read from the replicas' hit counts and from HAProxy's
 //! `show servers state`. And the responder's answers to lines that are not right.
+//!
+//! `PROBEOK_FLIPS=20 cargo test --test haproxy flips -- --nocapture` measures the time from a
+//! route's transition to HAProxy acting on it over 20 flips (3 by default).
 
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::pool::{self, Child, Pool, Traffic};
-use probeok::health::State;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
@@ -81,20 +82,25 @@ impl Haproxy {
             .collect()
     }
 
-    /// Waits until `check` holds for the servers' state.
-    async fn wait(&mut self, what: &str, check: impl Fn(&[(String, u32, u32, u32)]) -> bool) {
+    /// Waits until `check` holds for the servers' state (asked every 50 ms); returns when it
+    /// was first seen to hold.
+    async fn wait(
+        &mut self,
+        what: &str,
+        check: impl Fn(&[(String, u32, u32, u32)]) -> bool,
+    ) -> Instant {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let s = self.state().await;
             if !s.is_empty() && check(&s) {
-                return;
+                return Instant::now();
             }
             assert!(
                 Instant::now() < deadline,
                 "HAProxy: {what} not within 20 s: {s:?}\n{}",
                 self.process.tail()
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }
@@ -103,22 +109,28 @@ fn server<'a>(s: &'a [(String, u32, u32, u32)], name: &str) -> &'a (String, u32,
     s.iter().find(|x| x.0 == name).expect("server listed")
 }
 
+/// 70/30/0 → a up ready 100%, b up ready 43%, c drain.
+fn weights_100_43_c_drained(s: &[(String, u32, u32, u32)]) -> bool {
+    let (a, b, c) = (server(s, "a"), server(s, "b"), server(s, "c"));
+    a.1 == 2 && a.3 == 100 && b.1 == 2 && b.3 == 43 && c.2 & 8 != 0
+}
+
+fn agent_addr() -> std::net::SocketAddr {
+    format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn haproxy_splits_by_the_weights_and_follows_a_replica_down_and_back() {
-    let agent: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
-        .parse()
-        .unwrap();
+    let agent = agent_addr();
     let pool = Pool::start(agent).await;
     let mut haproxy = Haproxy::start(&pool, agent);
     let http = reqwest::Client::new();
     let [a, ..] = pool::route_ids();
 
-    // 70/30/0 → a up ready 100%, b up ready 43%, c drain.
     haproxy
-        .wait("weights 100/43 and c drained", |s| {
-            let (a, b, c) = (server(s, "a"), server(s, "b"), server(s, "c"));
-            a.1 == 2 && a.3 == 100 && b.1 == 2 && b.3 == 43 && c.2 & 8 != 0
-        })
+        .wait("weights 100/43 and c drained", weights_100_43_c_drained)
         .await;
     let before = pool.hits();
     let ok = pool::send(&http, &haproxy.url, 2000).await;
@@ -132,49 +144,94 @@ async fn haproxy_splits_by_the_weights_and_follows_a_replica_down_and_back() {
         "split {shares:?} (hits {hits:?}), not 70/30 ±5"
     );
 
-    // CRITICAL: down on HAProxy's side, and no more traffic.
+    // CRITICAL: down on HAProxy's side, and no more traffic; healed: up again, traffic back.
     let _traffic = Traffic::start(http.clone(), haproxy.url.clone());
-    let replica = &pool.replicas[0];
-    replica.failing.store(true, Ordering::SeqCst);
-    let critical = pool
-        .wait_state(&a, &[State::Critical], Duration::from_secs(20))
-        .await;
-    let bound = INTER + Duration::from_secs(2);
-    haproxy.wait("a down", |s| server(s, "a").1 == 0).await;
-    pool::until(
-        bound + Duration::from_secs(1),
-        "HAProxy stops sending to the CRITICAL replica",
-        || async {
-            let quiet = Instant::now() - Duration::from_millis(500);
-            (replica.hits_since(quiet) == 0 && pool.replicas[1].hits_since(quiet) > 0).then_some(())
-        },
-    )
-    .await;
-    let off = replica
-        .last_hit()
-        .unwrap_or(critical)
-        .saturating_duration_since(critical);
-    assert!(off <= bound, "HAProxy kept sending {off:?} after CRITICAL");
+    let f = flip(&pool, &mut haproxy, &a).await;
+    eprintln!(
+        "haproxy: down {:?} and stopped {:?} after CRITICAL, up {:?} and resumed {:?} after NORMAL",
+        f.down, f.off, f.up, f.on
+    );
+}
 
-    // Healed: up again with its weight, and traffic returns.
-    replica.failing.store(false, Ordering::SeqCst);
-    let normal = pool
-        .wait_state(&a, &[State::Normal], Duration::from_secs(30))
+/// What one flip took, each from the route's transition: HAProxy's `show servers state`
+/// showing the first replica's server down (`down`), its last request to it (`off`, zero when
+/// none came after CRITICAL); the state showing it up again at its weight (`up`), its first
+/// request to it (`on`). The state times are when a poll (every 50 ms) first saw the change.
+struct Flip {
+    down: Duration,
+    off: Duration,
+    up: Duration,
+    on: Duration,
+}
+
+/// One flip of the first replica: failing until CRITICAL, down in HAProxy's state and out of
+/// its traffic (asserted within the agent interval and 2 s); healed until NORMAL, up again at
+/// weight 100 and back in the traffic (within a second more).
+async fn flip(pool: &Pool, haproxy: &mut Haproxy, route: &probeok::route::RouteId) -> Flip {
+    let critical = pool.fail_until_critical(route).await;
+    let bound = INTER + Duration::from_secs(2);
+    let down = haproxy
+        .wait("a down", |s| server(s, "a").1 == 0)
+        .await
+        .saturating_duration_since(critical);
+    let off = pool
+        .traffic_stops(
+            critical,
+            bound + Duration::from_secs(1),
+            "HAProxy stops sending to the CRITICAL replica",
+        )
         .await;
-    haproxy
+    assert!(
+        down <= bound && off <= bound,
+        "HAProxy marked the CRITICAL replica down {down:?} and kept sending {off:?} after CRITICAL (bound {bound:?}); state {:?}",
+        haproxy.state().await
+    );
+
+    let normal = pool.heal_until_normal(route).await;
+    let up = haproxy
         .wait("a up again", |s| {
             server(s, "a").1 == 2 && server(s, "a").3 == 100
         })
+        .await
+        .saturating_duration_since(normal);
+    let on = pool
+        .traffic_returns(
+            normal,
+            bound + Duration::from_secs(1),
+            "traffic returns to the healed replica",
+        )
         .await;
-    let first = pool::until(
-        bound + Duration::from_secs(1),
-        "traffic returns to the healed replica",
-        || async { replica.first_hit_after(normal) },
-    )
-    .await;
+    assert!(
+        up <= bound + Duration::from_secs(1),
+        "HAProxy took {up:?} after NORMAL to mark the healed replica up (bound {:?})",
+        bound + Duration::from_secs(1)
+    );
+    Flip { down, off, up, on }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flips_transition_to_haproxy_acting() {
+    let flips = pool::flips();
+    let agent = agent_addr();
+    let pool = Pool::start(agent).await;
+    let mut haproxy = Haproxy::start(&pool, agent);
+    let http = reqwest::Client::new();
+    let [a, ..] = pool::route_ids();
+    haproxy
+        .wait("weights 100/43 and c drained", weights_100_43_c_drained)
+        .await;
+    let _traffic = Traffic::start(http.clone(), haproxy.url.clone());
+    let mut f = Vec::new();
+    for _ in 0..flips {
+        f.push(flip(&pool, &mut haproxy, &a).await);
+    }
+    let all = |g: fn(&Flip) -> Duration| f.iter().map(g).collect::<Vec<_>>();
     eprintln!(
-        "haproxy: stopped {off:?} after CRITICAL, resumed {:?} after NORMAL",
-        first.saturating_duration_since(normal)
+        "haproxy over {flips} flips: {}; {}; {}; {}",
+        pool::p50_p99_ms("CRITICAL -> last request", &all(|f| f.off)),
+        pool::p50_p99_ms("CRITICAL -> state down", &all(|f| f.down)),
+        pool::p50_p99_ms("NORMAL -> first request", &all(|f| f.on)),
+        pool::p50_p99_ms("NORMAL -> state up", &all(|f| f.up)),
     );
 }
 
@@ -192,9 +249,7 @@ async fn ask(agent: std::net::SocketAddr, bytes: &[u8], half_close: bool) -> Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_answers_each_route_and_refuses_bad_lines() {
-    let agent: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
-        .parse()
-        .unwrap();
+    let agent = agent_addr();
     let _pool = Pool::start(agent).await;
     assert_eq!(
         ask(agent, b"selfhosted/a/qwen2.5-72b\n", false).await,

@@ -233,6 +233,64 @@ impl Pool {
     pub fn hits(&self) -> [usize; 3] {
         [0, 1, 2].map(|i| self.replicas[i].hits())
     }
+
+    /// The first half of a flip: the first replica's probes fail until `route` is CRITICAL;
+    /// returns when detection saw it.
+    pub async fn fail_until_critical(&self, route: &RouteId) -> Instant {
+        self.replicas[0].failing.store(true, Ordering::SeqCst);
+        self.wait_state(route, &[RouteState::Critical], Duration::from_secs(20))
+            .await
+    }
+
+    /// The second half: the first replica heals until `route` is NORMAL again; returns when
+    /// detection saw it.
+    pub async fn heal_until_normal(&self, route: &RouteId) -> Instant {
+        self.replicas[0].failing.store(false, Ordering::SeqCst);
+        self.wait_state(route, &[RouteState::Normal], Duration::from_secs(30))
+            .await
+    }
+
+    /// Waits (up to `within`) until the proxy has stopped sending to the first replica — no
+    /// request for 500 ms while the second keeps getting them — and returns how long after
+    /// `critical` its last request came (zero when none came after it). `what` names it in
+    /// the failure message.
+    pub async fn traffic_stops(&self, critical: Instant, within: Duration, what: &str) -> Duration {
+        let replica = &self.replicas[0];
+        until(within, what, || async {
+            let quiet = Instant::now() - Duration::from_millis(500);
+            let others = self.replicas[1].hits_since(quiet);
+            (replica.hits_since(quiet) == 0 && others > 0).then_some(())
+        })
+        .await;
+        replica
+            .last_hit()
+            .unwrap_or(critical)
+            .saturating_duration_since(critical)
+    }
+
+    /// Waits (up to `within`) for the first replica's first request after `normal`; returns
+    /// how long after `normal` it came.
+    pub async fn traffic_returns(&self, normal: Instant, within: Duration, what: &str) -> Duration {
+        let first = until(within, what, || async {
+            self.replicas[0].first_hit_after(normal)
+        })
+        .await;
+        first.saturating_duration_since(normal)
+    }
+}
+
+/// How many flips a flips test runs: `PROBEOK_FLIPS`, 3 by default.
+pub fn flips() -> usize {
+    std::env::var("PROBEOK_FLIPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
+
+/// `label p50 N ms p99 N ms` of durations.
+pub fn p50_p99_ms(label: &str, xs: &[Duration]) -> String {
+    let (p50, p99) = p50_p99(xs.iter().map(|d| d.as_secs_f64() * 1000.0).collect());
+    format!("{label} p50 {p50:.0} ms p99 {p99:.0} ms")
 }
 
 /// Sends `n` chat requests to `url` (8 at a time), each carrying [`CLIENT_HEADER`]; returns
