@@ -3,7 +3,9 @@
 //! Leadership is a PostgreSQL advisory lock ([`LOCK_KEY`]) held by a session of its own — not
 //! the store's pool — so it lives exactly as long as that connection: a leader killed with
 //! `kill -9`, or cut off from the database, loses it when the server notices the session is
-//! gone, and a follower trying once a second takes it over. The leader asks its session a
+//! gone, and a follower trying once a second takes it over. A leader that hangs without
+//! dying (stopped, frozen) is ended by the server: the session asks it to end any session
+//! silent for the lease (`idle_session_timeout`). The leader asks its session a
 //! trivial question every second; a session that fails, or leaves the questions unanswered
 //! for `[cluster] lease`, ends the term at once (the member steps down before the server
 //! would hand the lock to anyone else, since that session still holds it).
@@ -203,6 +205,22 @@ async fn connect(target: &Target, opts: &LeaseOptions) -> Result<Session, String
             tracing::debug!(error = %e, "lease session ended");
         }
     });
+    // A leader that hangs (stopped, frozen by its host, stuck) keeps its connection open —
+    // its kernel still answers TCP keepalives — so the server would keep the lock for it
+    // forever and the pair would never fail over. The server ends a session that has asked
+    // nothing for the lease (PostgreSQL 14 and later); a live member asks every second.
+    let idle = opts.lease.max(opts.check_every * 2).as_millis();
+    let set = client
+        .simple_query(&format!("SET idle_session_timeout = {idle}"))
+        .await;
+    if let Err(e) = set {
+        // Older servers lack the setting: the pair still fails over on a crash or a cut
+        // link, not on a hung leader.
+        if e.as_db_error().is_none() {
+            return Err(e.to_string());
+        }
+        tracing::warn!(error = %e, "cluster: the server cannot end a hung leader's session (idle_session_timeout needs PostgreSQL 14); a leader that hangs keeps the lead");
+    }
     Ok(Session { client, driver })
 }
 

@@ -1,6 +1,6 @@
 //! Two `probeok serve` processes on one database form a pair: one leads (the lease on the
-//! PostgreSQL server of `PROBEOK_TEST_PG_URL`), `kill -9` of the leader hands the lead to the
-//! other within `lease` + 5 s, probes go on once per interval (not twice while both run), and
+//! PostgreSQL server of `PROBEOK_TEST_PG_URL`), `kill -9` of the leader — or a leader that
+//! hangs (`SIGSTOP`) — hands the lead to the other within `lease` + 5 s, probes go on once per interval (not twice while both run), and
 //! the old leader, started again, comes back as a follower.
 //!
 //! The outcomes both processes write go to one store named by `[storage]`; the simulated
@@ -248,6 +248,58 @@ async fn kill_9_of_the_leader_hands_the_lead_over_and_probing_goes_on_once() {
         let _ = m.child.wait();
     }
     let _ = store.close().await;
+    sim_stop.cancel();
+    db.drop_now().await;
+}
+
+/// A hung leader keeps its TCP connection (its kernel answers keepalives): the lead passes
+/// only because the server ends a lease session that asks nothing for the lease. Resumed,
+/// the old leader finds its session gone and serves as a follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_hangs_hands_the_lead_over() {
+    let db = Db::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sim_stop = CancellationToken::new();
+    let sim_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sim_addr = sim_listener.local_addr().unwrap();
+    let routes = vec![SimRoute {
+        provider: "sim".into(),
+        region: "r1".into(),
+        model: "m1".into(),
+        scenario: Scenario::Healthy,
+    }];
+    let config = SimConfig {
+        routes,
+        time_scale: 1.0,
+        seed: 7,
+    };
+    tokio::spawn(sim::serve(sim_listener, config, sim_stop.clone()));
+    let store_path = dir.path().join("ignored.db");
+    let (pa, pb) = (free_port(), free_port());
+    let ca = write_config(dir.path(), "a", pa, &store_path, sim_addr);
+    let cb = write_config(dir.path(), "b", pb, &store_path, sim_addr);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut a = start(&ca, pa, &db.url, &dir.path().join("a.log"));
+    until_role(&http, &a, "leader", Duration::from_secs(30)).await;
+    let mut b = start(&cb, pb, &db.url, &dir.path().join("b.log"));
+    until_role(&http, &b, "follower", Duration::from_secs(30)).await;
+
+    let pid = a.child.id() as libc::pid_t;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let took = until_role(&http, &b, "leader", Duration::from_secs(LEASE_S + 5)).await;
+    println!("takeover from a hung leader: {took:?}");
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    until_role(&http, &a, "follower", Duration::from_secs(10)).await;
+    assert_eq!(role(&http, &b).await.as_deref(), Some("leader"));
+
+    for m in [&mut a, &mut b] {
+        let _ = m.child.kill();
+        let _ = m.child.wait();
+    }
     sim_stop.cancel();
     db.drop_now().await;
 }
