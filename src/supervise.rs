@@ -46,6 +46,15 @@ pub const AGENT_TASKS: &[&str] = &[
     "agent_web",
 ];
 
+/// The tasks of `probeok proxy` (the proxy alone).
+pub const PROXY_TASKS: &[&str] = &[
+    "proxy",
+    "proxy_feed",
+    "proxy_ingest",
+    "proxy_jobs",
+    "budget",
+];
+
 /// What a task's output says about how it ended.
 pub trait Ended {
     /// Why the output is a failure, if it is one.

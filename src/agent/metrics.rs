@@ -27,6 +27,11 @@ use crate::outcome::ProbeOutcome;
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    task: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProbeLabels {
     route: String,
     result: &'static str,
@@ -41,6 +46,10 @@ pub struct AgentMetrics {
     push_errors: Counter<u64, AtomicU64>,
     last_push: Gauge<f64, AtomicU64>,
     probes: Family<ProbeLabels, Counter>,
+    /// `probeok_task_failures_total{task}` (the monitor's name for it), from the agent's
+    /// supervisor at scrape time.
+    tasks: Family<TaskLabels, Counter>,
+    task_source: std::sync::OnceLock<crate::supervise::Supervisor>,
 }
 
 impl std::fmt::Debug for AgentMetrics {
@@ -57,7 +66,9 @@ impl Default for AgentMetrics {
 
 impl AgentMetrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("probeok_agent");
+        // `probeok_agent_…` for the agent's own series; the task failures keep the name they
+        // have on the monitor, so one alert rule covers both.
+        let mut registry = Registry::with_prefix("probeok");
         let backlog = Gauge::<i64, AtomicI64>::default();
         let dropped = Counter::<u64, AtomicU64>::default();
         let pushed = Counter::<u64, AtomicU64>::default();
@@ -65,31 +76,45 @@ impl AgentMetrics {
         let last_push = Gauge::<f64, AtomicU64>::default();
         let probes = Family::<ProbeLabels, Counter>::default();
         registry.register(
-            "backlog",
+            "agent_backlog",
             "Outcomes waiting for the monitor",
             backlog.clone(),
         );
         registry.register(
-            "dropped",
+            "agent_dropped",
             "Outcomes dropped over [agent] max_backlog",
             dropped.clone(),
         );
         registry.register(
-            "pushed",
+            "agent_pushed",
             "Outcomes the monitor answered for",
             pushed.clone(),
         );
         registry.register(
-            "push_errors",
+            "agent_push_errors",
             "Pushes to the monitor that failed",
             push_errors.clone(),
         );
         registry.register(
-            "last_push_timestamp_seconds",
+            "agent_last_push_timestamp_seconds",
             "Unix time of the last successful push (0: none yet)",
             last_push.clone(),
         );
-        registry.register("probes", "Probes run from this vantage", probes.clone());
+        registry.register(
+            "agent_probes",
+            "Probes run from this vantage",
+            probes.clone(),
+        );
+        let tasks = Family::<TaskLabels, Counter>::default();
+        // Every supervised task from the start, so the first failure is an increase.
+        for task in crate::supervise::AGENT_TASKS {
+            let _ = tasks.get_or_create(&TaskLabels { task });
+        }
+        registry.register(
+            "task_failures",
+            "Long-lived tasks that panicked or ended before shutdown, by task (the process then exits non-zero)",
+            tasks.clone(),
+        );
         Self {
             registry,
             backlog,
@@ -98,7 +123,14 @@ impl AgentMetrics {
             push_errors,
             last_push,
             probes,
+            tasks,
+            task_source: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Reads the task failures from this supervisor from now on.
+    pub fn follow_tasks(&self, source: crate::supervise::Supervisor) {
+        let _ = self.task_source.set(source);
     }
 
     /// The outbox's size and its all-time dropped count.
@@ -142,6 +174,12 @@ impl AgentMetrics {
     }
 
     pub fn encode(&self) -> String {
+        if let Some(source) = self.task_source.get() {
+            for (task, n) in source.counts() {
+                let c = self.tasks.get_or_create(&TaskLabels { task });
+                c.inc_by(n.saturating_sub(c.get()));
+            }
+        }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();

@@ -137,6 +137,7 @@ pub async fn start(
     let (events_tx, events_rx) = mpsc::channel(1024);
     // Every task is watched: one that panics or ends early stops the agent, non-zero.
     let sv = crate::supervise::Supervisor::new(crate::supervise::AGENT_TASKS);
+    metrics.follow_tasks(sv.clone());
     let until = || shutdown.clone();
     let scheduler = sv.spawn(
         "agent_scheduler",

@@ -164,24 +164,32 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
     let (passive_tx, passive_rx) = tokio::sync::mpsc::channel(app::PASSIVE_QUEUE);
     let mut feed = None;
     let mut tasks = Vec::new();
+    // Every task is watched: one that panics or ends early stops the proxy, non-zero.
+    let sv = crate::supervise::Supervisor::new(crate::supervise::PROXY_TASKS);
+    let until = || shutdown.clone();
     match weights_from {
         Some(base) => {
             let status = Arc::new(FeedStatus::new(remote::STALE_AFTER));
             feed = Some(status.clone());
-            tasks.push(remote::follow(
-                base.to_owned(),
-                weights_tx,
-                status,
-                remote::STALE_AFTER,
-                shutdown.clone(),
+            tasks.push(sv.watch(
+                "proxy_feed",
+                until(),
+                remote::follow(
+                    base.to_owned(),
+                    weights_tx,
+                    status,
+                    remote::STALE_AFTER,
+                    shutdown.clone(),
+                ),
             ));
             let token = config.env.secret(&config.server.ingest_token_env);
-            tasks.push(remote::ingest(base.to_owned(), token, passive_rx).0);
+            let ingest = remote::ingest(base.to_owned(), token, passive_rx).0;
+            tasks.push(sv.watch("proxy_ingest", until(), ingest));
         }
         None => {
             // No monitor: passive outcomes have nowhere to go.
             let mut rx = passive_rx;
-            tasks.push(tokio::spawn(async move {
+            tasks.push(sv.spawn("proxy_ingest", until(), async move {
                 let mut gather = crate::gather::Gather::new(crate::gather::PAUSE);
                 let mut dropped = Vec::new();
                 const TAKE: usize = 512;
@@ -198,7 +206,9 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
     let budget =
         crate::extra_cost::ExtraCost::new(config.budget.clone(), &config.routes(), clock, None);
     budget.share(spend.clone());
-    tasks.push(tokio::spawn(
+    tasks.push(sv.spawn(
+        "budget",
+        until(),
         budget.clone().keep_hours(None, shutdown.clone()),
     ));
     let proxy = Proxy::with_options(
@@ -219,12 +229,29 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
         .await
         .map_err(|e| CliError::Runtime(format!("cannot listen on {}: {e}", config.proxy.listen)))?;
     tracing::info!(addr = %config.proxy.listen, weights_from, "proxy serving");
-    let _jobs = proxy.spawn_jobs(Default::default(), shutdown.clone());
-    let served = crate::proxy::serve(listener, proxy, shutdown.clone()).await;
-    shutdown.cancel();
+    if let Some(jobs) = proxy.spawn_jobs(Default::default(), shutdown.clone()) {
+        tasks.push(sv.watch("proxy_jobs", until(), jobs));
+    }
+    let served = sv.spawn(
+        "proxy",
+        until(),
+        crate::proxy::serve(listener, proxy, shutdown.clone()),
+    );
+    let fatal = sv.fatal();
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        () = fatal.cancelled() => shutdown.cancel(),
+    }
+    let served = served.await;
     for t in tasks {
         let _ = tokio::time::timeout(app::DRAIN_TIMEOUT, t).await;
     }
     store.close().await.map_err(CliError::runtime)?;
-    served.map_err(CliError::runtime)
+    if let Some(failure) = sv.failure() {
+        return Err(CliError::Runtime(failure.to_string()));
+    }
+    match served {
+        Ok(result) => result.map_err(CliError::runtime),
+        Err(e) => Err(CliError::runtime(e)),
+    }
 }

@@ -1,4 +1,5 @@
-//! No task dies quietly: a long-lived task of `probeok serve` or `probeok agent` that panics
+//! No task dies quietly: a long-lived task of `probeok serve`, `probeok agent` or `probeok
+//! proxy` that panics
 //! stops the process with a non-zero code, its name and the panic message in the log, so a
 //! service manager restarts it. The panic is injected with the debug builds' hook
 //! (`PROBEOK_FAULT_PANIC=<task>`) into the real binary.
@@ -20,6 +21,9 @@ listen = "127.0.0.1:{port}"
 
 [storage]
 path = "{db}"
+
+[proxy]
+listen = "127.0.0.1:{proxy_port}"
 
 [probe]
 interval = "1s"
@@ -44,6 +48,7 @@ id = "edge"
 routes = ["qwen/*"]
 "#,
             port = common::free_port(),
+            proxy_port = common::free_port(),
             db = dir.join("monitor.db").display(),
         ),
     )
@@ -78,7 +83,7 @@ async fn run_with_fault(args: &[&str], config: &Path, task: &str) -> (Option<i32
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_task_stops_serve_and_agent_with_a_non_zero_code_and_its_name_logged() {
+async fn a_panicking_task_stops_serve_agent_and_proxy_with_a_non_zero_code_and_its_name_logged() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = common::probe_ok_unless(Default::default()).await;
     let cfg = config(dir.path(), &upstream.base_url());
@@ -122,4 +127,14 @@ async fn a_panicking_task_stops_serve_and_agent_with_a_non_zero_code_and_its_nam
             && log.contains("fault injected into agent_pusher"),
         "{log}"
     );
+
+    for task in ["proxy", "budget"] {
+        let (code, log) = run_with_fault(&["proxy"], &cfg, task).await;
+        assert_eq!(code, Some(2), "proxy with {task} panicking:\n{log}");
+        assert!(
+            log.contains("a supervised task failed")
+                && log.contains(&format!("fault injected into {task}")),
+            "the log names {task} and the panic:\n{log}"
+        );
+    }
 }
