@@ -156,8 +156,11 @@ struct Pacer {
 }
 
 impl Pacer {
-    /// The earliest slot at or after `due`, reserved.
-    fn reserve(&self, due: Instant) -> Instant {
+    /// The earliest slot at or after `due`, reserved — if it comes before `until` (the
+    /// route's next grid probe, which would make the confirmation moot). A slot that would
+    /// be dropped is not booked: in an outage of thousands of routes, booking them all would
+    /// push every later confirmation, of any route, minutes into the future.
+    fn reserve(&self, due: Instant, until: Instant) -> Option<Instant> {
         let mut next = self
             .next_free
             .lock()
@@ -166,8 +169,11 @@ impl Pacer {
             Some(free) if free > due => free,
             _ => due,
         };
+        if slot >= until {
+            return None;
+        }
         *next = Some(slot + self.spacing);
-        slot
+        Some(slot)
     }
 }
 
@@ -345,8 +351,8 @@ async fn route_loop(
                 if let Some(after) = confirm_after {
                     let due = Instant::now() + after;
                     // The grid probe coming first is the confirmation already.
-                    if pending.is_none() && !busy && confirmed < shared.max_confirmations && due < probe.next {
-                        pending = Some((k, shared.pacer.reserve(due)));
+                    if pending.is_none() && !busy && confirmed < shared.max_confirmations {
+                        pending = shared.pacer.reserve(due, probe.next).map(|slot| (k, slot));
                     }
                 }
                 continue;

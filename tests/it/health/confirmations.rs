@@ -41,6 +41,10 @@ impl Clock for TokioClock {
     }
 }
 
+fn route_id(i: usize) -> RouteId {
+    RouteId::new("p", "r", &format!("m{i:03}"))
+}
+
 fn route(i: usize) -> Arc<Route> {
     let model = format!("m{i:03}");
     Arc::new(Route {
@@ -92,6 +96,12 @@ enum Trouble {
     HangThen503 {
         release: Duration,
     },
+    /// 503 after 40 ms for every route but the first until `until`; the first fails one
+    /// probe, at `blip` or later.
+    OutageThenBlip {
+        until: Duration,
+        blip: Duration,
+    },
     /// First token at 13 s, tokens/s normal.
     Queueing,
     /// First token on time, 8 tokens/s.
@@ -124,7 +134,7 @@ struct Upstream {
 }
 
 impl Upstream {
-    fn behaviour(&self, elapsed: Duration) -> Behaviour {
+    fn behaviour(&self, route: &RouteId, elapsed: Duration) -> Behaviour {
         let mut b = healthy(&mut *self.rng.lock().unwrap());
         if elapsed < self.onset {
             return b;
@@ -142,6 +152,19 @@ impl Upstream {
                 if !*done {
                     *done = true;
                     fail(&mut b, Duration::from_millis(40));
+                }
+            }
+            Trouble::OutageThenBlip { until, blip } => {
+                if *route != route_id(0) {
+                    if elapsed < until {
+                        fail(&mut b, Duration::from_millis(40));
+                    }
+                } else if elapsed >= blip {
+                    let mut done = self.blipped.lock().unwrap();
+                    if !*done {
+                        *done = true;
+                        fail(&mut b, Duration::from_millis(40));
+                    }
                 }
             }
             Trouble::HangThen503 { release } => {
@@ -171,7 +194,7 @@ impl Prober for Upstream {
                 *m = (*m).max(*n);
             }
             let started_at = self.clock.now();
-            let b = self.behaviour(elapsed);
+            let b = self.behaviour(&route.id, elapsed);
             let tokens = if kind == OutcomeKind::Throughput {
                 80
             } else {
@@ -359,7 +382,9 @@ async fn run(n: usize, trouble: Trouble, onset: Duration, length: Duration) -> R
                         transitions.push((start.elapsed(), t));
                     }
                     if let Some(kind) = confirm::confirmation(h, &o, &cfg) {
-                        confirm_tx.send(Confirm { route: o.route.clone(), kind }).await.unwrap();
+                        // As the health service asks: a full queue drops the request
+                        // rather than wait on a scheduler that may be waiting on us.
+                        let _ = confirm_tx.try_send(Confirm { route: o.route.clone(), kind });
                     }
                 }
                 Some(_) => {}
@@ -552,4 +577,72 @@ async fn queueing_and_throttling_have_their_own_reasons() {
         .filter(|(_, k, at)| *k == OutcomeKind::Throughput && *at > *tw && *at < *td)
         .count();
     assert_eq!(confirmations, 2);
+}
+
+/// The probes off each route's grid (its first probe, then every 30 s: no jitter): the
+/// confirmations, with their time.
+fn confirmations(calls: &[(RouteId, OutcomeKind, Duration)]) -> Vec<(RouteId, Duration)> {
+    let mut grid: HashMap<&RouteId, Duration> = HashMap::new();
+    let mut found = Vec::new();
+    for (id, _, at) in calls.iter().filter(|(_, k, _)| *k == OutcomeKind::Probe) {
+        let first = *grid.entry(id).or_insert(*at);
+        let off = (*at - first).as_millis() % INTERVAL.as_millis();
+        if off > 10 && off < INTERVAL.as_millis() - 10 {
+            found.push((id.clone(), *at));
+        }
+    }
+    found
+}
+
+/// 2,000 routes failing at once ask for far more confirmations than the pacing (20 a second)
+/// can start before their next grid probes. Only the slots that can be used are booked: the
+/// confirmations go on through the whole outage instead of stopping once the first wave has
+/// booked the pacer minutes ahead, and a route of another model failing after the outage is
+/// confirmed as promptly as on a quiet day.
+#[tokio::test(start_paused = true)]
+async fn a_large_outage_does_not_book_the_confirmations_of_later_failures() {
+    let onset = Duration::from_secs(60);
+    let until = Duration::from_secs(180);
+    let blip = Duration::from_secs(200);
+    let r = run(
+        2_001,
+        Trouble::OutageThenBlip { until, blip },
+        onset,
+        Duration::from_secs(300),
+    )
+    .await;
+    let found = confirmations(&r.calls);
+    // Every 10 s of the outage after its first confirmations: close to the pacing's 200.
+    let per_10s: Vec<usize> = (60..180)
+        .step_by(10)
+        .map(|from| {
+            let (a, b) = (Duration::from_secs(from), Duration::from_secs(from + 10));
+            found.iter().filter(|(_, at)| (a..b).contains(at)).count()
+        })
+        .collect();
+    eprintln!("confirmations per 10 s from the onset: {per_10s:?}");
+    // Never more than the pacing allows; never none while routes still wait for a verdict
+    // (every route is DEGRADED three grid probes after the onset, by 150 s).
+    assert!(per_10s.iter().all(|n| *n <= 201), "{per_10s:?}");
+    assert!(per_10s[1..9].iter().all(|n| *n >= 50), "{per_10s:?}");
+    // The lone failure after the outage (of a route that was not in it): its confirmation
+    // follows `confirm_after` later.
+    let id = route_id(0);
+    let failed = r
+        .calls
+        .iter()
+        .find(|(c, k, at)| *c == id && *k == OutcomeKind::Probe && *at >= blip)
+        .map(|(_, _, at)| *at)
+        .expect("the first route's probe after the blip");
+    let confirmed = found
+        .iter()
+        .find(|(c, at)| *c == id && *at > failed)
+        .map(|(_, at)| *at)
+        .expect("a confirmation of the lone failure");
+    let took = confirmed - failed;
+    assert!(
+        took <= INTERVAL / 6 + Duration::from_secs(1),
+        "confirmed {took:?} after the failure"
+    );
+    assert_eq!(r.max_in_flight, 1);
 }
