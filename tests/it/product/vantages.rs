@@ -996,8 +996,10 @@ async fn ingest_answers_agents_item_by_item() {
                     .send()
                     .await
                     .unwrap();
-                assert_eq!(r.status(), 200);
-                let v: Value = r.json().await.unwrap();
+                let status = r.status();
+                let body = r.text().await.unwrap();
+                assert_eq!(status, 200, "{body}");
+                let v: Value = serde_json::from_str(&body).unwrap();
                 assert_eq!(v["accepted"], per, "{v}");
             }
         }));
