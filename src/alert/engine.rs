@@ -237,7 +237,17 @@ impl AlertService {
                     }
                 }
                 if let Some(k) = key {
-                    firing_now.resolve(&k);
+                    let opened_by = firing_now.resolve(&k);
+                    // An alert with a state of its own (a route fault, a burn rate, a silent
+                    // job) tags its firing and its resolved message differently: the incident
+                    // tools close the one its firing message opened.
+                    if message.items.is_empty() && message.resolves.is_none() {
+                        let opened =
+                            opened_by.and_then(|t| serde_json::from_str::<Message>(&t).ok());
+                        if let Some(opened) = opened {
+                            message.resolves = Some(vec![super::oncall::incident_key(&opened)]);
+                        }
+                    }
                     resolve.push(k);
                 }
             } else {

@@ -662,3 +662,34 @@ async fn delivery_latency_per_channel_over_20_transitions() {
         );
     }
 }
+
+/// Alerts with a state of their own (a route fault, a burn rate, a silent job) are triggered
+/// under their firing message's key; their resolution closes that same incident at the
+/// incident tools, not one under another name that was never opened.
+#[tokio::test]
+async fn a_route_fault_is_resolved_at_incident_tools_under_the_key_it_triggered() {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let (fakes, rig) = setup(clock.clone()).await;
+    let route = qwen(3);
+    let fault = |status: Option<u16>, at| HealthEvent::RouteFault {
+        route: route.clone(),
+        status,
+        at,
+    };
+    rig.push(vec![fault(Some(401), t0())]).await;
+    rig.service.deliver().await.unwrap();
+    clock.advance(Duration::from_secs(300));
+    rig.push(vec![fault(None, clock.now())]).await;
+    rig.service.deliver().await.unwrap();
+    let pd = fakes.get(Service::PagerDuty).got();
+    assert_eq!(pd.len(), 2, "{pd:?}");
+    assert_eq!(pd[0].body["event_action"], "trigger");
+    assert_eq!(pd[1].body["event_action"], "resolve");
+    assert_eq!(pd[0].body["dedup_key"], pd[1].body["dedup_key"]);
+    let og = fakes.get(Service::Opsgenie).got();
+    assert_eq!(og.len(), 2, "{og:?}");
+    assert_eq!(
+        og[1].path,
+        format!("/v2/alerts/{}/close", og[0].body["alias"].as_str().unwrap())
+    );
+}
