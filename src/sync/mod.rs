@@ -26,6 +26,7 @@ pub mod client;
 pub mod plan;
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,7 +63,11 @@ pub struct GatewayStatus {
 
 /// Every gateway's state, shared by the sync task and the status endpoint.
 #[derive(Debug, Clone)]
-pub struct SyncBoard(Arc<watch::Sender<Arc<Vec<GatewayStatus>>>>);
+pub struct SyncBoard {
+    rows: Arc<watch::Sender<Arc<Vec<GatewayStatus>>>>,
+    /// Rounds over every channel completed (a round looks at what is due, writes or not).
+    rounds: Arc<AtomicU64>,
+}
 
 impl SyncBoard {
     pub fn new(gateways: &[SyncConfig]) -> Self {
@@ -75,15 +80,24 @@ impl SyncBoard {
                 last_error: None,
             })
             .collect();
-        Self(Arc::new(watch::channel(Arc::new(rows)).0))
+        Self {
+            rows: Arc::new(watch::channel(Arc::new(rows)).0),
+            rounds: Arc::default(),
+        }
     }
 
     pub fn snapshot(&self) -> Arc<Vec<GatewayStatus>> {
-        self.0.borrow().clone()
+        self.rows.borrow().clone()
+    }
+
+    /// How many rounds the task has completed: a round that starts after a weights change has
+    /// seen it.
+    pub fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Acquire)
     }
 
     fn set(&self, i: usize, f: impl FnOnce(&mut GatewayStatus)) {
-        self.0.send_modify(|rows| {
+        self.rows.send_modify(|rows| {
             let mut next = (**rows).clone();
             if let Some(row) = next.get_mut(i) {
                 f(row);
@@ -192,6 +206,7 @@ pub async fn run(d: SyncDriver, shutdown: CancellationToken) {
                 settle(&d, i, g, c, w, now, result);
             }
         }
+        d.board.rounds.fetch_add(1, Ordering::AcqRel);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
