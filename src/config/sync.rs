@@ -94,7 +94,10 @@ pub(super) fn check(ck: &mut Checker<'_>, c: &Config) {
             );
         }
         if s.channels.is_empty() {
-            ck.error(format!("{at}.channels"), "must map at least one route to a channel id");
+            ck.error(
+                format!("{at}.channels"),
+                "must map at least one route to a channel id",
+            );
         }
         let mut ids = BTreeMap::new();
         for (route, id) in &s.channels {

@@ -351,8 +351,12 @@ async fn load_ours(store: &Store, gateway: &str, shutdown: &CancellationToken) -
         let (s, gw) = (store.clone(), gateway.to_owned());
         match tokio::task::spawn_blocking(move || s.reader()?.sync_disabled(&gw)).await {
             Ok(Ok(ids)) => return ids.into_iter().collect(),
-            Ok(Err(e)) => tracing::error!(error = %e, gateway, "sync: cannot read the channels probeok disabled; retrying"),
-            Err(e) => tracing::error!(error = %e, gateway, "sync: reading the disabled channels panicked; retrying"),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, gateway, "sync: cannot read the channels probeok disabled; retrying")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, gateway, "sync: reading the disabled channels panicked; retrying")
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return BTreeSet::new(),

@@ -87,7 +87,12 @@ pub fn channel(id: i64, name: &str, status: i64, weight: i64) -> Map<String, Val
 }
 
 impl FakeGateway {
-    pub async fn start(flavor: Flavor, token: &str, user_id: i64, chans: Vec<Map<String, Value>>) -> Self {
+    pub async fn start(
+        flavor: Flavor,
+        token: &str,
+        user_id: i64,
+        chans: Vec<Map<String, Value>>,
+    ) -> Self {
         let inner = Arc::new(Mutex::new(Inner {
             flavor,
             token: token.to_owned(),
@@ -123,7 +128,10 @@ impl FakeGateway {
     pub fn status_weight(&self, id: i64) -> (i64, i64) {
         let g = self.inner.lock().unwrap();
         let c = &g.channels[&id];
-        (c["status"].as_i64().unwrap(), c["weight"].as_i64().unwrap_or(0))
+        (
+            c["status"].as_i64().unwrap(),
+            c["weight"].as_i64().unwrap_or(0),
+        )
     }
 
     /// An operator's edit in the gateway's UI.
@@ -136,7 +144,11 @@ impl FakeGateway {
 
     pub fn writes(&self, id: i64) -> Vec<Write> {
         let g = self.inner.lock().unwrap();
-        g.writes.iter().filter(|w| w.channel == id).cloned().collect()
+        g.writes
+            .iter()
+            .filter(|w| w.channel == id)
+            .cloned()
+            .collect()
     }
 
     pub fn refusals(&self) -> Vec<String> {
@@ -169,7 +181,10 @@ fn admin_auth(g: &mut Inner, headers: &HeaderMap) -> Result<(), Response> {
         Err(envelope(status, false, msg, None))
     };
     if auth.is_empty() {
-        return refuse(StatusCode::UNAUTHORIZED, "无权进行此操作，未登录且未提供 access token");
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "无权进行此操作，未登录且未提供 access token",
+        );
     }
     // model.ValidateAccessToken: strings.Replace(token, "Bearer ", "", 1), then a lookup.
     if auth.replacen("Bearer ", "", 1) != g.token {
@@ -177,10 +192,16 @@ fn admin_auth(g: &mut Inner, headers: &HeaderMap) -> Result<(), Response> {
     }
     if g.flavor == Flavor::NewApi {
         let Some(user) = user else {
-            return refuse(StatusCode::UNAUTHORIZED, "无权进行此操作，未提供 New-Api-User");
+            return refuse(
+                StatusCode::UNAUTHORIZED,
+                "无权进行此操作，未提供 New-Api-User",
+            );
         };
         let Ok(id) = user.parse::<i64>() else {
-            return refuse(StatusCode::UNAUTHORIZED, "无权进行此操作，New-Api-User 格式错误");
+            return refuse(
+                StatusCode::UNAUTHORIZED,
+                "无权进行此操作，New-Api-User 格式错误",
+            );
         };
         if id != g.user_id {
             return refuse(
@@ -285,7 +306,13 @@ async fn update_channel(
         };
     };
     // Pointer fields (`*uint`, `*string`, `*int64`) are written when present, zero or not.
-    const POINTERS: &[&str] = &["weight", "base_url", "model_mapping", "priority", "system_prompt"];
+    const POINTERS: &[&str] = &[
+        "weight",
+        "base_url",
+        "model_mapping",
+        "priority",
+        "system_prompt",
+    ];
     for (k, v) in &fields {
         if !is_zero(v) || (POINTERS.contains(&k.as_str()) && !v.is_null()) {
             stored.insert(k.clone(), v.clone());

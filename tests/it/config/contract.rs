@@ -112,7 +112,7 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown section, named with the valid ones",
             format!("[hearbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`, `shadow`, `envoy`, `haproxy`, `subscriptions`"],
+            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`, `shadow`, `envoy`, `haproxy`, `subscriptions`, `sync`"],
         ),
         (
             "cluster: the URL itself instead of its variable, a lease too short to check",
@@ -692,7 +692,10 @@ channels = { "qwen/cn-beijing/qwen-max" = 12 }
 "#,
     ));
     assert_eq!(errs.len(), 1);
-    assert!(errs[0].starts_with("p.toml:18:8: sync[0].kind: "), "{errs:?}");
+    assert!(
+        errs[0].starts_with("p.toml:18:8: sync[0].kind: "),
+        "{errs:?}"
+    );
     let ok = Config::parse(
         &with_route(
             r#"[[sync]]

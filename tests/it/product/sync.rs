@@ -243,7 +243,11 @@ async fn writes_are_rate_limited_to_one_per_channel_per_10_s_while_a_route_flaps
     let mut written_at = Vec::new();
     for s in 1..=60u64 {
         r.h.clock.advance(Duration::from_secs(1));
-        let state = if s % 2 == 1 { State::Warning } else { State::Normal };
+        let state = if s % 2 == 1 {
+            State::Warning
+        } else {
+            State::Normal
+        };
         let n = r.gw.writes(12).len();
         r.qwen(state).await;
         if r.gw.writes(12).len() > n {
@@ -256,7 +260,10 @@ async fn writes_are_rate_limited_to_one_per_channel_per_10_s_while_a_route_flaps
         writes <= 6,
         "at most one write per 10 s over 60 s: {written_at:?}"
     );
-    assert!(writes >= 5, "the flapping route is still followed: {written_at:?}");
+    assert!(
+        writes >= 5,
+        "the flapping route is still followed: {written_at:?}"
+    );
     for pair in written_at.windows(2) {
         assert!(pair[1] - pair[0] >= 10, "writes {written_at:?}");
     }
@@ -288,13 +295,21 @@ async fn a_refused_write_raises_sync_failed_is_retried_with_backoff_and_resolves
     let events = r.sync_events();
     assert_eq!(events.len(), 1, "one alert for the gateway: {events:?}");
     let error = events[0].clone().unwrap();
-    assert!(error.contains("401") && error.contains("New-Api-User 与登录用户不匹配"), "{error}");
+    assert!(
+        error.contains("401") && error.contains("New-Api-User 与登录用户不匹配"),
+        "{error}"
+    );
     assert!(!error.contains(TOKEN));
     assert_eq!(r.gw.status_weight(12), (1, 70), "nothing written");
 
     // Status shows the failing gateway, never the token.
     let served = r.h.serve().await;
-    let body = reqwest::get(served.url("/api/v1/status")).await.unwrap().text().await.unwrap();
+    let body = reqwest::get(served.url("/api/v1/status"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(!body.contains(TOKEN));
     let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
     let sync = &doc["sync"][0];
@@ -355,13 +370,27 @@ async fn a_refused_write_raises_sync_failed_is_retried_with_backoff_and_resolves
     let drafts = g.flush(now);
     let subjects: Vec<_> = drafts
         .iter()
-        .map(|d| (serde_json::to_value(&d.message.subject).unwrap()["type"].clone(), d.message.status, d.message.severity))
+        .map(|d| {
+            (
+                serde_json::to_value(&d.message.subject).unwrap()["type"].clone(),
+                d.message.status,
+                d.message.severity,
+            )
+        })
         .collect();
     assert_eq!(
         subjects,
         vec![
-            ("sync_failed".into(), probeok::alert::Status::Firing, probeok::severity::Severity::Warning),
-            ("sync_failed".into(), probeok::alert::Status::Resolved, probeok::severity::Severity::Warning),
+            (
+                "sync_failed".into(),
+                probeok::alert::Status::Firing,
+                probeok::severity::Severity::Warning
+            ),
+            (
+                "sync_failed".into(),
+                probeok::alert::Status::Resolved,
+                probeok::severity::Severity::Warning
+            ),
         ]
     );
     r.h.shutdown.cancel();
