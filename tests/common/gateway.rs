@@ -164,8 +164,9 @@ fn envelope(status: StatusCode, success: bool, message: &str, data: Option<Value
     (status, Json(body)).into_response()
 }
 
-/// `middleware/auth.go` `authHelper` for an admin route (the token's user is an admin).
-fn admin_auth(g: &mut Inner, headers: &HeaderMap) -> Result<(), Response> {
+/// `middleware/auth.go` `authHelper` for an admin route (the token's user is an admin): the
+/// refusal, or `None` to go on.
+fn admin_auth(g: &mut Inner, headers: &HeaderMap) -> Option<Response> {
     let auth = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -178,7 +179,7 @@ fn admin_auth(g: &mut Inner, headers: &HeaderMap) -> Result<(), Response> {
     g.seen_auth.push((auth.clone(), user.clone()));
     let mut refuse = |status: StatusCode, msg: &str| {
         g.refusals.push(msg.to_owned());
-        Err(envelope(status, false, msg, None))
+        Some(envelope(status, false, msg, None))
     };
     if auth.is_empty() {
         return refuse(
@@ -210,7 +211,7 @@ fn admin_auth(g: &mut Inner, headers: &HeaderMap) -> Result<(), Response> {
             );
         }
     }
-    Ok(())
+    None
 }
 
 /// `controller.GetChannel`: the channel without its key.
@@ -220,7 +221,7 @@ async fn get_channel(
     Path(id): Path<String>,
 ) -> Response {
     let mut g = inner.lock().unwrap();
-    if let Err(r) = admin_auth(&mut g, &headers) {
+    if let Some(r) = admin_auth(&mut g, &headers) {
         return r;
     }
     let Ok(id) = id.parse::<i64>() else {
@@ -282,7 +283,7 @@ async fn update_channel(
     body: axum::body::Bytes,
 ) -> Response {
     let mut g = inner.lock().unwrap();
-    if let Err(r) = admin_auth(&mut g, &headers) {
+    if let Some(r) = admin_auth(&mut g, &headers) {
         return r;
     }
     let parsed: Value = match serde_json::from_slice(&body) {
