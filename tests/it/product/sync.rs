@@ -433,3 +433,93 @@ async fn new_api_needs_new_api_user_and_one_api_does_not() {
     assert!(b[0].last_error.as_deref().unwrap().contains("HTTP 200"));
     r.h.shutdown.cancel();
 }
+
+/// `serve` in-process with a `[[sync]]` table: the leader (a lone SQLite monitor always
+/// leads) starts the sync task under supervision, and `/api/v1/status` shows the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_keeps_a_gateway_in_step_from_the_leader() {
+    use probeok::sim::{self, Scenario, SimConfig, SimRoute};
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let sim_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sim_addr = sim_listener.local_addr().unwrap();
+    tokio::spawn(sim::serve(
+        sim_listener,
+        SimConfig {
+            routes: vec![SimRoute {
+                provider: "sim".into(),
+                region: "r1".into(),
+                model: "m1".into(),
+                scenario: Scenario::Healthy,
+            }],
+            time_scale: 1.0,
+            seed: 7,
+        },
+        shutdown.child_token(),
+    ));
+    let gw = FakeGateway::start(Flavor::OneApi, TOKEN, 1, vec![channel(12, "sim", 1, 1)]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let src = format!(
+        r#"
+[storage]
+path = "{db}"
+
+[[provider]]
+id = "sim"
+kind = "openai"
+  [[provider.region]]
+  id = "r1"
+  base_url = "{base}"
+
+[[route]]
+provider = "sim"
+region = "r1"
+model = "m1"
+serves = "chat"
+
+[[sync]]
+kind = "one-api"
+url = "{gw}"
+token_env = "ONEAPI_ADMIN_TOKEN"
+channels = {{ "sim/r1/m1" = 12 }}
+"#,
+        db = dir.path().join("serve.db").display(),
+        base = sim::base_url(sim_addr, "sim", "r1"),
+        gw = gw.url(),
+    );
+    let mut config = probeok::config::Config::parse(&src, "test.toml")
+        .unwrap()
+        .config;
+    config.env = Env::given().with("ONEAPI_ADMIN_TOKEN", TOKEN);
+    assert!(config.missing_secrets().is_empty());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = probeok::app::start(
+        config,
+        listener,
+        std::sync::Arc::new(probeok::clock::SystemClock),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    until("the channel at its route's weight", || {
+        gw.status_weight(12) == (1, 100)
+    })
+    .await;
+    let status: serde_json::Value = reqwest::get(format!("http://{}/api/v1/status", running.addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["sync"][0]["kind"], "one-api");
+    assert!(status["sync"][0]["last_ok"].is_string(), "{status}");
+    assert!(!status.to_string().contains(TOKEN));
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(
+        probeok::app::DRAIN_TIMEOUT + Duration::from_secs(2),
+        running.done,
+    )
+    .await
+    .expect("shutdown drains within its bound")
+    .unwrap();
+    assert!(stopped.is_ok(), "{stopped:?}");
+}
