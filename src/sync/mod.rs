@@ -13,7 +13,7 @@
 //!   faster gets its latest weight written when the gap is over, the swings in between never;
 //! - a refused write (HTTP 401/403, `success: false`, no answer) is retried after 10 s,
 //!   doubling to 5 min ([`plan::backoff`]); the first refusal raises the `sync_failed` alert
-//!   (warning, one per gateway), the next success resolves it;
+//!   (warning, one per gateway), resolved when no channel of the gateway is failing any more;
 //! - every write is logged (gateway, channel, route, old and new fields; never the token), and
 //!   each gateway's `last_ok` / `last_error` are on [`SyncBoard`] (`/api/v1/status`'s `sync`).
 //!
@@ -139,7 +139,10 @@ struct Gateway {
     channels: Vec<ChannelSlot>,
     /// Channel ids probeok disabled (mirrors the store).
     ours: BTreeSet<i64>,
-    failing: bool,
+    /// Channels whose last pass failed; the gateway's alert fires with the first and resolves
+    /// when none is left.
+    failing: BTreeSet<u64>,
+    alerted: bool,
 }
 
 /// Runs until `shutdown`. Returns nothing: failures are retried, alerted and shown, never fatal.
@@ -173,7 +176,8 @@ pub async fn run(d: SyncDriver, shutdown: CancellationToken) {
             cfg: cfg.clone(),
             channels,
             ours,
-            failing: false,
+            failing: BTreeSet::new(),
+            alerted: false,
         });
     }
     let mut weights = d.weights.clone();
@@ -307,12 +311,16 @@ fn settle(
             slot.in_step_with = Some(w);
             slot.failures = 0;
             slot.retry_at = None;
+            g.failing.remove(&slot.id);
+            let clear = g.failing.is_empty();
             d.board.set(i, |row| {
                 row.last_ok = Some(rfc3339(now));
-                row.last_error = None;
+                if clear {
+                    row.last_error = None;
+                }
             });
-            if g.failing {
-                g.failing = false;
+            if clear && g.alerted {
+                g.alerted = false;
                 tracing::info!(gateway = %g.cfg.url, "sync: the gateway accepts writes again");
                 let _ = d.events.send(HealthEvent::SyncFailed {
                     kind: g.cfg.kind.as_str().to_owned(),
@@ -327,12 +335,13 @@ fn settle(
             slot.failures = slot.failures.saturating_add(1);
             let wait = plan::backoff(slot.failures);
             slot.retry_at = Some(now + wait);
+            g.failing.insert(slot.id);
             let text = e.to_string();
             tracing::warn!(gateway = %g.cfg.url, channel = slot.id, route = %slot.route, error = %text,
                 failures = slot.failures, retry_in_s = wait.num_seconds(), "sync: channel not kept in step");
             d.board.set(i, |row| row.last_error = Some(text.clone()));
-            if !g.failing {
-                g.failing = true;
+            if !g.alerted {
+                g.alerted = true;
                 let _ = d.events.send(HealthEvent::SyncFailed {
                     kind: g.cfg.kind.as_str().to_owned(),
                     gateway: g.cfg.url.clone(),

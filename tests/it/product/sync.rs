@@ -332,6 +332,8 @@ async fn a_refused_write_raises_sync_failed_is_retried_with_backoff_and_resolves
     r.gw.inner.lock().unwrap().user_id = 1;
     r.advance(40).await;
     until("written", || r.gw.status_weight(12).0 == 2).await;
+    until("deepseek written", || r.gw.status_weight(15) == (1, 100)).await;
+    r.rounds().await;
     let events = r.sync_events();
     assert_eq!(events, vec![None], "resolved once");
     let body: serde_json::Value = reqwest::get(served.url("/api/v1/status"))
