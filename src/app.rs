@@ -181,6 +181,8 @@ pub async fn start_with(
     let tracer = crate::trace::Tracer::from_env(&config.tracing)?;
     metrics.attach_tracer(tracer.clone());
     metrics.attach_role(membership.role.clone());
+    let sync_board = crate::sync::SyncBoard::new(&config.sync);
+    metrics.attach_sync(sync_board.clone());
     let recorders = subsystems::recorders(
         &config,
         &routes,
@@ -348,6 +350,7 @@ pub async fn start_with(
         pulses: pulses.clone(),
         shutdown: shutdown.clone(),
         supervisor: supervisor.clone(),
+        sync: sync_board,
     });
     let terms_task = subsystems::terms(
         member,

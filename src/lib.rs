@@ -84,6 +84,11 @@
 //!   backup → budget → switch; min dwell, hourly cap, hysteresis; canary return through the
 //!   weights), its thin driver (`switch::driver`), the published status and list
 //!   (`switch::view`); records in SQLite, `GET /api/v1/switches`.
+//! - [`sync`]: `[[sync]]` — new-api / one-api channels kept in step with their routes' weights
+//!   from the leader (read the channel, change `weight`/`status`, write it back; only channels
+//!   probeok disabled are enabled again, remembered in the store; one write per channel per
+//!   10 s; refusals retried with backoff and alerted as `sync_failed`); the pure decisions in
+//!   `sync::plan`, the gateways' admin API in `sync::client`.
 //! - [`drill`]: drills — planned, time-limited moves of traffic off a route, ramped
 //!   in stages (`drill::plan`, pure), refused outside the off-peak windows unless forced,
 //!   persisted and ended by themselves (`drill::service`, caps into the weights), with a
@@ -222,6 +227,7 @@ pub mod scheduler;
 pub mod sim;
 pub mod spend;
 pub mod switch;
+pub mod sync;
 pub mod trace;
 pub mod weights;
 

@@ -204,6 +204,8 @@ pub fn plan(old: &Config, new: &Config) -> (Config, Plan) {
     restart!("haproxy", haproxy);
     // The subscription form and its sender are built at start.
     restart!("subscriptions", subscriptions);
+    // The sync task is started with the leader's term, its gateways and channels with it.
+    restart!("sync", sync);
     // Later diagnostics point into the file as it is now.
     next.source_map = new.source_map.clone();
     (next, p)

@@ -36,6 +36,7 @@ pub const MONITOR_TASKS: &[&str] = &[
     "subscribers",
     "scheduler",
     "retention",
+    "sync",
 ];
 
 /// The tasks `probeok agent` supervises.

@@ -275,6 +275,12 @@ impl Grouper {
                 HealthEvent::RouteFault { route, status, at } => {
                     drafts.push(route_fault_draft(route, status, at));
                 }
+                HealthEvent::SyncFailed {
+                    kind,
+                    gateway,
+                    error,
+                    at,
+                } => drafts.push(sync_failed_draft(kind, gateway, error, at)),
                 HealthEvent::FindingClosed { finding, at } => {
                     if finding.kind == FindingKind::VantageStale {
                         drafts.push(vantage_stale_draft(&finding, at, false));
@@ -630,6 +636,46 @@ fn route_fault_draft(route: RouteId, status: Option<u16>, at: DateTime<Utc>) -> 
 /// The firing-state key of a route's fault.
 pub fn route_fault_key(route: &RouteId) -> String {
     format!("route_fault:{route}")
+}
+
+/// A `sync_failed` warning (with the gateway's answer) or its resolution (`error` none): keyed
+/// per gateway, so one refusing gateway is one alert however many writes it refuses.
+fn sync_failed_draft(
+    kind: String,
+    gateway: String,
+    error: Option<String>,
+    at: DateTime<Utc>,
+) -> Draft {
+    let key = sync_failed_key(&gateway);
+    let firing = error.is_some();
+    Draft::new(
+        Message {
+            key: if firing {
+                format!("{key}@{}", at.timestamp_millis())
+            } else {
+                format!("{key}:resolved@{}", at.timestamp_millis())
+            },
+            severity: Severity::Warning,
+            status: if firing {
+                Status::Firing
+            } else {
+                Status::Resolved
+            },
+            subject: Subject::SyncFailed { kind, gateway },
+            at,
+            items: Vec::new(),
+            related: Vec::new(),
+            note: error,
+            resolves: None,
+        },
+        Vec::new(),
+        Some(key),
+    )
+}
+
+/// The firing-state key of a gateway's refused writes.
+pub fn sync_failed_key(gateway: &str) -> String {
+    format!("sync_failed:{gateway}")
 }
 
 /// A `vantage_stale` warning (`firing`) or its resolution: once per silence of the vantage.

@@ -106,6 +106,8 @@ pub enum Subject {
     /// A remote vantage (`probeok agent`) stopped pushing and left the quorum (`related`
     /// names its routes).
     VantageStale { vantage: String },
+    /// A new-api / one-api gateway refuses probeok's channel writes (`note` has its answer).
+    SyncFailed { kind: String, gateway: String },
     /// `probeok alert test`.
     Test,
 }

@@ -128,6 +128,7 @@ fn subject_class(m: &Message) -> &'static str {
         S::RouteFault { .. } => "route_fault",
         S::ExtraCost { .. } => "budget",
         S::VantageStale { .. } => "vantage_stale",
+        S::SyncFailed { .. } => "sync_failed",
         S::Test => "test",
     }
 }

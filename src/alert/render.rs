@@ -426,6 +426,14 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
             (Lang::Zh, Status::Resolved) => format!("探测点 {vantage} 恢复上报"),
             (Lang::Zh, _) => format!("探测点 {vantage} 停止上报(已退出判定)"),
         },
+        Subject::SyncFailed { kind, gateway } => match (lang, m.status) {
+            (Lang::En, Status::Resolved) => {
+                format!("{kind} {gateway}: channel writes succeed again")
+            }
+            (Lang::En, _) => format!("{kind} {gateway}: channel writes refused (sync_failed)"),
+            (Lang::Zh, Status::Resolved) => format!("{kind} {gateway}：渠道写入已恢复"),
+            (Lang::Zh, _) => format!("{kind} {gateway}：渠道写入被拒绝(sync_failed)"),
+        },
         Subject::Test => w
             .t(
                 "test message from probeok: this channel works",

@@ -20,6 +20,7 @@ pub fn is_cross_route(m: &Message) -> bool {
             | Subject::Heartbeat { .. }
             | Subject::ExtraCost { .. }
             | Subject::VantageStale { .. }
+            | Subject::SyncFailed { .. }
     )
 }
 

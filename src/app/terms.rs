@@ -73,6 +73,8 @@ pub(super) struct Member {
     pub shutdown: CancellationToken,
     /// Watches the term's long-lived tasks ([`crate::supervise`]).
     pub supervisor: crate::supervise::Supervisor,
+    /// `[[sync]]` gateways' state, written by the leader's sync task.
+    pub sync: crate::sync::SyncBoard,
 }
 
 /// Forwards every stored outcome to the current leader term's detection; at the end (every
@@ -275,6 +277,27 @@ pub(super) async fn lead(
         Some(m.pulses.pulse(crate::heartbeat::DRILLS)),
         token.clone(),
     ));
+    // new-api / one-api channels follow the weights from the leader only: two members writing
+    // one gateway would fight over its channels.
+    if !m.config.sync.is_empty() {
+        tasks.push(sv.spawn(
+            "sync",
+            token.clone(),
+            crate::sync::run(
+                crate::sync::SyncDriver {
+                    gateways: m.config.sync.clone(),
+                    env: m.config.env.clone(),
+                    weights: m.weights.clone(),
+                    store: m.store.clone(),
+                    clock: m.clock.clone(),
+                    events: m.events.clone(),
+                    board: m.sync.clone(),
+                    tick: Duration::from_secs(1),
+                },
+                token.clone(),
+            ),
+        ));
+    }
     tracing::info!("leader: probing, judging, alerting, switching, drills, retention and regression runs started");
 
     token.cancelled().await;

@@ -379,6 +379,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         envoy: super::routers::envoy(raw.envoy),
         haproxy: super::routers::haproxy(ck, raw.haproxy),
         subscriptions: subscriptions(ck, raw.subscriptions),
+        sync: super::sync::syncs(ck, raw.sync),
         source_map: map.text_only(),
         env: crate::secret::Env::process(),
     }

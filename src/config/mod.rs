@@ -3,7 +3,7 @@
 //! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[alert.slack]] [[alert.teams]]
 //! [[alert.telegram]] [[alert.pagerduty]] [[alert.opsgenie]] [[maintenance]] [drift] [proxy] [proxy.breaker]
 //! [switch] [budget] [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent]
-//! [[shadow]] [[envoy.cluster]] [haproxy] [subscriptions]`. Other sections are rejected as unknown
+//! [[shadow]] [[envoy.cluster]] [haproxy] [subscriptions] [[sync]]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -25,6 +25,7 @@ mod raw;
 mod routers;
 mod shadow;
 mod source_map;
+mod sync;
 mod validate;
 mod vantage;
 
@@ -47,6 +48,7 @@ pub use profile::RequestProfile;
 pub use routers::{endpoint_addr, EnvoyCluster, EnvoyConfig, EnvoyEndpoint, HaproxyConfig};
 pub use shadow::ShadowConfig;
 pub use source_map::SourceMap;
+pub use sync::{SyncConfig, SyncKind};
 pub(crate) use validate::Checker;
 pub use vantage::{AgentConfig, QuorumConfig, VantageConfig, VantageError};
 
@@ -102,6 +104,8 @@ pub struct Config {
     pub haproxy: HaproxyConfig,
     /// `[subscriptions]`: status page visitors told of incidents by email or webhook.
     pub subscriptions: SubscriptionsConfig,
+    /// `[[sync]]`: new-api / one-api gateways whose channels the leader keeps in step.
+    pub sync: Vec<SyncConfig>,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -141,6 +145,7 @@ impl Default for Config {
             envoy: EnvoyConfig::default(),
             haproxy: HaproxyConfig::default(),
             subscriptions: SubscriptionsConfig::default(),
+            sync: Vec::new(),
             source_map: SourceMap::default(),
             env: Env::process(),
         }
@@ -1278,6 +1283,24 @@ impl Config {
                 message: format!(
                     "environment variable {var} is not set (or empty): alert channel {} cannot send",
                     path.rsplit_once('.').map_or(path.as_str(), |(p, _)| p)
+                ),
+                path,
+            });
+        }
+        for (i, s) in self.sync.iter().enumerate() {
+            if self.env.secret(&s.token_env).is_some() {
+                continue;
+            }
+            let path = format!("sync[{i}].token_env");
+            let (line, col) = map.locate(&path);
+            out.push(Diagnostic {
+                file: file.clone(),
+                line,
+                col,
+                message: format!(
+                    "environment variable {} is not set (or empty): {} at sync[{i}] cannot be written",
+                    s.token_env,
+                    s.kind.as_str()
                 ),
                 path,
             });

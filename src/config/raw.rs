@@ -69,6 +69,19 @@ pub(super) struct RawConfig {
     pub haproxy: RawHaproxy,
     #[serde(default)]
     pub subscriptions: RawSubscriptions,
+    #[serde(default)]
+    pub sync: Vec<RawSync>,
+}
+
+/// `[[sync]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSync {
+    pub kind: super::sync::SyncKind,
+    pub url: String,
+    pub token_env: String,
+    pub user_id: Option<i64>,
+    pub channels: std::collections::BTreeMap<String, i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

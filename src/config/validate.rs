@@ -136,6 +136,7 @@ impl<'a> Checker<'a> {
         super::profile::check(self, c);
         super::shadow::check(self, c);
         super::routers::check(self, c);
+        super::sync::check(self, c);
         super::clients::check(self, c);
     }
 
@@ -507,7 +508,7 @@ impl<'a> Checker<'a> {
     }
 
     /// http(s) with a host. The URL is not echoed: it may embed credentials.
-    fn url(&mut self, path: &str, value: &str, base: bool) {
+    pub(crate) fn url(&mut self, path: &str, value: &str, base: bool) {
         let url = match reqwest::Url::parse(value) {
             Ok(url) => url,
             Err(e) => {

@@ -150,6 +150,16 @@ pub enum HealthEvent {
         status: Option<u16>,
         at: DateTime<Utc>,
     },
+    /// A gateway refused probeok's channel writes (`crate::sync`): once with `error` when
+    /// its writes start failing, then once with `None` when a write succeeds again.
+    SyncFailed {
+        /// `new-api` or `one-api`.
+        kind: String,
+        /// The gateway's base URL.
+        gateway: String,
+        error: Option<String>,
+        at: DateTime<Utc>,
+    },
     /// The hourly extra-cost budget passed `degrade_at` (`crate::extra_cost`): no new switch this
     /// hour.
     BudgetCrossed {

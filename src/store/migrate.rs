@@ -94,6 +94,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0022_subscribers",
         include_str!("../../migrations/sqlite/0022_subscribers.sql"),
     ),
+    (
+        "0023_sync_channels",
+        include_str!("../../migrations/sqlite/0023_sync_channels.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -177,6 +181,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0022_subscribers",
         include_str!("../../migrations/postgres/0022_subscribers.sql"),
+    ),
+    (
+        "0023_sync_channels",
+        include_str!("../../migrations/postgres/0023_sync_channels.sql"),
     ),
 ];
 

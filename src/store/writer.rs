@@ -132,6 +132,11 @@ pub(crate) enum Command {
         op: super::subscribers::SubscriberOp,
         ack: Ack<u64>,
     },
+    /// A write to the channels probeok disabled (`store/gateways.rs`).
+    Gateway {
+        op: super::gateways::GatewayOp,
+        ack: Ack<u64>,
+    },
     /// A write to the `drills` table (`store/drills.rs`).
     Drill {
         op: super::drills::DrillOp,
@@ -193,7 +198,8 @@ impl Command {
             | Command::Contract { ack, .. }
             | Command::Idempotency { ack, .. }
             | Command::Drill { ack, .. }
-            | Command::Subscriber { ack, .. } => {
+            | Command::Subscriber { ack, .. }
+            | Command::Gateway { ack, .. } => {
                 let _ = ack.send(result);
             }
             Command::Shutdown { ack } => {
@@ -665,6 +671,7 @@ impl State {
                 Command::Contract { op, .. } => super::contracts::apply(&tx, op)?,
                 Command::Drill { op, .. } => super::drills::apply(&tx, op)?,
                 Command::Subscriber { op, .. } => super::subscribers::apply(&tx, op)?,
+                Command::Gateway { op, .. } => super::gateways::apply(&tx, op)?,
                 Command::Vantage {
                     items,
                     now,

@@ -159,6 +159,8 @@ struct StatusView<'a> {
     /// The hourly extra-cost budget, when the switch controller runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     budget: Option<crate::extra_cost::ExtraCostSnapshot>,
+    /// `[[sync]]` gateways: kind, url, last_ok, last_error (never the token); empty without one.
+    sync: Vec<crate::sync::GatewayStatus>,
 }
 
 fn slo_window() -> TimeDelta {
@@ -210,6 +212,8 @@ pub struct Extras<'a> {
     /// handler derives them once per snapshot and per routes ([`super::memo`]).
     pub overall: &'static str,
     pub costs: &'a [crate::probe::cost::ProbeCostView],
+    /// The `[[sync]]` gateways' state.
+    pub sync: Vec<crate::sync::GatewayStatus>,
 }
 
 /// Each route's probe cost, in the routes' order.
@@ -246,6 +250,7 @@ pub fn status_bytes(
         role: crate::cluster::Role::Leader,
         overall: overall(routes, health),
         costs: &costs,
+        sync: Vec::new(),
     };
     status_bytes_with(routes, health, figures, now, extras)
 }
@@ -278,6 +283,7 @@ fn status_view<'a>(
         role,
         overall,
         costs,
+        sync,
     } = extras;
     let by_id: HashMap<&RouteId, &crate::health::RouteStatus, rustc_hash::FxBuildHasher> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
@@ -359,6 +365,7 @@ fn status_view<'a>(
         role: role.as_str(),
         routes: views,
         budget,
+        sync,
     }
 }
 
@@ -446,6 +453,7 @@ pub async fn status(
         .collect();
     let budget = state.metrics.budget().map(|b| b.snapshot());
     let role = state.metrics.role();
+    let sync = state.metrics.sync();
     let vantages = state
         .vantages
         .as_ref()
@@ -468,6 +476,7 @@ pub async fn status(
             role,
             overall,
             costs: &costs,
+            sync,
         };
         let bytes = status_bytes_with(&routes, &health, &figures, now, extras)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;

@@ -208,6 +208,8 @@ pub struct Metrics {
     cluster_leader: Gauge,
     /// The member's role in its cluster; `None`: a lone monitor, always the leader.
     role: OnceLock<crate::cluster::RoleRx>,
+    /// `[[sync]]` gateways' state, for `/api/v1/status`.
+    sync: OnceLock<crate::sync::SyncBoard>,
     /// `probeok_trace_spans_dropped_total`, read from the tracer at scrape time.
     trace: crate::trace::TraceStats,
 }
@@ -423,6 +425,7 @@ impl Metrics {
             store_lag_gauge,
             cluster_leader,
             role: OnceLock::new(),
+            sync: OnceLock::new(),
             trace,
         }
     }
@@ -441,6 +444,19 @@ impl Metrics {
     /// The member's role, for `/metrics`, `/readyz` and `/api/v1/status`. The first call wins.
     pub fn attach_role(&self, role: crate::cluster::RoleRx) {
         let _ = self.role.set(role);
+    }
+
+    /// The `[[sync]]` gateways' board, shown by `/api/v1/status`. The first call wins.
+    pub fn attach_sync(&self, board: crate::sync::SyncBoard) {
+        let _ = self.sync.set(board);
+    }
+
+    /// Every `[[sync]]` gateway's state; empty without one.
+    pub fn sync(&self) -> Vec<crate::sync::GatewayStatus> {
+        self.sync
+            .get()
+            .map(|b| b.snapshot().as_ref().clone())
+            .unwrap_or_default()
     }
 
     /// This member's role now: the leader unless a cluster says otherwise.

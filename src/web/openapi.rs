@@ -268,7 +268,14 @@ fn core_schemas() -> Value {
                 "overall": {"type": "string", "enum": ["operational", "degraded", "outage"]},
                 "role": {"type": "string", "enum": ["leader", "follower"],
                     "description": "This monitor's role in its cluster (always `leader` with SQLite)"},
-                "routes": {"type": "array", "items": {"$ref": "#/components/schemas/RouteStatus"}}
+                "routes": {"type": "array", "items": {"$ref": "#/components/schemas/RouteStatus"}},
+                "sync": {"type": "array", "description": "`[[sync]]` gateways (new-api / one-api) whose channels the leader keeps in step; never the token",
+                    "items": {"type": "object", "required": ["kind", "url", "last_ok", "last_error"], "properties": {
+                        "kind": {"type": "string", "enum": ["new-api", "one-api"]},
+                        "url": {"type": "string"},
+                        "last_ok": {"type": "string", "format": "date-time", "nullable": true},
+                        "last_error": {"type": "string", "nullable": true,
+                            "description": "The gateway's last refusal while it refuses; null once a call succeeds"}}}}
             }
         },
         "Outcome": {

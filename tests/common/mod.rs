@@ -15,6 +15,8 @@
 //! - [`scale`]: a served monitor with a thousand routes and 90 days of history.
 //! - [`pool`]: three model servers on 127.0.0.1-3 probed by a monitor that Envoy and HAProxy
 //!   follow, and the helpers to run those programs and count where traffic went.
+//! - [`gateway`]: a fake new-api / one-api admin channel API (routes, envelope, admin auth with
+//!   `New-Api-User`, GORM's update semantics) built from their Go sources.
 //! - [`cluster`]: a database of the test's own on the PostgreSQL server of
 //!   `PROBEOK_TEST_PG_URL`, for the monitor pair's lease.
 
@@ -23,6 +25,7 @@
 pub mod alerts;
 pub mod app;
 pub mod cluster;
+pub mod gateway;
 pub mod oncall;
 pub mod pages;
 pub mod pg;

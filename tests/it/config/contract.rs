@@ -112,7 +112,7 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown section, named with the valid ones",
             format!("[hearbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`, `shadow`, `envoy`, `haproxy`, `subscriptions`"],
+            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`, `shadow`, `envoy`, `haproxy`, `subscriptions`, `sync`"],
         ),
         (
             "cluster: the URL itself instead of its variable, a lease too short to check",
@@ -664,4 +664,50 @@ fn proxy_section_defaults_and_located_errors() {
         errors(&format!("{PROVIDERS}{ROUTE}[proxy]\nenable = true\n")),
         vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `idempotency_wait`, `idempotency_keys_per_client`, `cached_answers_per_client`, `client_keys_env`, `allow_unauthenticated`, `breaker`, `client`"]
     );
+}
+
+#[test]
+fn a_sync_table_names_configured_routes_and_new_api_needs_its_user() {
+    let errs = errors(&with_route(
+        r#"[[sync]]
+kind = "new-api"
+url = "http://new-api:3000"
+token_env = "NEWAPI_ADMIN_TOKEN"
+channels = { "qwen/cn-beijing/qwen-max" = 12, "qwen/cn-beijing/qwen-plus" = 13 }
+"#,
+    ));
+    assert_eq!(
+        errs,
+        vec![
+            "p.toml:17:1: sync[0].user_id: new-api needs the token's user id (sent as New-Api-User; its admin API refuses calls without it)",
+            "p.toml:21:12: sync[0].channels: \"qwen/cn-beijing/qwen-plus\" is not a configured route (provider/region/model)",
+        ]
+    );
+    let errs = errors(&with_route(
+        r#"[[sync]]
+kind = "higress"
+url = "http://new-api:3000"
+token_env = "T"
+channels = { "qwen/cn-beijing/qwen-max" = 12 }
+"#,
+    ));
+    assert_eq!(errs.len(), 1);
+    assert!(
+        errs[0].starts_with("p.toml:18:8: sync[0].kind: "),
+        "{errs:?}"
+    );
+    let ok = Config::parse(
+        &with_route(
+            r#"[[sync]]
+kind = "one-api"
+url = "http://one-api:3000"
+token_env = "ONEAPI_ADMIN_TOKEN"
+channels = { "qwen/cn-beijing/qwen-max" = 12 }
+"#,
+        ),
+        "p.toml",
+    )
+    .unwrap();
+    assert_eq!(ok.config.sync.len(), 1);
+    assert_eq!(ok.config.sync[0].channels["qwen/cn-beijing/qwen-max"], 12);
 }

@@ -559,7 +559,8 @@ async fn egress_finding_then_a_provider_incident() {
             | HealthEvent::DriftFinding { .. }
             | HealthEvent::Switch { .. }
             | HealthEvent::RouteFault { .. }
-            | HealthEvent::BudgetCrossed { .. } => {}
+            | HealthEvent::BudgetCrossed { .. }
+            | HealthEvent::SyncFailed { .. } => {}
         }
     }
     assert_eq!((opened, closed), (1, 1));

@@ -54,6 +54,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("drift", Layer::Domain),
     ("weights", Layer::Domain),
     ("switch", Layer::Domain),
+    ("sync", Layer::Domain),
     ("extra_cost", Layer::Domain),
     ("spend", Layer::Domain),
     ("drill", Layer::Domain),

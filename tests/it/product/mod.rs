@@ -9,4 +9,5 @@ mod probe_client;
 mod serve;
 mod sim_http;
 mod supervision;
+mod sync;
 mod vantages;

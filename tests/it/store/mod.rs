@@ -1,3 +1,4 @@
+mod gateways;
 mod migrate;
 mod outcomes;
 mod spend_figures;
