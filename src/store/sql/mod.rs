@@ -13,6 +13,8 @@
 
 pub(crate) mod dialect;
 pub(crate) mod pg;
+
+pub use pg::IDLE_IN_TRANSACTION;
 pub(crate) mod value;
 
 use std::path::Path;

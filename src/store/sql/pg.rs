@@ -132,6 +132,10 @@ pub(crate) fn wait<F: Future>(f: F) -> F::Output {
     futures_executor::block_on(tokio::task::unconstrained(f))
 }
 
+/// How long a session may sit inside a transaction without a statement before the server
+/// ends it (and rolls back, releasing its locks).
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+
 /// One PostgreSQL session with its prepared statements.
 pub struct PgSession {
     pub(crate) client: Client,
@@ -167,9 +171,18 @@ impl PgSession {
             // Any failure to open a session is a connection failure (a refused socket, or a
             // server that takes no connections to this database right now).
             .map_err(|e| SqlError::Connect(super::pg_message(&e)))?;
+        // A member that hangs in the middle of a write (stopped, frozen, starved) would hold
+        // its row locks for as long as it hangs, and every other member's writes to the same
+        // rows (the shared rollups, the spend ledger) would wait for it. The server ends a
+        // session left idle inside a transaction; the store's own transactions never pause.
+        let mut setup = format!(
+            "SET idle_in_transaction_session_timeout = {}",
+            IDLE_IN_TRANSACTION.as_millis()
+        );
         if read_only {
-            wait(client.batch_execute("SET default_transaction_read_only = on"))?;
+            setup.push_str("; SET default_transaction_read_only = on");
         }
+        wait(client.batch_execute(&setup))?;
         Ok(PgSession {
             client,
             cache: RefCell::new(HashMap::new()),

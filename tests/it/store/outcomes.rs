@@ -913,6 +913,44 @@ async fn postgres_sessions_lost_are_reopened_and_an_unreachable_database_is_repo
     store.close().await.unwrap();
 }
 
+/// A member that hangs in the middle of a write (`SIGSTOP`, a frozen VM) holds its locks until
+/// the server ends its session: the store's sessions ask the server to end one that sits idle
+/// inside a transaction, so another member's writes wait seconds, not as long as it hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_session_hung_inside_a_transaction_does_not_block_the_other_writers() {
+    let db = TestDb::new(Engine::Postgres);
+    let store = db.open(opts());
+    let t0 = at("2026-03-01T00:00:00Z");
+    let w = store.writer();
+    w.record(outcome(route(0), OutcomeKind::Probe, t0, 100.0))
+        .await
+        .unwrap();
+    // Another member's store session, stopped right after taking a lock the writer needs.
+    let hung = db.connect();
+    hung.execute_batch("BEGIN; LOCK TABLE outcomes IN SHARE ROW EXCLUSIVE MODE")
+        .unwrap();
+    let started = std::time::Instant::now();
+    let write = w.record(outcome(
+        route(0),
+        OutcomeKind::Probe,
+        t0 + chrono::Duration::seconds(30),
+        100.0,
+    ));
+    tokio::time::timeout(Duration::from_secs(60), write)
+        .await
+        .expect("the write waited for the hung session for a minute")
+        .unwrap();
+    let waited = started.elapsed();
+    eprintln!("the write waited {waited:?} for a session hung inside a transaction");
+    assert!(
+        waited >= probeok::store::sql::IDLE_IN_TRANSACTION - Duration::from_millis(500),
+        "{waited:?}: the lock was not held, so nothing was shown"
+    );
+    // The hung session was ended, its transaction rolled back.
+    assert!(hung.execute_batch("SELECT 1").is_err());
+    store.close().await.unwrap();
+}
+
 /// Two processes writing one PostgreSQL database (a monitor pair, a proxy): each writer keeps
 /// the buckets it fills in memory, so each must notice the other's writes to the same
 /// buckets, or its next upsert would put back its own stale counts.
