@@ -28,7 +28,7 @@ start_test_pg() {
   local port
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w \
-    -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$pg_dir -c max_connections=300" \
+    -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$pg_dir -c max_connections=300 -c log_lock_waits=on" \
     start >/dev/null
   "$pg_bin/psql" -q -h 127.0.0.1 -p "$port" -U probeok -d postgres -c 'CREATE DATABASE probeok'
   export PROBEOK_TEST_PG_URL="postgres://probeok@127.0.0.1:$port/probeok"

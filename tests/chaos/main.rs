@@ -122,6 +122,10 @@ struct Traffic {
     team: AtomicU64,
     team_ok: AtomicU64,
     team_limited: AtomicU64,
+    /// Requests without an idempotency key that did not get a 200: by what they got
+    /// (`HTTP 503`, `no answer`) and by the minute of the run they were sent in.
+    plain_failed: Mutex<BTreeMap<(String, u64), u64>>,
+    started: std::sync::OnceLock<Instant>,
 }
 
 /// One client request through the proxies, as a client behind a load balancer sends it: a
@@ -143,6 +147,10 @@ async fn request(http: &reqwest::Client, proxies: &[String], n: u64, traffic: &T
         "max_tokens": 16,
         "messages": [{"role": "user", "content": content}],
     });
+    let sent_at = traffic
+        .started
+        .get()
+        .map_or(0, |t| t.elapsed().as_secs() / 60);
     let mut status = None;
     for attempt in 0..6u64 {
         let proxy = &proxies[((n + attempt) % proxies.len() as u64) as usize];
@@ -182,7 +190,18 @@ async fn request(http: &reqwest::Client, proxies: &[String], n: u64, traffic: &T
             }
         }
         (false, true) => counted(&traffic.idem, &traffic.idem_ok),
-        (false, false) => counted(&traffic.plain, &traffic.plain_ok),
+        (false, false) => {
+            counted(&traffic.plain, &traffic.plain_ok);
+            if !ok {
+                let what = status.map_or_else(|| "no answer".to_owned(), |s| format!("HTTP {s}"));
+                *traffic
+                    .plain_failed
+                    .lock()
+                    .unwrap()
+                    .entry((what, sent_at))
+                    .or_default() += 1;
+            }
+        }
     }
 }
 
@@ -351,6 +370,7 @@ async fn postgres_chaos_run_keeps_every_invariant() {
 
     // The sampler: once a second.
     let started = Instant::now();
+    let _ = traffic.started.set(started);
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let db_down: Arc<Mutex<Vec<Outage>>> = Arc::default();
     let sampler = {
@@ -598,6 +618,25 @@ async fn postgres_chaos_run_keeps_every_invariant() {
         t(&traffic.team),
         t(&traffic.team_limited)
     );
+
+    let failed = traffic.plain_failed.lock().unwrap().clone();
+    if !failed.is_empty() {
+        println!(
+            "requests without an Idempotency-Key that failed, by answer and minute of the run:"
+        );
+        for ((what, minute), n) in &failed {
+            println!("  {what} in minute {minute}: {n}");
+        }
+    }
+    if leadership.longest_none > 0.0 {
+        let from = leadership.longest_none_from;
+        let seen: Vec<_> = samples
+            .iter()
+            .filter(|s| s.at >= from && s.at < from + leadership.longest_none)
+            .map(|s| (s.at.round(), s.roles.clone()))
+            .collect();
+        println!("the monitors' roles while none led (None: no answer within 700 ms): {seen:?}");
+    }
 
     shutdown.cancel();
     drop(fleet);
