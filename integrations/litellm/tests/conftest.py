@@ -52,22 +52,38 @@ def make_router(deployments):
     return litellm.Router(model_list=deployments, num_retries=0, routing_strategy="simple-shuffle")
 
 
-async def calls(router, n: int, concurrency: int = 32, model: str = MODEL) -> None:
+async def calls(router, n: int, concurrency: int = 32, model: str = MODEL, tolerate: bool = False) -> int:
+    """``n`` calls through the router; the number that failed (only when ``tolerate``)."""
     sem = asyncio.Semaphore(concurrency)
+    failed = 0
 
     async def one():
+        nonlocal failed
         async with sem:
-            r = await router.acompletion(model=model, messages=[{"role": "user", "content": "hi"}])
+            try:
+                r = await router.acompletion(model=model, messages=[{"role": "user", "content": "hi"}])
+            except Exception:
+                if not tolerate:
+                    raise
+                failed += 1
+                return
             assert r.choices[0].message.content == "PROBE_OK"
 
     await asyncio.gather(*(one() for _ in range(n)))
+    return failed
 
 
 def split(ups, router, n: int):
+    """Calls each upstream answered out of ``n`` router calls."""
     for u in ups:
         u.take()
     asyncio.run(calls(router, n))
     return [u.take() for u in ups]
+
+
+def within(counts, shares, tol=0.05):
+    total = sum(counts)
+    return total > 0 and all(abs(c / total - s) <= tol for c, s in zip(counts, shares))
 
 
 def wait_for(what: str, deadline_s: float, f, every: float = 0.02):

@@ -2,9 +2,10 @@
 
 - :class:`Upstream`: an OpenAI-compatible provider (``POST /v1/chat/completions``, the
   chat-completion object and, with ``stream: true``, ``chat.completion.chunk`` events ending in
-  ``data: [DONE]``, as in OpenAI's API reference) that counts the calls it answers. It answers
-  ``PROBE_OK``, which is also what probeok's probe asks for. While ``failing`` it answers 503
-  with OpenAI's error body.
+  ``data: [DONE]``, as in OpenAI's API reference) that counts the calls it answers (apart from probeok's probes). It answers
+  ``PROBE_OK``, which is also what probeok's probe asks for, and ``1 2 … 40`` to the throughput
+  probe's "count from 1 to 40" (as probeok's own simulator, ``src/sim/openai.rs``, does). While
+  ``failing`` it answers 503 with OpenAI's error body.
 - :class:`FeedServer`: probeok's weights feed with the monitor's exact wire format, copied from
   ``src/web/feed.rs`` (and ``docs/http-api.md``, "The weights feed"): ``GET /api/v1/weights``
   with ``ETag: "<version>"`` and ``Cache-Control: no-cache``, ``If-None-Match`` naming the
@@ -35,6 +36,7 @@ class Upstream:
     def __init__(self, name: str) -> None:
         self.name = name
         self.calls = 0
+        self.probes = 0
         self.failing = False
         self._lock = threading.Lock()
         up = self
@@ -52,8 +54,17 @@ class Upstream:
                     return self._json(404, {"error": {"message": "not found", "type": "invalid_request_error"}})
                 if up.failing:
                     return self._json(503, {"error": {"message": "overloaded", "type": "server_error", "code": None}})
+                asked = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+                answer = "PROBE_OK"
+                if "count from 1 to 40" in asked.lower():
+                    answer = " ".join(str(i) for i in range(1, 41))
+                # probeok's own probes are not the calls a router sent.
+                probe = "PROBE_OK" in asked or answer != "PROBE_OK"
                 with up._lock:
-                    up.calls += 1
+                    if probe:
+                        up.probes += 1
+                    else:
+                        up.calls += 1
                 model = body.get("model", "m")
                 created = int(time.time())
                 if body.get("stream"):
@@ -61,7 +72,7 @@ class Upstream:
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
-                    for delta, finish in (({"role": "assistant", "content": "PROBE_OK"}, None), ({}, "stop")):
+                    for delta, finish in (({"role": "assistant", "content": answer}, None), ({}, "stop")):
                         chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": created,
                                  "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
                         self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -74,7 +85,7 @@ class Upstream:
                     return
                 self._json(200, {
                     "id": "chatcmpl-1", "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "PROBE_OK"},
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
                                  "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
                 })
