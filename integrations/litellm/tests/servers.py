@@ -43,6 +43,9 @@ class Upstream:
 
         class H(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out as separate writes: without this, Nagle and delayed ACKs
+            # add 40 ms to every answer.
+            disable_nagle_algorithm = True
 
             def log_message(self, *a):  # quiet
                 pass
@@ -143,6 +146,9 @@ class FeedServer:
 
         class H(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out as separate writes: without this, Nagle and delayed ACKs
+            # add 40 ms to every answer.
+            disable_nagle_algorithm = True
 
             def log_message(self, *a):
                 pass
