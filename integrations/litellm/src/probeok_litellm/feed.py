@@ -37,6 +37,8 @@ LONG_POLL_WAIT = 30
 CONNECT_TIMEOUT = 5.0
 BACKOFF_MIN = 0.25
 BACKOFF_MAX = 30.0
+#: Least time between two long-polls that brought nothing new.
+LONG_POLL_MIN_GAP = 1.0
 #: How long the follower stays on long-poll before trying the stream again.
 STREAM_RETRY_AFTER = 600.0
 
@@ -142,7 +144,11 @@ class Follower:
                     self._follow_stream()
                 else:
                     self.mode = "long-poll"
-                    self._long_poll()
+                    began = self._clock()
+                    if not self._long_poll():
+                        # A monitor that answers at once without holding the request must
+                        # not be asked in a tight loop.
+                        self._stop.wait(max(0.0, LONG_POLL_MIN_GAP - (self._clock() - began)))
                     failures = 0
                     continue
             except StreamRefused as e:
@@ -194,13 +200,14 @@ class Follower:
     def _seen(self) -> None:
         self.last_seen = self._clock()
 
-    def _publish(self, snap: Snapshot) -> None:
+    def _publish(self, snap: Snapshot) -> bool:
         current = self.snapshot
         if current is not None and current.version == snap.version and current.weights == snap.weights:
-            return
+            return False
         self.snapshot = snap
         if self._on_snapshot is not None:
             self._on_snapshot(snap)
+        return True
 
     def _follow_stream(self) -> None:
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
@@ -245,7 +252,8 @@ class Follower:
                 data.append(value)
             # `id` is the version, which the document carries too.
 
-    def _long_poll(self) -> None:
+    def _long_poll(self) -> bool:
+        """One long-poll; whether it brought a new version."""
         headers = {"Accept": "application/json"}
         url = self.json_url
         if self.snapshot is not None:
@@ -254,7 +262,7 @@ class Follower:
         resp = self._open(url, headers, LONG_POLL_WAIT + 15)
         if resp.status == 304:
             self._seen()
-            return
+            return False
         if resp.status != 200:
             raise FeedError(f"weights answered HTTP {resp.status}")
         length = resp.getheader("Content-Length")
@@ -264,4 +272,4 @@ class Follower:
         if len(body) > MAX_BODY:
             raise FeedError("weights document too large")
         self._seen()
-        self._publish(parse(body))
+        return self._publish(parse(body))
