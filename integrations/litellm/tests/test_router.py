@@ -132,3 +132,27 @@ def test_without_a_url_litellm_routes_on_its_own(upstreams, callbacks, monkeypat
     counts = split(upstreams, router, 300)
     assert all(c > 30 for c in counts), counts
     asyncio.run(calls(router, 1))
+
+
+class ManualClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_monitor_never_reached_gets_one_warning_after_stale_after(callbacks, caplog):
+    caplog.set_level(logging.INFO, logger="probeok_litellm")
+    clock = ManualClock()
+    # Port 9 on loopback: nothing listens, every connection is refused.
+    cb = callbacks(ProbeokRouting(url="http://127.0.0.1:9", stale_after=5.0, clock=clock))
+    assert cb.current() is None
+    clock.now += 4.9
+    assert cb.current() is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    clock.now += 0.2
+    for _ in range(3):
+        assert cb.current() is None
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage()

@@ -70,19 +70,19 @@ class ProbeokRouting(CustomLogger):
 
     def _on_snapshot(self, snap: Snapshot) -> None:
         log.debug("probeok weights version %s", snap.version)
-        with self._lock:
-            if self._stale_warned:
-                self._stale_warned = False
-                log.info("probeok: weights feed back (version %s); following it again", snap.version)
 
     def current(self) -> Optional[Snapshot]:
         """The weights in force now, or ``None`` when LiteLLM routes on its own."""
         f = self.follower
-        if f is None or f.snapshot is None:
+        if f is None:
             return None
         now = self._clock()
+        # Never heard: staleness counts from start, so a monitor that was never reachable
+        # gets its warning too.
         seen = f.last_seen if f.last_seen is not None else self._started_at
         if f.connected or now - seen <= self.stale_after:
+            if f.snapshot is None:
+                return None
             if self._stale_warned:
                 with self._lock:
                     if self._stale_warned:
