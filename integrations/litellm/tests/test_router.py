@@ -8,7 +8,7 @@ from conftest import ROUTES, calls, deployment, make_router, split, wait_for, wi
 from probeok_litellm import ProbeokRouting
 
 # The 2,000-call split against the real monitor is in test_monitor.py.
-N = 1000
+N = 600
 
 
 def following(cb, version):
