@@ -7,7 +7,9 @@
 - follow: ``--versions`` feed versions published one after another (over SSE); the time from a
   version's publication to the router's hook holding it, p50/p99;
 - overhead: the hook alone per routing call (µs), and the mean latency of a Router call with
-  the plugin against without it, interleaved in ``--rounds`` rounds in the same run.
+  the plugin against without it, interleaved in ``--rounds`` rounds in the same run;
+- with ``PROBEOK_BIN`` naming a probeok binary, the same follow time against a real monitor
+  whose route r1 fails its probes (from each version's ``generated_at``).
 
 The feed is the tests' feed server (the monitor's wire format); the upstreams answer the
 OpenAI chat-completions format on 127.0.0.1.
@@ -20,7 +22,9 @@ import asyncio
 import os
 import statistics
 import sys
+import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -29,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent / "tests"))
 import litellm  # noqa: E402
 
 from conftest import ROUTES, calls, deployment, make_router, split  # noqa: E402
+from monitor import Monitor, binary  # noqa: E402
 from probeok_litellm import ProbeokRouting  # noqa: E402
 from servers import FeedServer, Upstream  # noqa: E402
 
@@ -109,8 +114,39 @@ def main() -> None:
 
     cb.close()
     feed.close()
+    if binary() is not None:
+        monitor_follow(ups, a.versions)
     for u in ups:
         u.close()
+
+
+def monitor_follow(ups, versions: int) -> None:
+    """The real monitor's versions while r1 fails its probes: from the version's
+    ``generated_at`` (the monitor's clock, this machine's) to the hook holding it."""
+    with tempfile.TemporaryDirectory() as d:
+        m = Monitor(Path(d), ups, [70, 30, 0])
+        try:
+            m.wait_weights([70, 30, 0])
+            cb = ProbeokRouting(url=m.url)
+            wait_version(cb, 1)
+            ups[0].failing = True
+            lags, last = [], cb.current().version
+            end = time.monotonic() + 120
+            while len(lags) < min(versions, 20) and time.monotonic() < end:
+                s = cb.current()
+                if s is not None and s.version != last:
+                    now = datetime.now(timezone.utc)
+                    gen = datetime.fromisoformat(s.generated_at.replace("Z", "+00:00"))
+                    lags.append((now - gen).total_seconds() * 1000)
+                    last = s.version
+                time.sleep(0.0002)
+            ups[0].failing = False
+            cb.close()
+        finally:
+            m.stop()
+    if lags:
+        print(f"real monitor (PROBEOK_BIN), {len(lags)} versions while a route fails: generated_at → "
+              f"router following p50 {pct(lags, 50):.1f} ms, p99 {pct(lags, 99):.1f} ms, max {max(lags):.1f} ms")
 
 
 if __name__ == "__main__":

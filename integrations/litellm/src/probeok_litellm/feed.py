@@ -57,6 +57,8 @@ class Snapshot:
 
     version: int
     weights: Dict[str, int] = field(default_factory=dict)
+    #: When the monitor built this version (RFC 3339), as the feed says.
+    generated_at: Optional[str] = None
 
 
 def parse(body: bytes) -> Snapshot:
@@ -71,7 +73,9 @@ def parse(body: bytes) -> Snapshot:
                 route = str(r["route"])
                 # A route serving several models keeps its largest share.
                 weights[route] = max(w, weights.get(route, 0))
-        return Snapshot(version=version, weights=weights)
+        generated = doc.get("generated_at")
+        return Snapshot(version=version, weights=weights,
+                        generated_at=generated if isinstance(generated, str) else None)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise FeedError(f"unreadable weights document: {e}") from e
 
