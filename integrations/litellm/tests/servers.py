@@ -141,8 +141,12 @@ def feed_document(version: int, model: str, weights: Dict[str, int]) -> dict:
 
 
 class FeedServer:
-    def __init__(self, model: str, weights: Dict[str, int], stream: bool = True, version: int = 1) -> None:
+    def __init__(self, model: str, weights: Dict[str, int], stream: bool = True, version: int = 1,
+                 token: Optional[str] = None) -> None:
         self.model = model
+        # The monitor's feed is open; a reverse proxy in front of it may ask for a bearer token.
+        self.token = token
+        self.refused = 0
         self.stream_enabled = stream
         self._cond = threading.Condition()
         self._set(version, weights)
@@ -162,6 +166,10 @@ class FeedServer:
 
             def do_GET(self):
                 u = urlsplit(self.path)
+                if feed.token is not None and self.headers.get("Authorization") != f"Bearer {feed.token}":
+                    feed.refused += 1
+                    return self._send(401, b'{"error":{"code":"unauthorized","message":"bearer token required"}}',
+                                      {"Content-Type": "application/json"})
                 if u.path == "/api/v1/weights":
                     return self._weights(parse_qs(u.query))
                 if u.path == "/api/v1/weights/stream" and feed.stream_enabled:

@@ -156,3 +156,22 @@ def test_a_monitor_never_reached_gets_one_warning_after_stale_after(callbacks, c
         assert cb.current() is None
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage()
+
+
+def test_the_token_goes_as_a_bearer_and_is_never_logged(feed, callbacks, caplog, monkeypatch):
+    caplog.set_level(logging.DEBUG, logger="probeok_litellm")
+    secret = "feed-secret-7d1c"
+    f = feed(dict(zip(ROUTES, [70, 30, 0])), token=secret)
+    # Without it the feed refuses and nothing is followed.
+    monkeypatch.delenv("PROBEOK_WEIGHTS_TOKEN", raising=False)
+    cb = callbacks(ProbeokRouting(url=f.url))
+    wait_for("a refusal", 5, lambda: f.refused > 0)
+    assert cb.current() is None
+    cb.close()
+    # From the argument, and from PROBEOK_WEIGHTS_TOKEN.
+    cb = callbacks(ProbeokRouting(url=f.url, token=secret))
+    wait_for("the weights with the token", 5, following(cb, 1))
+    monkeypatch.setenv("PROBEOK_WEIGHTS_TOKEN", secret)
+    cb = callbacks(ProbeokRouting(url=f.url))
+    wait_for("the weights with the token from the environment", 5, following(cb, 1))
+    assert all(secret not in r.getMessage() for r in caplog.records)
