@@ -112,6 +112,7 @@ class Follower:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._conn: Optional[http.client.HTTPConnection] = None
+        self._streamed = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -142,6 +143,7 @@ class Follower:
         while not self._stop.is_set():
             if stream_refused_at is not None and self._clock() - stream_refused_at > STREAM_RETRY_AFTER:
                 stream_refused_at = None
+            self._streamed = False
             try:
                 if stream_refused_at is None:
                     self.mode = "stream"
@@ -160,6 +162,9 @@ class Follower:
                 stream_refused_at = self._clock()
                 continue
             except (OSError, http.client.HTTPException, FeedError) as e:
+                if self._streamed:
+                    # A stream that was answered and then broke starts the backoff afresh.
+                    failures = 0
                 # One line at the first failure; the staleness warning is the callback's.
                 (log.info if failures == 0 else log.debug)(
                     "probeok weights feed unreachable (%s: %s); retrying", type(e).__name__, e
@@ -225,6 +230,7 @@ class Follower:
             raise StreamRefused(f"HTTP {resp.status} {ctype}".strip())
         if resp.status != 200:
             raise FeedError(f"stream answered HTTP {resp.status}")
+        self._streamed = True
         self._seen()
         event, data, size = "message", [], 0
         while not self._stop.is_set():
