@@ -84,15 +84,28 @@ def test_a_route_failing_its_probes_each_new_version_is_followed_within_two_seco
     seen.get(timeout=10)  # the version in force now
     # r1 starts failing: the monitor's probes see it and cut its weight.
     upstreams[0].failing = True
-    followed = []
+    followed, drained = [], False
     try:
-        while len(followed) < 4:
+        # Cut (WARNING, DEGRADED), then drained once its error rate is judged: each version
+        # followed, and once drained the route stays at 0 (no swing back on the next probe).
+        while len(followed) < 3 or not drained:
             at, doc = seen.get(timeout=60)
             wait_for("the router on the monitor's version", max(0.0, at + 2.0 - time.monotonic()),
                      lambda: cb.current().version >= doc["version"], every=0.001)
             followed.append(time.monotonic() - at)
             weights = {r["route"]: r["weight"] for r in doc["models"]["chat"]}
             assert weights[m.routes[0]] < 70, weights
+            assert not drained or weights[m.routes[0]] == 0, (followed, weights)
+            drained = weights[m.routes[0]] == 0
+        # A few more probes of the failing route: no new version gives it traffic back.
+        deadline = time.monotonic() + 3.0
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                _, doc = seen.get(timeout=left)
+            except queue.Empty:
+                break
+            weights = {r["route"]: r["weight"] for r in doc["models"]["chat"]}
+            assert weights[m.routes[0]] == 0, weights
     finally:
         stop.set()
     assert max(followed) < 2.0, followed

@@ -29,7 +29,10 @@ pub(super) fn fingerprint(
 
 /// Successful share of counted outcomes over the error window, to 0.01, and whether the
 /// window is over the detector's floors (`min_error_samples` outcomes, `min_failures`
-/// failures) so the weights may follow it.
+/// failures) so the weights may follow it. Once the detector has judged the error rate high,
+/// the ratio stays judged while the failures last, even when the sliding window briefly
+/// holds one outcome fewer than the floor: a route failing every probe would otherwise swing
+/// between no traffic and its full health share on every probe.
 pub(super) fn success_ratio(
     h: &RouteHealth,
     detector: &Detector,
@@ -38,7 +41,8 @@ pub(super) fn success_ratio(
     let cfg = detector.config();
     let c = h.window().counts(now, cfg.error_window.as_secs());
     let ratio = (c.total > 0).then(|| ((1.0 - c.rate()) * 100.0).round() / 100.0);
-    let judged = c.total >= cfg.min_error_samples && c.failures >= cfg.min_failures;
+    let enough = c.total >= cfg.min_error_samples || h.error_rate_high_since().is_some();
+    let judged = enough && c.failures >= cfg.min_failures;
     (ratio, judged)
 }
 
@@ -97,4 +101,67 @@ pub(super) fn same_finding(a: &Finding, b: &Finding) -> bool {
     a.kind == b.kind
         && (a.kind == FindingKind::Egress || a.routes == b.routes)
         && (a.kind != FindingKind::VantageStale || a.providers == b.providers)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::config::DetectionConfig;
+    use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
+    use crate::route::RouteId;
+
+    fn failed(route: &RouteId, at: DateTime<Utc>) -> ProbeOutcome {
+        ProbeOutcome {
+            route: route.clone(),
+            kind: OutcomeKind::Probe,
+            started_at: at,
+            success: false,
+            attributed_to: None,
+            verified: None,
+            ttfb_ms: None,
+            ttft_ms: None,
+            total_ms: 40.0,
+            output_tokens: None,
+            tokens_estimated: false,
+            tokens_per_second: None,
+            model_reported: None,
+            system_fingerprint: None,
+            http_status: Some(503),
+            error: Some(ProbeError::Http {
+                status: 503,
+                message: "overloaded".into(),
+            }),
+            answer: None,
+            first_answer_ms: None,
+            max_tokens_exhausted: false,
+        }
+    }
+
+    /// Two probes a second into a 10 s window of whole-second slots: the window holds 19
+    /// outcomes at a second's first probe and 20 at its second. Once judged, the ratio stays
+    /// judged (the weights feed does not swing between 0 and the route's health share).
+    #[test]
+    fn a_route_failing_every_probe_stays_judged() {
+        let cfg = DetectionConfig {
+            error_window: Duration::from_secs(10),
+            ..DetectionConfig::default()
+        };
+        let det = Detector::new(&cfg);
+        let r = RouteId::new("p", "r", "m");
+        let t0 = Utc.with_ymd_and_hms(2026, 11, 30, 6, 30, 0).unwrap();
+        let mut h = det.route(r.clone(), t0);
+        let mut b = Baseline::new(r.clone(), &cfg);
+        let mut seen = Vec::new();
+        for i in 0..60 {
+            let at = t0 + chrono::Duration::milliseconds(500 * i);
+            det.ingest(&mut h, &mut b, &failed(&r, at), at);
+            seen.push(success_ratio(&h, &det, at).1);
+        }
+        let first = seen.iter().position(|j| *j).expect("judged at 20 outcomes");
+        assert!(seen[first..].iter().all(|j| *j), "{seen:?}");
+    }
 }
