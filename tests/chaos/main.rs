@@ -152,6 +152,8 @@ async fn request(http: &reqwest::Client, proxies: &[String], n: u64, traffic: &T
         .get()
         .map_or(0, |t| t.elapsed().as_secs() / 60);
     let mut status = None;
+    // The proxy's own word on a failure: its error code, or the fallback reason it gave.
+    let mut why = String::new();
     for attempt in 0..6u64 {
         let proxy = &proxies[((n + attempt) % proxies.len() as u64) as usize];
         let mut req = http
@@ -164,7 +166,22 @@ async fn request(http: &reqwest::Client, proxies: &[String], n: u64, traffic: &T
         match req.send().await {
             Ok(r) => {
                 let s = r.status().as_u16();
-                let _ = r.bytes().await;
+                let reason = r
+                    .headers()
+                    .get("x-probeok-fallback-reason")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                let body = r.bytes().await.unwrap_or_default();
+                if s != 200 {
+                    let code = serde_json::from_slice::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
+                    why = [code, reason]
+                        .into_iter()
+                        .flatten()
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                }
                 status = Some(s);
                 let again = idem && (s >= 500 || s == 409);
                 if !again {
@@ -193,7 +210,8 @@ async fn request(http: &reqwest::Client, proxies: &[String], n: u64, traffic: &T
         (false, false) => {
             counted(&traffic.plain, &traffic.plain_ok);
             if !ok {
-                let what = status.map_or_else(|| "no answer".to_owned(), |s| format!("HTTP {s}"));
+                let what =
+                    status.map_or_else(|| "no answer".to_owned(), |s| format!("HTTP {s} ({why})"));
                 *traffic
                     .plain_failed
                     .lock()
