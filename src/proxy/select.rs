@@ -8,7 +8,10 @@
 //!    estimated prompt plus the requested output, the residency tag the request demands;
 //! 3. routes resting until their `Retry-After` are left out;
 //! 4. a weighted random order among the routes with a traffic share, then the remaining usable
-//!    routes by tier (primary, backup, fallback), state and configured weight.
+//!    routes by tier (primary, backup, fallback), state and configured weight;
+//! 5. last, the routes judged CRITICAL or switched away, least bad first: tried only when every
+//!    other one failed within this request. The verdict can be behind the upstream (a route
+//!    that came back while the monitor restarted), and the alternative is a certain error.
 //!
 //! When every weight of the model is 0 (`all_unhealthy`), every remaining route is tried, least
 //! bad first, and the answer says `x-probeok-mode: degraded`.
@@ -264,10 +267,10 @@ pub fn plan(
         all.sort_by_key(|(r, _, _, bad)| (*bad, r.tier, std::cmp::Reverse(r.weight)));
         candidates.extend(all.into_iter().map(|(r, ..)| r.clone()));
     } else {
-        let (mut share, rest): (Vec<_>, Vec<_>) = scored
-            .into_iter()
-            .filter(|(_, _, usable, _)| *usable)
-            .partition(|(_, w, _, _)| *w > 0);
+        let (usable, mut last): (Vec<_>, Vec<_>) =
+            scored.into_iter().partition(|(_, _, usable, _)| *usable);
+        let (mut share, rest): (Vec<_>, Vec<_>) =
+            usable.into_iter().partition(|(_, w, _, _)| *w > 0);
         // Weighted random order without replacement.
         while !share.is_empty() {
             let total: u32 = share.iter().map(|(_, w, _, _)| *w).sum();
@@ -288,6 +291,8 @@ pub fn plan(
         let mut rest = rest;
         rest.sort_by_key(|(r, _, _, bad)| (r.tier, *bad, std::cmp::Reverse(r.weight)));
         candidates.extend(rest.into_iter().map(|(r, ..)| r.clone()));
+        last.sort_by_key(|(r, _, _, bad)| (*bad, r.tier, std::cmp::Reverse(r.weight)));
+        candidates.extend(last.into_iter().map(|(r, ..)| r.clone()));
     }
     Ok(Plan {
         candidates,
@@ -490,6 +495,50 @@ mod tests {
         .unwrap();
         assert!(p.degraded);
         assert_eq!(ids(&p), vec!["p2", "p1"]);
+    }
+
+    /// A route judged CRITICAL is no candidate while others carry the traffic, but it is
+    /// the last resort before an error: the share route first, then the backup, then it.
+    #[test]
+    fn critical_routes_come_last_not_never() {
+        let routes = vec![
+            route("p1", "chat", Tier::Primary, 50, &[Capability::Stream]),
+            route("p2", "chat", Tier::Primary, 50, &[Capability::Stream]),
+            route("bk", "chat", Tier::Backup, 100, &[Capability::Stream]),
+        ];
+        let w = |r: &Arc<Route>, weight: u8, state: &str| RouteWeight {
+            route: r.id.clone(),
+            provider: r.provider.clone(),
+            region: r.region.clone(),
+            model: r.model.clone(),
+            tier: r.tier,
+            weight,
+            state: state.into(),
+            reason: Value::Null,
+        };
+        let mut view = WeightsView::default();
+        view.models.insert(
+            "chat".into(),
+            ModelWeights {
+                routes: vec![
+                    w(&routes[0], 0, "CRITICAL"),
+                    w(&routes[1], 100, "DEGRADED"),
+                    w(&routes[2], 0, "NORMAL"),
+                ],
+                all_unhealthy: false,
+            },
+        );
+        let p = plan(
+            "chat",
+            &Needs::default(),
+            &routes,
+            &view,
+            |_| false,
+            &mut rng(),
+        )
+        .unwrap();
+        assert!(!p.degraded);
+        assert_eq!(ids(&p), vec!["p2", "bk", "p1"]);
     }
 
     #[test]

@@ -126,6 +126,8 @@ struct Traffic {
     /// (`HTTP 503`, `no answer`) and by the minute of the run they were sent in.
     plain_failed: Mutex<BTreeMap<(String, u64), u64>>,
     started: std::sync::OnceLock<Instant>,
+    /// The first failed answer in full (its `x-probeok-*` headers and body).
+    first_failure: Mutex<Option<String>>,
 }
 
 /// One client request through the proxies, as a client behind a load balancer sends it: a
@@ -171,7 +173,22 @@ async fn request(http: &reqwest::Client, proxies: &[String], n: u64, traffic: &T
                     .get("x-probeok-fallback-reason")
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned);
+                let probeok_headers: Vec<String> = r
+                    .headers()
+                    .iter()
+                    .filter(|(k, _)| k.as_str().starts_with("x-probeok"))
+                    .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or("?")))
+                    .collect();
                 let body = r.bytes().await.unwrap_or_default();
+                if s != 200 && s != 429 {
+                    let mut first = traffic.first_failure.lock().unwrap();
+                    if first.is_none() {
+                        *first = Some(format!(
+                            "HTTP {s} {probeok_headers:?} {}",
+                            String::from_utf8_lossy(&body)
+                        ));
+                    }
+                }
                 if s != 200 {
                     let code = serde_json::from_slice::<serde_json::Value>(&body)
                         .ok()
@@ -645,6 +662,9 @@ async fn postgres_chaos_run_keeps_every_invariant() {
         for ((what, minute), n) in &failed {
             println!("  {what} in minute {minute}: {n}");
         }
+    }
+    if let Some(first) = traffic.first_failure.lock().unwrap().as_ref() {
+        println!("the first failed answer: {first}");
     }
     if leadership.longest_none > 0.0 {
         let from = leadership.longest_none_from;
