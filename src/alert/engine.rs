@@ -605,6 +605,7 @@ pub async fn run(
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut live = service.live.as_ref().map(LiveConfig::receiver);
     let mut open = true;
+    let mut unsent = Unsent::default();
     loop {
         let reloaded = async {
             match live.as_mut() {
@@ -627,7 +628,7 @@ pub async fn run(
                         grouper.push(ev, now);
                     }
                     if immediate {
-                        flush(&service, &mut grouper).await;
+                        flush(&service, &mut grouper, &mut unsent).await;
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -636,7 +637,10 @@ pub async fn run(
                 Err(broadcast::error::RecvError::Closed) => open = false,
             },
             _ = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {
-                flush(&service, &mut grouper).await;
+                flush(&service, &mut grouper, &mut unsent).await;
+            }
+            _ = tokio::time::sleep(RETRY_UNSENT), if !unsent.0.is_empty() => {
+                flush(&service, &mut grouper, &mut unsent).await;
             }
             _ = evaluate.tick() => {
                 if let Err(e) = service.evaluate(service.clock.now()).await {
@@ -665,17 +669,43 @@ pub async fn run(
             },
         }
     }
-    if !grouper.is_empty() {
-        flush(&service, &mut grouper).await;
+    if !grouper.is_empty() || !unsent.0.is_empty() {
+        flush(&service, &mut grouper, &mut unsent).await;
     }
     let _ = sender.await;
 }
 
-async fn flush(service: &AlertService, grouper: &mut Grouper) {
+/// Grouped messages the outbox could not take yet (the database away), oldest first: written
+/// with the next flush, so a transition that happens during an outage is announced late, not
+/// never.
+#[derive(Default)]
+struct Unsent(Vec<Draft>);
+
+/// Unsent messages kept at most; past it the oldest are dropped (and said so).
+const MAX_UNSENT: usize = 10_000;
+/// How often unsent messages are tried again while nothing else flushes.
+const RETRY_UNSENT: Duration = Duration::from_secs(2);
+
+async fn flush(service: &AlertService, grouper: &mut Grouper, unsent: &mut Unsent) {
     let now = service.clock.now();
-    let drafts = grouper.flush(now);
+    let mut drafts = std::mem::take(&mut unsent.0);
+    drafts.extend(grouper.flush(now));
+    if drafts.is_empty() {
+        return;
+    }
+    let kept = drafts.clone();
     if let Err(e) = service.enqueue(drafts, now).await {
-        tracing::error!(error = %e, "cannot write alerts to the outbox");
+        let mut kept = kept;
+        if kept.len() > MAX_UNSENT {
+            let dropped = kept.len() - MAX_UNSENT;
+            kept.drain(..dropped);
+            tracing::error!(
+                dropped,
+                "alert messages dropped: too many waiting for the outbox"
+            );
+        }
+        tracing::error!(error = %e, waiting = kept.len(), "cannot write alerts to the outbox yet; trying again");
+        unsent.0 = kept;
     }
 }
 

@@ -976,3 +976,59 @@ every = "1h"
     let e = Config::parse(&unknown, "p.toml").unwrap_err().to_string();
     assert!(e.contains("unknown key"), "{e}");
 }
+
+/// A transition that arrives while the database is away is announced once it is back: the
+/// engine keeps the grouped message and writes it with a later flush, instead of dropping it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_transition_during_a_database_outage_is_sent_once_it_is_back() {
+    let db = TestDb::new(probeok::store::sql::Engine::Postgres);
+    let name = db.pg_name().unwrap().to_owned();
+    let clock = Arc::new(ManualClock::new(t0()));
+    let ding = Fake::new(Kind::DingTalk, Some("SECtest"), clock.clone());
+    let (addr, _h) = serve(ding.clone(), None).await;
+    let channel = dingtalk("dingtalk[0]", addr, Some("SECtest"), Severity::Warning);
+    let rig = rig_on(&db, vec![channel], clock.clone(), |c| {
+        c.alerting.group_wait = Duration::ZERO;
+    })
+    .await;
+    let (tx, rx) = tokio::sync::broadcast::channel(16);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(probeok::alert::run(
+        rig.service.clone(),
+        rx,
+        shutdown.clone(),
+    ));
+    // The database refuses connections and ends every session: what a stopped server looks like.
+    let admin = common::pg::admin();
+    let set = |allow: bool| {
+        admin
+            .execute_batch(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS {allow}"))
+            .unwrap();
+        if !allow {
+            admin
+                .execute_batch(&format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+                ))
+                .unwrap();
+        }
+    };
+    set(false);
+    tx.send(critical(0, t0())).unwrap();
+    // Time for the engine to try (group_wait 0: at once) and fail; the assertion that matters
+    // below does not depend on it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(ding.got().is_empty());
+    set(true);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while ding.got().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = ding.got();
+    assert_eq!(got.len(), 1, "{got:?}");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
