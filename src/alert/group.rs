@@ -648,29 +648,8 @@ fn sync_failed_draft(
 ) -> Draft {
     let key = sync_failed_key(&gateway);
     let firing = error.is_some();
-    Draft::new(
-        Message {
-            key: if firing {
-                format!("{key}@{}", at.timestamp_millis())
-            } else {
-                format!("{key}:resolved@{}", at.timestamp_millis())
-            },
-            severity: Severity::Warning,
-            status: if firing {
-                Status::Firing
-            } else {
-                Status::Resolved
-            },
-            subject: Subject::SyncFailed { kind, gateway },
-            at,
-            items: Vec::new(),
-            related: Vec::new(),
-            note: error,
-            resolves: None,
-        },
-        Vec::new(),
-        Some(key),
-    )
+    let subject = Subject::SyncFailed { kind, gateway };
+    keyed_warning(key, firing, subject, Vec::new(), error, at)
 }
 
 /// The firing-state key of a gateway's refused writes.
@@ -682,24 +661,35 @@ pub fn sync_failed_key(gateway: &str) -> String {
 fn vantage_stale_draft(finding: &crate::health::Finding, at: DateTime<Utc>, firing: bool) -> Draft {
     let vantage = finding.providers.first().cloned().unwrap_or_default();
     let key = format!("vantage_stale:{vantage}");
+    let subject = Subject::VantageStale { vantage };
+    let note = Some(finding.text.clone());
+    keyed_warning(key, firing, subject, finding.routes.clone(), note, at)
+}
+
+/// A warning with a firing state of its own under `key` (firing, or its resolution).
+fn keyed_warning(
+    key: String,
+    firing: bool,
+    subject: Subject,
+    related: Vec<RouteId>,
+    note: Option<String>,
+    at: DateTime<Utc>,
+) -> Draft {
+    let (tag, status) = if firing {
+        ("", Status::Firing)
+    } else {
+        (":resolved", Status::Resolved)
+    };
     Draft::new(
         Message {
-            key: if firing {
-                format!("{key}@{}", at.timestamp_millis())
-            } else {
-                format!("{key}:resolved@{}", at.timestamp_millis())
-            },
+            key: format!("{key}{tag}@{}", at.timestamp_millis()),
             severity: Severity::Warning,
-            status: if firing {
-                Status::Firing
-            } else {
-                Status::Resolved
-            },
-            subject: Subject::VantageStale { vantage },
+            status,
+            subject,
             at,
             items: Vec::new(),
-            related: finding.routes.clone(),
-            note: Some(finding.text.clone()),
+            related,
+            note,
             resolves: None,
         },
         Vec::new(),

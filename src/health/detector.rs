@@ -795,13 +795,14 @@ impl Detector {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use chrono::TimeZone;
 
     use super::*;
     use crate::probe::outcome::ProbeError;
 
-    fn failed_probe(route: &RouteId, at: DateTime<Utc>) -> ProbeOutcome {
+    /// A probe answered 503 at `at` (for the tests of detection and what reads it).
+    pub(crate) fn failed_probe(route: &RouteId, at: DateTime<Utc>) -> ProbeOutcome {
         ProbeOutcome {
             route: route.clone(),
             kind: OutcomeKind::Probe,

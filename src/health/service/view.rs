@@ -111,35 +111,8 @@ mod tests {
 
     use super::*;
     use crate::config::DetectionConfig;
-    use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
+    use crate::health::detector::tests::failed_probe as failed;
     use crate::route::RouteId;
-
-    fn failed(route: &RouteId, at: DateTime<Utc>) -> ProbeOutcome {
-        ProbeOutcome {
-            route: route.clone(),
-            kind: OutcomeKind::Probe,
-            started_at: at,
-            success: false,
-            attributed_to: None,
-            verified: None,
-            ttfb_ms: None,
-            ttft_ms: None,
-            total_ms: 40.0,
-            output_tokens: None,
-            tokens_estimated: false,
-            tokens_per_second: None,
-            model_reported: None,
-            system_fingerprint: None,
-            http_status: Some(503),
-            error: Some(ProbeError::Http {
-                status: 503,
-                message: "overloaded".into(),
-            }),
-            answer: None,
-            first_answer_ms: None,
-            max_tokens_exhausted: false,
-        }
-    }
 
     /// Two probes a second into a 10 s window of whole-second slots: the window holds 19
     /// outcomes at a second's first probe and 20 at its second. Once judged, the ratio stays
