@@ -160,6 +160,20 @@ pub enum HealthEvent {
         error: Option<String>,
         at: DateTime<Utc>,
     },
+    /// A provider's status page declares trouble on components that map routes our own probes
+    /// find NORMAL (`crate::declared`): once with `firing` when first seen so, then once
+    /// without when the provider no longer declares it.
+    ProviderDeclared {
+        /// `provider_declared:<page>#<incident id or component>`.
+        key: String,
+        provider: String,
+        /// The incident's name, or `<component>: <state>`.
+        what: String,
+        url: Option<String>,
+        routes: Vec<RouteId>,
+        firing: bool,
+        at: DateTime<Utc>,
+    },
     /// The hourly extra-cost budget passed `degrade_at` (`crate::extra_cost`): no new switch this
     /// hour.
     BudgetCrossed {

@@ -38,6 +38,7 @@ pub mod alerts;
 mod checkpoint;
 mod contracts;
 pub(crate) mod copy;
+pub mod declared;
 mod drift;
 pub mod drills;
 pub mod gateways;

@@ -560,7 +560,8 @@ async fn egress_finding_then_a_provider_incident() {
             | HealthEvent::Switch { .. }
             | HealthEvent::RouteFault { .. }
             | HealthEvent::BudgetCrossed { .. }
-            | HealthEvent::SyncFailed { .. } => {}
+            | HealthEvent::SyncFailed { .. }
+            | HealthEvent::ProviderDeclared { .. } => {}
         }
     }
     assert_eq!((opened, closed), (1, 1));
