@@ -320,6 +320,7 @@ pub(super) async fn lead(
                     health: m.health.subscribe(),
                     board: m.declared.clone(),
                     tick: Duration::from_secs(1),
+                    timeout: crate::declared::fetch::TIMEOUT,
                 },
                 token.clone(),
             ),

@@ -36,9 +36,9 @@ pub enum Fetched {
     Body(Vec<u8>),
 }
 
-pub fn http_client() -> Result<reqwest::Client, FetchError> {
+pub fn http_client(timeout: Duration) -> Result<reqwest::Client, FetchError> {
     reqwest::Client::builder()
-        .timeout(TIMEOUT)
+        .timeout(timeout)
         .redirect(reqwest::redirect::Policy::limited(3))
         .user_agent(concat!("probeok/", env!("CARGO_PKG_VERSION")))
         .build()

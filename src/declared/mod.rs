@@ -155,6 +155,8 @@ pub struct DeclaredDriver {
     pub board: DeclaredBoard,
     /// How often due pages are looked for (1 s in service).
     pub tick: Duration,
+    /// How long one read may take ([`fetch::TIMEOUT`] in service).
+    pub timeout: Duration,
 }
 
 struct Page {
@@ -166,7 +168,7 @@ struct Page {
 
 /// Runs until `shutdown`: every page on its own period, the first read at once.
 pub async fn run(d: DeclaredDriver, shutdown: CancellationToken) {
-    let http = match fetch::http_client() {
+    let http = match fetch::http_client(d.timeout) {
         Ok(h) => h,
         Err(e) => {
             tracing::error!(error = %e, "status pages: cannot build the HTTP client; provider status pages are not read");

@@ -1,3 +1,4 @@
+mod declared;
 mod gateways;
 mod migrate;
 mod outcomes;
