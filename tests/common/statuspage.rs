@@ -156,12 +156,15 @@ fn incident_json(p: &Page, i: &FakeIncident) -> Value {
         "affected_components": affected, "deliver_notifications": true,
         "custom_tweet": null, "tweet_id": null})];
     if let Some(r) = i.resolved_at {
-        updates.insert(0, json!({
+        updates.insert(
+            0,
+            json!({
             "id": format!("{}-u2", i.id), "status": "resolved",
             "body": "This incident has been resolved.", "incident_id": i.id,
             "created_at": ts(r), "updated_at": ts(r), "display_at": ts(r),
             "affected_components": null, "deliver_notifications": true,
-            "custom_tweet": null, "tweet_id": null}));
+            "custom_tweet": null, "tweet_id": null}),
+        );
     }
     json!({
         "id": i.id, "name": i.name, "status": i.status,
@@ -179,7 +182,10 @@ fn answer(p: &mut Page, headers: &HeaderMap, content_type: &str, body: String) -
             return (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
         }
         Fault::NotJson => {
-            return ([(header::CONTENT_TYPE, "text/html")], "<html><body>We'll be right back</body></html>")
+            return (
+                [(header::CONTENT_TYPE, "text/html")],
+                "<html><body>We'll be right back</body></html>",
+            )
                 .into_response()
         }
         Fault::Huge => {
@@ -203,15 +209,19 @@ fn answer(p: &mut Page, headers: &HeaderMap, content_type: &str, body: String) -
     }
     p.full += 1;
     (
-        [(header::CONTENT_TYPE, content_type.to_owned()), (header::ETAG, etag)],
+        [
+            (header::CONTENT_TYPE, content_type.to_owned()),
+            (header::ETAG, etag),
+        ],
         body,
     )
         .into_response()
 }
 
 fn fxhash(s: &str) -> u64 {
-    s.bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 async fn silent_if_asked(page: &Arc<Mutex<Page>>) {
@@ -229,10 +239,7 @@ async fn summary(State(page): State<Arc<Mutex<Page>>>, headers: HeaderMap) -> Re
         .filter(|i| i.resolved_at.is_none())
         .map(|i| incident_json(&p, i))
         .collect();
-    let worst = p
-        .components
-        .iter()
-        .any(|(_, s)| s != "operational");
+    let worst = p.components.iter().any(|(_, s)| s != "operational");
     let body = json!({
         "page": page_json("https://status.example.com"),
         "components": p.components.iter().enumerate()
@@ -252,15 +259,25 @@ async fn summary(State(page): State<Arc<Mutex<Page>>>, headers: HeaderMap) -> Re
 async fn incidents(State(page): State<Arc<Mutex<Page>>>, headers: HeaderMap) -> Response {
     silent_if_asked(&page).await;
     let mut p = page.lock().unwrap();
-    let list: Vec<Value> = p.incidents.iter().take(50).map(|i| incident_json(&p, i)).collect();
-    let body = json!({"page": page_json("https://status.example.com"), "incidents": list}).to_string();
+    let list: Vec<Value> = p
+        .incidents
+        .iter()
+        .take(50)
+        .map(|i| incident_json(&p, i))
+        .collect();
+    let body =
+        json!({"page": page_json("https://status.example.com"), "incidents": list}).to_string();
     answer(&mut p, &headers, "application/json", body)
 }
 
 async fn atom(State(page): State<Arc<Mutex<Page>>>, headers: HeaderMap) -> Response {
     silent_if_asked(&page).await;
     let mut p = page.lock().unwrap();
-    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
     let mut entries = String::new();
     for i in &p.incidents {
         let mut content = String::new();

@@ -200,7 +200,9 @@ pub async fn incidents(
         )
         .await
         .map_err(fail)?;
-    let body = incidents_page(lang, &config.server.title, &state.routes, &data, now)
+    let mut page = incidents_page(lang, &config.server.title, &state.routes, &data, now);
+    super::declared::fill_leads(&state, &config, lang, &data.incidents, &mut page.incidents).await;
+    let body = page
         .render()
         .map_err(|e| fail(PageError::Internal(format!("rendering /incidents: {e}"))))?;
     Ok(html(StatusCode::OK, body))

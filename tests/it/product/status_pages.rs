@@ -45,7 +45,8 @@ struct Rig {
 async fn rig(kind: StatusPageKind, alert: bool) -> Rig {
     let mut h = Harness::new(ROUTES, t0()).await;
     h.publish(all(State::Normal));
-    let page = FakeStatusPage::start(&[("API", "operational"), ("Embeddings", "operational")]).await;
+    let page =
+        FakeStatusPage::start(&[("API", "operational"), ("Embeddings", "operational")]).await;
     let mut config: Config = (*h.state.config.current()).clone();
     config.providers[0].status_pages = vec![StatusPageConfig {
         provider: "anthropic".into(),
@@ -181,14 +182,22 @@ async fn a_declaration_twelve_minutes_after_our_detection_is_a_twelve_minute_lea
         .await
         .unwrap();
     let inc = r.get("/api/v1/incidents").await;
-    assert_eq!(inc["incidents"][0]["provider_declared"]["status"], "not_declared", "{inc}");
+    assert_eq!(
+        inc["incidents"][0]["provider_declared"]["status"], "not_declared",
+        "{inc}"
+    );
 
     // Twelve minutes later the provider declares it on "API".
     r.h.clock.advance(Duration::from_secs(12 * 60 - 61));
     let declared_at = t0() + TimeDelta::minutes(12);
     r.page.set(|p| {
         p.components[0].1 = "major_outage".into();
-        p.incidents.push(FakeIncident::new("k3xq", "Elevated errors on the API", declared_at, &["API"]));
+        p.incidents.push(FakeIncident::new(
+            "k3xq",
+            "Elevated errors on the API",
+            declared_at,
+            &["API"],
+        ));
     });
     r.next_read().await;
     let inc = r.get("/api/v1/incidents").await;
@@ -202,7 +211,10 @@ async fn a_declaration_twelve_minutes_after_our_detection_is_a_twelve_minute_lea
     let sonnet = r.route(SONNET).await;
     assert_eq!(sonnet["declared"]["status"], "major_outage");
     assert_eq!(sonnet["declared"]["incident"], "Elevated errors on the API");
-    assert_eq!(sonnet["declared"]["since"], probeok::clock::rfc3339(declared_at));
+    assert_eq!(
+        sonnet["declared"]["since"],
+        probeok::clock::rfc3339(declared_at)
+    );
     assert_eq!(r.route(EMBED).await["declared"]["status"], "operational");
     let status = r.get("/api/v1/status").await;
     assert_eq!(status["status_pages"][0]["kind"], "statuspage");
@@ -220,10 +232,40 @@ async fn a_declaration_twelve_minutes_after_our_detection_is_a_twelve_minute_lea
         .text()
         .await
         .unwrap();
-    assert!(metrics.contains("probeok_incident_lead_seconds_count 1"), "{metrics}");
-    assert!(metrics.contains("probeok_incident_lead_seconds_sum 720"), "{metrics}");
+    assert!(
+        metrics.contains("probeok_incident_lead_seconds_count 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("probeok_incident_lead_seconds_sum 720"),
+        "{metrics}"
+    );
     // Our routes were already DEGRADED when the provider spoke: nothing to tell the on-call.
     assert!(r.declared_events().is_empty());
+
+    // The pages say the same: a box on `/` and a mark on the route's line, a line on the
+    // route page with the provider's link, the lead beside the incident.
+    let page = |path: &str| {
+        let url = r.served.url(path);
+        let http = r.http.clone();
+        async move { http.get(url).send().await.unwrap().text().await.unwrap() }
+    };
+    let home = page("/?lang=en").await;
+    assert!(home.contains("id=\"declared\""), "{home}");
+    assert!(
+        home.contains("anthropic: Elevated errors on the API"),
+        "{home}"
+    );
+    assert!(home.contains("status page: major outage"), "{home}");
+    let route = page("/routes/anthropic/us/claude-sonnet?lang=en").await;
+    assert!(
+        route.contains("status page: major outage — Elevated errors on the API"),
+        "{route}"
+    );
+    assert!(route.contains("href=\"https://stspg.io/k3xq\""), "{route}");
+    assert!(route.contains("before the provider declared it"), "{route}");
+    let zh = page("/routes/anthropic/us/claude-sonnet?lang=zh").await;
+    assert!(zh.contains("服务商状态页：严重中断"), "{zh}");
     r.h.shutdown.cancel();
 }
 
@@ -232,18 +274,31 @@ async fn an_incident_the_provider_never_declares_is_never_declared_and_counted_i
     let r = rig(StatusPageKind::Statuspage, true).await;
     let w = r.h.store.writer();
     // Declared 12 minutes after ours.
-    w.upsert_incident(&ours(SONNET, t0() - TimeDelta::hours(3), Some(t0() - TimeDelta::hours(2))))
-        .await
-        .unwrap();
+    w.upsert_incident(&ours(
+        SONNET,
+        t0() - TimeDelta::hours(3),
+        Some(t0() - TimeDelta::hours(2)),
+    ))
+    .await
+    .unwrap();
     // Never declared: the page only had an incident on another component, and one long after.
-    w.upsert_incident(&ours(HAIKU, t0() - TimeDelta::hours(1), Some(t0() - TimeDelta::minutes(30))))
-        .await
-        .unwrap();
+    w.upsert_incident(&ours(
+        HAIKU,
+        t0() - TimeDelta::hours(1),
+        Some(t0() - TimeDelta::minutes(30)),
+    ))
+    .await
+    .unwrap();
     r.page.set(|p| {
         let mut a = FakeIncident::new("a", "API errors", t0() - TimeDelta::minutes(168), &["API"]);
         a.status = "resolved".into();
         a.resolved_at = Some(t0() - TimeDelta::minutes(100));
-        let mut b = FakeIncident::new("b", "Embeddings slow", t0() - TimeDelta::minutes(50), &["Embeddings"]);
+        let mut b = FakeIncident::new(
+            "b",
+            "Embeddings slow",
+            t0() - TimeDelta::minutes(50),
+            &["Embeddings"],
+        );
         b.status = "resolved".into();
         b.resolved_at = Some(t0() - TimeDelta::minutes(20));
         p.incidents = vec![b, a];
@@ -269,7 +324,10 @@ async fn an_incident_the_provider_never_declares_is_never_declared_and_counted_i
     assert_eq!(month["median_lead_seconds"], 720);
     assert_eq!(month["never_declared_share"], 0.5);
     assert_eq!(month["provider_first"], 0);
-    assert_eq!(r.get("/api/v1/incidents/lead?month=2026-11").await["incidents"], 0);
+    assert_eq!(
+        r.get("/api/v1/incidents/lead?month=2026-11").await["incidents"],
+        0
+    );
     let bad = r
         .http
         .get(r.served.url("/api/v1/incidents/lead?month=2026-13"))
@@ -285,7 +343,8 @@ async fn a_declared_incident_while_our_probes_are_fine_is_one_provider_declared_
     let mut r = rig(StatusPageKind::Statuspage, true).await;
     r.page.set(|p| {
         p.components[0].1 = "partial_outage".into();
-        p.incidents.push(FakeIncident::new("q1", "Elevated latency", t0(), &["API"]));
+        p.incidents
+            .push(FakeIncident::new("q1", "Elevated latency", t0(), &["API"]));
     });
     r.next_read().await;
     let events = r.declared_events();
@@ -310,7 +369,8 @@ async fn a_declared_incident_while_our_probes_are_fine_is_one_provider_declared_
     let clock = r.h.clock.clone();
     let hook = Fake::new(Kind::Webhook, None, clock.clone());
     let (addr, _) = common::alerts::serve(hook.clone(), None).await;
-    let channel = common::alerts::webhook("webhook[0]", addr, None, probeok::alert::Severity::Warning);
+    let channel =
+        common::alerts::webhook("webhook[0]", addr, None, probeok::alert::Severity::Warning);
     let alerts = common::alerts::rig(vec![channel], clock, |_| {}).await;
     let raised = HealthEvent::ProviderDeclared {
         key: "provider_declared:page#q1".into(),
@@ -326,7 +386,10 @@ async fn a_declared_incident_while_our_probes_are_fine_is_one_provider_declared_
     let got = hook.got();
     assert_eq!(got.len(), 1);
     let body = got[0].body.to_string();
-    assert!(body.contains("anthropic declares Elevated latency"), "{body}");
+    assert!(
+        body.contains("anthropic declares Elevated latency"),
+        "{body}"
+    );
     assert!(body.contains("provider_declared"), "{body}");
     assert!(body.contains("https://stspg.io/q1"), "{body}");
     assert!(body.contains(SONNET), "{body}");
@@ -347,7 +410,10 @@ async fn a_declared_incident_while_our_probes_are_fine_is_one_provider_declared_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_provider_declared_when_turned_off_or_when_we_already_see_it() {
     let mut off = rig(StatusPageKind::Statuspage, false).await;
-    off.page.set(|p| p.incidents.push(FakeIncident::new("x", "Outage", t0(), &["API"])));
+    off.page.set(|p| {
+        p.incidents
+            .push(FakeIncident::new("x", "Outage", t0(), &["API"]))
+    });
     off.next_read().await;
     assert!(off.declared_events().is_empty(), "alert = false");
     assert_eq!(off.route(SONNET).await["declared"]["status"], "incident");
@@ -355,7 +421,10 @@ async fn no_provider_declared_when_turned_off_or_when_we_already_see_it() {
 
     let mut seen = rig(StatusPageKind::Statuspage, true).await;
     seen.h.publish(all(State::Critical));
-    seen.page.set(|p| p.incidents.push(FakeIncident::new("y", "Outage", t0(), &["API"])));
+    seen.page.set(|p| {
+        p.incidents
+            .push(FakeIncident::new("y", "Outage", t0(), &["API"]))
+    });
     seen.next_read().await;
     // Our routes recover while the provider still declares: still nothing, we knew first.
     seen.h.publish(all(State::Normal));
@@ -374,15 +443,34 @@ async fn an_atom_feed_is_read_for_incidents_and_their_components() {
         .await
         .unwrap();
     r.page.set(|p| {
-        p.incidents.push(FakeIncident::new("f1", "Errors on Embeddings", t0() + TimeDelta::minutes(3), &["Embeddings"]));
-        p.incidents.insert(0, FakeIncident::new("f2", "Elevated errors", t0() + TimeDelta::minutes(5), &["API"]));
+        p.incidents.push(FakeIncident::new(
+            "f1",
+            "Errors on Embeddings",
+            t0() + TimeDelta::minutes(3),
+            &["Embeddings"],
+        ));
+        p.incidents.insert(
+            0,
+            FakeIncident::new(
+                "f2",
+                "Elevated errors",
+                t0() + TimeDelta::minutes(5),
+                &["API"],
+            ),
+        );
     });
     r.next_read().await;
     let lead = &r.get("/api/v1/incidents").await["incidents"][0]["provider_declared"];
     assert_eq!(lead["status"], "declared");
-    assert_eq!(lead["lead_seconds"], 300, "the API entry, not the embeddings one");
+    assert_eq!(
+        lead["lead_seconds"], 300,
+        "the API entry, not the embeddings one"
+    );
     assert_eq!(r.route(SONNET).await["declared"]["status"], "incident");
-    assert_eq!(r.route(EMBED).await["declared"]["incident"], "Errors on Embeddings");
+    assert_eq!(
+        r.route(EMBED).await["declared"]["incident"],
+        "Errors on Embeddings"
+    );
     r.h.shutdown.cancel();
 }
 
@@ -391,7 +479,8 @@ async fn a_page_that_fails_keeps_the_last_known_state() {
     let r = rig(StatusPageKind::Statuspage, true).await;
     r.page.set(|p| {
         p.components[0].1 = "major_outage".into();
-        p.incidents.push(FakeIncident::new("z", "API down", t0(), &["API"]));
+        p.incidents
+            .push(FakeIncident::new("z", "API down", t0(), &["API"]));
     });
     r.next_read().await;
     // Unchanged: conditional requests cost 304s, not bodies.
@@ -410,16 +499,25 @@ async fn a_page_that_fails_keeps_the_last_known_state() {
         r.page.set(|p| p.fault = fault);
         r.next_read().await;
         let status = r.get("/api/v1/status").await;
-        let error = status["status_pages"][0]["last_error"].as_str().unwrap_or_default().to_owned();
+        let error = status["status_pages"][0]["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         assert!(error.contains(says), "{fault:?}: {error}");
         let sonnet = r.route(SONNET).await;
-        assert_eq!(sonnet["declared"]["status"], "major_outage", "{fault:?}: last known kept");
+        assert_eq!(
+            sonnet["declared"]["status"], "major_outage",
+            "{fault:?}: last known kept"
+        );
         assert_eq!(sonnet["declared"]["incident"], "API down");
     }
     r.page.set(|p| p.fault = Fault::None);
     r.next_read().await;
     let status = r.get("/api/v1/status").await;
-    assert!(status["status_pages"][0]["last_error"].is_null(), "{status}");
+    assert!(
+        status["status_pages"][0]["last_error"].is_null(),
+        "{status}"
+    );
     r.h.shutdown.cancel();
 }
 
@@ -447,9 +545,14 @@ serves = "chat"
     let err = Config::parse(src, "probeok.toml").unwrap_err().to_string();
     assert!(err.contains("provider[0].status_page[0].every"), "{err}");
     assert!(err.contains("at least 10s"), "{err}");
-    assert!(err.contains("\"openai/*\" matches no route of provider \"anthropic\""), "{err}");
+    assert!(
+        err.contains("\"openai/*\" matches no route of provider \"anthropic\""),
+        "{err}"
+    );
     assert!(err.contains("probeok.toml:"), "located: {err}");
-    let good = src.replace("every = \"5s\"", "").replace(", \"Console\" = [\"openai/*\"]", "");
+    let good = src
+        .replace("every = \"5s\"", "")
+        .replace(", \"Console\" = [\"openai/*\"]", "");
     let c = Config::parse(&good, "probeok.toml").unwrap().config;
     let page = &c.providers[0].status_pages[0];
     assert_eq!(page.every, Duration::from_secs(60));

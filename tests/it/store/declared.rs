@@ -23,7 +23,12 @@ fn incident(id: &str, declared: i64, resolved: Option<i64>) -> DeclaredIncident 
         page: PAGE.into(),
         id: id.into(),
         name: format!("Elevated errors ({id})"),
-        status: if resolved.is_some() { "resolved" } else { "investigating" }.into(),
+        status: if resolved.is_some() {
+            "resolved"
+        } else {
+            "investigating"
+        }
+        .into(),
         impact: Some("major".into()),
         declared_at: t(declared),
         started_at: t(declared - 5),
