@@ -141,6 +141,19 @@ pub(super) async fn follow(m: Arc<Member>, first: Option<HealthService>, token: 
     tracing::info!(
         "follower: serving the leader's stored judgements; not probing, judging or alerting"
     );
+    if m.config
+        .providers
+        .iter()
+        .any(|p| !p.status_pages.is_empty())
+    {
+        tokio::spawn(crate::declared::follow(
+            m.declared.clone(),
+            m.store.clone(),
+            m.clock.clone(),
+            crate::config::status_page::MIN_EVERY,
+            token.clone(),
+        ));
+    }
     health.follow(m.store.clone(), FOLLOW_EVERY, token).await;
 }
 

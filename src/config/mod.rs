@@ -25,7 +25,7 @@ mod raw;
 mod routers;
 mod shadow;
 mod source_map;
-mod status_page;
+pub mod status_page;
 mod sync;
 mod validate;
 mod vantage;

@@ -144,6 +144,23 @@ impl DeclaredBoard {
     }
 }
 
+/// A follower's view of the declarations: read again from the store every `every` until
+/// `token` ends the term (the leader writes them).
+pub async fn follow(
+    board: DeclaredBoard,
+    store: Store,
+    clock: Arc<dyn Clock>,
+    every: Duration,
+    token: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(every) => board.load(&store, clock.now()).await,
+        }
+    }
+}
+
 /// What the leader's task needs.
 pub struct DeclaredDriver {
     pub config: Arc<Config>,

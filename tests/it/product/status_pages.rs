@@ -559,3 +559,107 @@ serves = "chat"
     assert!(page.alert);
     let _: BTreeSet<&str> = page.components.keys().map(String::as_str).collect();
 }
+
+/// `serve` in-process with a `[[provider.status_page]]`: the leader (a lone SQLite monitor
+/// always leads) reads the page under supervision, and `/api/v1/status` shows its word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_reads_the_status_page_from_the_leader() {
+    use probeok::sim::{self, Scenario, SimConfig, SimRoute};
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let sim_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sim_addr = sim_listener.local_addr().unwrap();
+    tokio::spawn(sim::serve(
+        sim_listener,
+        SimConfig {
+            routes: vec![SimRoute {
+                provider: "sim".into(),
+                region: "r1".into(),
+                model: "m1".into(),
+                scenario: Scenario::Healthy,
+            }],
+            time_scale: 1.0,
+            seed: 7,
+        },
+        shutdown.child_token(),
+    ));
+    let page = FakeStatusPage::start(&[("Chat API", "degraded_performance")]).await;
+    page.set(|p| {
+        p.incidents
+            .push(FakeIncident::new("s1", "Slow answers", t0(), &["Chat API"]))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let src = format!(
+        r#"
+[storage]
+path = "{db}"
+
+[[provider]]
+id = "sim"
+kind = "openai"
+  [[provider.region]]
+  id = "r1"
+  base_url = "{base}"
+  [[provider.status_page]]
+  kind = "statuspage"
+  url = "{page}"
+  components = {{ "Chat API" = ["sim/*"] }}
+
+[[route]]
+provider = "sim"
+region = "r1"
+model = "m1"
+serves = "chat"
+"#,
+        db = dir.path().join("serve.db").display(),
+        base = probeok::sim::base_url(sim_addr, "sim", "r1"),
+        page = page.url(),
+    );
+    let config = Config::parse(&src, "test.toml").unwrap().config;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = probeok::app::start(
+        config,
+        listener,
+        Arc::new(probeok::clock::SystemClock),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/api/v1/status", running.addr);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let s = common::get_json(&http, &url).await;
+        if s["status_pages"][0]["last_ok"].is_string() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the page was never read: {s}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let route = &status["routes"][0];
+    assert_eq!(
+        route["declared"]["status"], "degraded_performance",
+        "{status}"
+    );
+    assert_eq!(route["declared"]["incident"], "Slow answers");
+    let metrics = http
+        .get(format!("http://{}/metrics", running.addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("probeok_task_failures_total{task=\"status_pages\"} 0"),
+        "{metrics}"
+    );
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(
+        probeok::app::DRAIN_TIMEOUT + Duration::from_secs(2),
+        running.done,
+    )
+    .await
+    .expect("shutdown drains within its bound")
+    .unwrap();
+    assert!(stopped.is_ok(), "{stopped:?}");
+}
