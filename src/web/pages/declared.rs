@@ -125,6 +125,68 @@ pub async fn fill_leads(
     }
 }
 
+/// This month's lead summary for the incidents page.
+pub async fn month(
+    state: &AppState,
+    config: &Config,
+    lang: Lang,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    state.metrics.declared()?;
+    let month = (now.year(), now.month());
+    let (start, end) = crate::declared::lead::month_bounds(month)?;
+    let map = Mapping::from_config(config);
+    let store = state.store.clone();
+    let summary = tokio::task::spawn_blocking(move || {
+        let list: Vec<Incident> = store
+            .reader()?
+            .incidents(None, start, crate::declared::MAX_DECLARED)?
+            .into_iter()
+            .filter(|i| i.opened_at >= start && i.opened_at < end)
+            .collect();
+        let leads = crate::web::api::leads(&store, Some(&map), &list)?;
+        let pairs: Vec<_> = list.iter().zip(leads).collect();
+        Ok::<_, crate::web::ApiError>(crate::declared::lead::month_summary(month, &pairs))
+    })
+    .await
+    .ok()?
+    .ok()?;
+    month_line(lang, &summary)
+}
+
+/// The month's lead summary in one line (`None` without an incident on a mapped route).
+pub fn month_line(lang: Lang, s: &crate::declared::lead::MonthSummary) -> Option<String> {
+    if s.incidents == 0 {
+        return None;
+    }
+    let pct = |x: Option<f64>| format!("{:.0}%", x.unwrap_or(0.0) * 100.0);
+    let median = s.median_lead_seconds.map(|m| {
+        if m >= 0 {
+            i18n::duration(lang, m)
+        } else {
+            format!("-{}", i18n::duration(lang, -m))
+        }
+    });
+    Some(match lang {
+        Lang::En => format!(
+            "{}: {} incidents on routes with a provider status page · median lead over the provider's declaration {} · never declared {} · declared first by the provider {}",
+            s.month,
+            s.incidents,
+            median.unwrap_or_else(|| "-".to_owned()),
+            pct(s.never_declared_share),
+            pct(s.provider_first_share)
+        ),
+        Lang::Zh => format!(
+            "{}：有服务商状态页的线路共 {} 次事故 · 比服务商声明提前(中位数){} · 服务商始终未声明 {} · 服务商先声明 {}",
+            s.month,
+            s.incidents,
+            median.unwrap_or_else(|| "-".to_owned()),
+            pct(s.never_declared_share),
+            pct(s.provider_first_share)
+        ),
+    })
+}
+
 /// `/`'s box: each open declared incident (and troubled component without one) of a page,
 /// with how many of our routes it concerns.
 pub fn status_box(lang: Lang, word: &Word, routes: &[Route]) -> Vec<String> {

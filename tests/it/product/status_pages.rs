@@ -328,6 +328,21 @@ async fn an_incident_the_provider_never_declares_is_never_declared_and_counted_i
         r.get("/api/v1/incidents/lead?month=2026-11").await["incidents"],
         0
     );
+    let page = r
+        .http
+        .get(r.served.url("/incidents?lang=en"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("2026-12: 2 incidents on routes with a provider status page"),
+        "{page}"
+    );
+    assert!(page.contains("never declared 50%"), "{page}");
+    assert!(page.contains("the provider never declared it"), "{page}");
     let bad = r
         .http
         .get(r.served.url("/api/v1/incidents/lead?month=2026-13"))
