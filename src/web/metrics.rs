@@ -818,6 +818,7 @@ mod tests {
             }),
             answer: None,
             max_tokens_exhausted: false,
+            ratelimit: None,
         }
     }
 
