@@ -183,6 +183,7 @@ pub async fn start_with(
     metrics.attach_role(membership.role.clone());
     let sync_board = crate::sync::SyncBoard::new(&config.sync);
     metrics.attach_sync(sync_board.clone());
+    metrics.attach_headroom(detection.options.headroom.clone());
     let recorders = subsystems::recorders(
         &config,
         &routes,

@@ -108,6 +108,10 @@ pub enum Subject {
     VantageStale { vantage: String },
     /// A new-api / one-api gateway refuses probeok's channel writes (`note` has its answer).
     SyncFailed { kind: String, gateway: String },
+    /// A route's rate limit stayed under 10 % on real traffic for 5 minutes (`related` names
+    /// the route; `note` has the figures).
+    #[serde(rename = "ratelimit_low")]
+    RateLimitLow { route: RouteId, limit: String },
     /// `probeok alert test`.
     Test,
 }

@@ -129,6 +129,7 @@ fn subject_class(m: &Message) -> &'static str {
         S::ExtraCost { .. } => "budget",
         S::VantageStale { .. } => "vantage_stale",
         S::SyncFailed { .. } => "sync_failed",
+        S::RateLimitLow { .. } => "ratelimit_low",
         S::Test => "test",
     }
 }

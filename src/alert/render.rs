@@ -434,6 +434,18 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
             (Lang::Zh, Status::Resolved) => format!("{kind} {gateway}：渠道写入已恢复"),
             (Lang::Zh, _) => format!("{kind} {gateway}：渠道写入被拒绝(sync_failed)"),
         },
+        Subject::RateLimitLow { route, limit } => match (lang, m.status) {
+            (Lang::En, Status::Resolved) => {
+                format!("{route}: {limit} rate limit has headroom again")
+            }
+            (Lang::En, _) => {
+                format!("{route}: under 10% of the {limit} rate limit left for 5 minutes (ratelimit_low)")
+            }
+            (Lang::Zh, Status::Resolved) => format!("{route}：{limit} 限流余量已恢复"),
+            (Lang::Zh, _) => {
+                format!("{route}：{limit} 限流余量低于 10% 已持续 5 分钟(ratelimit_low)")
+            }
+        },
         Subject::Test => w
             .t(
                 "test message from probeok: this channel works",

@@ -26,7 +26,7 @@
 //!   `all_unhealthy`), `degraded` when any route is DEGRADED or worse or any model is served
 //!   off its primaries, else `operational`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,6 +147,10 @@ struct RouteView<'a> {
     breaker: Option<&'static str>,
     /// Real traffic's observables over 1 h and 24 h.
     observed: Observed,
+    /// The latest rate-limit headroom per limit (`crate::health::headroom`); absent when the
+    /// route's answers never announced one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ratelimit: Option<&'a BTreeMap<&'static str, crate::health::headroom::Reading>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -214,6 +218,8 @@ pub struct Extras<'a> {
     pub costs: &'a [crate::probe::cost::ProbeCostView],
     /// The `[[sync]]` gateways' state.
     pub sync: Vec<crate::sync::GatewayStatus>,
+    /// Each route's rate-limit readings (`super::headroom`).
+    pub ratelimit: &'a super::headroom::Readings,
 }
 
 /// Each route's probe cost, in the routes' order.
@@ -251,6 +257,7 @@ pub fn status_bytes(
         overall: overall(routes, health),
         costs: &costs,
         sync: Vec::new(),
+        ratelimit: &Default::default(),
     };
     status_bytes_with(routes, health, figures, now, extras)
 }
@@ -284,6 +291,7 @@ fn status_view<'a>(
         overall,
         costs,
         sync,
+        ratelimit,
     } = extras;
     let by_id: HashMap<&RouteId, &crate::health::RouteStatus, rustc_hash::FxBuildHasher> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
@@ -356,6 +364,7 @@ fn status_view<'a>(
                 }),
                 breaker: breakers.get(&r.id).copied(),
                 observed: Observed::of(r, &figures.observed),
+                ratelimit: ratelimit.get(&r.id).filter(|m| !m.is_empty()),
             }
         })
         .collect();
@@ -454,6 +463,7 @@ pub async fn status(
     let budget = state.metrics.budget().map(|b| b.snapshot());
     let role = state.metrics.role();
     let sync = state.metrics.sync();
+    let ratelimit = state.metrics.headroom();
     let vantages = state
         .vantages
         .as_ref()
@@ -477,6 +487,7 @@ pub async fn status(
             overall,
             costs: &costs,
             sync,
+            ratelimit: &ratelimit,
         };
         let bytes = status_bytes_with(&routes, &health, &figures, now, extras)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;

@@ -561,7 +561,8 @@ async fn egress_finding_then_a_provider_incident() {
             | HealthEvent::Switch { .. }
             | HealthEvent::RouteFault { .. }
             | HealthEvent::BudgetCrossed { .. }
-            | HealthEvent::SyncFailed { .. } => {}
+            | HealthEvent::SyncFailed { .. }
+            | HealthEvent::RateLimitLow { .. } => {}
         }
     }
     assert_eq!((opened, closed), (1, 1));
