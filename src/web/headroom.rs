@@ -66,3 +66,45 @@ impl Collector for HeadroomSlot {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::headroom::Source;
+    use crate::ratelimit::{Quota, RateLimits};
+
+    /// What the headroom adds per route, with all four limits announced: its `/metrics`
+    /// series and its `ratelimit` object in `/api/v1/status`.
+    #[test]
+    fn a_routes_four_limits_cost_under_half_a_kilobyte_each_way() {
+        let n = 1000;
+        let board = Headroom::default();
+        let at = chrono::DateTime::UNIX_EPOCH;
+        let limits = RateLimits {
+            requests: Quota::new(12, 500),
+            tokens: Quota::new(90_000, 150_000),
+            input_tokens: Quota::new(4_000, 80_000),
+            output_tokens: Quota::new(16_000, 16_000),
+        };
+        for i in 0..n {
+            let route = RouteId::new("anthropic", "us-east-1", &format!("claude-{i:05}"));
+            board.observe(&route, &limits, Source::Traffic, at);
+        }
+        let slot = HeadroomSlot::default();
+        slot.attach(board);
+        let mut registry = prometheus_client::registry::Registry::with_prefix("probeok");
+        registry.register_collector(Box::new(slot.clone()));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert_eq!(
+            text.matches("probeok_route_ratelimit_remaining_ratio{")
+                .count(),
+            4 * n
+        );
+        let metrics_per_route = text.len() / n;
+        let status_per_route = serde_json::to_vec(&slot.readings()).unwrap().len() / n;
+        eprintln!("per route: {metrics_per_route} B of metrics, {status_per_route} B of status");
+        assert!(metrics_per_route < 512, "{metrics_per_route}");
+        assert!(status_per_route < 512, "{status_per_route}");
+    }
+}
