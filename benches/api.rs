@@ -99,6 +99,7 @@ fn outcome(
         answer: None,
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

@@ -103,6 +103,7 @@ async fn main() {
                 answer: None,
                 first_answer_ms: None,
                 max_tokens_exhausted: false,
+                ratelimit: None,
             });
         };
         for d in 0..90 {

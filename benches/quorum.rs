@@ -71,6 +71,7 @@ fn outcome(route: &RouteId, ok: bool, at: DateTime<Utc>) -> ProbeOutcome {
         }),
         answer: ok.then(|| "PROBE_OK".into()),
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

@@ -88,6 +88,7 @@ fn realistic(rng: &mut StdRng, route: RouteId, started_at: DateTime<Utc>) -> Pro
         }),
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

@@ -190,6 +190,7 @@ pub async fn start_with(
         declared.load(&store, clock.now()).await;
     }
     metrics.attach_declared(declared.clone());
+    metrics.attach_headroom(detection.options.headroom.clone());
     let recorders = subsystems::recorders(
         &config,
         &routes,

@@ -44,6 +44,8 @@
 //!   start for SQLite: two arenas, a fixed mmap threshold), trimmed every minute in `serve`.
 //! - [`supervise`]: no task dies quietly — a long-lived task that panics or ends before
 //!   shutdown is logged by name, counted, and stops the process with a non-zero code.
+//! - [`ratelimit`]: the rate-limit headroom providers announce in their answers' headers
+//!   (`x-ratelimit-*`, `anthropic-ratelimit-*`), read defensively into remaining/limit pairs.
 //! - [`vantage`]: the places probes run from (the monitor's own scheduler and remote agents),
 //!   vantage ids, and an agent's outcome as it travels (`VantageOutcome`).
 //!
@@ -201,6 +203,7 @@ pub mod lang;
 pub mod listen;
 pub mod malloc;
 pub mod outcome;
+pub mod ratelimit;
 pub mod records;
 pub mod route;
 pub mod secret;

@@ -202,6 +202,10 @@ pub struct ProbeOutcome {
     /// budget thinking. Our configuration, not a changed answer.
     #[serde(default)]
     pub max_tokens_exhausted: bool,
+    /// The account's rate-limit headroom the answer's headers announced
+    /// ([`crate::ratelimit`]); `None` when it named none. Kept in memory only, never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratelimit: Option<crate::ratelimit::RateLimits>,
 }
 
 /// Fewer output tokens than this give no tokens/s figure: 2–5 tokens over a few ms is noise.

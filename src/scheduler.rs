@@ -507,6 +507,7 @@ fn overrun(
         answer: None,
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

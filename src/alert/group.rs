@@ -293,6 +293,13 @@ impl Grouper {
                     let subject = Subject::ProviderDeclared { provider, what };
                     drafts.push(keyed_warning(key, firing, subject, routes, url, at));
                 }
+                HealthEvent::RateLimitLow {
+                    route,
+                    limit,
+                    quota,
+                    firing,
+                    at,
+                } => drafts.push(ratelimit_low_draft(route, limit, quota, firing, at)),
                 HealthEvent::FindingClosed { finding, at } => {
                     if finding.kind == FindingKind::VantageStale {
                         drafts.push(vantage_stale_draft(&finding, at, false));
@@ -667,6 +674,32 @@ fn sync_failed_draft(
 /// The firing-state key of a gateway's refused writes.
 pub fn sync_failed_key(gateway: &str) -> String {
     format!("sync_failed:{gateway}")
+}
+
+/// A `ratelimit_low` warning or its resolution: keyed per route and limit, so a limit that
+/// stays low is one alert.
+fn ratelimit_low_draft(
+    route: RouteId,
+    limit: String,
+    quota: crate::ratelimit::Quota,
+    firing: bool,
+    at: DateTime<Utc>,
+) -> Draft {
+    let key = ratelimit_low_key(&route, &limit);
+    let note = Some(format!(
+        "{limit}: {} of {} left ({:.1}%)",
+        quota.remaining,
+        quota.limit,
+        quota.ratio() * 100.0
+    ));
+    let related = vec![route.clone()];
+    let subject = Subject::RateLimitLow { route, limit };
+    keyed_warning(key, firing, subject, related, note, at)
+}
+
+/// The firing-state key of a route's low rate limit.
+pub fn ratelimit_low_key(route: &RouteId, limit: &str) -> String {
+    format!("ratelimit_low:{route}:{limit}")
 }
 
 /// A `vantage_stale` warning (`firing`) or its resolution: once per silence of the vantage.

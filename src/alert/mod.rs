@@ -111,6 +111,10 @@ pub enum Subject {
     /// A provider's status page declares trouble our probes do not see (`related` names the
     /// routes; `note` has the page's link).
     ProviderDeclared { provider: String, what: String },
+    /// A route's rate limit stayed under 10 % on real traffic for 5 minutes (`related` names
+    /// the route; `note` has the figures).
+    #[serde(rename = "ratelimit_low")]
+    RateLimitLow { route: RouteId, limit: String },
     /// `probeok alert test`.
     Test,
 }

@@ -130,6 +130,7 @@ fn subject_class(m: &Message) -> &'static str {
         S::VantageStale { .. } => "vantage_stale",
         S::SyncFailed { .. } => "sync_failed",
         S::ProviderDeclared { .. } => "provider_declared",
+        S::RateLimitLow { .. } => "ratelimit_low",
         S::Test => "test",
     }
 }

@@ -446,6 +446,18 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
                 "{provider} 在其状态页声明：{what}；我方探测仍判定其线路正常(provider_declared)"
             ),
         },
+        Subject::RateLimitLow { route, limit } => match (lang, m.status) {
+            (Lang::En, Status::Resolved) => {
+                format!("{route}: {limit} rate limit has headroom again")
+            }
+            (Lang::En, _) => {
+                format!("{route}: under 10% of the {limit} rate limit left for 5 minutes (ratelimit_low)")
+            }
+            (Lang::Zh, Status::Resolved) => format!("{route}：{limit} 限流余量已恢复"),
+            (Lang::Zh, _) => {
+                format!("{route}：{limit} 限流余量低于 10% 已持续 5 分钟(ratelimit_low)")
+            }
+        },
         Subject::Test => w
             .t(
                 "test message from probeok: this channel works",
@@ -742,6 +754,48 @@ fn item_lines(w: &Words, ctx: &RenderCtx, m: &Message, i: &RouteItem, lines: &mu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratelimit_low_is_one_keyed_warning_written_in_both_languages() {
+        let route = RouteId::new("openai", "us", "gpt-4o");
+        let at = chrono::DateTime::UNIX_EPOCH;
+        let event = |firing| crate::health::HealthEvent::RateLimitLow {
+            route: route.clone(),
+            limit: "tokens".into(),
+            quota: crate::ratelimit::Quota {
+                remaining: 20,
+                limit: 1000,
+            },
+            firing,
+            at,
+        };
+        let mut g = super::super::group::Grouper::new(std::time::Duration::ZERO, &[]);
+        g.push(event(true), at);
+        g.push(event(false), at);
+        let drafts = g.flush(at);
+        assert_eq!(drafts.len(), 2);
+        let key = super::super::group::ratelimit_low_key(&route, "tokens");
+        assert!(drafts
+            .iter()
+            .all(|d| d.key.as_deref() == Some(key.as_str())));
+        let (fire, resolve) = (&drafts[0].message, &drafts[1].message);
+        assert_eq!(fire.severity, Severity::Warning);
+        assert_eq!(fire.related, vec![route.clone()]);
+        assert_eq!(fire.note.as_deref(), Some("tokens: 20 of 1000 left (2.0%)"));
+        let ctx = RenderCtx {
+            public_url: "http://status.example".into(),
+            runbook_url: None,
+            timezone: chrono_tz::UTC,
+        };
+        let title = |m, lang| render(m, lang, &ctx).title;
+        assert_eq!(
+            title(fire, Lang::En),
+            "[WARNING] openai/us/gpt-4o: under 10% of the tokens rate limit left for 5 minutes (ratelimit_low)"
+        );
+        assert!(title(fire, Lang::Zh).contains("限流余量低于 10%"));
+        assert!(title(resolve, Lang::En).contains("tokens rate limit has headroom again"));
+        assert!(title(resolve, Lang::Zh).contains("限流余量已恢复"));
+    }
 
     #[test]
     fn upstream_text_cannot_build_links_html_or_mentions_in_markdown() {

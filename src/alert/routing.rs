@@ -140,6 +140,21 @@ mod tests {
     }
 
     #[test]
+    fn a_low_rate_limit_goes_to_the_channels_owning_its_route() {
+        let mut m = provider(Vec::new());
+        let route = RouteId::new("qwen", "cn", "qwen-max");
+        m.subject = Subject::RateLimitLow {
+            route: route.clone(),
+            limit: "tokens".into(),
+        };
+        m.related = vec![route];
+        assert!(!is_cross_route(&m), "one route's, not the fleet's");
+        assert!(for_channel(&m, &[]).is_some());
+        assert!(for_channel(&m, &["qwen/*".into()]).is_some());
+        assert!(for_channel(&m, &["deepseek/*".into()]).is_none());
+    }
+
+    #[test]
     fn mentions_from_their_severity_up_and_not_on_resolved() {
         let mention = Mention {
             mobiles: vec!["13800138000".into()],

@@ -273,6 +273,7 @@ mod tests {
             error: None,
             answer: None,
             max_tokens_exhausted: false,
+            ratelimit: None,
         }
     }
 

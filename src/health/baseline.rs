@@ -602,6 +602,7 @@ mod tests {
             answer: None,
             first_answer_ms: None,
             max_tokens_exhausted: false,
+            ratelimit: None,
         }
     }
 

@@ -826,6 +826,7 @@ pub(crate) mod tests {
             answer: None,
             first_answer_ms: None,
             max_tokens_exhausted: false,
+            ratelimit: None,
         }
     }
 

@@ -161,6 +161,7 @@ mod tests {
             answer: ok.then(|| "PROBE_OK".into()),
             first_answer_ms: Some(20.0),
             max_tokens_exhausted: false,
+            ratelimit: None,
         }
     }
 

@@ -73,6 +73,7 @@ mod tests {
             error,
             answer: None,
             max_tokens_exhausted: false,
+            ratelimit: None,
         }
     }
 

@@ -25,6 +25,8 @@
 //!   tokens/s); [`confirm`]: which confirmation probe an observation calls for.
 //! - [`fault`]: route faults (401/403/404: our key or model name), opened once, cleared by a
 //!   normal answer.
+//! - [`headroom`]: each route's latest rate-limit headroom per limit (probes and traffic) and
+//!   the `ratelimit_low` judgement (low on real traffic for 5 minutes).
 //! - [`findings`]: egress and request-side findings over all routes.
 //! - [`vantages`]: detection per route × vantage for the routes remote agents probe too
 //!   (own baselines per vantage, agents' freshness); [`quorum`]: the route's state from its
@@ -43,6 +45,7 @@ pub(crate) mod due;
 pub(crate) mod evidence;
 pub(crate) mod fault;
 pub mod findings;
+pub mod headroom;
 pub(crate) mod quorum;
 pub(crate) mod reasons;
 pub(crate) mod route_health;
@@ -59,6 +62,7 @@ pub use classify::{Dims, Judgement, Signal};
 pub use detector::Detector;
 pub use evidence::{ErrorRateEvidence, Evidence, Incident, Observed, Threshold, Transition};
 pub use findings::{Finding, FindingKind, RouteSummary};
+pub use headroom::Headroom;
 pub use route_health::{RouteHealth, Suppression};
 pub use split::{Split, TpsCheck, TtftCheck};
 pub use status::{HealthEvent, HealthRx, HealthSnapshot, IncidentSummary, RouteStatus};

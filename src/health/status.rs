@@ -174,6 +174,18 @@ pub enum HealthEvent {
         firing: bool,
         at: DateTime<Utc>,
     },
+    /// A route's rate limit stayed under 10 % on real traffic for 5 minutes
+    /// ([`super::headroom`]): once with `firing`, then once without when it is back above.
+    #[serde(rename = "ratelimit_low")]
+    RateLimitLow {
+        route: RouteId,
+        /// `requests`, `tokens`, `input_tokens` or `output_tokens`.
+        limit: String,
+        /// The reading that decided it.
+        quota: crate::ratelimit::Quota,
+        firing: bool,
+        at: DateTime<Utc>,
+    },
     /// The hourly extra-cost budget passed `degrade_at` (`crate::extra_cost`): no new switch this
     /// hour.
     BudgetCrossed {

@@ -456,6 +456,7 @@ stale_after = "10s"
             answer: ok.then(|| "PROBE_OK".into()),
             first_answer_ms: Some(20.0),
             max_tokens_exhausted: false,
+            ratelimit: None,
         }
     }
 

@@ -406,6 +406,8 @@ impl ProbeClient {
         run.ttfb = Some(run.ms(headers_at));
         let status = response.status();
         run.status = Some(status.as_u16());
+        // Every answer, a 429 included, tells the account's headroom.
+        run.ratelimit = crate::ratelimit::RateLimits::from_headers(response.headers());
 
         if !status.is_success() {
             let headers = response.headers().clone();
@@ -561,6 +563,8 @@ struct Run {
     /// read (parsing it is our time, not the upstream's), a stream at its end marker (the
     /// drain after it is ours too).
     end: Option<f64>,
+    /// The account's rate-limit headroom the answer's headers announced.
+    ratelimit: Option<crate::ratelimit::RateLimits>,
 }
 
 impl Run {
@@ -572,6 +576,7 @@ impl Run {
             first_answer: None,
             status: None,
             end: None,
+            ratelimit: None,
         }
     }
 
@@ -633,6 +638,7 @@ fn assemble(
         answer: (!answer.is_empty()).then(|| truncate_chars(answer, MAX_ANSWER_CHARS)),
         first_answer_ms,
         max_tokens_exhausted: success && collected.length_cut && answer.is_empty(),
+        ratelimit: run.ratelimit.clone(),
     }
 }
 

@@ -182,6 +182,8 @@ pub struct Timing {
     pub ttfb: Option<Instant>,
     /// First generated content.
     pub ttft: Option<Instant>,
+    /// The account's rate-limit headroom the upstream's answer announced.
+    pub ratelimit: Option<crate::ratelimit::RateLimits>,
 }
 
 impl Timing {
@@ -225,6 +227,7 @@ impl Timing {
             answer: None,
             first_answer_ms: None,
             max_tokens_exhausted: false,
+            ratelimit: self.ratelimit.clone(),
         }
     }
 }
@@ -381,6 +384,7 @@ impl Upstream {
                 started_at,
                 ttfb: None,
                 ttft: None,
+                ratelimit: None,
             },
             budget: limits.budget,
             deadline: start + limits.budget,
@@ -403,6 +407,8 @@ impl Upstream {
         };
         let headers_at = Instant::now();
         call.timing.ttfb = Some(headers_at);
+        // Every answer, a 429 included, tells the account's headroom.
+        call.timing.ratelimit = crate::ratelimit::RateLimits::from_headers(&response.headers);
         if !response.status.is_success() {
             call.refused(response, headers_at).await
         } else if !req.stream {

@@ -215,6 +215,7 @@ mod tests {
             error: None,
             answer: None,
             max_tokens_exhausted: false,
+            ratelimit: None,
         };
         Tried::sent(&o, reason.map(str::to_owned), result)
     }

@@ -162,6 +162,7 @@ pub fn outcome<R: Rng + ?Sized>(
         error: None,
         answer: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     };
     let fail = |o: &mut ProbeOutcome, e: ProbeError, total_ms: f64| {
         o.error = Some(e);

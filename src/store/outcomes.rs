@@ -181,6 +181,7 @@ pub(super) fn from_row(
             answer: r.get(17)?,
             first_answer_ms: r.get(18)?,
             max_tokens_exhausted: r.get(19)?,
+            ratelimit: None,
         })
     })();
     Ok(outcome)

@@ -224,6 +224,7 @@ mod tests {
             error,
             answer: Some("the secret answer".into()),
             max_tokens_exhausted: false,
+            ratelimit: None,
         }
     }
 

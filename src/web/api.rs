@@ -26,7 +26,7 @@
 //!   `all_unhealthy`), `degraded` when any route is DEGRADED or worse or any model is served
 //!   off its primaries, else `operational`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,6 +152,10 @@ struct RouteView<'a> {
     /// What the provider's status page declares for the route, when a page maps it.
     #[serde(skip_serializing_if = "Option::is_none")]
     declared: Option<crate::declared::judge::RouteDeclared>,
+    /// The latest rate-limit headroom per limit (`crate::health::headroom`); absent when the
+    /// route's answers never announced one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ratelimit: Option<&'a BTreeMap<&'static str, crate::health::headroom::Reading>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -223,6 +227,8 @@ pub struct Extras<'a> {
     pub sync: Vec<crate::sync::GatewayStatus>,
     /// What the providers' status pages declare, when any is configured.
     pub declared: Option<DeclaredExtras>,
+    /// Each route's rate-limit readings (`super::headroom`).
+    pub ratelimit: &'a super::headroom::Readings,
 }
 
 /// The status pages' part of a status answer.
@@ -281,6 +287,7 @@ pub fn status_bytes(
         costs: &costs,
         sync: Vec::new(),
         declared: None,
+        ratelimit: &Default::default(),
     };
     status_bytes_with(routes, health, figures, now, extras)
 }
@@ -315,6 +322,7 @@ fn status_view<'a>(
         costs,
         sync,
         declared,
+        ratelimit,
     } = extras;
     let by_id: HashMap<&RouteId, &crate::health::RouteStatus, rustc_hash::FxBuildHasher> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
@@ -390,6 +398,7 @@ fn status_view<'a>(
                 declared: declared
                     .as_ref()
                     .and_then(|d| crate::declared::judge::route_view(&d.map, &d.view, &r.id)),
+                ratelimit: ratelimit.get(&r.id).filter(|m| !m.is_empty()),
             }
         })
         .collect();
@@ -493,6 +502,7 @@ pub async fn status(
     let role = state.metrics.role();
     let sync = state.metrics.sync();
     let declared = DeclaredExtras::of(&state.config.current(), &state.metrics);
+    let ratelimit = state.metrics.headroom();
     let vantages = state
         .vantages
         .as_ref()
@@ -517,6 +527,7 @@ pub async fn status(
             costs: &costs,
             sync,
             declared,
+            ratelimit: &ratelimit,
         };
         let bytes = status_bytes_with(&routes, &health, &figures, now, extras)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;

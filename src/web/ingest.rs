@@ -8,7 +8,8 @@
 //!   items (413 `too_many_items`). Auth is checked before the body is read.
 //! - **Body**: a JSON array of `{route, started_at, success, total_ms, ttfb_ms?, ttft_ms?,
 //!   first_answer_ms?, output_tokens?, tokens_estimated?, tokens_per_second?, model_reported?, http_status?,
-//!   error?: {kind, status?, message?, retry_after_ms?}}`. Unknown fields are ignored; `kind`
+//!   error?: {kind, status?, message?, retry_after_ms?}, ratelimit?: {requests?, tokens?,
+//!   input_tokens?, output_tokens?: {remaining, limit}}}`. Unknown fields are ignored; `kind`
 //!   is always `passive`. Each item is validated on its own (route configured, numbers finite
 //!   and ≥ 0, `started_at` not more than [`MAX_FUTURE`] ahead nor [`MAX_AGE`] old, error kind
 //!   known); a bad item is rejected with its index and the rest go on.
@@ -83,6 +84,9 @@ struct Item {
     /// The sending proxy attributed this failure to its client's own request.
     #[serde(default)]
     attributed_to: Option<String>,
+    /// The rate-limit headroom the upstream's answer announced (`crate::ratelimit`).
+    #[serde(default)]
+    ratelimit: Option<crate::ratelimit::RateLimits>,
 }
 
 /// What an agent's item adds to a passive one.
@@ -210,6 +214,8 @@ fn validate(state: &AppState, item: Item, now: DateTime<Utc>) -> Result<ProbeOut
         answer: None,
         first_answer_ms: item.first_answer_ms,
         max_tokens_exhausted: false,
+        // Held to the rules the headers are read by: a limit of 0 dropped, remaining clamped.
+        ratelimit: item.ratelimit.as_ref().and_then(|r| r.sanitized()),
     })
 }
 

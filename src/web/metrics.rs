@@ -22,6 +22,9 @@
 //!   time from the same cached figures, only for routes with such traffic;
 //! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`,
 //!   `probeok_store_lag_seconds` (the recorder's [`crate::lag::StoreLag`], at scrape time);
+//! - `probeok_route_ratelimit_remaining_ratio{route,limit}`: each route's rate-limit headroom
+//!   as its latest answer announced it, read from detection's board at scrape time
+//!   ([`super::headroom`]);
 //! - the in-process proxy's breakers and counters, once [`Metrics::attach_proxy`] was called
 //!   (see `proxy::export`).
 //!
@@ -216,6 +219,9 @@ pub struct Metrics {
     incident_lead: Histogram,
     /// `probeok_trace_spans_dropped_total`, read from the tracer at scrape time.
     trace: crate::trace::TraceStats,
+    /// `probeok_route_ratelimit_remaining_ratio`, read from detection's board at scrape time
+    /// (and by `/api/v1/status`).
+    headroom: super::headroom::HeadroomSlot,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -393,6 +399,8 @@ impl Metrics {
         registry.register_collector(Box::new(proxy.clone()));
         let trace = crate::trace::TraceStats::default();
         registry.register_collector(Box::new(trace.clone()));
+        let headroom = super::headroom::HeadroomSlot::default();
+        registry.register_collector(Box::new(headroom.clone()));
         let labels = |r: &Route| RouteLabels {
             provider: r.provider.as_str().into(),
             region: r.region.as_str().into(),
@@ -439,6 +447,7 @@ impl Metrics {
             declared: OnceLock::new(),
             incident_lead,
             trace,
+            headroom,
         }
     }
 
@@ -484,6 +493,16 @@ impl Metrics {
             .get()
             .map(|b| b.snapshot().as_ref().clone())
             .unwrap_or_default()
+    }
+
+    /// Detection's rate-limit board, for `/metrics` and `/api/v1/status`. The first call wins.
+    pub fn attach_headroom(&self, board: crate::health::Headroom) {
+        self.headroom.attach(board);
+    }
+
+    /// Every route's latest rate-limit readings; empty without detection in this process.
+    pub fn headroom(&self) -> super::headroom::Readings {
+        self.headroom.readings()
     }
 
     /// This member's role now: the leader unless a cluster says otherwise.
@@ -845,6 +864,7 @@ mod tests {
             }),
             answer: None,
             max_tokens_exhausted: false,
+            ratelimit: None,
         }
     }
 

@@ -32,6 +32,7 @@ pub mod drift;
 pub mod drills;
 pub(crate) mod feed;
 pub mod guards;
+pub(crate) mod headroom;
 pub mod i18n;
 pub(crate) mod ingest;
 pub(crate) mod memo;

@@ -29,6 +29,27 @@ pub(super) fn json_response(description: &str, schema: &str) -> Value {
 }
 
 /// A route's queueing/throttling split (its own function: one `json!` cannot nest this deep).
+/// A route's rate-limit headroom per limit (see `docs/http-api.md`); absent until announced.
+fn ratelimit_schema() -> Value {
+    let reading = json!({
+        "type": "object", "required": ["remaining", "limit", "ratio", "at", "source"],
+        "properties": {
+            "remaining": {"type": "integer", "minimum": 0},
+            "limit": {"type": "integer", "minimum": 1},
+            "ratio": {"type": "number", "minimum": 0, "maximum": 1, "description": "remaining / limit, 4 places"},
+            "at": {"type": "string", "format": "date-time", "description": "When the answer's headers arrived"},
+            "source": {"type": "string", "enum": ["probe", "traffic"]}}
+    });
+    json!({
+        "type": "object",
+        "description": "The latest rate-limit headroom the route's answers announced (x-ratelimit-*, anthropic-ratelimit-*), per limit; absent when never announced",
+        "properties": {
+            "requests": reading.clone(), "tokens": reading.clone(),
+            "input_tokens": reading.clone(), "output_tokens": reading},
+        "additionalProperties": false
+    })
+}
+
 /// One window of `observed` (see `docs/http-api.md`).
 fn observed_schema() -> Value {
     let pair = || {
@@ -200,6 +221,13 @@ fn heartbeat_and_reload_schemas() -> Value {
 }
 
 fn core_schemas() -> Value {
+    let mut schemas = core_schemas_but_ratelimit();
+    // Beside the rest: one more key in that one `json!` passes the macro's recursion limit.
+    schemas["RouteStatus"]["properties"]["ratelimit"] = ratelimit_schema();
+    schemas
+}
+
+fn core_schemas_but_ratelimit() -> Value {
     json!({
         "Error": {
             "type": "object", "required": ["error"],

@@ -182,6 +182,7 @@ pub fn outcome(
         answer: None,
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

@@ -112,6 +112,9 @@ pub struct HealthOptions {
     /// (a provider-wide outage moves thousands of routes in one tick) go out together in one
     /// snapshot at its end, and their transition events right after it.
     pub publish_every: Duration,
+    /// Where every outcome's rate-limit headroom is kept (shared with the status API and
+    /// `/metrics`, which read it).
+    pub headroom: super::Headroom,
 }
 
 impl Default for HealthOptions {
@@ -123,6 +126,7 @@ impl Default for HealthOptions {
             baselines_every: Duration::from_secs(30),
             heartbeat_every: Duration::from_secs(10),
             publish_every: Duration::from_millis(250),
+            headroom: super::Headroom::default(),
         }
     }
 }
@@ -502,6 +506,7 @@ impl HealthService {
             return;
         };
         let now = self.clock.now();
+        self.observe_headroom(&o);
         if o.kind != OutcomeKind::Passive && self.board.covers(&o.route) {
             self.ingest_local_vantage(i, o, persist).await;
             return;
@@ -549,6 +554,34 @@ impl HealthService {
             self.on_transition(i, t, persist).await;
         }
         self.refresh(i, now);
+    }
+
+    /// Keeps the headroom `o`'s answer announced and sends `ratelimit_low` when a limit's
+    /// judgement changes ([`super::headroom`]). The reading is dated when the answer's headers
+    /// arrived, so a proxy's late batch is judged at the time it was seen.
+    fn observe_headroom(&self, o: &ProbeOutcome) {
+        let Some(limits) = &o.ratelimit else {
+            return;
+        };
+        let after = chrono::TimeDelta::milliseconds(o.ttfb_ms.unwrap_or(0.0) as i64);
+        let at = o.started_at + after;
+        let source = super::headroom::Source::of(o.kind);
+        for j in self.opts.headroom.observe(&o.route, limits, source, at) {
+            let firing = j.change == super::headroom::Change::Low;
+            if firing {
+                tracing::warn!(route = %o.route, limit = j.limit.as_str(), ratio = j.reading.ratio, "rate limit under 10 % for 5 minutes of real traffic");
+            }
+            let _ = self.events.send(HealthEvent::RateLimitLow {
+                route: o.route.clone(),
+                limit: j.limit.as_str().to_owned(),
+                quota: crate::ratelimit::Quota {
+                    remaining: j.reading.remaining,
+                    limit: j.reading.limit,
+                },
+                firing,
+                at,
+            });
+        }
     }
 
     /// The 1-second evaluation of every route.

@@ -75,6 +75,8 @@ impl HealthService {
             return;
         }
         if let Some(&i) = self.index.get(&v.outcome.route) {
+            // An agent's answer tells the account's headroom as well as ours does.
+            self.observe_headroom(&v.outcome);
             self.follow_quorum(i, true, persist).await;
         }
     }

@@ -225,6 +225,7 @@ impl Prober for Upstream {
                     answer: None,
                     first_answer_ms: None,
                     max_tokens_exhausted: false,
+                    ratelimit: None,
                 }
             } else {
                 let total = b.total(tokens);
@@ -249,6 +250,7 @@ impl Prober for Upstream {
                     answer: Some("PROBE_OK".into()),
                     first_answer_ms: None,
                     max_tokens_exhausted: false,
+                    ratelimit: None,
                 }
             };
             *self.in_flight.lock().unwrap().get_mut(&route.id).unwrap() -= 1;
@@ -297,6 +299,7 @@ fn warmed(det: &Detector, cfg: &DetectionConfig, id: &RouteId) -> (RouteHealth, 
             answer: Some("PROBE_OK".into()),
             first_answer_ms: None,
             max_tokens_exhausted: false,
+            ratelimit: None,
         };
         det.ingest(&mut h, &mut b, &o, when);
     }

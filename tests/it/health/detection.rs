@@ -48,6 +48,7 @@ fn outcome(route: &RouteId, kind: OutcomeKind, when: DateTime<Utc>) -> ProbeOutc
         answer: Some("PROBE_OK".into()),
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

@@ -3,6 +3,7 @@ mod detection;
 mod error_budget;
 mod heartbeats;
 mod quorum;
+mod ratelimit_low;
 mod roles;
 mod route_faults;
 mod scale_outage;

@@ -45,6 +45,7 @@ fn outcome(route: &RouteId, kind: OutcomeKind, at: DateTime<Utc>, status: u16) -
         }),
         answer: ok.then(|| "PROBE_OK".into()),
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

@@ -62,6 +62,7 @@ fn outcome(route: &RouteId, at: DateTime<Utc>, ok: bool) -> ProbeOutcome {
         }),
         answer: ok.then(|| "PROBE_OK".into()),
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

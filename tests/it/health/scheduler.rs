@@ -138,6 +138,7 @@ impl Prober for Recorder {
                 answer: Some("PROBE_OK".into()),
                 first_answer_ms: None,
                 max_tokens_exhausted: false,
+                ratelimit: None,
             }
         })
     }

@@ -103,6 +103,7 @@ fn probe(route: &RouteId, when: DateTime<Utc>, total_ms: f64) -> ProbeOutcome {
         answer: Some("PROBE_OK".into()),
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 
@@ -561,7 +562,8 @@ async fn egress_finding_then_a_provider_incident() {
             | HealthEvent::RouteFault { .. }
             | HealthEvent::BudgetCrossed { .. }
             | HealthEvent::SyncFailed { .. }
-            | HealthEvent::ProviderDeclared { .. } => {}
+            | HealthEvent::ProviderDeclared { .. }
+            | HealthEvent::RateLimitLow { .. } => {}
         }
     }
     assert_eq!((opened, closed), (1, 1));

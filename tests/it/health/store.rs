@@ -51,6 +51,7 @@ fn probe(route: &RouteId, when: DateTime<Utc>, ok: bool) -> ProbeOutcome {
         answer: ok.then(|| "PROBE_OK".into()),
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

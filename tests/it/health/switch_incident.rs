@@ -58,6 +58,7 @@ fn outcome(route: &RouteId, kind: OutcomeKind, when: DateTime<Utc>, ms: f64) -> 
         answer: Some("PROBE_OK".into()),
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

@@ -45,6 +45,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("lag", Layer::Base),
     ("malloc", Layer::Base),
     ("vantage", Layer::Base),
+    ("ratelimit", Layer::Base),
     ("config", Layer::Config),
     ("store", Layer::Store),
     ("probe", Layer::Domain),

@@ -5,6 +5,7 @@ mod extra_cost;
 mod failover;
 mod monitor;
 mod props;
+mod ratelimit;
 mod reasoning;
 mod request_side;
 mod safeguards;

@@ -326,6 +326,56 @@ async fn standalone_ingest_reaches_a_real_monitor_with_its_token() {
     monitor.shutdown.cancel();
 }
 
+/// A standalone proxy's reading of the upstream's rate-limit headers travels with its passive
+/// outcome through `POST /api/v1/ingest` to the monitor, held to the same rules there.
+#[tokio::test]
+async fn standalone_ingest_carries_the_rate_limit_headroom() {
+    let a = up(|_| {
+        let mut h = axum::http::HeaderMap::new();
+        for (k, v) in [
+            ("x-ratelimit-limit-requests", "500"),
+            ("x-ratelimit-remaining-requests", "12"),
+            ("x-ratelimit-limit-tokens", "0"),
+            ("x-ratelimit-remaining-tokens", "0"),
+        ] {
+            h.insert(k, v.parse().unwrap());
+        }
+        Reply::now((h, json(StatusCode::OK, openai::body("hi", "stop", Some(3)))))
+    })
+    .await;
+    let b = up(|_| ok_body("from b")).await;
+    let mut monitor = common::app::Harness::new(MONITOR_ROUTES, chrono::Utc::now()).await;
+    let served = monitor.serve().await;
+    let (ptx, prx) = mpsc::channel(64);
+    let (ingest, _dropped) = proxy::remote::ingest_with(
+        served.url(""),
+        Some(probeok::secret::Secret::new("test-ingest-token")),
+        prx,
+        proxy::remote::IngestOptions {
+            batch: 4,
+            buffer: 100,
+            every: Duration::from_millis(100),
+        },
+    );
+    let px = start(&config(&[&a, &b], |_| {}), ptx, ProxyOptions::default()).await;
+    let http = reqwest::Client::new();
+    assert_eq!(post(&px, &http).await.status(), 200);
+    let o = tokio::time::timeout(Duration::from_secs(5), monitor.passive_rx.recv())
+        .await
+        .expect("the outcome reaches the monitor")
+        .expect("passive channel open");
+    let limits = o.ratelimit.expect("the reading travels with the outcome");
+    assert_eq!(limits.requests, probeok::ratelimit::Quota::new(12, 500));
+    assert_eq!(limits.tokens, None, "a limit of 0 is no figure");
+    px.shutdown.cancel();
+    drop(px);
+    tokio::time::timeout(Duration::from_secs(5), ingest)
+        .await
+        .expect("ingest ends with the proxy")
+        .unwrap();
+    monitor.shutdown.cancel();
+}
+
 /// With the monitor down the buffer stays bounded (the oldest are dropped and counted); when
 /// the monitor comes back the newest outcomes arrive.
 #[tokio::test]

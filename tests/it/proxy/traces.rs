@@ -523,6 +523,7 @@ fn probe_outcome() -> ProbeOutcome {
         error: None,
         answer: Some(ANSWER.into()),
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

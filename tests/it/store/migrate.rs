@@ -47,6 +47,7 @@ fn outcome(route: &RouteId, i: i64) -> ProbeOutcome {
         answer: Some("PROBE_OK".into()),
         first_answer_ms: Some(140.5),
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

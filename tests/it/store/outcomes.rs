@@ -62,6 +62,7 @@ fn outcome(
         answer: Some("PROBE_OK".into()),
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 
@@ -613,6 +614,7 @@ async fn a_resolved_record_is_readable_at_once_from_a_fresh_reader(db: &TestDb) 
         answer: Some("1 2 3".into()),
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     };
     let bare = ProbeOutcome {
         route: r.clone(),
@@ -636,6 +638,7 @@ async fn a_resolved_record_is_readable_at_once_from_a_fresh_reader(db: &TestDb) 
         answer: None,
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     };
     for o in [full.clone(), bare.clone()] {
         writer.record(o.clone()).await.unwrap();

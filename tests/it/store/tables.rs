@@ -173,6 +173,7 @@ fn outcome(route: &RouteId, kind: OutcomeKind, at: DateTime<Utc>, ok: bool) -> P
         answer: None,
         first_answer_ms: None,
         max_tokens_exhausted: false,
+        ratelimit: None,
     }
 }
 

@@ -588,6 +588,41 @@ async fn ingest_validates_each_item_and_delivers_the_accepted_ones_as_passive() 
 }
 
 #[tokio::test]
+async fn ingest_holds_rate_limit_figures_to_the_header_rules() {
+    let mut h = Harness::new(ROUTES, now()).await;
+    let s = h.serve().await;
+    let mut clamped = item(QWEN);
+    clamped["ratelimit"] = json!({"requests": {"remaining": 900, "limit": 500},
+        "tokens": {"remaining": 3, "limit": 0}, "input_tokens": {"remaining": 40, "limit": 400}});
+    let mut negative = item(QWEN);
+    negative["ratelimit"] = json!({"requests": {"remaining": -1, "limit": 500}});
+    let mut text = item(QWEN);
+    text["ratelimit"] = json!({"requests": {"remaining": "many", "limit": 500}});
+    let mut nothing = item(DS);
+    nothing["ratelimit"] = json!({"tokens": {"remaining": 0, "limit": 0}});
+    let body = json!([clamped, negative, text, nothing]);
+    let (code, v) = ingest(
+        &s.url("/api/v1/ingest"),
+        Some("test-ingest-token"),
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    assert_eq!(v["accepted"], 2, "{v}");
+    let indexes: Vec<u64> = (v["rejected"].as_array().unwrap().iter())
+        .map(|r| r["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indexes, vec![1, 2], "not counts: {v}");
+    let a = h.passive_rx.recv().await.unwrap();
+    let limits = a.ratelimit.unwrap();
+    assert_eq!(limits.requests, probeok::ratelimit::Quota::new(500, 500));
+    assert_eq!(limits.tokens, None);
+    assert_eq!(limits.input_tokens.unwrap().ratio(), 0.1);
+    let b = h.passive_rx.recv().await.unwrap();
+    assert_eq!(b.ratelimit, None, "nothing left of it");
+}
+
+#[tokio::test]
 async fn ingest_waits_for_room_in_the_passive_queue() {
     let mut h = Harness::with(
         ROUTES,
