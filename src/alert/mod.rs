@@ -108,6 +108,15 @@ pub enum Subject {
     VantageStale { vantage: String },
     /// A new-api / one-api gateway refuses probeok's channel writes (`note` has its answer).
     SyncFailed { kind: String, gateway: String },
+    /// A routed model left its provider region's model list (`crate::catalog`; `related`
+    /// names the routes that use it).
+    ModelWithdrawn { region: String, model: String },
+    /// A route's model retires on `retires` (`route.retires`), `days_left` days from now.
+    ModelRetiring {
+        route: RouteId,
+        retires: chrono::NaiveDate,
+        days_left: i64,
+    },
     /// `probeok alert test`.
     Test,
 }

@@ -98,6 +98,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0023_sync_channels",
         include_str!("../../migrations/sqlite/0023_sync_channels.sql"),
     ),
+    (
+        "0025_catalog",
+        include_str!("../../migrations/sqlite/0025_catalog.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -185,6 +189,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0023_sync_channels",
         include_str!("../../migrations/postgres/0023_sync_channels.sql"),
+    ),
+    (
+        "0025_catalog",
+        include_str!("../../migrations/postgres/0025_catalog.sql"),
     ),
 ];
 

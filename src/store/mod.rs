@@ -40,6 +40,7 @@ mod contracts;
 pub(crate) mod copy;
 mod drift;
 pub mod drills;
+pub mod catalog;
 pub mod gateways;
 mod health;
 pub mod histogram;

@@ -137,6 +137,11 @@ pub(crate) enum Command {
         op: super::gateways::GatewayOp,
         ack: Ack<u64>,
     },
+    /// A write to the model catalog (`store/catalog.rs`).
+    Catalog {
+        op: super::catalog::CatalogOp,
+        ack: Ack<u64>,
+    },
     /// A write to the `drills` table (`store/drills.rs`).
     Drill {
         op: super::drills::DrillOp,
@@ -199,7 +204,8 @@ impl Command {
             | Command::Idempotency { ack, .. }
             | Command::Drill { ack, .. }
             | Command::Subscriber { ack, .. }
-            | Command::Gateway { ack, .. } => {
+            | Command::Gateway { ack, .. }
+            | Command::Catalog { ack, .. } => {
                 let _ = ack.send(result);
             }
             Command::Shutdown { ack } => {
@@ -672,6 +678,7 @@ impl State {
                 Command::Drill { op, .. } => super::drills::apply(&tx, op)?,
                 Command::Subscriber { op, .. } => super::subscribers::apply(&tx, op)?,
                 Command::Gateway { op, .. } => super::gateways::apply(&tx, op)?,
+                Command::Catalog { op, .. } => super::catalog::apply(&tx, op)?,
                 Command::Vantage {
                     items,
                     now,
