@@ -560,7 +560,9 @@ async fn egress_finding_then_a_provider_incident() {
             | HealthEvent::Switch { .. }
             | HealthEvent::RouteFault { .. }
             | HealthEvent::BudgetCrossed { .. }
-            | HealthEvent::SyncFailed { .. } => {}
+            | HealthEvent::SyncFailed { .. }
+            | HealthEvent::ModelWithdrawn { .. }
+            | HealthEvent::ModelRetiring { .. } => {}
         }
     }
     assert_eq!((opened, closed), (1, 1));

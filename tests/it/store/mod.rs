@@ -1,3 +1,4 @@
+mod catalog;
 mod gateways;
 mod migrate;
 mod outcomes;
