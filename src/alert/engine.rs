@@ -257,8 +257,7 @@ impl AlertService {
                 if matches!(
                     message.subject,
                     Subject::RouteFault { .. } | Subject::ModelWithdrawn { .. }
-                )
-                    && key.as_ref().is_some_and(|k| firing_now.is_firing(k))
+                ) && key.as_ref().is_some_and(|k| firing_now.is_firing(k))
                 {
                     continue;
                 }

@@ -684,7 +684,11 @@ fn model_withdrawn_draft(
     let key = model_withdrawn_key(&region, &model);
     let note = Some(format!(
         "routes: {}",
-        routes.iter().map(RouteId::as_str).collect::<Vec<_>>().join(", ")
+        routes
+            .iter()
+            .map(RouteId::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
     ));
     let subject = Subject::ModelWithdrawn { region, model };
     let mut d = keyed_warning(key, withdrawn, subject, routes, note, at);

@@ -439,16 +439,24 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
             (Lang::En, _) => format!(
                 "{region}: model {model} withdrawn from the provider's model list (model_withdrawn)"
             ),
-            (Lang::Zh, Status::Resolved) => format!("{region}：模型 {model} 已重新出现在模型列表中"),
-            (Lang::Zh, _) => format!("{region}：模型 {model} 已从服务商的模型列表中下架(model_withdrawn)"),
+            (Lang::Zh, Status::Resolved) => {
+                format!("{region}：模型 {model} 已重新出现在模型列表中")
+            }
+            (Lang::Zh, _) => {
+                format!("{region}：模型 {model} 已从服务商的模型列表中下架(model_withdrawn)")
+            }
         },
         Subject::ModelRetiring {
             route,
             retires,
             days_left,
         } => match lang {
-            Lang::En => format!("{route}: the model retires on {retires}, in {days_left} day(s) (model_retiring)"),
-            Lang::Zh => format!("{route}：模型将于 {retires} 下线，还剩 {days_left} 天(model_retiring)"),
+            Lang::En => format!(
+                "{route}: the model retires on {retires}, in {days_left} day(s) (model_retiring)"
+            ),
+            Lang::Zh => {
+                format!("{route}：模型将于 {retires} 下线，还剩 {days_left} 天(model_retiring)")
+            }
         },
         Subject::Test => w
             .t(

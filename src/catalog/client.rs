@@ -143,10 +143,7 @@ async fn page(req: reqwest::RequestBuilder) -> Result<Page, CatalogError> {
     let net = |e: reqwest::Error| CatalogError::Network(short(&e.without_url().to_string()));
     let mut resp = req.send().await.map_err(net)?;
     let status = resp.status().as_u16();
-    if resp
-        .content_length()
-        .is_some_and(|n| n > MAX_BODY as u64)
-    {
+    if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
         return Err(CatalogError::TooLarge);
     }
     let mut body = Vec::new();

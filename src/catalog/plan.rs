@@ -46,10 +46,7 @@ pub fn regions(routes: &[Route]) -> Vec<Region> {
             ProviderKind::Anthropic => "anthropic",
         };
         let base = r.base_url.trim_end_matches('/');
-        let key = format!(
-            "{kind} {base} {}",
-            r.api_key_env.as_deref().unwrap_or("-")
-        );
+        let key = format!("{kind} {base} {}", r.api_key_env.as_deref().unwrap_or("-"));
         let i = match out.iter().position(|g| g.key == key) {
             Some(i) => i,
             None => {
@@ -219,7 +216,10 @@ mod tests {
     #[test]
     fn a_routed_model_is_withdrawn_after_two_answers_without_it() {
         let now = t("2026-12-06T10:00:00Z");
-        let known = vec![row("a", "2026-12-06T08:00:00Z", 0), row("b", "2026-12-06T08:00:00Z", 0)];
+        let known = vec![
+            row("a", "2026-12-06T08:00:00Z", 0),
+            row("b", "2026-12-06T08:00:00Z", 0),
+        ];
         let one = observe(&known, &set(&["b"]), &routed(&["a"]), now);
         assert!(one.withdrawn.is_empty(), "{one:?}");
         assert_eq!(one.rows[0].missing, 1);
@@ -250,7 +250,10 @@ mod tests {
     #[test]
     fn an_unrouted_model_long_unlisted_is_forgotten() {
         let now = t("2026-12-06T10:00:00Z");
-        let known = vec![row("gone", "2026-09-01T00:00:00Z", 400), row("kept", "2026-09-01T00:00:00Z", 400)];
+        let known = vec![
+            row("gone", "2026-09-01T00:00:00Z", 400),
+            row("kept", "2026-09-01T00:00:00Z", 400),
+        ];
         let o = observe(&known, &set(&["x"]), &routed(&["kept"]), now);
         assert_eq!(o.forget, vec!["gone".to_owned()]);
         assert_eq!(o.withdrawn, vec!["kept".to_owned()]);

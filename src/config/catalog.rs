@@ -89,7 +89,13 @@ mod tests {
             parse_date("2026-06-30"),
             chrono::NaiveDate::from_ymd_opt(2026, 6, 30)
         );
-        for bad in ["2026-6-30", "2026-02-30", "30/06/2026", "2026-06-30T00:00", ""] {
+        for bad in [
+            "2026-6-30",
+            "2026-02-30",
+            "30/06/2026",
+            "2026-06-30T00:00",
+            "",
+        ] {
             assert_eq!(parse_date(bad), None, "{bad}");
         }
     }

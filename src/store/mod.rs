@@ -35,12 +35,12 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod alerts;
+pub mod catalog;
 mod checkpoint;
 mod contracts;
 pub(crate) mod copy;
 mod drift;
 pub mod drills;
-pub mod catalog;
 pub mod gateways;
 mod health;
 pub mod histogram;

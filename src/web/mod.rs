@@ -28,6 +28,7 @@
 pub mod api;
 pub(crate) mod atom;
 pub(crate) mod badges;
+pub(crate) mod catalog;
 pub(crate) mod clients;
 pub mod drift;
 pub mod drills;
@@ -45,7 +46,6 @@ pub mod requests;
 pub mod shadow;
 pub(crate) mod silences;
 pub mod subscribe;
-pub(crate) mod catalog;
 pub(crate) mod switches;
 pub mod table;
 pub mod vantages;

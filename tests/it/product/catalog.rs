@@ -68,7 +68,11 @@ fn broken(b: Broken) -> Response {
         // Valid JSON, 5 MiB of it: only the size bound refuses it.
         Broken::Oversized => (
             StatusCode::OK,
-            format!("{}{}", " ".repeat(5 << 20), j!({"object": "list", "data": [{"id": "x"}]})),
+            format!(
+                "{}{}",
+                " ".repeat(5 << 20),
+                j!({"object": "list", "data": [{"id": "x"}]})
+            ),
         )
             .into_response(),
         Broken::NoModels => json(StatusCode::OK, j!({"object": "list", "data": []})),
@@ -76,10 +80,15 @@ fn broken(b: Broken) -> Response {
 }
 
 async fn openai_models(State(p): State<Shared>, headers: HeaderMap) -> Response {
-    if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some(&format!("Bearer {KEY}")) {
+    if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some(&format!("Bearer {KEY}"))
+    {
         return json(
             StatusCode::UNAUTHORIZED,
-            openai::error("Incorrect API key provided", "invalid_request_error", Some("invalid_api_key")),
+            openai::error(
+                "Incorrect API key provided",
+                "invalid_request_error",
+                Some("invalid_api_key"),
+            ),
         );
     }
     let p = p.lock().unwrap();
@@ -123,7 +132,12 @@ async fn anthropic_models(
     headers: HeaderMap,
     Query(q): Query<Page>,
 ) -> Response {
-    let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let h = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
     if h("x-api-key").as_deref() != Some(KEY) {
         return json(
             StatusCode::UNAUTHORIZED,
@@ -139,7 +153,11 @@ async fn anthropic_models(
     let mut p = p.lock().unwrap();
     p.cursors.push(q.after_id.clone());
     let start = match &q.after_id {
-        Some(a) => p.listed.iter().position(|m| m == a).map_or(p.listed.len(), |i| i + 1),
+        Some(a) => p
+            .listed
+            .iter()
+            .position(|m| m == a)
+            .map_or(p.listed.len(), |i| i + 1),
         None => 0,
     };
     let size = q.limit.unwrap_or(20).clamp(1, 1000).min(2);
@@ -276,9 +294,12 @@ impl Rig {
 
     async fn probe(&self, route: &str) -> Option<u16> {
         let route = self.routes.iter().find(|r| r.id.as_str() == route).unwrap();
-        let client =
-            ProbeClient::with_env(std::slice::from_ref(route), self.clock.clone(), &self.config.env)
-                .unwrap();
+        let client = ProbeClient::with_env(
+            std::slice::from_ref(route),
+            self.clock.clone(),
+            &self.config.env,
+        )
+        .unwrap();
         let o = client.probe(route, OutcomeKind::Probe).await;
         o.http_status
     }
@@ -331,7 +352,14 @@ fn t0() -> DateTime<Utc> {
     at("2026-03-02T09:00:00Z")
 }
 
-const LISTED: &[&str] = &["gpt-4o", OLD, "o1", "claude-3-opus-20240229", "claude-3-5-haiku-20241022", "claude-sonnet-4-20250514"];
+const LISTED: &[&str] = &[
+    "gpt-4o",
+    OLD,
+    "o1",
+    "claude-3-opus-20240229",
+    "claude-3-5-haiku-20241022",
+    "claude-sonnet-4-20250514",
+];
 
 /// The `model_withdrawn` rows of the alert outbox: (status, severity).
 fn outbox_withdrawn(rig: &common::alerts::Rig) -> Vec<(String, String)> {
@@ -353,7 +381,12 @@ fn outbox_withdrawn(rig: &common::alerts::Rig) -> Vec<(String, String)> {
 async fn a_dropped_routed_model_is_one_critical_alert_after_two_answers_before_the_first_404() {
     let (server, p) = fake(LISTED).await;
     let mut r = Rig::new(&server, t0()).await;
-    let hook = common::alerts::webhook("hook", "127.0.0.1:9".parse().unwrap(), None, Severity::Warning);
+    let hook = common::alerts::webhook(
+        "hook",
+        "127.0.0.1:9".parse().unwrap(),
+        None,
+        Severity::Warning,
+    );
     let alerts = common::alerts::rig(vec![hook], r.clock.clone(), |_| {}).await;
     let push = |events: Vec<HealthEvent>| {
         let alerts = &alerts;
@@ -368,19 +401,33 @@ async fn a_dropped_routed_model_is_one_critical_alert_after_two_answers_before_t
     // The provider's list drops the old model; its endpoint still serves it.
     p.lock().unwrap().listed.retain(|m| m != OLD);
     let (_, events) = r.pass_after(1).await;
-    assert!(withdrawn(&events).is_empty(), "one answer without it is not enough: {events:?}");
-    let row = r.models().into_iter().find(|(_, m)| m.model == OLD).unwrap().1;
+    assert!(
+        withdrawn(&events).is_empty(),
+        "one answer without it is not enough: {events:?}"
+    );
+    let row = r
+        .models()
+        .into_iter()
+        .find(|(_, m)| m.model == OLD)
+        .unwrap()
+        .1;
     assert_eq!((row.missing, row.last_seen), (1, t0()));
     assert_eq!(r.probe("oai/us/gpt-4-0613").await, Some(200));
 
     let (_, events) = r.pass_after(1).await;
-    let routes = vec!["oai/us/gpt-4-0613".to_owned(), "oai-batch/us/gpt-4-0613".to_owned()];
+    let routes = vec![
+        "oai/us/gpt-4-0613".to_owned(),
+        "oai-batch/us/gpt-4-0613".to_owned(),
+    ];
     assert_eq!(
         withdrawn(&events),
         vec![("oai/us".to_owned(), OLD.to_owned(), routes.clone(), true)]
     );
     push(events).await;
-    assert_eq!(outbox_withdrawn(&alerts), vec![("firing".to_owned(), "critical".to_owned())]);
+    assert_eq!(
+        outbox_withdrawn(&alerts),
+        vec![("firing".to_owned(), "critical".to_owned())]
+    );
     // The alert is out, and the route still answers: it came before the first 404.
     assert_eq!(r.probe("oai/us/gpt-4-0613").await, Some(200));
 
@@ -390,7 +437,12 @@ async fn a_dropped_routed_model_is_one_critical_alert_after_two_answers_before_t
         assert_eq!(withdrawn(&events).len(), 1);
         push(events).await;
     }
-    assert_eq!(outbox_withdrawn(&alerts).len(), 1, "{:?}", outbox_withdrawn(&alerts));
+    assert_eq!(
+        outbox_withdrawn(&alerts).len(),
+        1,
+        "{:?}",
+        outbox_withdrawn(&alerts)
+    );
 
     // Now the endpoint follows the list.
     p.lock().unwrap().served.remove(OLD);
@@ -411,7 +463,12 @@ async fn a_dropped_routed_model_is_one_critical_alert_after_two_answers_before_t
             ("resolved".to_owned(), "critical".to_owned())
         ]
     );
-    let row = r.models().into_iter().find(|(_, m)| m.model == OLD).unwrap().1;
+    let row = r
+        .models()
+        .into_iter()
+        .find(|(_, m)| m.model == OLD)
+        .unwrap()
+        .1;
     assert_eq!((row.missing, row.first_seen), (0, t0()));
     let _ = &r.events;
 }
@@ -426,7 +483,11 @@ async fn anthropic_lists_are_read_page_by_page_and_a_dropped_model_alerts_after_
     // Six models two a page: three pages, each after the last id of the one before.
     assert_eq!(
         p.lock().unwrap().cursors,
-        vec![None, Some(OLD.to_owned()), Some("claude-3-opus-20240229".to_owned())]
+        vec![
+            None,
+            Some(OLD.to_owned()),
+            Some("claude-3-opus-20240229".to_owned())
+        ]
     );
     let anthropic: BTreeSet<String> = r
         .models()
@@ -436,7 +497,10 @@ async fn anthropic_lists_are_read_page_by_page_and_a_dropped_model_alerts_after_
         .collect();
     assert_eq!(anthropic.len(), 6, "every page read: {anthropic:?}");
 
-    p.lock().unwrap().listed.retain(|m| m != "claude-3-opus-20240229");
+    p.lock()
+        .unwrap()
+        .listed
+        .retain(|m| m != "claude-3-opus-20240229");
     let (_, events) = r.pass_after(1).await;
     assert!(withdrawn(&events).is_empty());
     let (_, events) = r.pass_after(1).await;
@@ -479,7 +543,12 @@ async fn a_failed_malformed_or_oversized_list_changes_nothing_and_is_a_warning()
     let mut r = Rig::new(&server, t0()).await;
     r.pass_after(0).await;
     let before = r.models();
-    for b in [Broken::Status500, Broken::NotJson, Broken::Oversized, Broken::NoModels] {
+    for b in [
+        Broken::Status500,
+        Broken::NotJson,
+        Broken::Oversized,
+        Broken::NoModels,
+    ] {
         p.lock().unwrap().broken = Some(b);
         logs.0.lock().unwrap().clear();
         // Three broken answers in a row: were any read as a list, the routed models would be
@@ -491,10 +560,16 @@ async fn a_failed_malformed_or_oversized_list_changes_nothing_and_is_a_warning()
             assert!(withdrawn(&events).is_empty(), "{b:?}: {events:?}");
         }
         let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
-        assert!(text.contains("WARN") && text.contains("model list not read"), "{b:?}: {text}");
+        assert!(
+            text.contains("WARN") && text.contains("model list not read"),
+            "{b:?}: {text}"
+        );
         assert!(!text.contains(KEY), "the key is never logged");
         let oai = |rows: &[(String, probeok::store::catalog::ModelRow)]| {
-            rows.iter().filter(|(k, _)| k.starts_with("openai ")).cloned().collect::<Vec<_>>()
+            rows.iter()
+                .filter(|(k, _)| k.starts_with("openai "))
+                .cloned()
+                .collect::<Vec<_>>()
         };
         assert_eq!(oai(&r.models()), oai(&before), "{b:?}: the catalog is kept");
     }
@@ -555,7 +630,12 @@ async fn retires_warns_30_7_and_1_days_before_once_each_across_restarts() {
     let (_, events) = again.pass_after(1).await;
     assert!(retiring(&events).is_empty(), "{events:?}");
     // Through the alert engine: a warning naming the date.
-    let hook = common::alerts::webhook("hook", "127.0.0.1:9".parse().unwrap(), None, Severity::Warning);
+    let hook = common::alerts::webhook(
+        "hook",
+        "127.0.0.1:9".parse().unwrap(),
+        None,
+        Severity::Warning,
+    );
     let alerts = common::alerts::rig(vec![hook], r.clock.clone(), |_| {}).await;
     let e = HealthEvent::ModelRetiring {
         route: common::app::id("oai/us/gpt-4-0613"),
@@ -593,7 +673,8 @@ async fn the_catalog_endpoint_lists_models_per_provider_region_with_first_and_la
     let catalog = catalog(&config, &routes, &h.store, &h.clock, &h.state.events);
     catalog.pass().await;
     p.lock().unwrap().listed.push("gpt-5".to_owned());
-    h.clock.advance(std::time::Duration::from_secs(8 * 24 * 3600));
+    h.clock
+        .advance(std::time::Duration::from_secs(8 * 24 * 3600));
     catalog.pass().await;
     let served = h.serve().await;
     let body: Value = reqwest::get(served.url("/api/v1/catalog"))
@@ -629,9 +710,15 @@ async fn the_catalog_endpoint_lists_models_per_provider_region_with_first_and_la
     assert_eq!(old["listed"], true);
     assert_eq!(old["new"], false);
     assert_eq!(old["retires"], "2026-06-30");
-    assert_eq!(old["routes"], j!(["oai/us/gpt-4-0613", "oai-batch/us/gpt-4-0613"]));
+    assert_eq!(
+        old["routes"],
+        j!(["oai/us/gpt-4-0613", "oai-batch/us/gpt-4-0613"])
+    );
     let o1 = model("o1");
-    assert_eq!((o1["routed"].clone(), o1["routes"].clone()), (j!(false), j!([])));
+    assert_eq!(
+        (o1["routed"].clone(), o1["routes"].clone()),
+        (j!(false), j!([]))
+    );
     let new = model("gpt-5");
     assert_eq!(new["new"], true);
     assert_eq!(new["first_seen"], probeok::clock::rfc3339(later));
