@@ -727,3 +727,85 @@ async fn the_catalog_endpoint_lists_models_per_provider_region_with_first_and_la
     assert!(!text.contains("127.0.0.1") && !text.contains("FAKE_KEY") && !text.contains(KEY));
     h.shutdown.cancel();
 }
+
+/// The wiring: `serve`'s leader reads every provider region's list at the start of its term
+/// (here the simulated providers' `GET /v1/models`), and `/api/v1/catalog` shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_reads_the_lists_at_start_and_the_api_shows_them() {
+    use probeok::sim::{self, Scenario, SimConfig, SimRoute};
+    use tokio_util::sync::CancellationToken;
+
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sim_addr = listener.local_addr().unwrap();
+    let sim_config = SimConfig {
+        routes: vec![SimRoute {
+            provider: "sim".into(),
+            region: "r1".into(),
+            model: "m1".into(),
+            scenario: Scenario::Healthy,
+        }],
+        time_scale: 1.0,
+        seed: 7,
+    };
+    tokio::spawn(sim::serve(listener, sim_config, shutdown.child_token()));
+    let src = format!(
+        r#"
+[storage]
+path = "{db}"
+[probe]
+interval = "30s"
+[[provider]]
+id = "sim"
+kind = "openai"
+  [[provider.region]]
+  id = "r1"
+  base_url = "{base}"
+[[route]]
+provider = "sim"
+region = "r1"
+model = "m1"
+serves = "chat"
+"#,
+        db = dir.path().join("serve.db").display(),
+        base = sim::base_url(sim_addr, "sim", "r1"),
+    );
+    let config = Config::parse(&src, "test.toml").unwrap().config;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = probeok::app::start(
+        config,
+        listener,
+        Arc::new(probeok::clock::SystemClock),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let url = format!("http://{}/api/v1/catalog", running.addr);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    let model = loop {
+        let body: Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
+        let m = body["regions"][0]["models"][0].clone();
+        if m["first_seen"].is_string() {
+            assert_eq!(body["regions"][0]["region"], "sim/r1");
+            break m;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the list was not read within 15 s: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(model["model"], "m1");
+    assert_eq!(model["listed"], true);
+    assert_eq!(model["routes"], j!(["sim/r1/m1"]));
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(
+        probeok::app::DRAIN_TIMEOUT + std::time::Duration::from_secs(2),
+        running.done,
+    )
+    .await
+    .expect("shutdown drains within its bound")
+    .unwrap();
+    assert!(stopped.is_ok(), "{stopped:?}");
+}
