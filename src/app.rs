@@ -183,6 +183,13 @@ pub async fn start_with(
     metrics.attach_role(membership.role.clone());
     let sync_board = crate::sync::SyncBoard::new(&config.sync);
     metrics.attach_sync(sync_board.clone());
+    // What providers declare on their status pages: every member shows the last known state
+    // from the store; the leader reads the pages.
+    let declared = crate::declared::DeclaredBoard::new(&config, Some(metrics.incident_lead()));
+    if config.providers.iter().any(|p| !p.status_pages.is_empty()) {
+        declared.load(&store, clock.now()).await;
+    }
+    metrics.attach_declared(declared.clone());
     let recorders = subsystems::recorders(
         &config,
         &routes,
@@ -351,6 +358,7 @@ pub async fn start_with(
         shutdown: shutdown.clone(),
         supervisor: supervisor.clone(),
         sync: sync_board,
+        declared,
     });
     let terms_task = subsystems::terms(
         member,

@@ -125,6 +125,12 @@
 //!   `[[vantage]]` assigns to it, every outcome into its own SQLite outbox (`agent::outbox`,
 //!   bounded, oldest dropped and counted), pushed in batches to the monitor's ingest with
 //!   backoff and jitter (`agent::push`), `/healthz` and `/metrics` (`agent::metrics`).
+//! - [`declared`]: the provider's own word — `[[provider.status_page]]` pages (Statuspage v2
+//!   JSON, RSS/Atom feeds) read by the leader with conditional, bounded requests
+//!   (`declared::fetch`, `declared::parse`), kept in the store (`store::declared`), each
+//!   route's declared state and the `provider_declared` alert (`declared::judge`, pure), and
+//!   the lead time between our incidents and the provider's declarations with its monthly
+//!   summary (`declared::lead`, pure).
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests),
 //!   and past hours of probing them as outcomes without the wire (`sim::history`).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one,
@@ -221,6 +227,7 @@ pub mod agent;
 // Domain.
 pub mod catalog;
 pub mod cluster;
+pub mod declared;
 pub mod demo;
 pub mod drift;
 pub mod drill;

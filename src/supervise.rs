@@ -37,6 +37,7 @@ pub const MONITOR_TASKS: &[&str] = &[
     "scheduler",
     "retention",
     "sync",
+    "status_pages",
     "catalog",
 ];
 

@@ -281,6 +281,18 @@ impl Grouper {
                     error,
                     at,
                 } => drafts.push(sync_failed_draft(kind, gateway, error, at)),
+                HealthEvent::ProviderDeclared {
+                    key,
+                    provider,
+                    what,
+                    url,
+                    routes,
+                    firing,
+                    at,
+                } => {
+                    let subject = Subject::ProviderDeclared { provider, what };
+                    drafts.push(keyed_warning(key, firing, subject, routes, url, at));
+                }
                 HealthEvent::ModelWithdrawn {
                     region,
                     model,

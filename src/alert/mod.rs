@@ -108,6 +108,9 @@ pub enum Subject {
     VantageStale { vantage: String },
     /// A new-api / one-api gateway refuses probeok's channel writes (`note` has its answer).
     SyncFailed { kind: String, gateway: String },
+    /// A provider's status page declares trouble our probes do not see (`related` names the
+    /// routes; `note` has the page's link).
+    ProviderDeclared { provider: String, what: String },
     /// A routed model left its provider region's model list (`crate::catalog`; `related`
     /// names the routes that use it).
     ModelWithdrawn { region: String, model: String },

@@ -129,6 +129,7 @@ fn subject_class(m: &Message) -> &'static str {
         S::ExtraCost { .. } => "budget",
         S::VantageStale { .. } => "vantage_stale",
         S::SyncFailed { .. } => "sync_failed",
+        S::ProviderDeclared { .. } => "provider_declared",
         S::ModelWithdrawn { .. } => "model_withdrawn",
         S::ModelRetiring { .. } => "model_retiring",
         S::Test => "test",

@@ -434,6 +434,18 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
             (Lang::Zh, Status::Resolved) => format!("{kind} {gateway}：渠道写入已恢复"),
             (Lang::Zh, _) => format!("{kind} {gateway}：渠道写入被拒绝(sync_failed)"),
         },
+        Subject::ProviderDeclared { provider, what } => match (lang, m.status) {
+            (Lang::En, Status::Resolved) => {
+                format!("{provider}: the provider no longer declares {what}")
+            }
+            (Lang::En, _) => format!(
+                "{provider} declares {what} on its status page; our probes still find its routes normal (provider_declared)"
+            ),
+            (Lang::Zh, Status::Resolved) => format!("{provider}：服务商已不再声明 {what}"),
+            (Lang::Zh, _) => format!(
+                "{provider} 在其状态页声明：{what}；我方探测仍判定其线路正常(provider_declared)"
+            ),
+        },
         Subject::ModelWithdrawn { region, model } => match (lang, m.status) {
             (Lang::En, Status::Resolved) => format!("{region}: model {model} is listed again"),
             (Lang::En, _) => format!(

@@ -75,6 +75,8 @@ pub(super) struct Member {
     pub supervisor: crate::supervise::Supervisor,
     /// `[[sync]]` gateways' state, written by the leader's sync task.
     pub sync: crate::sync::SyncBoard,
+    /// What providers declare on their status pages, written by the leader's task.
+    pub declared: crate::declared::DeclaredBoard,
 }
 
 /// Forwards every stored outcome to the current leader term's detection; at the end (every
@@ -139,6 +141,19 @@ pub(super) async fn follow(m: Arc<Member>, first: Option<HealthService>, token: 
     tracing::info!(
         "follower: serving the leader's stored judgements; not probing, judging or alerting"
     );
+    if m.config
+        .providers
+        .iter()
+        .any(|p| !p.status_pages.is_empty())
+    {
+        tokio::spawn(crate::declared::follow(
+            m.declared.clone(),
+            m.store.clone(),
+            m.clock.clone(),
+            crate::config::status_page::MIN_EVERY,
+            token.clone(),
+        ));
+    }
     health.follow(m.store.clone(), FOLLOW_EVERY, token).await;
 }
 
@@ -293,6 +308,32 @@ pub(super) async fn lead(
                     events: m.events.clone(),
                     board: m.sync.clone(),
                     tick: Duration::from_secs(1),
+                },
+                token.clone(),
+            ),
+        ));
+    }
+    // Providers' status pages: read from the leader only (one reader per fleet is enough
+    // for a public page, and one writer keeps the declared tables and alerts single).
+    if m.config
+        .providers
+        .iter()
+        .any(|p| !p.status_pages.is_empty())
+    {
+        tasks.push(sv.spawn(
+            "status_pages",
+            token.clone(),
+            crate::declared::run(
+                crate::declared::DeclaredDriver {
+                    config: m.config.clone(),
+                    routes: m.routes.iter().map(|r| r.id.clone()).collect(),
+                    store: m.store.clone(),
+                    clock: m.clock.clone(),
+                    events: m.events.clone(),
+                    health: m.health.subscribe(),
+                    board: m.declared.clone(),
+                    tick: Duration::from_secs(1),
+                    timeout: crate::declared::fetch::TIMEOUT,
                 },
                 token.clone(),
             ),

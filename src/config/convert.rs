@@ -272,7 +272,9 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
     let providers = raw
         .providers
         .into_iter()
-        .map(|p| ProviderConfig {
+        .enumerate()
+        .map(|(i, p)| ProviderConfig {
+            status_pages: super::status_page::status_pages(ck, i, &p.id, p.status_pages),
             id: p.id,
             kind: p.kind.unwrap_or(ProviderKind::Openai),
             api_key_env: p.api_key_env,

@@ -26,6 +26,7 @@ mod raw;
 mod routers;
 mod shadow;
 mod source_map;
+pub mod status_page;
 mod sync;
 mod validate;
 mod vantage;
@@ -50,6 +51,7 @@ pub use profile::RequestProfile;
 pub use routers::{endpoint_addr, EnvoyCluster, EnvoyConfig, EnvoyEndpoint, HaproxyConfig};
 pub use shadow::ShadowConfig;
 pub use source_map::SourceMap;
+pub use status_page::{StatusPageConfig, StatusPageKind};
 pub use sync::{SyncConfig, SyncKind};
 pub(crate) use validate::Checker;
 pub use vantage::{AgentConfig, QuorumConfig, VantageConfig, VantageError};
@@ -468,6 +470,8 @@ pub struct ProviderConfig {
     pub api_key_env: Option<String>,
     /// `[[provider.region]]`, at least one.
     pub regions: Vec<RegionConfig>,
+    /// `[[provider.status_page]]`: the provider's own status pages.
+    pub status_pages: Vec<StatusPageConfig>,
 }
 
 impl Default for ProviderConfig {
@@ -477,6 +481,7 @@ impl Default for ProviderConfig {
             kind: ProviderKind::Openai,
             api_key_env: None,
             regions: Vec::new(),
+            status_pages: Vec::new(),
         }
     }
 }

@@ -334,6 +334,20 @@ pub(super) struct RawProvider {
     pub api_key_env: Option<String>,
     #[serde(default, rename = "region")]
     pub regions: Vec<RawRegion>,
+    #[serde(default, rename = "status_page")]
+    pub status_pages: Vec<RawStatusPage>,
+}
+
+/// `[[provider.status_page]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStatusPage {
+    pub kind: super::status_page::StatusPageKind,
+    pub url: String,
+    #[serde(default)]
+    pub components: std::collections::BTreeMap<String, Vec<String>>,
+    pub every: Option<String>,
+    pub alert: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

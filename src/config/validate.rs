@@ -137,6 +137,7 @@ impl<'a> Checker<'a> {
         super::shadow::check(self, c);
         super::routers::check(self, c);
         super::sync::check(self, c);
+        super::status_page::check(self, c);
         super::clients::check(self, c);
     }
 

@@ -140,6 +140,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
                     base_url: sim::base_url(sim_addr, provider, region),
                 })
                 .collect(),
+            status_pages: Vec::new(),
         });
         for region in regions {
             for (model, serves, tier) in models {

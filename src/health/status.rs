@@ -160,6 +160,20 @@ pub enum HealthEvent {
         error: Option<String>,
         at: DateTime<Utc>,
     },
+    /// A provider's status page declares trouble on components that map routes our own probes
+    /// find NORMAL (`crate::declared`): once with `firing` when first seen so, then once
+    /// without when the provider no longer declares it.
+    ProviderDeclared {
+        /// `provider_declared:<page>#<incident id or component>`.
+        key: String,
+        provider: String,
+        /// The incident's name, or `<component>: <state>`.
+        what: String,
+        url: Option<String>,
+        routes: Vec<RouteId>,
+        firing: bool,
+        at: DateTime<Utc>,
+    },
     /// A routed model is missing from two answers in a row of its provider region's model
     /// list (`crate::catalog`): sent with `withdrawn` on every answer that still lacks it (the
     /// alert engine keeps one alert), once without when it is listed again.

@@ -99,6 +99,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/sqlite/0023_sync_channels.sql"),
     ),
     (
+        "0024_declared",
+        include_str!("../../migrations/sqlite/0024_declared.sql"),
+    ),
+    (
         "0025_catalog",
         include_str!("../../migrations/sqlite/0025_catalog.sql"),
     ),
@@ -189,6 +193,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0023_sync_channels",
         include_str!("../../migrations/postgres/0023_sync_channels.sql"),
+    ),
+    (
+        "0024_declared",
+        include_str!("../../migrations/postgres/0024_declared.sql"),
     ),
     (
         "0025_catalog",

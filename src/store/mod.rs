@@ -39,6 +39,7 @@ pub mod catalog;
 mod checkpoint;
 mod contracts;
 pub(crate) mod copy;
+pub mod declared;
 mod drift;
 pub mod drills;
 pub mod gateways;

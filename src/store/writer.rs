@@ -137,6 +137,11 @@ pub(crate) enum Command {
         op: super::gateways::GatewayOp,
         ack: Ack<u64>,
     },
+    /// One status page read into the declared tables (`store/declared.rs`).
+    Declared {
+        op: super::declared::DeclaredOp,
+        ack: Ack<u64>,
+    },
     /// A write to the model catalog (`store/catalog.rs`).
     Catalog {
         op: super::catalog::CatalogOp,
@@ -205,6 +210,7 @@ impl Command {
             | Command::Drill { ack, .. }
             | Command::Subscriber { ack, .. }
             | Command::Gateway { ack, .. }
+            | Command::Declared { ack, .. }
             | Command::Catalog { ack, .. } => {
                 let _ = ack.send(result);
             }
@@ -678,6 +684,7 @@ impl State {
                 Command::Drill { op, .. } => super::drills::apply(&tx, op)?,
                 Command::Subscriber { op, .. } => super::subscribers::apply(&tx, op)?,
                 Command::Gateway { op, .. } => super::gateways::apply(&tx, op)?,
+                Command::Declared { op, .. } => super::declared::apply(&tx, op)?,
                 Command::Catalog { op, .. } => super::catalog::apply(&tx, op)?,
                 Command::Vantage {
                     items,

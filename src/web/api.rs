@@ -64,10 +64,12 @@ pub const MAX_LIMIT: usize = 1000;
 
 mod figures;
 mod filter;
+mod lead;
 mod observed;
 use figures::round;
 pub use figures::{Figures, Percentiles, RouteMap};
 pub use filter::{StatusFilter, StatusQuery};
+pub use lead::{lead_summary, leads};
 pub use observed::{Observed, ObservedFigures, ObservedView};
 
 #[derive(Debug, Serialize)]
@@ -147,6 +149,9 @@ struct RouteView<'a> {
     breaker: Option<&'static str>,
     /// Real traffic's observables over 1 h and 24 h.
     observed: Observed,
+    /// What the provider's status page declares for the route, when a page maps it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    declared: Option<crate::declared::judge::RouteDeclared>,
 }
 
 #[derive(Debug, Serialize)]
@@ -161,6 +166,8 @@ struct StatusView<'a> {
     budget: Option<crate::extra_cost::ExtraCostSnapshot>,
     /// `[[sync]]` gateways: kind, url, last_ok, last_error (never the token); empty without one.
     sync: Vec<crate::sync::GatewayStatus>,
+    /// `[[provider.status_page]]` pages: provider, kind, url, last_ok, last_error.
+    status_pages: Vec<crate::declared::PageStatus>,
 }
 
 fn slo_window() -> TimeDelta {
@@ -214,6 +221,28 @@ pub struct Extras<'a> {
     pub costs: &'a [crate::probe::cost::ProbeCostView],
     /// The `[[sync]]` gateways' state.
     pub sync: Vec<crate::sync::GatewayStatus>,
+    /// What the providers' status pages declare, when any is configured.
+    pub declared: Option<DeclaredExtras>,
+}
+
+/// The status pages' part of a status answer.
+pub struct DeclaredExtras {
+    pub map: crate::declared::lead::Mapping,
+    pub view: Arc<crate::declared::judge::Declared>,
+    pub pages: Arc<Vec<crate::declared::PageStatus>>,
+}
+
+impl DeclaredExtras {
+    /// From the metrics' board, when status pages are configured.
+    pub fn of(config: &crate::config::Config, metrics: &super::Metrics) -> Option<Self> {
+        let board = metrics.declared()?;
+        let pages = board.pages();
+        (!pages.is_empty()).then(|| Self {
+            map: crate::declared::lead::Mapping::from_config(config),
+            view: board.view(),
+            pages,
+        })
+    }
 }
 
 /// Each route's probe cost, in the routes' order.
@@ -251,6 +280,7 @@ pub fn status_bytes(
         overall: overall(routes, health),
         costs: &costs,
         sync: Vec::new(),
+        declared: None,
     };
     status_bytes_with(routes, health, figures, now, extras)
 }
@@ -284,6 +314,7 @@ fn status_view<'a>(
         overall,
         costs,
         sync,
+        declared,
     } = extras;
     let by_id: HashMap<&RouteId, &crate::health::RouteStatus, rustc_hash::FxBuildHasher> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
@@ -356,6 +387,9 @@ fn status_view<'a>(
                 }),
                 breaker: breakers.get(&r.id).copied(),
                 observed: Observed::of(r, &figures.observed),
+                declared: declared
+                    .as_ref()
+                    .and_then(|d| crate::declared::judge::route_view(&d.map, &d.view, &r.id)),
             }
         })
         .collect();
@@ -366,6 +400,10 @@ fn status_view<'a>(
         routes: views,
         budget,
         sync,
+        status_pages: declared
+            .as_ref()
+            .map(|d| d.pages.as_ref().clone())
+            .unwrap_or_default(),
     }
 }
 
@@ -454,6 +492,7 @@ pub async fn status(
     let budget = state.metrics.budget().map(|b| b.snapshot());
     let role = state.metrics.role();
     let sync = state.metrics.sync();
+    let declared = DeclaredExtras::of(&state.config.current(), &state.metrics);
     let vantages = state
         .vantages
         .as_ref()
@@ -477,6 +516,7 @@ pub async fn status(
             overall,
             costs: &costs,
             sync,
+            declared,
         };
         let bytes = status_bytes_with(&routes, &health, &figures, now, extras)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;
@@ -704,25 +744,32 @@ pub async fn incidents(
     let health = state.health.borrow().clone();
     let (source, store): (Arc<dyn IncidentSource>, Store) =
         (state.incidents.clone(), state.store.clone());
+    let map = state
+        .metrics
+        .declared()
+        .map(|_| crate::declared::lead::Mapping::from_config(&state.config.current()));
     let list = tokio::task::spawn_blocking(move || {
         let list = source.incidents(&store, &health, &query)?;
-        if !admin {
-            return Ok::<Value, ApiError>(json!(list));
-        }
-        let reader = store.reader()?;
+        let leads = leads(&store, map.as_ref(), &list)?;
+        let reader = if admin { Some(store.reader()?) } else { None };
         let mut out = Vec::with_capacity(list.len());
-        for i in &list {
-            let traces = reader.failed_request_traces(
-                i.route.as_str(),
-                i.opened_at,
-                i.closed_at,
-                INCIDENT_TRACES,
-            )?;
+        for (i, lead) in list.iter().zip(leads) {
             let mut v = json!(i);
-            v["trace_ids"] = json!(traces);
+            if let Some(lead) = lead {
+                v["provider_declared"] = json!(lead);
+            }
+            if let Some(reader) = &reader {
+                let traces = reader.failed_request_traces(
+                    i.route.as_str(),
+                    i.opened_at,
+                    i.closed_at,
+                    INCIDENT_TRACES,
+                )?;
+                v["trace_ids"] = json!(traces);
+            }
             out.push(v);
         }
-        Ok(Value::Array(out))
+        Ok::<Value, ApiError>(Value::Array(out))
     })
     .await??;
     Ok(Json(json!({ "incidents": list })))

@@ -210,6 +210,10 @@ pub struct Metrics {
     role: OnceLock<crate::cluster::RoleRx>,
     /// `[[sync]]` gateways' state, for `/api/v1/status`.
     sync: OnceLock<crate::sync::SyncBoard>,
+    /// `[[provider.status_page]]`: what providers declare, for `/api/v1/status` and the pages.
+    declared: OnceLock<crate::declared::DeclaredBoard>,
+    /// `probeok_incident_lead_seconds`, observed by the status pages' task.
+    incident_lead: Histogram,
     /// `probeok_trace_spans_dropped_total`, read from the tracer at scrape time.
     trace: crate::trace::TraceStats,
 }
@@ -283,6 +287,12 @@ impl Metrics {
             cluster_leader.clone(),
         );
         let reload_ok_at = Gauge::<f64, AtomicU64>::default();
+        let incident_lead = crate::declared::lead_histogram();
+        registry.register(
+            "incident_lead_seconds",
+            "Our detection's lead over the provider's status page declaration of the same incident, seconds (negative: the provider declared first)",
+            incident_lead.clone(),
+        );
         let store_lag_gauge = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "store_lag_seconds",
@@ -426,6 +436,8 @@ impl Metrics {
             cluster_leader,
             role: OnceLock::new(),
             sync: OnceLock::new(),
+            declared: OnceLock::new(),
+            incident_lead,
             trace,
         }
     }
@@ -444,6 +456,21 @@ impl Metrics {
     /// The member's role, for `/metrics`, `/readyz` and `/api/v1/status`. The first call wins.
     pub fn attach_role(&self, role: crate::cluster::RoleRx) {
         let _ = self.role.set(role);
+    }
+
+    /// The status pages' board, shown by `/api/v1/status` and the pages. The first call wins.
+    pub fn attach_declared(&self, board: crate::declared::DeclaredBoard) {
+        let _ = self.declared.set(board);
+    }
+
+    /// What providers declare, when status pages are configured.
+    pub fn declared(&self) -> Option<&crate::declared::DeclaredBoard> {
+        self.declared.get()
+    }
+
+    /// The lead-time histogram the status pages' task observes into.
+    pub fn incident_lead(&self) -> Histogram {
+        self.incident_lead.clone()
     }
 
     /// The `[[sync]]` gateways' board, shown by `/api/v1/status`. The first call wins.

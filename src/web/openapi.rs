@@ -258,7 +258,8 @@ fn core_schemas() -> Value {
                     "description": "What the proxies' real traffic showed of the route over the last hour and 24 h (null: no traffic)",
                     "properties": {
                         "1h": observed_schema(), "24h": observed_schema(),
-                        "currency": {"type": "string", "nullable": true}}}
+                        "currency": {"type": "string", "nullable": true}}},
+                "declared": declared_schema()
             }
         },
         "Status": {
@@ -275,7 +276,8 @@ fn core_schemas() -> Value {
                         "url": {"type": "string"},
                         "last_ok": {"type": "string", "format": "date-time", "nullable": true},
                         "last_error": {"type": "string", "nullable": true,
-                            "description": "The gateway's last refusal while it refuses; null once a call succeeds"}}}}
+                            "description": "The gateway's last refusal while it refuses; null once a call succeeds"}}}},
+                "status_pages": status_pages_schema()
             }
         },
         "Outcome": {
@@ -323,10 +325,13 @@ fn core_schemas() -> Value {
                     "failure_mode": {"type": "string", "nullable": true},
                     "evidence": {"type": "object", "description": "What the detector decided on: observed outcome, signals, baselines, thresholds, error rate"},
                     "incident_id": {"type": "string", "nullable": true}}}},
+                "provider_declared": {"$ref": "#/components/schemas/Lead"},
                 "trace_ids": {"type": "array", "maxItems": 20, "items": {"type": "string"},
                     "description": "Admin view only (with the admin token): trace ids of up to 20 proxied requests that failed at the route inside the incident, newest first"}
             }
         },
+        "Lead": lead_schema(),
+        "LeadSummary": lead_summary_schema(),
         "Incidents": {
             "type": "object", "required": ["incidents"],
             "properties": {"incidents": {"type": "array", "items": {"$ref": "#/components/schemas/Incident"}}}
@@ -454,6 +459,16 @@ pub(super) fn incidents() -> Value {
         ],
         "responses": {"200": json_response("Incidents", "Incidents"), "400": error_response("Bad limit or since"),
                       "404": error_response("Unknown route")}})
+}
+
+pub(super) fn incidents_lead() -> Value {
+    json!({"summary": "A month of our incidents against the providers' status page declarations", "operationId": "incidentsLead",
+        "parameters": [
+            {"name": "month", "in": "query", "required": false,
+             "description": "YYYY-MM (UTC); this month by default", "schema": {"type": "string"}}
+        ],
+        "responses": {"200": json_response("The month's lead-time summary", "LeadSummary"),
+                      "400": error_response("Bad month")}})
 }
 
 pub(super) fn weights() -> Value {
@@ -634,4 +649,56 @@ fn vantage_local_schema() -> Value {
     json!({"type": "object", "nullable": true, "description": "Vantages seeing the route fail alone (their network, not the provider)",
         "properties": {"code": {"type": "string"}, "text": {"type": "string"},
             "vantages": {"type": "array", "items": {"type": "string"}}}})
+}
+
+fn declared_schema() -> Value {
+    json!({"type": "object", "required": ["status", "incident", "since", "url"],
+                    "description": "What the provider's own status page declares for the route; absent when no `[[provider.status_page]]` maps it",
+                    "properties": {
+                        "status": {"type": "string", "description": "The worst state of the page components that map the route (operational, under_maintenance, degraded_performance, partial_outage, major_outage), or `incident` when only an open incident concerns it"},
+                        "incident": {"type": "string", "nullable": true, "description": "The newest open declared incident concerning the route"},
+                        "since": {"type": "string", "format": "date-time", "nullable": true},
+                        "url": {"type": "string", "nullable": true}}})
+}
+
+fn status_pages_schema() -> Value {
+    json!({"type": "array", "description": "`[[provider.status_page]]` pages the leader reads",
+                    "items": {"type": "object", "required": ["provider", "kind", "url", "last_ok", "last_error"], "properties": {
+                        "provider": {"type": "string"},
+                        "kind": {"type": "string", "enum": ["statuspage", "feed"]},
+                        "url": {"type": "string"},
+                        "last_ok": {"type": "string", "format": "date-time", "nullable": true},
+                        "last_error": {"type": "string", "nullable": true,
+                            "description": "Why the last read failed, while it fails (the last known declarations are kept)"}}}})
+}
+
+fn lead_schema() -> Value {
+    json!({
+        "type": "object", "required": ["status"],
+        "description": "Present when a provider status page maps the incident's route: how the provider's own declaration compares",
+        "properties": {
+            "status": {"type": "string", "enum": ["declared", "not_declared", "never_declared"]},
+            "lead_seconds": {"type": "integer", "description": "declared: the provider declared this long after we opened the incident (negative: before)"},
+            "declared_at": {"type": "string", "format": "date-time"},
+            "incident": {"type": "string", "description": "The provider's incident id"},
+            "name": {"type": "string"},
+            "url": {"type": "string", "nullable": true}
+        }
+    })
+}
+
+fn lead_summary_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["month", "incidents", "declared", "never_declared", "not_declared_yet", "provider_first"],
+        "properties": {
+            "month": {"type": "string", "example": "2026-12"},
+            "incidents": {"type": "integer"}, "declared": {"type": "integer"},
+            "never_declared": {"type": "integer"}, "not_declared_yet": {"type": "integer"},
+            "provider_first": {"type": "integer"},
+            "median_lead_seconds": {"type": "integer", "nullable": true},
+            "never_declared_share": {"type": "number", "nullable": true},
+            "provider_first_share": {"type": "number", "nullable": true}
+        }
+    })
 }

@@ -107,6 +107,13 @@ pub fn table() -> Vec<Entry> {
             openapi::incidents(),
         )
         .public_read(),
+        Entry::new(
+            M::GET,
+            "/api/v1/incidents/lead",
+            get(api::lead_summary),
+            openapi::incidents_lead(),
+        )
+        .public_read(),
         // The weights feed.
         Entry::new(
             M::GET,

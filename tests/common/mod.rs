@@ -17,6 +17,8 @@
 //!   follow, and the helpers to run those programs and count where traffic went.
 //! - [`gateway`]: a fake new-api / one-api admin channel API (routes, envelope, admin auth with
 //!   `New-Api-User`, GORM's update semantics) built from their Go sources.
+//! - [`statuspage`]: a fake provider status page (Statuspage v2 JSON and its Atom history
+//!   feed, ETags, fault modes).
 //! - [`cluster`]: a database of the test's own on the PostgreSQL server of
 //!   `PROBEOK_TEST_PG_URL`, for the monitor pair's lease.
 
@@ -31,6 +33,7 @@ pub mod pages;
 pub mod pg;
 pub mod pool;
 pub mod scale;
+pub mod statuspage;
 pub mod upstream;
 
 pub use upstream::*;

@@ -99,6 +99,8 @@ pub struct Text {
     pub maintenance_now: &'static str,
     pub maintenance_next: &'static str,
     pub findings: &'static str,
+    pub declared_heading: &'static str,
+    pub declared_link: &'static str,
     pub finding_egress: &'static str,
     pub finding_request_side: &'static str,
     pub finding_vantage_local: &'static str,

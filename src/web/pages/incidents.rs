@@ -25,6 +25,8 @@ pub struct IncidentsPage {
     pub spends: Vec<Spend>,
     pub budgets: Vec<ErrorBudgetRow>,
     pub incidents: Vec<IncidentLine>,
+    /// This month's lead over the providers' declarations (filled by the handler).
+    pub lead: Option<String>,
 }
 
 /// The first instant of `now`'s calendar month (UTC) and of the next one.
@@ -179,6 +181,7 @@ pub fn incidents_page(
             .iter()
             .map(|i| incident_line(lang, i, now))
             .collect(),
+        lead: None,
     }
 }
 
@@ -200,7 +203,10 @@ pub async fn incidents(
         )
         .await
         .map_err(fail)?;
-    let body = incidents_page(lang, &config.server.title, &state.routes, &data, now)
+    let mut page = incidents_page(lang, &config.server.title, &state.routes, &data, now);
+    super::declared::fill_leads(&state, &config, lang, &data.incidents, &mut page.incidents).await;
+    page.lead = super::declared::month(&state, &config, lang, now).await;
+    let body = page
         .render()
         .map_err(|e| fail(PageError::Internal(format!("rendering /incidents: {e}"))))?;
     Ok(html(StatusCode::OK, body))

@@ -39,6 +39,9 @@ pub struct RouteLine {
     pub p50: String,
     /// One dot per vantage, for routes agents probe too (filled by the page handler).
     pub vantages: Vec<super::VantageDot>,
+    /// What the provider's status page declares, while it declares trouble (filled by the
+    /// page handler).
+    pub declared: Option<String>,
 }
 
 /// The runs of equal days of `bars` (oldest first).
@@ -122,6 +125,7 @@ pub fn route_line(
         uptime_30d: ratio(&figures.uptime_30d, id, t),
         p50: p50.map_or_else(|| t.no_data.to_owned(), fmt_ms),
         vantages: Vec::new(),
+        declared: None,
     }
 }
 

@@ -41,6 +41,7 @@
 //! `Referrer-Policy: no-referrer`.
 
 mod chart;
+mod declared;
 mod incidents;
 mod lines;
 mod observed;
@@ -72,7 +73,7 @@ use super::api::{self, Figures, FiguresCache, PROBE_KINDS, UPTIME_KINDS};
 use super::i18n::{self, Lang, ReasonFigures, Text};
 use super::AppState;
 use crate::alert::maintenance::window_active;
-use crate::config::MaintenanceConfig;
+use crate::config::{Config, MaintenanceConfig};
 use crate::health::{fmt_ms, fmt_spread, HealthSnapshot, Incident, RouteStatus, State as St};
 use crate::probe::outcome::scrub;
 use crate::route::{Route, RouteId, Tier};

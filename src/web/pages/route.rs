@@ -51,6 +51,10 @@ pub struct RoutePage {
     pub shadow: Option<super::shadow::ShadowBox>,
     /// Real traffic's observables (1 h / 24 h).
     pub observed: super::observed::ObservedTable,
+    /// What the provider's status page declares of the route, while it declares trouble.
+    pub declared: Option<String>,
+    /// The declared incident's link (http(s) only).
+    pub declared_url: Option<String>,
 }
 
 /// "0.4 s / 3.9 s": a reasoning model answers well after its first (reasoning) token; a
@@ -122,7 +126,20 @@ pub async fn route(
     let shadow_report = (state.metrics.proxy())
         .map(|p| p.shadow_report())
         .unwrap_or_default();
+    let word = super::declared::Word::of(&state, &config).and_then(|w| w.route(&route.id));
+    let mut incident_lines: Vec<IncidentLine> = incidents
+        .iter()
+        .map(|i| incident_line(lang, i, now))
+        .collect();
+    super::declared::fill_leads(&state, &config, lang, &incidents, &mut incident_lines).await;
     let body = RoutePage {
+        declared: word
+            .as_ref()
+            .and_then(|d| super::declared::trouble_line(lang, d)),
+        declared_url: word
+            .filter(|d| d.troubled())
+            .and_then(|d| d.url)
+            .filter(|u| u.starts_with("https://") || u.starts_with("http://")),
         subscribe_form: crate::web::subscribe::form(
             &state.config.current().subscriptions,
             lang == Lang::Zh,
@@ -199,10 +216,7 @@ pub async fn route(
                 evidence: i18n::evidence(lang, &tr.evidence),
             })
             .collect(),
-        incidents: incidents
-            .iter()
-            .map(|i| incident_line(lang, i, now))
-            .collect(),
+        incidents: incident_lines,
         errors: recent
             .iter()
             .filter(|o| !o.success)

@@ -85,6 +85,9 @@ pub struct IncidentLine {
     pub mode: &'static str,
     pub opened: String,
     pub running: String,
+    /// The lead over the provider's declaration, in words (empty where no status page maps
+    /// the route).
+    pub declared: String,
 }
 
 #[derive(Template)]
@@ -98,6 +101,8 @@ pub struct StatusPage {
     pub incidents: Vec<IncidentLine>,
     /// How many active incidents are past [`MAX_INCIDENT_LINES`], said in words.
     pub incidents_more: Option<String>,
+    /// What the providers' own status pages declare (filled by the handler).
+    pub declared: Vec<String>,
     pub maintenance: Vec<String>,
     pub findings: Vec<String>,
     pub groups: Vec<Group>,
@@ -330,6 +335,7 @@ pub(super) fn incident_line(lang: Lang, i: &Incident, now: DateTime<Utc>) -> Inc
         } else {
             format!("{}, {}", t.ongoing, i18n::duration(lang, secs))
         },
+        declared: String::new(),
     }
 }
 
@@ -553,6 +559,7 @@ pub fn status_page(
         overall_text,
         incidents,
         incidents_more,
+        declared: Vec::new(),
         maintenance,
         findings,
         groups,
@@ -638,6 +645,16 @@ pub async fn status(
     page.drills = drill_lines(&state, lang, now, None);
     page.subscribe_form =
         crate::web::subscribe::form(&config.subscriptions, lang == Lang::Zh, &state.routes, None);
+    if let Some(word) = super::declared::Word::of(&state, &config) {
+        page.declared = super::declared::status_box(lang, &word, &state.routes);
+        for line in page.groups.iter_mut().flat_map(|g| g.routes.iter_mut()) {
+            if let Some(id) = RouteId::parse(&line.id) {
+                line.declared = word
+                    .route(&id)
+                    .and_then(|d| super::declared::trouble_line(lang, &d));
+            }
+        }
+    }
     if let Some(link) = &state.vantages {
         let view = link.view.borrow().clone();
         if !view.routes.is_empty() {

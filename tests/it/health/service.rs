@@ -561,6 +561,7 @@ async fn egress_finding_then_a_provider_incident() {
             | HealthEvent::RouteFault { .. }
             | HealthEvent::BudgetCrossed { .. }
             | HealthEvent::SyncFailed { .. }
+            | HealthEvent::ProviderDeclared { .. }
             | HealthEvent::ModelWithdrawn { .. }
             | HealthEvent::ModelRetiring { .. } => {}
         }

@@ -55,6 +55,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("weights", Layer::Domain),
     ("switch", Layer::Domain),
     ("sync", Layer::Domain),
+    ("declared", Layer::Domain),
     ("catalog", Layer::Domain),
     ("extra_cost", Layer::Domain),
     ("spend", Layer::Domain),

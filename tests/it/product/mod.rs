@@ -9,6 +9,7 @@ mod drills;
 mod probe_client;
 mod serve;
 mod sim_http;
+mod status_pages;
 mod supervision;
 mod sync;
 mod vantages;

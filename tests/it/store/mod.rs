@@ -1,4 +1,5 @@
 mod catalog;
+mod declared;
 mod gateways;
 mod migrate;
 mod outcomes;
