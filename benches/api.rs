@@ -366,6 +366,81 @@ impl Subscribers {
     }
 }
 
+/// A status page per provider (components "API" → `pN/*`, "Embeddings" → `pN/r0/*`), the
+/// first provider's API in a major outage with an open incident.
+fn declared_extras(
+    config: &Config,
+    now: DateTime<Utc>,
+) -> (
+    probeok::declared::lead::Mapping,
+    Arc<probeok::declared::judge::Declared>,
+    Arc<Vec<probeok::declared::PageStatus>>,
+) {
+    use probeok::config::{StatusPageConfig, StatusPageKind};
+    use probeok::store::declared::{DeclaredComponent, DeclaredIncident};
+    let mut c = config.clone();
+    let mut view = probeok::declared::judge::Declared::default();
+    for p in &mut c.providers {
+        let page = format!("https://status.{}.example", p.id);
+        p.status_pages.push(StatusPageConfig {
+            provider: p.id.clone(),
+            kind: StatusPageKind::Statuspage,
+            url: page.clone(),
+            components: std::collections::BTreeMap::from([
+                ("API".to_owned(), vec![format!("{}/*", p.id)]),
+                ("Embeddings".to_owned(), vec![format!("{}/r0/*", p.id)]),
+            ]),
+            every: Duration::from_secs(60),
+            alert: true,
+        });
+        for (component, status) in [("API", "operational"), ("Embeddings", "operational")] {
+            let status = if p.id == "p0" && component == "API" {
+                "major_outage"
+            } else {
+                status
+            };
+            view.components.push(DeclaredComponent {
+                provider: p.id.clone(),
+                page: page.clone(),
+                component: component.into(),
+                status: status.into(),
+                since: now,
+            });
+        }
+    }
+    view.open.push(DeclaredIncident {
+        provider: "p0".into(),
+        page: "https://status.p0.example".into(),
+        id: "i1".into(),
+        name: "Elevated errors".into(),
+        status: "investigating".into(),
+        impact: Some("major".into()),
+        declared_at: now,
+        started_at: now,
+        resolved_at: None,
+        url: None,
+        components: vec!["API".into()],
+        seen_at: now,
+    });
+    let pages = c
+        .providers
+        .iter()
+        .flat_map(|p| p.status_pages.iter())
+        .map(|s| probeok::declared::PageStatus {
+            provider: s.provider.clone(),
+            kind: s.kind.as_str(),
+            url: s.url.clone(),
+            last_ok: None,
+            last_error: None,
+        })
+        .collect();
+    (
+        probeok::declared::lead::Mapping::from_config(&c),
+        Arc::new(view),
+        Arc::new(pages),
+    )
+}
+
 async fn run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("bench.db");
@@ -461,6 +536,7 @@ async fn run() {
         let store = store.clone();
         let routes = routes.clone();
         let a = a.clone();
+        let declared = declared_extras(&config, now);
         tokio::task::spawn_blocking(move || {
             use probeok::store::Granularity;
             use probeok::web::api::{self, Figures};
@@ -499,6 +575,33 @@ async fn run() {
             let figures = Figures::load(&r, now).expect("figures");
             time("compose JSON", &mut || {
                 std::hint::black_box(api::status_bytes(&routes, &a, &figures, now).expect("json"));
+            });
+            // With a status page per provider mapping every route (two components each, one
+            // open incident): what the providers' word adds to composing the answer.
+            let costs = api::probe_costs(&routes);
+            let overall = api::overall(&routes, &a);
+            let readings = Default::default();
+            let breakers = std::collections::HashMap::new();
+            let filter = api::StatusFilter::default();
+            time("compose JSON with status pages", &mut || {
+                let extras = api::Extras {
+                    breakers: &breakers,
+                    budget: None,
+                    filter: &filter,
+                    role: probeok::cluster::Role::Leader,
+                    overall,
+                    costs: &costs,
+                    sync: Vec::new(),
+                    declared: Some(api::DeclaredExtras {
+                        map: declared.0.clone(),
+                        view: declared.1.clone(),
+                        pages: declared.2.clone(),
+                    }),
+                    ratelimit: &readings,
+                };
+                std::hint::black_box(
+                    api::status_bytes_with(&routes, &a, &figures, now, extras).expect("json"),
+                );
             });
             time("TOTAL cold (cache miss: every scan + compose)", &mut || {
                 let f = Figures::load(&r, now).expect("figures");

@@ -91,6 +91,11 @@
 //!   probeok disabled are enabled again, remembered in the store; one write per channel per
 //!   10 s; refusals retried with backoff and alerted as `sync_failed`); the pure decisions in
 //!   `sync::plan`, the gateways' admin API in `sync::client`.
+//! - [`catalog`]: the providers' model lists, read by the leader every `[catalog] every` per
+//!   provider region (`catalog::client`, OpenAI-compatible and Anthropic, bounded): first and
+//!   last seen per model in `store::catalog`, a routed model missing from two answers in a row
+//!   alerted as `model_withdrawn`, `route.retires` dates as `model_retiring` 30, 7 and 1 day(s)
+//!   before; the pure decisions in `catalog::plan`; `GET /api/v1/catalog`.
 //! - [`drill`]: drills — planned, time-limited moves of traffic off a route, ramped
 //!   in stages (`drill::plan`, pure), refused outside the off-peak windows unless forced,
 //!   persisted and ended by themselves (`drill::service`, caps into the weights), with a
@@ -223,6 +228,7 @@ pub mod store;
 pub mod agent;
 
 // Domain.
+pub mod catalog;
 pub mod cluster;
 pub mod declared;
 pub mod demo;

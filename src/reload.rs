@@ -206,6 +206,9 @@ pub fn plan(old: &Config, new: &Config) -> (Config, Plan) {
     restart!("subscriptions", subscriptions);
     // The sync task is started with the leader's term, its gateways and channels with it.
     restart!("sync", sync);
+    // The catalog task is started with the leader's term, its provider regions (the routes)
+    // and the routes' retirement dates with it.
+    restart!("catalog", catalog);
     // Later diagnostics point into the file as it is now.
     next.source_map = new.source_map.clone();
     (next, p)

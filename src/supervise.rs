@@ -38,6 +38,7 @@ pub const MONITOR_TASKS: &[&str] = &[
     "retention",
     "sync",
     "status_pages",
+    "catalog",
 ];
 
 /// The tasks `probeok agent` supervises.

@@ -252,9 +252,12 @@ impl AlertService {
                 }
             } else {
                 // A route fault is announced once until the route answers normally, even when
-                // the detection restarted and saw it anew.
-                if matches!(message.subject, Subject::RouteFault { .. })
-                    && key.as_ref().is_some_and(|k| firing_now.is_firing(k))
+                // the detection restarted and saw it anew; a withdrawn model once until it is
+                // listed again, however many answers lack it.
+                if matches!(
+                    message.subject,
+                    Subject::RouteFault { .. } | Subject::ModelWithdrawn { .. }
+                ) && key.as_ref().is_some_and(|k| firing_now.is_firing(k))
                 {
                     continue;
                 }

@@ -300,6 +300,20 @@ impl Grouper {
                     firing,
                     at,
                 } => drafts.push(ratelimit_low_draft(route, limit, quota, firing, at)),
+                HealthEvent::ModelWithdrawn {
+                    region,
+                    model,
+                    routes,
+                    withdrawn,
+                    at,
+                } => drafts.push(model_withdrawn_draft(region, model, routes, withdrawn, at)),
+                HealthEvent::ModelRetiring {
+                    route,
+                    retires,
+                    days_left,
+                    days,
+                    at,
+                } => drafts.push(model_retiring_draft(route, retires, days_left, days, at)),
                 HealthEvent::FindingClosed { finding, at } => {
                     if finding.kind == FindingKind::VantageStale {
                         drafts.push(vantage_stale_draft(&finding, at, false));
@@ -700,6 +714,66 @@ fn ratelimit_low_draft(
 /// The firing-state key of a route's low rate limit.
 pub fn ratelimit_low_key(route: &RouteId, limit: &str) -> String {
     format!("ratelimit_low:{route}:{limit}")
+}
+
+/// A `model_withdrawn` alert (critical: the routes will answer 404 once the provider's
+/// endpoint follows its list) or its resolution: keyed per provider region and model, so one
+/// withdrawn model is one alert however many routes use it and however many answers lack it.
+fn model_withdrawn_draft(
+    region: String,
+    model: String,
+    routes: Vec<RouteId>,
+    withdrawn: bool,
+    at: DateTime<Utc>,
+) -> Draft {
+    let key = model_withdrawn_key(&region, &model);
+    let note = Some(format!(
+        "routes: {}",
+        routes
+            .iter()
+            .map(RouteId::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let subject = Subject::ModelWithdrawn { region, model };
+    let mut d = keyed_warning(key, withdrawn, subject, routes, note, at);
+    d.message.severity = Severity::Critical;
+    d
+}
+
+/// The firing-state key of a withdrawn model.
+pub fn model_withdrawn_key(region: &str, model: &str) -> String {
+    format!("model_withdrawn:{region}:{model}")
+}
+
+/// A `model_retiring` warning: one message, no firing state (nothing resolves it); its key
+/// names the route, the date and the milestone, so the outbox takes it once.
+fn model_retiring_draft(
+    route: RouteId,
+    retires: chrono::NaiveDate,
+    days_left: i64,
+    days: u32,
+    at: DateTime<Utc>,
+) -> Draft {
+    Draft::new(
+        Message {
+            key: format!("model_retiring:{route}:{retires}:{days}d"),
+            severity: Severity::Warning,
+            status: Status::Firing,
+            subject: Subject::ModelRetiring {
+                route: route.clone(),
+                retires,
+                days_left,
+            },
+            at,
+            items: Vec::new(),
+            related: vec![route],
+            note: None,
+            resolves: None,
+        },
+        Vec::new(),
+        None,
+    )
 }
 
 /// A `vantage_stale` warning (`firing`) or its resolution: once per silence of the vantage.

@@ -115,6 +115,15 @@ pub enum Subject {
     /// the route; `note` has the figures).
     #[serde(rename = "ratelimit_low")]
     RateLimitLow { route: RouteId, limit: String },
+    /// A routed model left its provider region's model list (`crate::catalog`; `related`
+    /// names the routes that use it).
+    ModelWithdrawn { region: String, model: String },
+    /// A route's model retires on `retires` (`route.retires`), `days_left` days from now.
+    ModelRetiring {
+        route: RouteId,
+        retires: chrono::NaiveDate,
+        days_left: i64,
+    },
     /// `probeok alert test`.
     Test,
 }

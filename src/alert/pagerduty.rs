@@ -131,6 +131,8 @@ fn subject_class(m: &Message) -> &'static str {
         S::SyncFailed { .. } => "sync_failed",
         S::ProviderDeclared { .. } => "provider_declared",
         S::RateLimitLow { .. } => "ratelimit_low",
+        S::ModelWithdrawn { .. } => "model_withdrawn",
+        S::ModelRetiring { .. } => "model_retiring",
         S::Test => "test",
     }
 }

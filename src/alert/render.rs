@@ -458,6 +458,30 @@ pub fn render(m: &Message, lang: Lang, ctx: &RenderCtx) -> Rendered {
                 format!("{route}：{limit} 限流余量低于 10% 已持续 5 分钟(ratelimit_low)")
             }
         },
+        Subject::ModelWithdrawn { region, model } => match (lang, m.status) {
+            (Lang::En, Status::Resolved) => format!("{region}: model {model} is listed again"),
+            (Lang::En, _) => format!(
+                "{region}: model {model} withdrawn from the provider's model list (model_withdrawn)"
+            ),
+            (Lang::Zh, Status::Resolved) => {
+                format!("{region}：模型 {model} 已重新出现在模型列表中")
+            }
+            (Lang::Zh, _) => {
+                format!("{region}：模型 {model} 已从服务商的模型列表中下架(model_withdrawn)")
+            }
+        },
+        Subject::ModelRetiring {
+            route,
+            retires,
+            days_left,
+        } => match lang {
+            Lang::En => format!(
+                "{route}: the model retires on {retires}, in {days_left} day(s) (model_retiring)"
+            ),
+            Lang::Zh => {
+                format!("{route}：模型将于 {retires} 下线，还剩 {days_left} 天(model_retiring)")
+            }
+        },
         Subject::Test => w
             .t(
                 "test message from probeok: this channel works",

@@ -339,6 +339,25 @@ pub(super) async fn lead(
             ),
         ));
     }
+    // The providers' model lists are read from the leader only: one reader per region is
+    // enough, and two would count one answer twice.
+    if !m.routes.is_empty() {
+        tasks.push(sv.spawn(
+            "catalog",
+            token.clone(),
+            crate::catalog::run(
+                crate::catalog::CatalogDriver {
+                    routes: m.routes.clone(),
+                    config: m.config.catalog.clone(),
+                    env: m.config.env.clone(),
+                    store: m.store.clone(),
+                    clock: m.clock.clone(),
+                    events: m.events.clone(),
+                },
+                token.clone(),
+            ),
+        ));
+    }
     tracing::info!("leader: probing, judging, alerting, switching, drills, retention and regression runs started");
 
     token.cancelled().await;

@@ -289,6 +289,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         })
         .collect();
 
+    let catalog = super::catalog::catalog(ck, raw.catalog, &raw.routes);
     let routes = raw
         .routes
         .into_iter()
@@ -382,6 +383,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         haproxy: super::routers::haproxy(ck, raw.haproxy),
         subscriptions: subscriptions(ck, raw.subscriptions),
         sync: super::sync::syncs(ck, raw.sync),
+        catalog,
         source_map: map.text_only(),
         env: crate::secret::Env::process(),
     }

@@ -71,6 +71,15 @@ pub(super) struct RawConfig {
     pub subscriptions: RawSubscriptions,
     #[serde(default)]
     pub sync: Vec<RawSync>,
+    #[serde(default)]
+    pub catalog: RawCatalog,
+}
+
+/// `[catalog]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCatalog {
+    pub every: Option<String>,
 }
 
 /// `[[sync]]`.
@@ -370,6 +379,8 @@ pub(super) struct RawRoute {
     // Confirmation probes.
     pub confirm_after: Option<String>,
     pub request: Option<RawProfile>,
+    /// The day the provider retires the model (`crate::catalog`).
+    pub retires: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -186,6 +186,29 @@ pub enum HealthEvent {
         firing: bool,
         at: DateTime<Utc>,
     },
+    /// A routed model is missing from two answers in a row of its provider region's model
+    /// list (`crate::catalog`): sent with `withdrawn` on every answer that still lacks it (the
+    /// alert engine keeps one alert), once without when it is listed again.
+    ModelWithdrawn {
+        /// The provider region (`provider/region` of its first route).
+        region: String,
+        model: String,
+        /// The routes that use it there.
+        routes: Vec<RouteId>,
+        withdrawn: bool,
+        at: DateTime<Utc>,
+    },
+    /// A route's configured `retires` date is `days` (30, 7 or 1) or fewer days away
+    /// (`crate::catalog`): once per route, date and milestone.
+    ModelRetiring {
+        route: RouteId,
+        retires: chrono::NaiveDate,
+        /// Whole days left (0 on the day itself).
+        days_left: i64,
+        /// The milestone reached: 30, 7 or 1.
+        days: u32,
+        at: DateTime<Utc>,
+    },
     /// The hourly extra-cost budget passed `degrade_at` (`crate::extra_cost`): no new switch this
     /// hour.
     BudgetCrossed {

@@ -102,6 +102,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0024_declared",
         include_str!("../../migrations/sqlite/0024_declared.sql"),
     ),
+    (
+        "0025_catalog",
+        include_str!("../../migrations/sqlite/0025_catalog.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -193,6 +197,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0024_declared",
         include_str!("../../migrations/postgres/0024_declared.sql"),
+    ),
+    (
+        "0025_catalog",
+        include_str!("../../migrations/postgres/0025_catalog.sql"),
     ),
 ];
 

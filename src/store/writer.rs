@@ -142,6 +142,11 @@ pub(crate) enum Command {
         op: super::declared::DeclaredOp,
         ack: Ack<u64>,
     },
+    /// A write to the model catalog (`store/catalog.rs`).
+    Catalog {
+        op: super::catalog::CatalogOp,
+        ack: Ack<u64>,
+    },
     /// A write to the `drills` table (`store/drills.rs`).
     Drill {
         op: super::drills::DrillOp,
@@ -205,7 +210,8 @@ impl Command {
             | Command::Drill { ack, .. }
             | Command::Subscriber { ack, .. }
             | Command::Gateway { ack, .. }
-            | Command::Declared { ack, .. } => {
+            | Command::Declared { ack, .. }
+            | Command::Catalog { ack, .. } => {
                 let _ = ack.send(result);
             }
             Command::Shutdown { ack } => {
@@ -679,6 +685,7 @@ impl State {
                 Command::Subscriber { op, .. } => super::subscribers::apply(&tx, op)?,
                 Command::Gateway { op, .. } => super::gateways::apply(&tx, op)?,
                 Command::Declared { op, .. } => super::declared::apply(&tx, op)?,
+                Command::Catalog { op, .. } => super::catalog::apply(&tx, op)?,
                 Command::Vantage {
                     items,
                     now,

@@ -11,7 +11,8 @@
 //! - [`xds`]: `POST /v3/discovery:endpoints`, Envoy's endpoint discovery (REST xDS v3).
 //! - [`drift`]: `/api/v1/drift`; [`switches`]: `/api/v1/switches`; [`requests`]:
 //!   `/api/v1/requests` (the proxy's metering); [`shadow`]: `/api/v1/shadow` (shadow routes
-//!   compared with the real answers).
+//!   compared with the real answers); [`catalog`]: `/api/v1/catalog` (the providers' model
+//!   lists).
 //! - [`drills`]: `/api/v1/drills` and the drills admin API; [`silences`]: the silences admin
 //!   API; [`reload`]: `POST /api/v1/admin/reload`.
 //! - [`metrics`]: `/metrics` (OpenMetrics via `prometheus-client`).
@@ -27,6 +28,7 @@
 pub mod api;
 pub(crate) mod atom;
 pub(crate) mod badges;
+pub(crate) mod catalog;
 pub(crate) mod clients;
 pub mod drift;
 pub mod drills;

@@ -10,8 +10,8 @@ use axum::Router;
 use serde_json::Value;
 
 use super::{
-    api, atom, badges, clients, drift, drills, feed, ingest, metrics, openapi, pages, reload,
-    requests, shadow, silences, subscribe, switches, xds, AppState, Endpoint,
+    api, atom, badges, catalog, clients, drift, drills, feed, ingest, metrics, openapi, pages,
+    reload, requests, shadow, silences, subscribe, switches, xds, AppState, Endpoint,
 };
 
 /// One endpoint: where it is, what serves it, and how the OpenAPI document describes it.
@@ -149,6 +149,7 @@ pub fn table() -> Vec<Entry> {
             switches::doc(),
         )
         .public_read(),
+        Entry::new(M::GET, catalog::PATH, get(catalog::list), catalog::doc()).public_read(),
         Entry::new(M::GET, requests::PATH, get(requests::list), requests::doc()),
         Entry::new(M::GET, shadow::PATH, get(shadow::report), shadow::doc()),
         // Drills.

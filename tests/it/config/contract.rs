@@ -107,12 +107,12 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown key, named with the valid ones",
             with_route("intervall = \"30s\"\n"),
-            vec!["p.toml:17:1: route[0].intervall: unknown key `intervall`, expected one of `provider`, `region`, `model`, `serves`, `tier`, `weight`, `price`, `capabilities`, `context_window`, `residency`, `interval`, `timeout`, `first_byte_timeout`, `stall_timeout`, `max_tokens`, `slo`, `confirm_after`, `request`"],
+            vec!["p.toml:17:1: route[0].intervall: unknown key `intervall`, expected one of `provider`, `region`, `model`, `serves`, `tier`, `weight`, `price`, `capabilities`, `context_window`, `residency`, `interval`, `timeout`, `first_byte_timeout`, `stall_timeout`, `max_tokens`, `slo`, `confirm_after`, `request`, `retires`"],
         ),
         (
             "unknown section, named with the valid ones",
             format!("[hearbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`, `shadow`, `envoy`, `haproxy`, `subscriptions`, `sync`"],
+            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`, `shadow`, `envoy`, `haproxy`, `subscriptions`, `sync`, `catalog`"],
         ),
         (
             "cluster: the URL itself instead of its variable, a lease too short to check",
@@ -347,6 +347,14 @@ fn bad_configs_give_exact_located_diagnostics() {
                 "p.toml:17:7: route[0].slo: must be in (0, 1), e.g. 0.999, got 1.5",
                 "p.toml:24:28: route[1].price.input_per_mtok: must be 0 or more, got -1",
                 r#"p.toml:24:66: route[1].price.currency: currency "USD" differs from "CNY" (route[0]): use one currency per config"#,
+            ],
+        ),
+        (
+            "catalog: a route's retires date, the list interval",
+            with_route("retires = \"2026-6-30\"\n[catalog]\nevery = \"10s\"\n"),
+            vec![
+                r#"p.toml:17:11: route[0].retires: invalid date "2026-6-30": write the day as YYYY-MM-DD, e.g. "2026-06-30""#,
+                "p.toml:19:9: catalog.every: must be between 1m and 24h, got 10s",
             ],
         ),
     ];

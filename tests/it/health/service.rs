@@ -563,7 +563,9 @@ async fn egress_finding_then_a_provider_incident() {
             | HealthEvent::BudgetCrossed { .. }
             | HealthEvent::SyncFailed { .. }
             | HealthEvent::ProviderDeclared { .. }
-            | HealthEvent::RateLimitLow { .. } => {}
+            | HealthEvent::RateLimitLow { .. }
+            | HealthEvent::ModelWithdrawn { .. }
+            | HealthEvent::ModelRetiring { .. } => {}
         }
     }
     assert_eq!((opened, closed), (1, 1));

@@ -1,4 +1,5 @@
 mod architecture;
+mod catalog;
 mod cli;
 mod demo;
 mod demo_history;

@@ -1,3 +1,4 @@
+mod catalog;
 mod declared;
 mod gateways;
 mod migrate;
