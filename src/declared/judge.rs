@@ -57,14 +57,19 @@ pub fn route_view(map: &Mapping, d: &Declared, route: &RouteId) -> Option<RouteD
     if !map.covers(route) {
         return None;
     }
+    // The provider first: a cheap test that spares the globs of every other provider's pages
+    // (a status answer asks this of every route).
+    let provider = route.split().0;
     let worst = d
         .components
         .iter()
+        .filter(|c| c.provider == provider)
         .filter(|c| map.maps(&c.page, Some(&c.component), route))
         .max_by_key(|c| (rank(&c.status), std::cmp::Reverse(c.since)));
     let incident = d
         .open
         .iter()
+        .filter(|i| i.provider == provider)
         .filter(|i| map.concerns(i, route))
         .max_by_key(|i| i.declared_at);
     let status = match (worst, incident) {
