@@ -16,8 +16,8 @@ use super::group::{Draft, Grouper};
 use super::maintenance::{Silence, Suppressor};
 use super::outbox::Outbox;
 use super::{
-    accepts, burn, routing, AlertError, AlertMetrics, Message, Notifier, RenderCtx, Severity,
-    Status, Subject,
+    accepts, burn, routing, AlertError, AlertMetrics, Message, Notifier, RenderCtx, RouteItem,
+    Severity, Status, Subject,
 };
 use crate::clock::Clock;
 use crate::config::Config;
@@ -36,6 +36,11 @@ pub const EVALUATE_EVERY: Duration = Duration::from_secs(60);
 pub const BEAT_EVERY: Duration = crate::heartbeat::PULSE_EVERY;
 /// Delivered and dropped rows, and ended silences, are kept this long.
 pub const KEEP_DONE: chrono::Duration = chrono::Duration::days(7);
+/// An incident closed in the store this long (or twice `group_wait`, if longer) while its
+/// alert still fires here had its resolution lost: it is sent then.
+pub const LOST_AFTER: chrono::Duration = chrono::Duration::minutes(5);
+/// Incidents read per route when looking for one whose resolution was lost.
+const LOST_SCAN: usize = 50;
 
 /// Everything the alert task needs; shareable so tests (and `alert test`) can drive it.
 pub struct AlertService {
@@ -414,6 +419,7 @@ impl AlertService {
                 _ => {}
             }
         }
+        drafts.extend(self.lost_resolutions(&firing, now).await);
         let stale = self.jobs.stale(&beats, now, config.heartbeat.stale_after);
         for job in &self.jobs.names {
             let key = format!("heartbeat:{job}");
@@ -480,6 +486,67 @@ impl AlertService {
             Err(e) => tracing::warn!(error = %e, "cannot bound the alert outbox"),
         }
         Ok(n)
+    }
+
+    /// Incidents still firing here whose incident the store has closed for over
+    /// [`LOST_AFTER`]: their resolution was lost (held in the grouping buffer of a leader
+    /// that died, or of a process killed before its flush). The on-call must not be left
+    /// with an open page for an incident that ended, so the resolution is sent now.
+    async fn lost_resolutions(&self, firing: &[FiringRow], now: DateTime<Utc>) -> Vec<Draft> {
+        let mut wanted: Vec<(RouteItem, DateTime<Utc>)> = Vec::new();
+        for f in firing {
+            let Some(id) = f.key.strip_prefix("incident:") else {
+                continue;
+            };
+            let Ok(m) = serde_json::from_str::<Message>(&f.message) else {
+                continue;
+            };
+            if let Some(item) = m
+                .items
+                .into_iter()
+                .find(|i| i.incident_id.as_deref() == Some(id))
+            {
+                wanted.push((item, f.opened_at));
+            }
+        }
+        if wanted.is_empty() {
+            return Vec::new();
+        }
+        let group_wait =
+            chrono::Duration::from_std(self.config().alerting.group_wait).unwrap_or(LOST_AFTER);
+        let after = LOST_AFTER.max(group_wait * 2);
+        let read = self
+            .blocking(move |r| {
+                let mut closed = Vec::new();
+                for (item, opened) in wanted {
+                    let since = opened - chrono::Duration::days(1);
+                    let found = r
+                        .incidents(Some(&item.route), since, LOST_SCAN)?
+                        .into_iter()
+                        .find(|i| Some(&i.id) == item.incident_id.as_ref());
+                    if let Some(i) = found {
+                        if i.closed_at.is_some_and(|c| now - c >= after) {
+                            closed.push((item, i));
+                        }
+                    }
+                }
+                Ok(closed)
+            })
+            .await;
+        match read {
+            Ok(closed) if !closed.is_empty() => {
+                tracing::warn!(
+                    incidents = closed.len(),
+                    "resolutions that were never sent (their incidents closed in the store): sending them now"
+                );
+                super::group::lost_resolutions(closed)
+            }
+            Ok(_) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for lost resolutions");
+                Vec::new()
+            }
+        }
     }
 
     /// `repeat_interval` reminders: the k-th reminder of a firing message goes out once

@@ -499,6 +499,27 @@ fn latest_per_route(mut entries: Vec<Entry>) -> Vec<Entry> {
 }
 
 /// Two or more routes of one provider → one message; else one message per route.
+/// Resolutions for incidents whose own resolution was lost (`item`s as they fired, each with
+/// its closed incident): grouped per provider as a live resolution is, each closing the
+/// incident's firing state.
+pub fn lost_resolutions(closed: Vec<(RouteItem, Incident)>) -> Vec<Draft> {
+    let entries = closed
+        .into_iter()
+        .filter_map(|(mut item, incident)| {
+            let closed_at = incident.closed_at?;
+            item.from = item.to;
+            item.to = State::Normal;
+            item.at = closed_at;
+            item.opened_at = Some(incident.opened_at);
+            item.closed_at = Some(closed_at);
+            item.peak = Some(incident.peak);
+            let sev = Severity::of_state(incident.peak).unwrap_or(Severity::Warning);
+            Some((sev, item, Some(format!("incident:{}", incident.id))))
+        })
+        .collect();
+    group(entries, Status::Resolved)
+}
+
 fn group(items: Vec<Entry>, status: Status) -> Vec<Draft> {
     let mut by_provider: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
     for x in items {

@@ -3,6 +3,7 @@ mod claims;
 mod counts;
 mod delivery;
 mod drift;
+mod lost;
 mod oncall;
 mod oncall_kill;
 mod routing;
