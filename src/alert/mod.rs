@@ -63,7 +63,7 @@ use crate::route::RouteId;
 
 pub use crate::lang::Lang;
 pub use crate::severity::Severity;
-pub use engine::{run, AlertService};
+pub use engine::{run, AlertService, EVALUATE_EVERY, LOST_AFTER};
 
 /// Firing, resolved, a reminder of something still firing, or `alert test`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

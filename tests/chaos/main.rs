@@ -495,8 +495,10 @@ async fn postgres_chaos_run_keeps_every_invariant() {
     sampler.await.unwrap();
 
     // Let the fleet settle: every agent's outbox drained, and the channel told of every
-    // route that is NORMAL again.
-    let settle = Instant::now() + Duration::from_secs(90);
+    // route that is NORMAL again — a resolution lost with a leader's memory is sent once its
+    // incident has been closed `LOST_AFTER`, at the engine's next evaluation.
+    let lost = probeok::alert::LOST_AFTER.to_std().unwrap_or_default();
+    let settle = Instant::now() + lost + probeok::alert::EVALUATE_EVERY + Duration::from_secs(30);
     let agents: Vec<&Proc> = fleet.iter().filter(|p| p.kind == Kind::Agent).collect();
     while agents
         .iter()
