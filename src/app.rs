@@ -191,6 +191,7 @@ pub async fn start_with(
     }
     metrics.attach_declared(declared.clone());
     metrics.attach_headroom(detection.options.headroom.clone());
+    metrics.attach_warm(detection.options.warm.clone());
     let recorders = subsystems::recorders(
         &config,
         &routes,

@@ -573,7 +573,7 @@ fn snapshot_of(label: String, b: &Bucket) -> Option<BaselineSnapshot> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use chrono::TimeZone;
 
@@ -581,7 +581,7 @@ mod tests {
         DetectionConfig::default()
     }
 
-    fn probe(at: DateTime<Utc>, ms: f64) -> ProbeOutcome {
+    pub(crate) fn probe(at: DateTime<Utc>, ms: f64) -> ProbeOutcome {
         ProbeOutcome {
             route: RouteId::new("p", "r", "m"),
             kind: OutcomeKind::Probe,

@@ -215,6 +215,8 @@ pub struct Metrics {
     sync: OnceLock<crate::sync::SyncBoard>,
     /// `[[provider.status_page]]`: what providers declare, for `/api/v1/status` and the pages.
     declared: OnceLock<crate::declared::DeclaredBoard>,
+    /// How far detection's baselines have warmed from the history, for `/readyz`.
+    warm: OnceLock<crate::health::service::WarmProgress>,
     /// `probeok_incident_lead_seconds`, observed by the status pages' task.
     incident_lead: Histogram,
     /// `probeok_trace_spans_dropped_total`, read from the tracer at scrape time.
@@ -445,6 +447,7 @@ impl Metrics {
             role: OnceLock::new(),
             sync: OnceLock::new(),
             declared: OnceLock::new(),
+            warm: OnceLock::new(),
             incident_lead,
             trace,
             headroom,
@@ -465,6 +468,19 @@ impl Metrics {
     /// The member's role, for `/metrics`, `/readyz` and `/api/v1/status`. The first call wins.
     pub fn attach_role(&self, role: crate::cluster::RoleRx) {
         let _ = self.role.set(role);
+    }
+
+    /// Detection's baseline warm-up, shown by `/readyz`. The first call wins.
+    pub fn attach_warm(&self, warm: crate::health::service::WarmProgress) {
+        let _ = self.warm.set(warm);
+    }
+
+    /// (baselines warm, routes) while detection's baselines still warm from the history.
+    pub fn warming(&self) -> Option<(usize, usize)> {
+        self.warm
+            .get()
+            .map(|w| w.get())
+            .filter(|(done, total)| done < total)
     }
 
     /// The status pages' board, shown by `/api/v1/status` and the pages. The first call wins.

@@ -226,10 +226,20 @@ async fn check_ready(state: AppState) -> guards::Ready {
         Err(e) => problems.push(format!("cannot read heartbeats: {e}")),
     }
     let role = state.metrics.role().as_str();
+    // Baselines still warming from the history: probing and error detection run, latency
+    // judgement follows route by route. Said, not a reason to take the monitor out.
+    let warming = state
+        .metrics
+        .warming()
+        .map(|(done, total)| json!({"baselines": {"warm": done, "routes": total}}));
     if problems.is_empty() {
+        let mut body = json!({"status": "ready", "role": role});
+        if let Some(w) = warming {
+            body["warming"] = w;
+        }
         guards::Ready {
             status: StatusCode::OK,
-            body: json!({"status": "ready", "role": role}),
+            body,
         }
     } else {
         guards::Ready {
@@ -240,6 +250,7 @@ async fn check_ready(state: AppState) -> guards::Ready {
                 "problems": problems,
                 "stale_jobs": stale_jobs,
                 "stale_after_s": stale_after.as_secs(),
+                "warming": warming,
             }),
         }
     }

@@ -31,6 +31,8 @@ impl HealthService {
     /// judges nothing and stores nothing; the leader's transitions (stored at once) and
     /// periodic saves are what it shows.
     pub async fn follow(mut self, store: Store, every: Duration, shutdown: CancellationToken) {
+        // A follower judges nothing: its baselines need not warm (the rebuild stops).
+        self.warming = None;
         let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut failing = false;

@@ -64,6 +64,8 @@ use persist::{persist_loop, send};
 mod view;
 // Cross-route findings and publishing by change (bursts held to a window).
 mod publish;
+// Baselines rebuilt from the history in the background at start.
+mod warm;
 use super::{
     Baseline, Detector, HealthEvent, HealthRx, HealthSnapshot, Incident, RouteHealth, RouteStatus,
     State, Suppression, Transition,
@@ -73,10 +75,11 @@ use crate::config::Config;
 use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 use crate::scheduler::{Confirm, CONFIRM_QUEUE};
-use crate::store::{Store, StoreError, Writer, ALL_KINDS};
+use crate::store::{Store, StoreError, Writer};
 use crate::vantage::VantageOutcome;
 use vantages::next_remote;
 use view::{fingerprint, same_finding, same_view, status};
+pub use warm::WarmProgress;
 
 /// The job name of the service's heartbeat (`/readyz`).
 pub const HEARTBEAT_JOB: &str = "health";
@@ -115,6 +118,11 @@ pub struct HealthOptions {
     /// Where every outcome's rate-limit headroom is kept (shared with the status API and
     /// `/metrics`, which read it).
     pub headroom: super::Headroom,
+    /// How long the start waits for baselines rebuilt from the history; the rest warm in the
+    /// background while the service runs (`warm`).
+    pub warm_wait: Duration,
+    /// How far that rebuild has come (shared with `/readyz`, which reads it).
+    pub warm: WarmProgress,
 }
 
 impl Default for HealthOptions {
@@ -127,6 +135,8 @@ impl Default for HealthOptions {
             heartbeat_every: Duration::from_secs(10),
             publish_every: Duration::from_millis(250),
             headroom: super::Headroom::default(),
+            warm_wait: Duration::from_secs(5),
+            warm: WarmProgress::default(),
         }
     }
 }
@@ -211,6 +221,9 @@ pub struct HealthService {
     counts: Arc<PublishCounts>,
     /// Which routes the next ticks evaluate ([`super::due`]).
     wheel: super::due::Wheel,
+    /// Baselines still being rebuilt from the history (`warm`); `None` once all are.
+    warming: Option<warm::Warming>,
+    warm_progress: WarmProgress,
 }
 
 /// What publishing has cost so far: how many snapshots went out and how many route statuses
@@ -246,23 +259,51 @@ impl HealthService {
             .iter()
             .flat_map(|id| config.vantages_of(id).map(|v| (id.clone(), v.id.clone())))
             .collect();
-        let (stored, baselines, remote) = tokio::task::spawn_blocking(move || {
+        // Baselines from the history: waited for a short while, then warmed in the background.
+        let warm_progress = opts.warm.clone();
+        let warm_rx = warm::spawn(
+            store.clone(),
+            wanted.clone(),
+            cfg.clone(),
+            since,
+            &warm_progress,
+        );
+        let (warm_rx, first) = warm::wait(warm_rx, opts.warm_wait).await?;
+        let mut warmed: Vec<Option<Baseline>> = (0..wanted.len()).map(|_| None).collect();
+        for w in first {
+            warm_progress.one_done();
+            if let Some(slot) = warmed.get_mut(w.index) {
+                *slot = Some(w.baseline);
+            }
+        }
+        let (stored, remote) = tokio::task::spawn_blocking(move || {
             let reader = reading.reader()?;
             let stored = reader.route_health_all::<RouteHealth>()?;
-            let mut baselines = Vec::with_capacity(wanted.len());
-            for id in &wanted {
-                let outcomes = reader.outcomes_since(id, since, ALL_KINDS)?;
-                baselines.push(Baseline::rebuild(id.clone(), &cfg, &outcomes));
-            }
             let mut remote = HashMap::with_capacity(seats.len());
             for (id, vantage) in seats {
                 let outcomes = reader.vantage_outcomes_since(&id, &vantage, since)?;
                 let b = Baseline::rebuild(id.clone(), &cfg, &outcomes);
                 remote.insert((id, vantage), b);
             }
-            Ok::<_, StoreError>((stored, baselines, remote))
+            Ok::<_, StoreError>((stored, remote))
         })
         .await??;
+        let warm: Vec<bool> = warmed.iter().map(Option::is_some).collect();
+        let baselines: Vec<Baseline> = warmed
+            .into_iter()
+            .zip(&ids)
+            .map(|(b, id)| b.unwrap_or_else(|| Baseline::new(id.clone(), &config.detection)))
+            .collect();
+        let (done, total) = warm_progress.get();
+        if done < total {
+            tracing::info!(
+                warm = done,
+                routes = total,
+                "baselines: the rest warm in the background while probing runs"
+            );
+        }
+        let warming =
+            (done < total).then(|| warm::Warming::new(warm_rx, warm, warm_progress.clone()));
 
         let detector = Detector::new(&config.detection);
         let mut board = Board::new(config, &detector, remote, now);
@@ -341,7 +382,14 @@ impl HealthService {
             board,
             vantage_view: watch::channel(Arc::new(VantageView::default())).0,
             vantage_inputs: None,
+            warming,
+            warm_progress,
         })
+    }
+
+    /// How far the baselines' rebuild from the history has come (`/readyz`).
+    pub fn warm_progress(&self) -> WarmProgress {
+        self.warm_progress.clone()
     }
 
     /// A sender of agents' outcomes to this service and a receiver of every multi-vantage
@@ -467,6 +515,7 @@ impl HealthService {
                 cmd = next(&mut commands) => self.command(cmd),
                 _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {}
                 v = next_remote(&mut remote) => self.ingest_remote(v, persist).await,
+                w = warm::next(&mut self.warming) => self.install(w),
                 outcome = inputs.recv() => match outcome {
                     Some(outcome) => self.ingest(outcome, persist).await,
                     None => break,
@@ -476,6 +525,30 @@ impl HealthService {
         }
         // Whatever is held goes out before the shutdown drain.
         self.publish_now();
+    }
+
+    /// A baseline rebuilt in the background takes the place of the one the route learned
+    /// since the start (what it learned is replayed into it).
+    fn install(&mut self, w: Option<warm::Warmed>) {
+        let Some(warming) = &mut self.warming else {
+            return;
+        };
+        let Some(w) = w else {
+            self.warming = None;
+            return;
+        };
+        let (i, baseline) = warming.finish(w);
+        if warming.progress.warm() {
+            tracing::info!("baselines: every route is warm");
+            self.warming = None;
+        }
+        if let Some(r) = self.routes.get_mut(i) {
+            r.health.baseline_ready = baseline.ready();
+            r.baseline = baseline;
+            self.wheel.touch(i);
+            let now = self.clock.now();
+            self.refresh(i, now);
+        }
     }
 
     fn command(&mut self, cmd: HealthCommand) {
@@ -506,6 +579,9 @@ impl HealthService {
             return;
         };
         let now = self.clock.now();
+        if let Some(w) = &mut self.warming {
+            w.observe(i, &o);
+        }
         self.observe_headroom(&o);
         if o.kind != OutcomeKind::Passive && self.board.covers(&o.route) {
             self.ingest_local_vantage(i, o, persist).await;

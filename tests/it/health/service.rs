@@ -645,3 +645,80 @@ async fn one_failed_call_keeps_the_share_until_the_window_is_over_the_floors() {
     );
     svc.stop().await;
 }
+
+/// 3,000 healthy probes per route, 30 s apart, before t0: history enough that rebuilding
+/// the baselines takes a moment.
+async fn seed_long(store: &Store, routes: &[RouteId]) {
+    for r in routes {
+        let outcomes = (0..3000u32)
+            .map(|i| {
+                let when = t0() - chrono::Duration::seconds(30 * i64::from(3000 - i));
+                probe(r, when, 900.0 + f64::from(i % 7) * 50.0)
+            })
+            .collect();
+        store.writer().record_many(outcomes).await.unwrap();
+    }
+}
+
+/// The start waits for baselines only `warm_wait`: with none at all the service starts at
+/// once, the baselines warm in the background, and once warm they are what a start that
+/// waited for them has — the outcome judged meanwhile included, learned once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baselines_warm_in_the_background_to_what_a_waiting_start_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    let pairs = [("qwen", "cn"), ("qwen", "us"), ("deepseek", "cn")];
+    let cfg = config(&db, &pairs, None);
+    let routes: Vec<RouteId> = pairs.iter().map(|(p, r)| rid(p, r)).collect();
+    let store = Store::open(&db, StoreOptions::default()).unwrap();
+    seed_long(&store, &routes).await;
+    let clock = Arc::new(ManualClock::new(t0()));
+    let fast = |warm_wait| HealthOptions {
+        baselines_every: Duration::from_millis(20),
+        warm_wait,
+        ..opts()
+    };
+    let baselines = |svc: &Svc| -> Vec<Option<(String, usize, f64, f64)>> {
+        routes
+            .iter()
+            .map(|r| {
+                svc.route(r)
+                    .baseline
+                    .map(|b| (b.bucket, b.samples, b.mean_ms, b.stddev_ms))
+            })
+            .collect()
+    };
+    let one_more = |r: &RouteId| probe(r, t0() + chrono::Duration::seconds(1), 1000.0);
+
+    // A start that waits for every baseline, then one probe more.
+    let waited_opts = fast(Duration::from_secs(60));
+    let waited = Svc::start(&cfg, &store, clock.clone(), waited_opts.clone()).await;
+    assert_eq!(
+        waited_opts.warm.get(),
+        (3, 3),
+        "all rebuilt before the start returned"
+    );
+    waited.send(one_more(&routes[2])).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let expected = baselines(&waited);
+    assert!(expected.iter().all(Option::is_some), "{expected:?}");
+    waited.stop().await;
+
+    // A start that waits for none: probing and judging from the first moment. The last
+    // route warms last: its probe is judged on an empty baseline and replayed into the
+    // rebuilt one.
+    let background = fast(Duration::ZERO);
+    let svc = Svc::start(&cfg, &store, clock.clone(), background.clone()).await;
+    svc.send(one_more(&routes[2])).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while baselines(&svc) != expected || background.warm.get() != (3, 3) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never warmed to the same baselines: {:?} vs {expected:?} ({:?})",
+            baselines(&svc),
+            background.warm
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    svc.stop().await;
+}

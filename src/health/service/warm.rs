@@ -1,0 +1,278 @@
+//! Baselines rebuilt in the background at start. Rebuilding a route's baseline replays its
+//! stored outcomes; with weeks of history at thousands of routes that is tens of millions of
+//! rows and took minutes to hours, during which the monitor probed nothing. So the start
+//! waits for the rebuild only a short while ([`HealthOptions::warm_wait`]: a small history is
+//! warm before the first probe), and the rest warms route by route while the service runs:
+//!
+//! - a route still warming is judged on an empty baseline: errors and timeouts move it as
+//!   ever, latency does not (a restored NORMAL stays NORMAL; an UNKNOWN route waits);
+//! - what it observes meanwhile is kept (bounded) and replayed into the rebuilt baseline when
+//!   it arrives, so no outcome is learned twice or lost;
+//! - the progress is shared ([`WarmProgress`]) for `/readyz`.
+//!
+//! [`HealthOptions::warm_wait`]: super::HealthOptions::warm_wait
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
+
+use super::super::Baseline;
+use crate::config::DetectionConfig;
+use crate::probe::ProbeOutcome;
+use crate::route::RouteId;
+use crate::store::{Store, ALL_KINDS};
+
+/// Rebuilt baselines waiting for the service.
+const WARM_QUEUE: usize = 64;
+/// Outcomes kept per warming route for the replay; past it the oldest are not replayed.
+const MAX_PENDING: usize = 512;
+
+/// How far the background rebuild has come: one handle shared by detection (which counts)
+/// and `/readyz` (which reads); each restore starts it again.
+#[derive(Clone, Default)]
+pub struct WarmProgress(Arc<Counts>);
+
+#[derive(Default)]
+struct Counts {
+    done: AtomicUsize,
+    total: AtomicUsize,
+}
+
+impl std::fmt::Debug for WarmProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (done, total) = self.get();
+        write!(f, "WarmProgress({done}/{total})")
+    }
+}
+
+/// One handle is one count: equal when shared.
+impl PartialEq for WarmProgress {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for WarmProgress {}
+
+impl WarmProgress {
+    /// (baselines rebuilt, routes).
+    pub fn get(&self) -> (usize, usize) {
+        (
+            self.0.done.load(Ordering::Acquire),
+            self.0.total.load(Ordering::Acquire),
+        )
+    }
+
+    fn start(&self, total: usize) {
+        self.0.done.store(0, Ordering::Release);
+        self.0.total.store(total, Ordering::Release);
+    }
+
+    /// Every baseline is rebuilt.
+    pub fn warm(&self) -> bool {
+        let (done, total) = self.get();
+        done >= total
+    }
+
+    pub(super) fn one_done(&self) {
+        self.0.done.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// One route's rebuilt baseline and the newest outcome it learned.
+pub(super) struct Warmed {
+    pub index: usize,
+    pub baseline: Baseline,
+    pub newest: Option<DateTime<Utc>>,
+}
+
+/// Starts rebuilding every route's baseline from the outcomes since `since`, in `ids` order,
+/// on a blocking thread. Ends early when the receiver is gone.
+pub(super) fn spawn(
+    store: Store,
+    ids: Vec<RouteId>,
+    cfg: DetectionConfig,
+    since: DateTime<Utc>,
+    progress: &WarmProgress,
+) -> mpsc::Receiver<Warmed> {
+    progress.start(ids.len());
+    let (tx, rx) = mpsc::channel(WARM_QUEUE);
+    tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let reader = match store.reader() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the history to rebuild baselines; they learn from new probes only");
+                None
+            }
+        };
+        for (index, id) in ids.into_iter().enumerate() {
+            let outcomes = match reader
+                .as_ref()
+                .map(|r| r.outcomes_since(&id, since, ALL_KINDS))
+            {
+                Some(Ok(o)) => o,
+                Some(Err(e)) => {
+                    tracing::warn!(route = %id, error = %e, "cannot read the route's history; its baseline learns from new probes only");
+                    Vec::new()
+                }
+                None => Vec::new(),
+            };
+            let newest = outcomes.iter().map(|o| o.started_at).max();
+            let baseline = Baseline::rebuild(id, &cfg, &outcomes);
+            if tx
+                .blocking_send(Warmed {
+                    index,
+                    baseline,
+                    newest,
+                })
+                .is_err()
+            {
+                return;
+            }
+        }
+        tracing::info!(
+            seconds = started.elapsed().as_secs_f64(),
+            "baselines rebuilt from the stored history"
+        );
+    });
+    rx
+}
+
+/// What the rebuild delivers within `wait` of real time (measured on the wall clock, not
+/// tokio's, which a test may have paused), and the receiver for the rest.
+pub(super) async fn wait(
+    mut rx: mpsc::Receiver<Warmed>,
+    wait: std::time::Duration,
+) -> Result<(mpsc::Receiver<Warmed>, Vec<Warmed>), tokio::task::JoinError> {
+    tokio::task::spawn_blocking(move || {
+        let until = std::time::Instant::now() + wait;
+        let mut got = Vec::new();
+        loop {
+            match rx.try_recv() {
+                Ok(w) => got.push(w),
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    if std::time::Instant::now() >= until {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+        (rx, got)
+    })
+    .await
+}
+
+/// The service's side of a warm-up still running.
+pub(super) struct Warming {
+    pub rx: mpsc::Receiver<Warmed>,
+    /// Per route still warming: what it observed since the start, oldest first.
+    pending: HashMap<usize, VecDeque<ProbeOutcome>>,
+    /// Routes already warm.
+    warm: Vec<bool>,
+    pub progress: WarmProgress,
+}
+
+impl Warming {
+    pub fn new(rx: mpsc::Receiver<Warmed>, warm: Vec<bool>, progress: WarmProgress) -> Self {
+        Self {
+            rx,
+            pending: HashMap::new(),
+            warm,
+            progress,
+        }
+    }
+
+    /// Keeps `o` for the replay when route `i` is still warming.
+    pub fn observe(&mut self, i: usize, o: &ProbeOutcome) {
+        if self.warm.get(i).copied().unwrap_or(true) {
+            return;
+        }
+        let q = self.pending.entry(i).or_default();
+        if q.len() >= MAX_PENDING {
+            q.pop_front();
+        }
+        q.push_back(o.clone());
+    }
+
+    /// The rebuilt baseline with what route `i` observed since the start replayed into it
+    /// (only what the rebuild did not read).
+    pub fn finish(&mut self, w: Warmed) -> (usize, Baseline) {
+        let Warmed {
+            index,
+            mut baseline,
+            newest,
+        } = w;
+        if let Some(slot) = self.warm.get_mut(index) {
+            *slot = true;
+        }
+        for o in self.pending.remove(&index).unwrap_or_default() {
+            if newest.is_none_or(|n| o.started_at > n) {
+                baseline.record(&o);
+            }
+        }
+        self.progress.one_done();
+        (index, baseline)
+    }
+}
+
+/// The next rebuilt baseline; pending forever without a warm-up. `None`: the rebuild ended.
+pub(super) async fn next(warming: &mut Option<Warming>) -> Option<Warmed> {
+    match warming {
+        Some(w) => w.rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::baseline::tests::probe;
+    use chrono::TimeZone;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 30, 6, 0, 0).unwrap() + chrono::Duration::seconds(s)
+    }
+
+    #[test]
+    fn what_a_warming_route_observed_is_replayed_once_and_only_past_the_rebuild() {
+        let route = RouteId::new("p", "r", "m");
+        let cfg = DetectionConfig::default();
+        let history: Vec<ProbeOutcome> = (0..10).map(|i| probe(at(30 * i), 1000.0)).collect();
+        let rebuilt = Baseline::rebuild(route.clone(), &cfg, &history);
+        assert_eq!(rebuilt.samples(), 10);
+        let (_tx, rx) = mpsc::channel(1);
+        let progress = WarmProgress::default();
+        progress.start(2);
+        let mut w = Warming::new(rx, vec![false, true], progress.clone());
+        // Route 0 warms: it saw the last stored probe again (the rebuild read it too) and
+        // one newer. Route 1 is warm: nothing is kept for it.
+        w.observe(0, &history[9]);
+        w.observe(0, &probe(at(300), 1000.0));
+        w.observe(1, &probe(at(300), 1000.0));
+        assert!(!w.pending.contains_key(&1));
+        let (i, b) = w.finish(Warmed {
+            index: 0,
+            baseline: rebuilt,
+            newest: Some(at(270)),
+        });
+        assert_eq!(i, 0);
+        assert_eq!(
+            b.samples(),
+            11,
+            "the newer one learned, the re-read one not twice"
+        );
+        assert_eq!(progress.get(), (1, 2));
+        // Observed past the bound: the oldest are not replayed.
+        for k in 0..(MAX_PENDING as i64 + 5) {
+            w.warm[0] = false;
+            w.observe(0, &probe(at(1000 + k), 1000.0));
+        }
+        assert_eq!(w.pending[&0].len(), MAX_PENDING);
+    }
+}
