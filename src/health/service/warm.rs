@@ -29,6 +29,8 @@ use crate::store::{Store, ALL_KINDS};
 const WARM_QUEUE: usize = 64;
 /// Outcomes kept per warming route for the replay; past it the oldest are not replayed.
 const MAX_PENDING: usize = 512;
+/// Reads of one route's history before its baseline starts from nothing.
+const READ_TRIES: u32 = 3;
 
 /// How far the background rebuild has come: one handle shared by detection (which counts)
 /// and `/readyz` (which reads); each restore starts it again.
@@ -110,17 +112,27 @@ pub(super) fn spawn(
             }
         };
         for (index, id) in ids.into_iter().enumerate() {
-            let outcomes = match reader
-                .as_ref()
-                .map(|r| r.outcomes_since(&id, since, ALL_KINDS))
-            {
-                Some(Ok(o)) => o,
-                Some(Err(e)) => {
-                    tracing::warn!(route = %id, error = %e, "cannot read the route's history; its baseline learns from new probes only");
-                    Vec::new()
+            // A database blip should not leave a route without its history: a few tries.
+            let mut outcomes = Vec::new();
+            for attempt in 1..=READ_TRIES {
+                match reader
+                    .as_ref()
+                    .map(|r| r.outcomes_since(&id, since, ALL_KINDS))
+                {
+                    Some(Ok(o)) => {
+                        outcomes = o;
+                        break;
+                    }
+                    Some(Err(e)) if attempt < READ_TRIES => {
+                        tracing::debug!(route = %id, error = %e, "reading the route's history failed; trying again");
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(route = %id, error = %e, "cannot read the route's history; its baseline learns from new probes only");
+                    }
+                    None => break,
                 }
-                None => Vec::new(),
-            };
+            }
             let newest = outcomes.iter().map(|o| o.started_at).max();
             let baseline = Baseline::rebuild(id, &cfg, &outcomes);
             if tx
