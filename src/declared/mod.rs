@@ -252,21 +252,23 @@ pub async fn run(d: DeclaredDriver, shutdown: CancellationToken) {
             }
             d.board.reads.fetch_add(1, Ordering::AcqRel);
         }
+        // Declarations are judged when they change (each is raised or not when first seen),
+        // not every tick: at 10,000 routes that is a glob match per route and incident.
         if changed {
             d.board.load(&d.store, now).await;
             observed.pass(&d, &map, now, true).await;
-        }
-        let health = d.health.borrow().clone();
-        for r in alerter.step(&map, &d.board.view(), &alerting, &d.routes, &health) {
-            let _ = d.events.send(HealthEvent::ProviderDeclared {
-                key: r.key,
-                provider: r.provider,
-                what: r.what,
-                url: r.url,
-                routes: r.routes,
-                firing: r.firing,
-                at: now,
-            });
+            let health = d.health.borrow().clone();
+            for r in alerter.step(&map, &d.board.view(), &alerting, &d.routes, &health) {
+                let _ = d.events.send(HealthEvent::ProviderDeclared {
+                    key: r.key,
+                    provider: r.provider,
+                    what: r.what,
+                    url: r.url,
+                    routes: r.routes,
+                    firing: r.firing,
+                    at: now,
+                });
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
