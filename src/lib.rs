@@ -70,7 +70,8 @@
 //! - [`health`]: the pure detection core — time-of-day baselines, the per-route state machine
 //!   (`UNKNOWN NORMAL WARNING DEGRADED CRITICAL` + `SWITCHED`), failure modes, incidents,
 //!   egress and request-side findings; functions of (state, outcome, baseline, config, now).
-//!   Its I/O shell is `health::service` (restores state and baselines from the store, feeds
+//!   Its I/O shell is `health::service` (restores state from the store, rebuilds baselines
+//!   from the history in the background while it runs, `health::service::warm`; feeds
 //!   every outcome and a 1 s tick through the detector, persists transitions, incidents and
 //!   states, publishes the `HealthSnapshot` watch and `HealthEvent` broadcast) with
 //!   `health::control` (the `[egress] control_url` probe).
