@@ -76,7 +76,7 @@ async fn restore(config: &Config, store: &Store, now: DateTime<Utc>, wait: Durat
     .expect("restore");
     let returned = t.elapsed().as_secs_f64();
     // The service must run for the background rebuild to be taken in.
-    let (_tx, inputs) = tokio::sync::mpsc::channel(16);
+    let (tx, inputs) = tokio::sync::mpsc::channel(16);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(svc.run(inputs, shutdown.clone()));
     loop {
@@ -87,6 +87,8 @@ async fn restore(config: &Config, store: &Store, now: DateTime<Utc>, wait: Durat
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let warm_s = t.elapsed().as_secs_f64();
+    // Its shutdown drains the inputs until every sender is gone.
+    drop(tx);
     shutdown.cancel();
     let _ = task.await;
     (returned, warm_s)
