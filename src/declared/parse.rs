@@ -44,10 +44,6 @@ struct Incidents {
 struct Component {
     name: String,
     status: String,
-    /// A group is a heading over other components; its status is theirs, so it is kept
-    /// only when a config names it.
-    #[serde(default)]
-    group: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -94,8 +90,7 @@ pub fn statuspage_summary(
         components: Some(
             s.components
                 .into_iter()
-                .map(|c| (c.name, c.status, c.group))
-                .map(|(n, st, _)| (n, st))
+                .map(|c| (c.name, c.status))
                 .collect(),
         ),
         incidents: s
