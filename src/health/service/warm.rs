@@ -241,6 +241,32 @@ pub(super) async fn next(warming: &mut Option<Warming>) -> Option<Warmed> {
     }
 }
 
+impl super::HealthService {
+    /// A baseline rebuilt in the background takes the place of the one the route learned
+    /// since the start (what it learned is replayed into it).
+    pub(super) fn install(&mut self, w: Option<Warmed>) {
+        let Some(warming) = &mut self.warming else {
+            return;
+        };
+        let Some(w) = w else {
+            self.warming = None;
+            return;
+        };
+        let (i, baseline) = warming.finish(w);
+        if warming.progress.warm() {
+            tracing::info!("baselines: every route is warm");
+            self.warming = None;
+        }
+        if let Some(r) = self.routes.get_mut(i) {
+            r.health.baseline_ready = baseline.ready();
+            r.baseline = baseline;
+            self.wheel.touch(i);
+            let now = self.clock.now();
+            self.refresh(i, now);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -572,7 +572,7 @@ serves = "chat"
     let page = &c.providers[0].status_pages[0];
     assert_eq!(page.every, Duration::from_secs(60));
     assert!(page.alert);
-    let _: BTreeSet<&str> = page.components.keys().map(String::as_str).collect();
+    assert_eq!(page.components.keys().collect::<Vec<_>>(), ["Claude API"]);
 }
 
 /// `serve` in-process with a `[[provider.status_page]]`: the leader (a lone SQLite monitor

@@ -139,6 +139,9 @@ struct ProviderLabels {
     vantage: Arc<str>,
 }
 
+// The boards other tasks keep and `/metrics`, the status and `/readyz` read.
+mod boards;
+
 type HistogramFamily = Family<ProbeLabels, Histogram, fn() -> Histogram>;
 type ProviderHistogramFamily = Family<ProviderLabels, Histogram, fn() -> Histogram>;
 
@@ -468,57 +471,6 @@ impl Metrics {
     /// The member's role, for `/metrics`, `/readyz` and `/api/v1/status`. The first call wins.
     pub fn attach_role(&self, role: crate::cluster::RoleRx) {
         let _ = self.role.set(role);
-    }
-
-    /// Detection's baseline warm-up, shown by `/readyz`. The first call wins.
-    pub fn attach_warm(&self, warm: crate::health::service::WarmProgress) {
-        let _ = self.warm.set(warm);
-    }
-
-    /// (baselines warm, routes) while detection's baselines still warm from the history.
-    pub fn warming(&self) -> Option<(usize, usize)> {
-        self.warm
-            .get()
-            .map(|w| w.get())
-            .filter(|(done, total)| done < total)
-    }
-
-    /// The status pages' board, shown by `/api/v1/status` and the pages. The first call wins.
-    pub fn attach_declared(&self, board: crate::declared::DeclaredBoard) {
-        let _ = self.declared.set(board);
-    }
-
-    /// What providers declare, when status pages are configured.
-    pub fn declared(&self) -> Option<&crate::declared::DeclaredBoard> {
-        self.declared.get()
-    }
-
-    /// The lead-time histogram the status pages' task observes into.
-    pub fn incident_lead(&self) -> Histogram {
-        self.incident_lead.clone()
-    }
-
-    /// The `[[sync]]` gateways' board, shown by `/api/v1/status`. The first call wins.
-    pub fn attach_sync(&self, board: crate::sync::SyncBoard) {
-        let _ = self.sync.set(board);
-    }
-
-    /// Every `[[sync]]` gateway's state; empty without one.
-    pub fn sync(&self) -> Vec<crate::sync::GatewayStatus> {
-        self.sync
-            .get()
-            .map(|b| b.snapshot().as_ref().clone())
-            .unwrap_or_default()
-    }
-
-    /// Detection's rate-limit board, for `/metrics` and `/api/v1/status`. The first call wins.
-    pub fn attach_headroom(&self, board: crate::health::Headroom) {
-        self.headroom.attach(board);
-    }
-
-    /// Every route's latest rate-limit readings; empty without detection in this process.
-    pub fn headroom(&self) -> super::headroom::Readings {
-        self.headroom.readings()
     }
 
     /// This member's role now: the leader unless a cluster says otherwise.

@@ -16,8 +16,8 @@ use super::group::{Draft, Grouper};
 use super::maintenance::{Silence, Suppressor};
 use super::outbox::Outbox;
 use super::{
-    accepts, burn, routing, AlertError, AlertMetrics, Message, Notifier, RenderCtx, RouteItem,
-    Severity, Status, Subject,
+    accepts, burn, routing, AlertError, AlertMetrics, Message, Notifier, RenderCtx, Severity,
+    Status, Subject,
 };
 use crate::clock::Clock;
 use crate::config::Config;
@@ -27,6 +27,9 @@ use crate::reload::LiveConfig;
 use crate::route::Route;
 use crate::store::alerts::{AlertOp, FiringRow, NewEntry};
 use crate::store::Store;
+
+// Resolutions lost with a leader's memory, sent from what the store says.
+mod lost;
 
 /// How often due outbox rows are looked for when nothing wakes the sender sooner.
 pub const DELIVERY_POLL: Duration = Duration::from_secs(1);
@@ -486,67 +489,6 @@ impl AlertService {
             Err(e) => tracing::warn!(error = %e, "cannot bound the alert outbox"),
         }
         Ok(n)
-    }
-
-    /// Incidents still firing here whose incident the store has closed for over
-    /// [`LOST_AFTER`]: their resolution was lost (held in the grouping buffer of a leader
-    /// that died, or of a process killed before its flush). The on-call must not be left
-    /// with an open page for an incident that ended, so the resolution is sent now.
-    async fn lost_resolutions(&self, firing: &[FiringRow], now: DateTime<Utc>) -> Vec<Draft> {
-        let mut wanted: Vec<(RouteItem, DateTime<Utc>)> = Vec::new();
-        for f in firing {
-            let Some(id) = f.key.strip_prefix("incident:") else {
-                continue;
-            };
-            let Ok(m) = serde_json::from_str::<Message>(&f.message) else {
-                continue;
-            };
-            if let Some(item) = m
-                .items
-                .into_iter()
-                .find(|i| i.incident_id.as_deref() == Some(id))
-            {
-                wanted.push((item, f.opened_at));
-            }
-        }
-        if wanted.is_empty() {
-            return Vec::new();
-        }
-        let group_wait =
-            chrono::Duration::from_std(self.config().alerting.group_wait).unwrap_or(LOST_AFTER);
-        let after = LOST_AFTER.max(group_wait * 2);
-        let read = self
-            .blocking(move |r| {
-                let mut closed = Vec::new();
-                for (item, opened) in wanted {
-                    let since = opened - chrono::Duration::days(1);
-                    let found = r
-                        .incidents(Some(&item.route), since, LOST_SCAN)?
-                        .into_iter()
-                        .find(|i| Some(&i.id) == item.incident_id.as_ref());
-                    if let Some(i) = found {
-                        if i.closed_at.is_some_and(|c| now - c >= after) {
-                            closed.push((item, i));
-                        }
-                    }
-                }
-                Ok(closed)
-            })
-            .await;
-        match read {
-            Ok(closed) if !closed.is_empty() => {
-                tracing::warn!(
-                    incidents = closed.len(),
-                    "resolutions that were never sent (their incidents closed in the store): sending them now"
-                );
-                super::group::lost_resolutions(closed)
-            }
-            Ok(_) => Vec::new(),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot look for lost resolutions");
-                Vec::new()
-            }
-        }
     }
 
     /// `repeat_interval` reminders: the k-th reminder of a firing message goes out once
