@@ -163,6 +163,7 @@ fn health(routes: &[Route], now: DateTime<Utc>, critical_every: usize) -> Health
                     behavior_changed: false,
                     incident: None,
                     split: Default::default(),
+                    cause: None,
                 }
             })
             .collect(),

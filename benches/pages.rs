@@ -176,6 +176,7 @@ async fn main() {
                     behavior_changed: false,
                     incident: None,
                     split: Default::default(),
+                    cause: None,
                 }
             })
             .collect(),

@@ -91,7 +91,7 @@ impl crate::state::PersistedHealth for RouteHealth {
 
 /// One observation, as the state machine sees it.
 #[derive(Debug, Default)]
-struct Obs {
+pub(super) struct Obs {
     abnormal: Dims,
     fine: Dims,
     signals: Vec<Signal>,
@@ -102,7 +102,7 @@ struct Obs {
 
 /// The error window read at one instant.
 #[derive(Debug, Clone, Copy)]
-struct Rate {
+pub(super) struct Rate {
     full: Counts,
     fast: Counts,
     high_now: bool,
@@ -345,7 +345,7 @@ impl Detector {
     }
 
     /// Reads the error window and moves the "above since" clocks.
-    fn rate(&self, h: &mut RouteHealth, now: DateTime<Utc>) -> Rate {
+    pub(super) fn rate(&self, h: &mut RouteHealth, now: DateTime<Utc>) -> Rate {
         let c = &self.cfg;
         let raw_full = h.window.counts(now, h.window.len_s());
         let raw_fast = h.window.counts(now, FAST_WINDOW_S);
@@ -619,7 +619,7 @@ impl Detector {
         }
     }
 
-    fn evidence(
+    pub(super) fn evidence(
         &self,
         h: &RouteHealth,
         obs: &Obs,
@@ -727,7 +727,7 @@ impl Detector {
         Some(t)
     }
 
-    fn transition(
+    pub(super) fn transition(
         &self,
         h: &mut RouteHealth,
         to: State,

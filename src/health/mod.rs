@@ -37,6 +37,7 @@
 //! - [`control`]: the egress control probe (a plain GET of `[egress] control_url`).
 
 pub(crate) mod baseline;
+pub mod cause;
 pub mod classify;
 pub mod confirm;
 pub(crate) mod control;

@@ -46,6 +46,10 @@ pub struct RouteStatus {
     /// was last NORMAL: which signal moved (queueing or throttling).
     #[serde(default)]
     pub split: Split,
+    /// The shared cause ([`super::cause`]) the route's latest probe failure belongs to, while
+    /// two routes or more share it: `provider/region:class`.
+    #[serde(default)]
+    pub cause: Option<String>,
 }
 
 impl RouteStatus {
@@ -106,6 +110,7 @@ impl HealthSnapshot {
                     behavior_changed: false,
                     incident: None,
                     split: Split::default(),
+                    cause: None,
                 })
                 .collect(),
             findings: Vec::new(),

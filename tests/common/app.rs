@@ -134,6 +134,7 @@ pub fn normal(route: &str, since: DateTime<Utc>) -> RouteStatus {
         behavior_changed: false,
         incident: None,
         split: Default::default(),
+        cause: None,
     }
 }
 

@@ -48,6 +48,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use super::cause::{Causes, Class};
 use super::confirm;
 use super::control::{self, ControlProbe};
 use super::findings::{findings, Finding, FindingKind, RouteSummary};
@@ -66,6 +67,8 @@ mod view;
 mod publish;
 // Baselines rebuilt from the history in the background at start.
 mod warm;
+// Routes judged on their shared cause's evidence.
+mod causes;
 use super::{
     Baseline, Detector, HealthEvent, HealthRx, HealthSnapshot, Incident, RouteHealth, RouteStatus,
     State, Suppression, Transition,
@@ -224,6 +227,11 @@ pub struct HealthService {
     /// Baselines still being rebuilt from the history (`warm`); `None` once all are.
     warming: Option<warm::Warming>,
     warm_progress: WarmProgress,
+    /// Which routes fail together ([`super::cause`]).
+    causes: Causes,
+    /// Routes a confirmed group asks to judge, once findings are current (an egress finding
+    /// must get to suppress them first).
+    cause_pending: Vec<usize>,
 }
 
 /// What publishing has cost so far: how many snapshots went out and how many route statuses
@@ -384,6 +392,8 @@ impl HealthService {
             vantage_inputs: None,
             warming,
             warm_progress,
+            causes: Causes::new(&config.routes()),
+            cause_pending: Vec::new(),
         })
     }
 
@@ -521,6 +531,7 @@ impl HealthService {
                     None => break,
                 },
             }
+            self.judge_causes(persist).await;
             self.publish();
         }
         // Whatever is held goes out before the shutdown drain.
@@ -584,8 +595,22 @@ impl HealthService {
                 at: now,
             });
         }
-        if let Some(tx) = &self.confirms {
-            if let Some(kind) = confirm::confirmation(&r.health, &o, self.detector.config()) {
+        let confirmation = confirm::confirmation(&r.health, &o, self.detector.config());
+        if o.kind != OutcomeKind::Passive && r.health.last_probe().2 != was_failing {
+            // A route starting or stopping to fail may make (or end) an egress finding: do
+            // not leave it escalating for up to `findings_every`. Evaluated once for every
+            // route that flipped together, before the snapshot that shows them.
+            self.findings_pending = true;
+        }
+        if let Some(t) = t {
+            self.on_transition(i, t, persist).await;
+        }
+        if o.kind != OutcomeKind::Passive {
+            self.observe_cause(i, Class::of(&o), now);
+        }
+        if let (Some(tx), Some(kind)) = (&self.confirms, confirmation) {
+            // A group's confirmations are spent on a few of its routes.
+            if self.causes.wants_confirmation(i) {
                 let asked = Confirm {
                     route: o.route.clone(),
                     kind,
@@ -595,15 +620,6 @@ impl HealthService {
                     tracing::debug!(route = %o.route, "confirmation not queued");
                 }
             }
-        }
-        if o.kind != OutcomeKind::Passive && r.health.last_probe().2 != was_failing {
-            // A route starting or stopping to fail may make (or end) an egress finding: do
-            // not leave it escalating for up to `findings_every`. Evaluated once for every
-            // route that flipped together, before the snapshot that shows them.
-            self.findings_pending = true;
-        }
-        if let Some(t) = t {
-            self.on_transition(i, t, persist).await;
         }
         self.refresh(i, now);
     }
@@ -649,6 +665,9 @@ impl HealthService {
             }
         }
         self.last_tick = Some(now);
+        for j in self.causes.expire(now) {
+            self.refresh(j, now);
+        }
         // Only the routes touched since their last evaluation, or whose state can change by
         // time alone now: any other evaluation would change nothing.
         let due = self.wheel.take(now.timestamp());
@@ -741,6 +760,10 @@ impl HealthService {
             now,
             Some(r.shown.baseline.clone()),
         );
+        let next = RouteStatus {
+            cause: self.causes.cause_of(i),
+            ..next
+        };
         if !same_view(&r.shown, &next) {
             r.shown = next;
             self.dirty = true;

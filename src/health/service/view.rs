@@ -69,6 +69,7 @@ pub(super) fn status(
         behavior_changed: h.behavior_changed(),
         incident: h.incident().map(IncidentSummary::from),
         split: h.split().clone(),
+        cause: None,
     }
 }
 
@@ -93,6 +94,7 @@ pub(super) fn same_view(a: &RouteStatus, b: &RouteStatus) -> bool {
         && a.success_judged == b.success_judged
         && a.behavior_changed == b.behavior_changed
         && a.incident == b.incident
+        && a.cause == b.cause
         && verdicts(a) == verdicts(b)
 }
 

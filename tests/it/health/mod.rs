@@ -1,3 +1,4 @@
+mod causes;
 mod confirmations;
 mod detection;
 mod error_budget;
