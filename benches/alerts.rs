@@ -61,6 +61,7 @@ fn event(route: usize, seq: usize) -> HealthEvent {
         peak: State::Critical,
         failure_mode: Some(FailureMode::Unavailable),
         transitions: Vec::new(),
+        cause: None,
     };
     HealthEvent::Transition {
         transition: Box::new(Transition {

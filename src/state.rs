@@ -76,7 +76,7 @@ impl FailureMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reason {
     /// `latency_above_baseline`, `tps_below_baseline`, `probe_failed`, `error_rate_high`,
-    /// `answer_changed`, `max_tokens_exhausted`, `degraded_too_long`, `recovered`,
+    /// `answer_changed`, `max_tokens_exhausted`, `degraded_too_long`, `shared_cause`, `recovered`,
     /// `baseline_ready`.
     pub code: String,
     pub text: String,
@@ -117,6 +117,10 @@ pub struct Incident {
     pub failure_mode: Option<FailureMode>,
     /// The first `health::detector::MAX_INCIDENT_TRANSITIONS` transitions, then the closing one.
     pub transitions: Vec<Transition>,
+    /// The shared cause the route was judged with (`provider/region:class`), when it was: the
+    /// routes of one cause are one outage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
 }
 
 /// A route's whole judged state as the store keeps it (detection's `RouteHealth`): the store

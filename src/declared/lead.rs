@@ -267,6 +267,7 @@ mod tests {
             peak: State::Degraded,
             failure_mode: None,
             transitions: Vec::new(),
+            cause: None,
         }
     }
 

@@ -521,7 +521,21 @@ impl Detector {
         ];
         let ev = self.evidence(h, &Obs::default(), &rate, thresholds);
         let reason = Reason::new("shared_cause", v.text());
-        Some(self.transition(h, State::Degraded, reason, ev, now))
+        let t = self.transition(h, State::Degraded, reason, ev, now);
+        note_cause(h, &v.id);
+        Some(t)
+    }
+}
+
+/// Marks route `h`'s open incident as part of cause `id` (a route that confirmed the cause on
+/// its own evidence is part of the same outage); `true` when that changed it.
+pub fn note_cause(h: &mut RouteHealth, id: &str) -> bool {
+    match h.incident.as_mut() {
+        Some(i) if i.cause.is_none() => {
+            i.cause = Some(id.to_owned());
+            true
+        }
+        _ => false,
     }
 }
 

@@ -761,6 +761,7 @@ impl Detector {
                 peak: to,
                 failure_mode: mode,
                 transitions: Vec::new(),
+                cause: None,
             });
         }
         let mut t = Transition {

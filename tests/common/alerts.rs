@@ -454,6 +454,7 @@ pub fn incident(
         peak,
         failure_mode: Some(FailureMode::Unavailable),
         transitions: Vec::new(),
+        cause: None,
     }
 }
 

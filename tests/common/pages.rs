@@ -219,6 +219,7 @@ pub async fn serve() -> Fixture {
         peak,
         failure_mode: Some(mode),
         transitions: Vec::new(),
+        cause: None,
     };
     let deep = open(DEEPSEEK, State::Degraded, FailureMode::Degraded, 40);
     let oai = open(OPENAI, State::Critical, FailureMode::Unavailable, 30);
@@ -230,6 +231,7 @@ pub async fn serve() -> Fixture {
         peak: State::Critical,
         failure_mode: Some(FailureMode::Unavailable),
         transitions: Vec::new(),
+        cause: None,
     };
     let transitions = [
         (

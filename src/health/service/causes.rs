@@ -17,6 +17,12 @@ impl HealthService {
             && (!self.causes.is_escalated(i)
                 || h.streak() >= self.detector.config().degraded_after);
         let changes = self.causes.observe(i, class, own, now);
+        let r = &mut self.routes[i];
+        if r.health.incident().is_some_and(|x| x.cause.is_none()) {
+            if let Some(v) = self.causes.verdict(i) {
+                r.unsaved |= super::super::cause::note_cause(&mut r.health, &v.id);
+            }
+        }
         for j in changes.shown {
             if j != i {
                 self.refresh(j, now);

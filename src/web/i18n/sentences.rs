@@ -85,6 +85,14 @@ pub fn reason(lang: Lang, code: &str, f: &ReasonFigures, detail: &str) -> String
         "ttft_and_tps_off_baseline" => "首个 token 来得晚，输出速度也低于正常".into(),
         "abnormal" if en => "observations are abnormal".into(),
         "abnormal" => "观测异常".into(),
+        "shared_cause" if en => detail.to_owned(),
+        "shared_cause" => match cause_parts(detail) {
+            Some((class, host, routes, on)) => format!(
+                "{host} 的 {routes} 条线路同样{}（已由其中 {on} 条确认）：按共同原因判定",
+                cause_class_zh(class)
+            ),
+            None => "与同一端点的多条线路同因失败：按共同原因判定".into(),
+        },
         // The quorum's own codes: the English detail names the vantages and their count.
         "quorum_normal" | "vantages_unknown" | "quorum" if en => detail.to_owned(),
         "quorum_normal" => match quorum_counts(detail) {
@@ -290,6 +298,31 @@ fn quorum_counts(detail: &str) -> Option<(u32, u32, String)> {
         .map(|(w, _)| w.replace(", ", "、"))
         .unwrap_or_default();
     Some((n.trim().parse().ok()?, m.trim().parse().ok()?, who))
+}
+
+/// "connection refused at api.example.com for 9,997 routes, confirmed on 5" in parts.
+fn cause_parts(detail: &str) -> Option<(&str, &str, &str, &str)> {
+    let (class, rest) = detail.split_once(" at ")?;
+    let (host, rest) = rest.split_once(" for ")?;
+    let (routes, on) = rest.split_once(" routes, confirmed on ")?;
+    Some((class, host, routes, on))
+}
+
+/// A shared cause's failure class in Chinese (the English one when it has no translation).
+fn cause_class_zh(class: &str) -> String {
+    match class {
+        "connection refused" => "连接被拒绝".into(),
+        "DNS failure" => "域名解析失败".into(),
+        "TLS failure" => "TLS 握手失败".into(),
+        "connect failure" => "连接失败".into(),
+        "no response byte in time" => "在首字节超时内没有响应".into(),
+        "HTTP 404 (model not found)" => "返回 HTTP 404（模型不存在）".into(),
+        "HTTP 429 (rate limited)" => "返回 HTTP 429（被限流）".into(),
+        c if c.ends_with(" (key refused)") => {
+            format!("返回 {}（密钥被拒）", c.trim_end_matches(" (key refused)"))
+        }
+        c => format!("返回 {c}"),
+    }
 }
 
 /// Names shown in a finding before "and N more".
@@ -649,5 +682,18 @@ mod tests {
         }
         assert_eq!(percent(0.99996), "99.996%");
         assert_eq!(percent(0.5), "50.00%");
+    }
+
+    #[test]
+    fn a_shared_cause_reads_in_both_languages() {
+        let detail = "connection refused at api.example.com for 9,997 routes, confirmed on 3";
+        let f = ReasonFigures::default();
+        assert_eq!(reason(Lang::En, "shared_cause", &f, detail), detail);
+        assert_eq!(
+            reason(Lang::Zh, "shared_cause", &f, detail),
+            "api.example.com 的 9,997 条线路同样连接被拒绝（已由其中 3 条确认）：按共同原因判定"
+        );
+        let auth = "HTTP 401 (key refused) at api.example.com for 20 routes, confirmed on 2";
+        assert!(reason(Lang::Zh, "shared_cause", &f, auth).contains("返回 HTTP 401（密钥被拒）"));
     }
 }

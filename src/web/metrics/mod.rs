@@ -119,6 +119,11 @@ struct AlertLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabels {
     task: &'static str,
 }
@@ -190,6 +195,8 @@ pub struct Metrics {
     alert_source: OnceLock<Arc<AlertMetrics>>,
     /// `probeok_task_failures_total{task}`, from the process's supervisor at scrape time.
     tasks: Family<TaskLabels, Counter>,
+    /// Routes per shared cause, set at scrape time from the health snapshot.
+    cause_routes: Family<CauseLabels, Gauge>,
     task_source: OnceLock<crate::supervise::Supervisor>,
     /// `probeok_alert_outbox_evicted_total`, from the same source.
     alert_evicted: Counter,
@@ -281,6 +288,12 @@ impl Metrics {
             "task_failures",
             "Long-lived tasks that panicked or ended before shutdown, by task (the process then exits non-zero)",
             tasks.clone(),
+        );
+        let cause_routes = Family::<CauseLabels, Gauge>::default();
+        registry.register(
+            "cause_routes",
+            "Routes judged together on one shared cause (failure class at one endpoint), while two or more share it",
+            cause_routes.clone(),
         );
         let budget_cost = Family::<ExtraCostLabels, Gauge<f64, AtomicU64>>::default();
         let budget_used = Gauge::<f64, AtomicU64>::default();
@@ -433,6 +446,7 @@ impl Metrics {
             alerts,
             alert_source: OnceLock::new(),
             tasks,
+            cause_routes,
             task_source: OnceLock::new(),
             alert_evicted,
             proxy,
@@ -693,6 +707,13 @@ impl Metrics {
             .map(|e| (&e.route, e.weight))
             .collect();
         self.cluster_leader.set(i64::from(self.role().is_leader()));
+        // Causes come and go: only the current ones are exported.
+        self.cause_routes.clear();
+        for cause in health.routes.iter().filter_map(|s| s.cause.clone()) {
+            self.cause_routes
+                .get_or_create(&CauseLabels { cause })
+                .inc();
+        }
         for id in &self.order {
             let Some((labels, serves)) = self.routes.get(id) else {
                 continue;

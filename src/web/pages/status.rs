@@ -522,6 +522,7 @@ pub fn status_page(
                 peak: i.peak,
                 failure_mode: i.failure_mode,
                 transitions: Vec::new(),
+                cause: None,
             };
             let mut line = incident_line(lang, &full, now);
             line.state_class = state_class(s.state);
@@ -763,6 +764,7 @@ mod tests {
             peak: St::Critical,
             failure_mode: None,
             transitions: Vec::new(),
+            cause: None,
         };
         let (bars, summary) = day_bars(Lang::En, now, &day_dates(now), &days, &[&inc], 0.999);
         assert_eq!(bars.len(), 90);

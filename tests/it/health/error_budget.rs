@@ -77,6 +77,7 @@ async fn an_outage_spends_the_same_seconds_on_every_surface() {
         peak: State::Critical,
         failure_mode: Some(FailureMode::Unavailable),
         transitions: Vec::new(),
+        cause: None,
     };
     let t = Transition {
         route: id(ACME),

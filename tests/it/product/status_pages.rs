@@ -168,6 +168,7 @@ fn ours(route: &str, opened: DateTime<Utc>, closed: Option<DateTime<Utc>>) -> In
         peak: State::Degraded,
         failure_mode: None,
         transitions: Vec::new(),
+        cause: None,
     }
 }
 

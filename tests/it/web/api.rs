@@ -1047,3 +1047,91 @@ async fn without_a_budget_status_has_no_budget_field() {
         .unwrap();
     assert!(status.get("budget").is_none(), "{status}");
 }
+
+/// Records `route` judged DEGRADED on shared cause `cause` (after one refused probe).
+async fn record_cause(store: &probeok::store::Store, route: &str, cause: &str) {
+    use probeok::config::DetectionConfig;
+    use probeok::health::cause::{Class, Verdict};
+    use probeok::health::{Baseline, Detector};
+    let cfg = DetectionConfig::default();
+    let det = Detector::new(&cfg);
+    let start = now() - D::minutes(10);
+    let mut h = det.route(id(route), start);
+    let mut b = Baseline::new(id(route), &cfg);
+    let w = store.writer();
+    let o = outcome(route, OutcomeKind::Probe, start, false, 5.0);
+    if let Some(t) = det.ingest(&mut h, &mut b, &o, start) {
+        w.record_transition(&t, None, &h).await.unwrap();
+    }
+    let v = Verdict {
+        id: cause.into(),
+        class: Class::ConnectionRefused,
+        host: "api.example.com".into(),
+        routes: 2,
+        confirmed_on: 2,
+    };
+    let t = det.judge_by_cause(&mut h, &v, start).expect("judged");
+    assert_eq!(t.reason.code, "shared_cause");
+    w.record_transition(&t, h.incident(), &h).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_shared_cause_shows_per_route_in_metrics_and_as_one_outage_in_incidents() {
+    const CAUSE: &str = "acme/r0:connection_refused";
+    let mut h = Harness::new(ROUTES, now()).await;
+    h.state.incidents = std::sync::Arc::new(probeok::web::StoreIncidents);
+    record_cause(&h.store, QWEN, CAUSE).await;
+    record_cause(&h.store, LOCAL, CAUSE).await;
+    record_outage(&h.store, DS, now() - D::hours(3)).await;
+    let mut snap = health(State::Degraded, State::Degraded);
+    for s in &mut snap.routes {
+        if s.route.as_str() != DS {
+            s.cause = Some(CAUSE.into());
+        }
+    }
+    h.publish(snap);
+    let s = h.serve().await;
+
+    let (code, v) = get(&s.url("/api/v1/status")).await;
+    assert_eq!(code, StatusCode::OK);
+    for r in v["routes"].as_array().unwrap() {
+        let want = if r["id"] == DS {
+            Value::Null
+        } else {
+            json!(CAUSE)
+        };
+        assert_eq!(r["cause"], want, "{r}");
+    }
+    let metrics = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!("probeok_cause_routes{{cause=\"{CAUSE}\"}} 2")),
+        "{metrics}"
+    );
+
+    let (_, v) = get(&s.url("/api/v1/incidents")).await;
+    let causes = v["causes"].as_array().unwrap();
+    assert_eq!(causes.len(), 1, "{v}");
+    assert_eq!(causes[0]["cause"], CAUSE);
+    assert_eq!(causes[0]["failure_mode"], "unavailable");
+    assert!(causes[0]["closed_at"].is_null(), "still open");
+    let mut routes: Vec<&str> = causes[0]["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    routes.sort();
+    assert_eq!(routes, vec![LOCAL, QWEN]);
+    let with_cause = v["incidents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["cause"] == CAUSE)
+        .count();
+    assert_eq!(with_cause, 2, "{v}");
+}
