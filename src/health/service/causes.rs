@@ -11,9 +11,11 @@ impl HealthService {
         if !incident {
             self.causes.recovered(i);
         }
-        // A route judged on a group's evidence counts as confirming only once its own probes
-        // would have got it there.
+        // Confirming takes a route that is down by its own failures (not slow, say), and one
+        // judged on a group's evidence counts only once its own probes would have got it
+        // there.
         let own = incident
+            && h.failure_mode() == Some(super::super::FailureMode::Unavailable)
             && (!self.causes.is_escalated(i)
                 || h.streak() >= self.detector.config().degraded_after);
         let changes = self.causes.observe(i, class, own, now);
