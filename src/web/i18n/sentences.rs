@@ -577,6 +577,14 @@ pub fn more_incidents(lang: Lang, n: usize) -> String {
     }
 }
 
+/// One line of `/`'s active incidents for the routes of one shared cause.
+pub fn cause_routes(lang: Lang, cause: &str, n: usize) -> String {
+    match lang {
+        Lang::En => format!("{n} routes with one cause: {cause}"),
+        Lang::Zh => format!("{n} 条线路同因：{cause}"),
+    }
+}
+
 /// At the end of `/` when more models than it lists are left out.
 pub fn hidden_models(lang: Lang, n: usize) -> String {
     match lang {

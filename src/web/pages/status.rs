@@ -507,6 +507,22 @@ pub fn status_page(
         .filter(|s| s.incident.is_some())
         .collect();
     active.sort_by_key(|s| s.incident.as_ref().map(|i| i.opened_at));
+    // The routes of one shared cause are one outage: one line, at its oldest route's place.
+    let mut per_cause: HashMap<&str, usize> = HashMap::new();
+    for s in &active {
+        if let Some(c) = s.cause.as_deref() {
+            *per_cause.entry(c).or_default() += 1;
+        }
+    }
+    let mut shown_causes: Vec<&str> = Vec::new();
+    active.retain(|s| match s.cause.as_deref() {
+        Some(c) if shown_causes.contains(&c) => false,
+        Some(c) => {
+            shown_causes.push(c);
+            true
+        }
+        None => true,
+    });
     let incidents_more = (active.len() > MAX_INCIDENT_LINES)
         .then(|| i18n::more_incidents(lang, active.len() - MAX_INCIDENT_LINES));
     let incidents = active
@@ -527,6 +543,10 @@ pub fn status_page(
             let mut line = incident_line(lang, &full, now);
             line.state_class = state_class(s.state);
             line.state_text = i18n::state(lang, s.state);
+            if let Some(c) = s.cause.as_deref() {
+                line.route = i18n::cause_routes(lang, c, per_cause.get(c).copied().unwrap_or(1));
+                line.href = format!("/incidents?lang={}", lang.code());
+            }
             Some(line)
         })
         .collect();

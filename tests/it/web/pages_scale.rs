@@ -218,5 +218,37 @@ async fn past_a_thousand_lines_the_worst_are_drawn_and_the_rest_are_a_link_per_m
         N - MAX_INCIDENT_LINES
     )));
     assert_eq!(body.matches("<tr><td class=\"rt\">").count(), MAX_LINES);
+
+    // The same outage judged on one shared cause: one line for all its routes.
+    let one_cause: Vec<RouteStatus> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut st = with_state(normal(r, now()), State::Degraded, "shared_cause");
+            st.incident = Some(IncidentSummary {
+                id: format!("inc-{i}"),
+                opened_at: now() - chrono::TimeDelta::seconds(i as i64),
+                peak: State::Degraded,
+                failure_mode: None,
+            });
+            // The first route alone failed otherwise.
+            st.cause = (i > 0).then(|| "p0/r0:connection_refused".to_owned());
+            st
+        })
+        .collect();
+    h.publish(snapshot(now(), one_cause));
+    let (_, body) = page(&s, "/?lang=en").await;
+    let box_ = &body[body.find("id=\"active-incidents\"").unwrap()..];
+    let box_ = &box_[..box_.find("</section>").unwrap()];
+    assert_eq!(box_.matches("<li>").count(), 2, "{box_}");
+    assert!(
+        box_.contains(&format!(
+            "{} routes with one cause: p0/r0:connection_refused",
+            N - 1
+        )),
+        "{box_}"
+    );
+    assert!(box_.contains(&href(&ids[0], "en")));
+    assert!(!box_.contains("more active incidents"));
     h.shutdown.cancel();
 }
