@@ -36,8 +36,9 @@ impl HealthService {
         }
     }
 
-    /// With the next snapshot, judges DEGRADED the routes confirmed groups named, unless a finding blames our egress
-    /// for their failures, agents judge them, or they got there already.
+    /// With the next snapshot, judges DEGRADED the routes confirmed groups named, unless a
+    /// finding blames our egress for their failures, agents judge them, or they got there
+    /// already.
     pub(super) async fn judge_causes(&mut self, persist: &mpsc::Sender<Persist>) {
         // With the next snapshot: a burst of joiners shares one evaluation of findings.
         let due = self.publish_due().is_some_and(|d| d <= Instant::now());
