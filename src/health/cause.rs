@@ -8,7 +8,7 @@
 //!   otherwise, takes it out; so does silence for two of its intervals. A group is never wider
 //!   than its class and endpoint, and a route whose own probe succeeded is never in one.
 //! - Confirmation probes are spent on a few members ([`CONFIRMERS`], spread across logical
-//!   models); the others ask for none, so a group of 10,000 costs what a group of 5 does.
+//!   models); the others ask for none, so a group of 10,000 costs what a group of 3 does.
 //! - Once [`CONFIRMED_BY`] members are DEGRADED or worse on their own evidence, the group is
 //!   confirmed: every member below DEGRADED is judged DEGRADED on the group's evidence, and
 //!   so is every route that joins while it stays confirmed. Recovery is each route's own:

@@ -22,7 +22,8 @@
 //! - [`detector`]: the state machine; [`route_health`]: the per-route state it moves;
 //!   [`evidence`]: transitions, their evidence and incidents; [`reasons`]: reason codes,
 //!   sentences and failure modes; [`split`]: queueing vs. throttling (first token vs.
-//!   tokens/s); [`confirm`]: which confirmation probe an observation calls for.
+//!   tokens/s); [`confirm`]: which confirmation probe an observation calls for; [`cause`]:
+//!   routes failing the same way at one endpoint, confirmed on a few and judged together.
 //! - [`fault`]: route faults (401/403/404: our key or model name), opened once, cleared by a
 //!   normal answer.
 //! - [`headroom`]: each route's latest rate-limit headroom per limit (probes and traffic) and
