@@ -69,7 +69,8 @@ pub(super) fn status(
         behavior_changed: h.behavior_changed(),
         incident: h.incident().map(IncidentSummary::from),
         split: h.split().clone(),
-        cause: None,
+        // The leader replaces it with the live groups; a follower has the stored incident's.
+        cause: h.incident().and_then(|i| i.cause.clone()),
     }
 }
 
