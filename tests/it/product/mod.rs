@@ -1,5 +1,6 @@
 mod architecture;
 mod catalog;
+mod causes;
 mod cli;
 mod demo;
 mod demo_history;
