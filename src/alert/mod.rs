@@ -124,8 +124,46 @@ pub enum Subject {
         retires: chrono::NaiveDate,
         days_left: i64,
     },
+    /// Alerts of one kind about several routes of one provider, gathered into one message
+    /// (`kind`: `burn_rate`, `route_fault` or `drift`; `related` names the routes): one
+    /// page per outage, not one per route ([`group::batch`]).
+    Grouped {
+        provider: String,
+        kind: String,
+        members: Vec<Member>,
+    },
+    /// Messages a rate-limited channel could not take in time, folded into one
+    /// ([`outbox`]): `total` of them, the first few `shown`.
+    Folded {
+        total: u32,
+        firing: u32,
+        resolved: u32,
+        per_minute: u32,
+        shown: Vec<Message>,
+    },
     /// `probeok alert test`.
     Test,
+}
+
+/// One route's alert inside a [`Subject::Grouped`] message, under its own firing-state key
+/// (`burn:<route>`, `route_fault:<route>`, `drift:<finding>`), so each route resolves alone
+/// and the message's incident closes with its last route.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Member {
+    pub key: String,
+    pub subject: Subject,
+}
+
+impl Member {
+    /// The route the member is about.
+    pub fn route(&self) -> Option<&RouteId> {
+        match &self.subject {
+            Subject::BurnRate(b) => Some(&b.route),
+            Subject::RouteFault { route, .. } => Some(route),
+            Subject::Drift(d) => Some(&d.route),
+            _ => None,
+        }
+    }
 }
 
 /// A drift finding's evidence, bounded and language-neutral (see [`DriftAlert::from_finding`]).
