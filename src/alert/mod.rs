@@ -417,6 +417,10 @@ pub trait Notifier: Send + Sync {
     fn per_minute(&self) -> Option<u32> {
         None
     }
+    /// Most messages per second the receiver accepts (Feishu: 5); `None` for no limit.
+    fn per_second(&self) -> Option<u32> {
+        None
+    }
     fn send<'a>(
         &'a self,
         message: &'a Message,
@@ -631,7 +635,8 @@ pub(crate) fn cut(s: &str, n: usize) -> String {
 }
 
 /// `probeok_alerts_total{channel,result}`: `delivered`, `failed` (one failed attempt),
-/// `dropped` (past the maximum age), `suppressed` (maintenance or silence); and
+/// `dropped` (past the maximum age), `suppressed` (maintenance or silence), `folded` (past the
+/// channel's rate, sent inside one summary; or resolved before it was sent); and
 /// `probeok_alert_outbox_evicted_total`, rows deleted to keep the outbox within its row bound.
 #[derive(Debug, Default)]
 pub struct AlertMetrics {
@@ -651,7 +656,8 @@ impl AlertMetrics {
     }
 
     /// Every result a channel can count: exported from the start, at 0 until it happens.
-    pub const RESULTS: [&'static str; 4] = ["delivered", "failed", "dropped", "suppressed"];
+    pub const RESULTS: [&'static str; 5] =
+        ["delivered", "failed", "dropped", "suppressed", "folded"];
 
     /// Makes `channel`'s counters exist at 0, so `rate()` and dashboards see the channel
     /// before its first message.

@@ -17,6 +17,7 @@ use formats::{html, markdown, text};
 mod headline;
 // Gathered and folded messages.
 mod grouped;
+pub use grouped::{FOLDED_LISTED, GROUP_LISTED};
 
 /// Path-segment encoding: everything but unreserved characters (so `/` in ids is `%2F`).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
