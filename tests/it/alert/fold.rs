@@ -1,0 +1,130 @@
+//! No channel is handed more than its receiver accepts: a DingTalk robot (20 a minute) handed
+//! a flood gets at most 20 messages in the minute, the excess folded into one summary, and
+//! the next incident's first message within one rate window; a message whose incident
+//! resolved before it could be sent is left to its resolution. Time is a `ManualClock`.
+
+use crate::common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::alerts::{dingtalk, incident, rig, serve, t0, transition, Fake, Kind};
+use probeok::alert::Severity;
+use probeok::clock::{Clock, ManualClock};
+use probeok::health::{HealthEvent, State as S};
+use probeok::route::RouteId;
+
+/// Route `i` of its own provider goes CRITICAL at `t`: a message of its own.
+fn lone(i: usize, t: chrono::DateTime<chrono::Utc>) -> HealthEvent {
+    let r = RouteId::new(&format!("p{i:03}"), "cn-beijing", "m");
+    let inc = incident(&r, t, None, S::Critical);
+    transition(&r, S::Normal, S::Critical, t, Some(&inc))
+}
+
+fn md(g: &common::alerts::Got) -> String {
+    g.body["markdown"]["text"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_flood_of_200_is_20_messages_in_the_minute_and_the_next_incident_is_not_held_up() {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let ding = Fake::new(Kind::DingTalk, Some("SECtest"), clock.clone());
+    let (addr, _h) = serve(ding.clone(), None).await;
+    let ch = dingtalk("dingtalk[0]", addr, Some("SECtest"), Severity::Warning);
+    let rig = rig(vec![ch], clock.clone(), |_| {}).await;
+    assert_eq!(
+        rig.push((0..200).map(|i| lone(i, t0())).collect()).await,
+        200
+    );
+    rig.service.deliver().await.unwrap();
+    let got = ding.got();
+    assert_eq!(got.len(), 20, "19 alerts and one summary");
+    let summary = md(&got[19]);
+    assert!(
+        summary.contains("181 条告警合并为一条") && summary.contains("每分钟最多接收 20 条"),
+        "{summary}"
+    );
+    assert!(summary.contains("… 另有 171 条"), "{summary}");
+    assert!(rig.outbox().iter().all(|r| r.status != "pending"));
+    assert_eq!(rig.service.metrics().get("dingtalk[0]", "folded"), 181);
+
+    // A second incident ten seconds later waits for the window, and only for it.
+    clock.advance(Duration::from_secs(10));
+    let r = RouteId::new("deepseek", "cn-beijing", "deepseek-ai/DeepSeek-V3");
+    let inc = incident(&r, clock.now(), None, S::Critical);
+    rig.push(vec![transition(
+        &r,
+        S::Normal,
+        S::Critical,
+        clock.now(),
+        Some(&inc),
+    )])
+    .await;
+    rig.service.deliver().await.unwrap();
+    assert_eq!(ding.got().len(), 20, "the minute is full");
+    clock.set(t0() + chrono::Duration::seconds(60));
+    rig.service.deliver().await.unwrap();
+    let got = ding.got();
+    assert_eq!(
+        got.len(),
+        21,
+        "sent once the window frees, 60 s after the flood"
+    );
+    assert!(md(&got[20]).contains("DeepSeek-V3"), "{}", md(&got[20]));
+}
+
+#[tokio::test]
+async fn a_message_resolved_before_it_was_sent_is_folded_into_its_resolution() {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let ding = Fake::new(Kind::DingTalk, Some("SECtest"), clock.clone());
+    let (addr, _h) = serve(ding.clone(), None).await;
+    let ch = dingtalk("dingtalk[0]", addr, Some("SECtest"), Severity::Warning);
+    let rig = rig(vec![ch], clock.clone(), |_| {}).await;
+    // Twenty alerts fill the robot's minute exactly.
+    rig.push((0..20).map(|i| lone(i, t0())).collect()).await;
+    rig.service.deliver().await.unwrap();
+    assert_eq!(ding.got().len(), 20);
+
+    let r = RouteId::new("deepseek", "cn-beijing", "deepseek-ai/DeepSeek-V3");
+    let opened = t0() + chrono::Duration::seconds(10);
+    clock.set(opened);
+    let inc = incident(&r, opened, None, S::Critical);
+    rig.push(vec![transition(
+        &r,
+        S::Normal,
+        S::Critical,
+        opened,
+        Some(&inc),
+    )])
+    .await;
+    rig.service.deliver().await.unwrap();
+    let closed = t0() + chrono::Duration::seconds(40);
+    clock.set(closed);
+    let inc = incident(&r, opened, Some(closed), S::Critical);
+    rig.push(vec![transition(
+        &r,
+        S::Critical,
+        S::Normal,
+        closed,
+        Some(&inc),
+    )])
+    .await;
+    rig.service.deliver().await.unwrap();
+    assert_eq!(ding.got().len(), 20, "both wait for the window");
+
+    clock.set(t0() + chrono::Duration::seconds(60));
+    rig.service.deliver().await.unwrap();
+    let got = ding.got();
+    assert_eq!(
+        got.len(),
+        21,
+        "the resolution alone, not the stale firing before it"
+    );
+    let text = md(&got[20]);
+    assert!(
+        text.contains("已恢复") && text.contains("DeepSeek-V3"),
+        "{text}"
+    );
+    assert_eq!(rig.service.metrics().get("dingtalk[0]", "folded"), 1);
+    assert!(rig.outbox().iter().all(|r| r.status != "pending"));
+}
