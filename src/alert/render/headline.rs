@@ -9,11 +9,11 @@ pub(super) fn headline(w: &Words, m: &Message) -> String {
     let first = m.items.first();
     match &m.subject {
         Subject::Route => match first {
-            Some(i) => format!("{} {}", i.route, what(&w, i)),
+            Some(i) => format!("{} {}", i.route, what(w, i)),
             None => w.t("route alert", "线路告警").to_owned(),
         },
         Subject::Provider { provider } => {
-            let mode = first.map(|i| what(&w, i)).unwrap_or_default();
+            let mode = first.map(|i| what(w, i)).unwrap_or_default();
             let n = m.route_count();
             match (lang, n) {
                 (Lang::En, 1) => format!("{provider}: 1 route {mode}"),

@@ -128,3 +128,66 @@ async fn a_message_resolved_before_it_was_sent_is_folded_into_its_resolution() {
     assert_eq!(rig.service.metrics().get("dingtalk[0]", "folded"), 1);
     assert!(rig.outbox().iter().all(|r| r.status != "pending"));
 }
+
+/// `max_per_minute` on a webhook: read, paced and folded like a robot's limit; 0 is a located
+/// error.
+#[tokio::test]
+async fn a_webhook_max_per_minute_is_read_and_folds_what_exceeds_it() {
+    let base = r#"
+[[provider]]
+id = "qwen"
+  [[provider.region]]
+  id = "cn-beijing"
+  base_url = "https://dashscope.aliyuncs.com/compatible-mode/v1"
+[[route]]
+provider = "qwen"
+region = "cn-beijing"
+model = "qwen-max"
+serves = "chat-main"
+[[alert.webhook]]
+url_env = "ALERT_WEBHOOK_URL"
+"#;
+    let c = probeok::config::Config::parse(&format!("{base}max_per_minute = 3\n"), "p.toml")
+        .unwrap()
+        .config;
+    assert_eq!(c.alert.webhook[0].max_per_minute, Some(3));
+    let c = probeok::config::Config::parse(base, "p.toml")
+        .unwrap()
+        .config;
+    assert_eq!(c.alert.webhook[0].max_per_minute, None);
+    let e = probeok::config::Config::parse(&format!("{base}max_per_minute = 0\n"), "p.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("p.toml:") && e.contains("alert.webhook[0].max_per_minute: 0:"),
+        "{e}"
+    );
+
+    let clock = Arc::new(ManualClock::new(t0()));
+    let hook = Fake::new(Kind::Webhook, None, clock.clone());
+    let (addr, _h) = serve(hook.clone(), None).await;
+    let vars = common::alerts::env_vars(&[("URL", Some(format!("http://{addr}/hook")))]);
+    let cfg = probeok::config::WebhookConfig {
+        url_env: "URL".into(),
+        secret_env: None,
+        max_per_minute: Some(3),
+        options: common::alerts::opts(Severity::Warning, probeok::alert::Lang::En),
+    };
+    let ch = probeok::alert::webhook::Webhook::from_config(
+        &cfg,
+        &common::alerts::channel_env("webhook[0]", &vars),
+    )
+    .unwrap();
+    let rig = rig(vec![Arc::new(ch)], clock.clone(), |_| {}).await;
+    rig.push((0..10).map(|i| lone(i, t0())).collect()).await;
+    rig.service.deliver().await.unwrap();
+    let got = hook.got();
+    assert_eq!(got.len(), 3, "two alerts and the summary of eight");
+    assert_eq!(got[2].body["subject"]["type"], "folded");
+    assert_eq!(got[2].body["subject"]["total"], 8);
+    let title = got[2].body["title"].as_str().unwrap();
+    assert!(
+        title.contains("8 alerts folded into one: this channel takes 3 messages a minute"),
+        "{title}"
+    );
+}
