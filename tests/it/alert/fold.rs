@@ -191,3 +191,28 @@ url_env = "ALERT_WEBHOOK_URL"
         "{title}"
     );
 }
+
+/// Feishu takes 5 a second and 100 a minute: a flood of 150 goes out 5 a second, and what the
+/// minute has no room for is the 100th message, one summary.
+#[tokio::test]
+async fn feishu_gets_five_a_second_and_a_hundred_a_minute() {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let feishu = Fake::new(Kind::Feishu, Some("SECtest"), clock.clone());
+    let (addr, _h) = serve(feishu.clone(), None).await;
+    let ch = common::alerts::feishu("feishu[0]", addr, Some("SECtest"));
+    let rig = rig(vec![ch], clock.clone(), |_| {}).await;
+    rig.push((0..150).map(|i| lone(i, t0())).collect()).await;
+    let mut per_second = Vec::new();
+    for _ in 0..30 {
+        let before = feishu.got().len();
+        rig.service.deliver().await.unwrap();
+        per_second.push(feishu.got().len() - before);
+        clock.advance(Duration::from_secs(1));
+    }
+    assert!(per_second.iter().all(|n| *n <= 5), "{per_second:?}");
+    let got = feishu.got();
+    assert_eq!(got.len(), 100, "{per_second:?}");
+    let last = got[99].body.to_string();
+    assert!(last.contains("51 alerts folded into one"), "{last}");
+    assert!(rig.outbox().iter().all(|r| r.status != "pending"));
+}
