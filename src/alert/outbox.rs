@@ -53,9 +53,9 @@ pub const MENTION_PART: &str = "#mention";
 /// How long a member's claim on a row lasts: far longer than one send (every channel gives
 /// up within 15 s), so it only runs out when its owner died mid-send.
 pub const CLAIM_FOR: chrono::Duration = chrono::Duration::seconds(60);
-/// Rows read at once: a channel's due rows are planned together (what exceeds its window is
-/// folded), so this bounds the flood one summary can take in.
-const BATCH: usize = 2000;
+/// Rows read at once. A channel's rows past its window's room are claimed into its summary as
+/// they are read, so however many are due, a round ends with one summary per channel.
+const BATCH: usize = 500;
 
 /// The wait after `attempts` failed attempts (1-based): `min(cap, base·2^(attempts−1))`, of
 /// which the upper half is jittered by `jitter` ∈ [0, 1] ("equal jitter": never less than half).
@@ -158,6 +158,10 @@ impl Outbox {
     pub async fn deliver_due(&self, now: DateTime<Utc>) -> Result<Round, AlertError> {
         let mut round = Round::default();
         let mut seen: HashSet<i64> = HashSet::new();
+        // A channel that failed this round: its other rows wait for the failed one.
+        let mut failed: HashMap<String, DateTime<Utc>> = HashMap::new();
+        // Per channel, what is folded this round: claimed as read, sent as one at the end.
+        let mut folding: HashMap<String, fold::Folding> = HashMap::new();
         loop {
             let store = self.store.clone();
             let rows = tokio::task::spawn_blocking(move || store.reader()?.outbox_due(now, BATCH))
@@ -165,40 +169,37 @@ impl Outbox {
                 .map_err(|e| AlertError::Store(e.to_string()))??;
             let fresh: Vec<OutboxRow> = rows.into_iter().filter(|r| seen.insert(r.id)).collect();
             if fresh.is_empty() {
-                return Ok(round);
+                break;
             }
-            // A channel that failed this round: its other rows wait for the failed one.
-            let mut failed: HashMap<String, DateTime<Utc>> = HashMap::new();
-            let (plan, mut folds) = self.plan(&fresh, now);
+            let plan = self.plan(&fresh, &folding, now);
             for row in fresh {
                 match plan.get(&row.id) {
                     Some(Disp::Superseded) => self.superseded(row, now, &mut round).await?,
-                    Some(Disp::Fold) => {
-                        // The channel's whole summary, at its first folded row.
-                        if let Some(rows) = folds.remove(&row.channel) {
-                            self.fold(rows, now, &mut failed, &mut round).await?;
-                        }
-                    }
+                    Some(Disp::Fold) => self.claim_fold(row, now, &mut folding, &mut round).await?,
                     _ => self.one(row, now, &mut failed, &mut round).await?,
                 }
             }
         }
+        for (name, f) in folding {
+            self.fold(&name, f, now, &mut failed, &mut round).await?;
+        }
+        Ok(round)
     }
 
-    /// Each due row's fate (rows not in it are sent as they are), and each channel's rows to
-    /// fold, in order.
+    /// Each due row's fate (rows not in it are sent as they are). A channel already folding
+    /// this round folds the rest of its rows too: its minute has no room left.
     fn plan(
         &self,
         rows: &[OutboxRow],
+        folding: &HashMap<String, fold::Folding>,
         now: DateTime<Utc>,
-    ) -> (HashMap<i64, Disp>, HashMap<String, Vec<OutboxRow>>) {
+    ) -> HashMap<i64, Disp> {
         let channels = self.channels();
         let mut by_channel: HashMap<&str, Vec<&OutboxRow>> = HashMap::new();
         for r in rows {
             by_channel.entry(r.channel.as_str()).or_default().push(r);
         }
         let mut out = HashMap::new();
-        let mut folds: HashMap<String, Vec<OutboxRow>> = HashMap::new();
         for (name, rows) in by_channel {
             let Some(ch) = channels.iter().find(|c| c.name() == name) else {
                 continue;
@@ -213,20 +214,43 @@ impl Outbox {
                 })
                 .collect();
             let refs: Vec<Option<&Message>> = parsed.iter().map(Option::as_ref).collect();
-            let capacity = ch
-                .per_minute()
-                .map(|l| (l as usize).saturating_sub(self.sent_in_minute(ch.as_ref(), now)));
+            let capacity = if folding.contains_key(name) {
+                Some(1)
+            } else {
+                ch.per_minute()
+                    .map(|l| (l as usize).saturating_sub(self.sent_in_minute(ch.as_ref(), now)))
+            };
             for (r, d) in rows.iter().zip(fold::plan(&refs, capacity)) {
-                if d == Disp::Fold {
-                    folds
-                        .entry(r.channel.clone())
-                        .or_default()
-                        .push((*r).clone());
-                }
                 out.insert(r.id, d);
             }
         }
-        (out, folds)
+        out
+    }
+
+    /// Claims a row into its channel's summary of this round.
+    async fn claim_fold(
+        &self,
+        row: OutboxRow,
+        now: DateTime<Utc>,
+        folding: &mut HashMap<String, fold::Folding>,
+        round: &mut Round,
+    ) -> Result<(), AlertError> {
+        let op = AlertOp::Claim {
+            id: row.id,
+            now,
+            until: now + CLAIM_FOR,
+        };
+        if self.store.writer().alert(op).await? == 0 {
+            round.claimed_elsewhere += 1;
+            return Ok(());
+        }
+        let message = if row.dedup_key.ends_with(MENTION_PART) {
+            None
+        } else {
+            serde_json::from_str(&row.message).ok()
+        };
+        (folding.entry(row.channel).or_default()).add(row.id, row.attempts, message);
+        Ok(())
     }
 
     /// A firing row whose subject resolved before it was sent: recorded, not sent.
@@ -262,87 +286,64 @@ impl Outbox {
         Ok(())
     }
 
-    /// Sends one summary for `rows` (one channel's, past its window's room) and records them.
+    /// Sends one channel's summary of the rows folded this round and records them.
     async fn fold(
         &self,
-        rows: Vec<OutboxRow>,
+        name: &str,
+        f: fold::Folding,
         now: DateTime<Utc>,
         failed: &mut HashMap<String, DateTime<Utc>>,
         round: &mut Round,
     ) -> Result<(), AlertError> {
-        let Some(first) = rows.first() else {
-            return Ok(());
-        };
-        let name = first.channel.clone();
-        let Some(channel) = self.channels().iter().find(|c| c.name() == name).cloned() else {
-            return Ok(());
-        };
         let writer = self.store.writer();
         let claim = now + CLAIM_FOR;
-        let mut mine = Vec::new();
-        for row in rows {
-            let op = AlertOp::Claim {
-                id: row.id,
-                now,
-                until: claim,
-            };
-            if writer.alert(op).await? == 0 {
-                round.claimed_elsewhere += 1;
-            } else {
-                mine.push(row);
-            }
-        }
-        let wait = failed
-            .get(&name)
-            .copied()
-            .or_else(|| self.rate_limited(channel.as_ref(), now));
-        if let Some(next) = wait {
-            for row in &mine {
+        let channel = self.channels().iter().find(|c| c.name() == name).cloned();
+        let wait = match &channel {
+            // Gone since the round began (a reload): its rows go back, to be dropped as such.
+            None => Some(now),
+            Some(c) => failed
+                .get(name)
+                .copied()
+                .or_else(|| self.rate_limited(c.as_ref(), now)),
+        };
+        let (Some(channel), None) = (channel, wait) else {
+            for (id, _) in &f.rows {
                 round.deferred += 1;
                 let op = AlertOp::Retry {
-                    id: row.id,
+                    id: *id,
                     count_attempt: false,
-                    next,
+                    next: wait.unwrap_or(now),
                     error: None,
                     claim: Some(claim),
                 };
                 writer.alert(op).await?;
             }
             return Ok(());
-        }
-        let messages: Vec<Message> = mine
-            .iter()
-            .filter(|r| !r.dedup_key.ends_with(MENTION_PART))
-            .filter_map(|r| serde_json::from_str(&r.message).ok())
-            .collect();
-        let per_minute = channel.per_minute().unwrap_or(0);
-        let summary = fold::summary(messages, per_minute, now);
+        };
+        let summary = f.summary(channel.per_minute().unwrap_or(0), now);
         self.note_sent(channel.as_ref(), now);
         let sent = channel.send(&summary, &self.ctx(), now).await;
-        for row in &mine {
+        for (id, attempts) in &f.rows {
             let op = match &sent {
                 Ok(_) => {
-                    self.metrics.add(&name, "folded");
+                    self.metrics.add(name, "folded");
                     round.folded += 1;
-                    AlertOp::Delivered {
-                        id: row.id,
-                        at: now,
-                    }
+                    AlertOp::Delivered { id: *id, at: now }
                 }
                 Err(e) if e.is_permanent() => {
-                    self.metrics.add(&name, "failed");
+                    self.metrics.add(name, "failed");
                     AlertOp::Dropped {
-                        id: row.id,
+                        id: *id,
                         at: now,
                         error: e.to_string(),
                     }
                 }
                 Err(e) => {
-                    let wait = backoff(row.attempts + 1, rand::thread_rng().gen::<f64>());
+                    let wait = backoff(attempts + 1, rand::thread_rng().gen::<f64>());
                     let next = now + e.retry_after().map_or(wait, |asked| asked.max(wait));
-                    failed.insert(name.clone(), next);
+                    failed.insert(name.to_owned(), next);
                     AlertOp::Retry {
-                        id: row.id,
+                        id: *id,
                         count_attempt: true,
                         next,
                         error: Some(e.to_string()),
@@ -352,14 +353,15 @@ impl Outbox {
             };
             writer.alert(op).await?;
         }
+        let n = f.rows.len();
         match sent {
             Ok(_) => {
-                tracing::info!(channel = %name, folded = mine.len(), "alerts past the channel's rate folded into one summary");
-                self.metrics.add(&name, "delivered");
+                tracing::info!(channel = %name, folded = n, "alerts past the channel's rate folded into one summary");
+                self.metrics.add(name, "delivered");
                 round.delivered += 1;
             }
             Err(e) => {
-                tracing::warn!(channel = %name, folded = mine.len(), error = %e, "alert summary delivery failed; its alerts will be tried again");
+                tracing::warn!(channel = %name, folded = n, error = %e, "alert summary delivery failed; its alerts will be tried again");
                 round.failed += 1;
             }
         }

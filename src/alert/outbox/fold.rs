@@ -59,53 +59,62 @@ pub fn plan(rows: &[Option<&Message>], capacity: Option<usize>) -> Vec<Disp> {
     out
 }
 
-/// The summary of `folded` messages for a channel taking `per_minute`: how many fire and
-/// resolve, the most severe first few shown (firing before resolved, then oldest first).
-pub fn summary(mut folded: Vec<Message>, per_minute: u32, now: DateTime<Utc>) -> Message {
-    let total = u32::try_from(folded.len()).unwrap_or(u32::MAX);
-    let resolved = u32::try_from(
-        folded
-            .iter()
-            .filter(|m| m.status == Status::Resolved)
-            .count(),
-    )
-    .unwrap_or(u32::MAX);
-    let firing = total.saturating_sub(resolved);
-    let severity = folded
-        .iter()
-        .filter(|m| m.status != Status::Resolved)
-        .map(|m| m.severity)
-        .max()
-        .unwrap_or(Severity::Info);
-    folded.sort_by(|a, b| {
-        let rank = |m: &Message| (m.status == Status::Resolved, std::cmp::Reverse(m.severity));
-        rank(a).cmp(&rank(b)).then(a.at.cmp(&b.at))
-    });
-    folded.truncate(super::super::render::FOLDED_LISTED);
-    for m in &mut folded {
+/// One channel's folded rows of a round, gathered across the rows read: how many fire and
+/// resolve, the most severe first few (firing before resolved, then oldest first) kept to show.
+#[derive(Debug, Default)]
+pub struct Folding {
+    /// `(id, attempts)` of each row claimed into it.
+    pub rows: Vec<(i64, u32)>,
+    total: u32,
+    resolved: u32,
+    severity: Option<Severity>,
+    shown: Vec<Message>,
+}
+
+impl Folding {
+    /// Adds a claimed row and its message (`None`: a mention part, counted with its message).
+    pub fn add(&mut self, id: i64, attempts: u32, m: Option<Message>) {
+        self.rows.push((id, attempts));
+        let Some(mut m) = m else { return };
+        self.total = self.total.saturating_add(1);
+        if m.status == Status::Resolved {
+            self.resolved = self.resolved.saturating_add(1);
+        } else {
+            self.severity = self.severity.max(Some(m.severity));
+        }
         // A summary names them; their own details stay in their own alerts.
         m.note = None;
+        self.shown.push(m);
+        let rank = |m: &Message| (m.status == Status::Resolved, std::cmp::Reverse(m.severity));
+        self.shown
+            .sort_by(|a, b| rank(a).cmp(&rank(b)).then(a.at.cmp(&b.at)));
+        self.shown.truncate(super::super::render::FOLDED_LISTED);
     }
-    Message {
-        key: format!("folded@{}", now.timestamp_millis()),
-        severity,
-        status: if firing > 0 {
-            Status::Firing
-        } else {
-            Status::Resolved
-        },
-        subject: Subject::Folded {
-            total,
-            firing,
-            resolved,
-            per_minute,
-            shown: folded,
-        },
-        at: now,
-        items: Vec::new(),
-        related: Vec::new(),
-        note: None,
-        resolves: None,
+
+    /// The summary message for a channel taking `per_minute`.
+    pub fn summary(&self, per_minute: u32, now: DateTime<Utc>) -> Message {
+        let firing = self.total.saturating_sub(self.resolved);
+        Message {
+            key: format!("folded@{}", now.timestamp_millis()),
+            severity: self.severity.unwrap_or(Severity::Info),
+            status: if firing > 0 {
+                Status::Firing
+            } else {
+                Status::Resolved
+            },
+            subject: Subject::Folded {
+                total: self.total,
+                firing,
+                resolved: self.resolved,
+                per_minute,
+                shown: self.shown.clone(),
+            },
+            at: now,
+            items: Vec::new(),
+            related: Vec::new(),
+            note: None,
+            resolves: None,
+        }
     }
 }
 
@@ -152,7 +161,11 @@ mod tests {
         assert!(p[..19].iter().all(|d| *d == Disp::Send));
         // A full window folds nothing: the sender defers to the next minute.
         assert!(plan(&rows, Some(0)).iter().all(|d| *d == Disp::Send));
-        let s = summary(many[19..].to_vec(), 20, DateTime::UNIX_EPOCH);
+        let mut f = Folding::default();
+        for (i, m) in many[19..].iter().enumerate() {
+            f.add(i as i64, 0, Some(m.clone()));
+        }
+        let s = f.summary(20, DateTime::UNIX_EPOCH);
         match s.subject {
             Subject::Folded {
                 total, ref shown, ..

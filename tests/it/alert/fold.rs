@@ -216,3 +216,40 @@ async fn feishu_gets_five_a_second_and_a_hundred_a_minute() {
     assert!(last.contains("51 alerts folded into one"), "{last}");
     assert!(rig.outbox().iter().all(|r| r.status != "pending"));
 }
+
+/// A flood larger than one read of the outbox is still one summary: the robot's minute ends
+/// the flood, and the next incident goes out when it frees.
+#[tokio::test]
+async fn a_flood_of_1200_is_still_20_messages_and_one_summary() {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let ding = Fake::new(Kind::DingTalk, Some("SECtest"), clock.clone());
+    let (addr, _h) = serve(ding.clone(), None).await;
+    let ch = dingtalk("dingtalk[0]", addr, Some("SECtest"), Severity::Warning);
+    let rig = rig(vec![ch], clock.clone(), |_| {}).await;
+    rig.push((0..1200).map(|i| lone(i, t0())).collect()).await;
+    rig.service.deliver().await.unwrap();
+    let got = ding.got();
+    assert_eq!(got.len(), 20);
+    assert!(
+        md(&got[19]).contains("1181 条告警合并为一条"),
+        "{}",
+        md(&got[19])
+    );
+    assert!(rig.outbox().iter().all(|r| r.status != "pending"));
+    let r = RouteId::new("deepseek", "cn-beijing", "deepseek-ai/DeepSeek-V3");
+    clock.advance(Duration::from_secs(5));
+    let inc = incident(&r, clock.now(), None, S::Critical);
+    rig.push(vec![transition(
+        &r,
+        S::Normal,
+        S::Critical,
+        clock.now(),
+        Some(&inc),
+    )])
+    .await;
+    clock.set(t0() + chrono::Duration::seconds(60));
+    rig.service.deliver().await.unwrap();
+    let got = ding.got();
+    assert_eq!(got.len(), 21);
+    assert!(md(&got[20]).contains("DeepSeek-V3"));
+}
