@@ -200,3 +200,88 @@ pub(super) fn folded_lines(w: &Words, ctx: &RenderCtx, m: &Message, lines: &mut 
         ctx.public_url.clone(),
     ));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::render;
+    use crate::alert::burn::BurnAlert;
+    use crate::alert::{Lang, Member, Message, RenderCtx, Severity, Status, Subject};
+    use crate::route::RouteId;
+
+    fn page(n: usize, status: Status) -> Message {
+        let members: Vec<Member> = (0..n)
+            .map(|i| {
+                let route = RouteId::parse(&format!("qwen/cn/m{i:02}")).unwrap();
+                Member {
+                    key: format!("burn:{route}"),
+                    subject: Subject::BurnRate(BurnAlert {
+                        route,
+                        page: true,
+                        slo: 0.999,
+                        factor: 14.4,
+                        burn_long: 20.0 + i as f64,
+                        burn_short: 30.0,
+                        long_window_s: 3600,
+                        short_window_s: 300,
+                        failures: 12,
+                        total: 60,
+                    }),
+                }
+            })
+            .collect();
+        Message {
+            key: "burn_rate:qwen:page@0.x".into(),
+            severity: Severity::Critical,
+            status,
+            subject: Subject::Grouped {
+                provider: "qwen".into(),
+                kind: "burn_rate".into(),
+                members,
+            },
+            at: chrono::DateTime::UNIX_EPOCH,
+            items: Vec::new(),
+            related: Vec::new(),
+            note: None,
+            resolves: None,
+        }
+    }
+
+    fn ctx() -> RenderCtx {
+        RenderCtx {
+            public_url: "http://status.example.com".into(),
+            runbook_url: None,
+            timezone: chrono_tz::Asia::Shanghai,
+        }
+    }
+
+    #[test]
+    fn a_grouped_burn_page_names_the_first_routes_and_the_budget_in_both_languages() {
+        let m = page(25, Status::Firing);
+        let en = render(&m, Lang::En, &ctx());
+        assert_eq!(
+            en.title,
+            "[CRITICAL] qwen: 25 routes burn their error budget too fast (page)"
+        );
+        assert!(en.text.contains("qwen/cn/m09") && !en.text.contains("qwen/cn/m10"));
+        assert!(en.text.contains("… and 15 more routes"), "{}", en.text);
+        // The fastest route, 44× over an hour: 6.1 % of the 30-day budget spent.
+        assert!(
+            en.text.contains("6.1% spent in the last 1h0m"),
+            "{}",
+            en.text
+        );
+        let zh = render(&m, Lang::Zh, &ctx());
+        assert!(
+            zh.title.contains("qwen：25 条线路错误预算消耗过快(紧急)"),
+            "{}",
+            zh.title
+        );
+        assert!(zh.text.contains("另有 15 条线路") && zh.text.contains("剩余错误预算"));
+        let ok = render(&page(25, Status::Resolved), Lang::Zh, &ctx());
+        assert!(
+            ok.title.contains("qwen：25 条线路错误预算消耗已恢复正常"),
+            "{}",
+            ok.title
+        );
+    }
+}
