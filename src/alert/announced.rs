@@ -80,6 +80,32 @@ impl Announced {
         candidates.into_iter().collect()
     }
 
+    /// The routes whose state alert (an incident) is firing, each at its severity.
+    pub fn states_firing(&mut self) -> HashMap<crate::route::RouteId, super::Severity> {
+        let incidents: Vec<(String, Arc<str>)> = (self.by_key.iter())
+            .filter(|(k, _)| k.starts_with("incident:"))
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect();
+        let mut out = HashMap::new();
+        for (key, text) in incidents {
+            let Some(m) = self.message(&text) else {
+                continue;
+            };
+            let id = key.strip_prefix("incident:").unwrap_or_default();
+            let Some(i) = m
+                .items
+                .iter()
+                .find(|i| i.incident_id.as_deref() == Some(id))
+            else {
+                continue;
+            };
+            let sev = super::Severity::of_state(i.to).unwrap_or(m.severity);
+            let e = out.entry(i.route.clone()).or_insert(sev);
+            *e = (*e).max(sev);
+        }
+        out
+    }
+
     fn message(&mut self, text: &Arc<str>) -> Option<&Message> {
         self.parsed
             .entry(text.clone())
@@ -107,9 +133,12 @@ impl Announced {
     }
 }
 
-/// The route a firing key (`incident:<id>`) names in the message that announced it.
+/// The route a firing key (`incident:<id>`, or a gathered message's member) names in the
+/// message that announced it.
 fn route_of<'m>(key: &str, m: &'m Message) -> Option<&'m crate::route::RouteId> {
-    let id = key.strip_prefix("incident:")?;
+    let Some(id) = key.strip_prefix("incident:") else {
+        return super::group::batch::member_route(m, key);
+    };
     m.items
         .iter()
         .find(|i| i.incident_id.as_deref() == Some(id))

@@ -122,6 +122,15 @@ impl Notifier for Feishu {
         &self.options
     }
 
+    /// A custom bot takes 100 messages a minute and 5 a second.
+    fn per_minute(&self) -> Option<u32> {
+        Some(100)
+    }
+
+    fn per_second(&self) -> Option<u32> {
+        Some(5)
+    }
+
     fn send<'a>(
         &'a self,
         message: &'a Message,

@@ -124,8 +124,46 @@ pub enum Subject {
         retires: chrono::NaiveDate,
         days_left: i64,
     },
+    /// Alerts of one kind about several routes of one provider, gathered into one message
+    /// (`kind`: `burn_rate`, `route_fault` or `drift`; `related` names the routes): one
+    /// page per outage, not one per route ([`group::batch`]).
+    Grouped {
+        provider: String,
+        kind: String,
+        members: Vec<Member>,
+    },
+    /// Messages a rate-limited channel could not take in time, folded into one
+    /// ([`outbox`]): `total` of them, the first few `shown`.
+    Folded {
+        total: u32,
+        firing: u32,
+        resolved: u32,
+        per_minute: u32,
+        shown: Vec<Message>,
+    },
     /// `probeok alert test`.
     Test,
+}
+
+/// One route's alert inside a [`Subject::Grouped`] message, under its own firing-state key
+/// (`burn:<route>`, `route_fault:<route>`, `drift:<finding>`), so each route resolves alone
+/// and the message's incident closes with its last route.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Member {
+    pub key: String,
+    pub subject: Subject,
+}
+
+impl Member {
+    /// The route the member is about.
+    pub fn route(&self) -> Option<&RouteId> {
+        match &self.subject {
+            Subject::BurnRate(b) => Some(&b.route),
+            Subject::RouteFault { route, .. } => Some(route),
+            Subject::Drift(d) => Some(&d.route),
+            _ => None,
+        }
+    }
 }
 
 /// A drift finding's evidence, bounded and language-neutral (see [`DriftAlert::from_finding`]).
@@ -379,6 +417,10 @@ pub trait Notifier: Send + Sync {
     fn per_minute(&self) -> Option<u32> {
         None
     }
+    /// Most messages per second the receiver accepts (Feishu: 5); `None` for no limit.
+    fn per_second(&self) -> Option<u32> {
+        None
+    }
     fn send<'a>(
         &'a self,
         message: &'a Message,
@@ -593,7 +635,8 @@ pub(crate) fn cut(s: &str, n: usize) -> String {
 }
 
 /// `probeok_alerts_total{channel,result}`: `delivered`, `failed` (one failed attempt),
-/// `dropped` (past the maximum age), `suppressed` (maintenance or silence); and
+/// `dropped` (past the maximum age), `suppressed` (maintenance or silence), `folded` (past the
+/// channel's rate, sent inside one summary; or resolved before it was sent); and
 /// `probeok_alert_outbox_evicted_total`, rows deleted to keep the outbox within its row bound.
 #[derive(Debug, Default)]
 pub struct AlertMetrics {
@@ -613,7 +656,8 @@ impl AlertMetrics {
     }
 
     /// Every result a channel can count: exported from the start, at 0 until it happens.
-    pub const RESULTS: [&'static str; 4] = ["delivered", "failed", "dropped", "suppressed"];
+    pub const RESULTS: [&'static str; 5] =
+        ["delivered", "failed", "dropped", "suppressed", "folded"];
 
     /// Makes `channel`'s counters exist at 0, so `rate()` and dashboards see the channel
     /// before its first message.

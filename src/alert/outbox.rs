@@ -5,7 +5,12 @@
 //! - a receiver-confirmed success → `delivered` (never sent again, across restarts);
 //! - a failure → attempt counted, next try after [`backoff`] (exponential with jitter); the
 //!   channel's other due rows wait for the next round instead of hammering a dead receiver;
-//! - over the channel's per-minute limit (DingTalk: 20) → deferred, no attempt counted;
+//! - over the channel's per-minute limit (DingTalk and WeCom: 20, Feishu: 100 and 5 a second,
+//!   a webhook's `max_per_minute`) → deferred to when its window frees, no attempt counted;
+//!   and more due than the window has room for → the excess **folded** into one summary
+//!   ([`fold`]), so a flood costs a channel one minute, not hours of queue;
+//! - a firing message whose subject a later due row resolves → not sent (the resolution
+//!   says it), counted `folded`;
 //! - a refusal no retry changes ([`AlertError::is_permanent`]) → recorded with the
 //!   receiver's reason, counted `failed`, not tried again;
 //! - older than [`MAX_AGE`] → `dropped`, with a log line and `probeok_alerts_total{result=dropped}`;
@@ -26,8 +31,12 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 
 use super::{AlertError, AlertMetrics, Message, Notifier, RenderCtx};
+
+// What one round hands a channel: superseded firings dropped, the excess folded.
+pub mod fold;
 use crate::store::alerts::{AlertOp, OutboxRow};
 use crate::store::Store;
+use fold::Disp;
 
 /// Rows the outbox keeps at most, whatever their age: past it the oldest delivered and
 /// dropped rows go first, pending ones only when nothing else is left (counted in
@@ -44,8 +53,9 @@ pub const MENTION_PART: &str = "#mention";
 /// How long a member's claim on a row lasts: far longer than one send (every channel gives
 /// up within 15 s), so it only runs out when its owner died mid-send.
 pub const CLAIM_FOR: chrono::Duration = chrono::Duration::seconds(60);
-/// Rows read per round.
-const BATCH: usize = 200;
+/// Rows read at once. A channel's rows past its window's room are claimed into its summary as
+/// they are read, so however many are due, a round ends with one summary per channel.
+const BATCH: usize = 500;
 
 /// The wait after `attempts` failed attempts (1-based): `min(cap, base·2^(attempts−1))`, of
 /// which the upper half is jittered by `jitter` ∈ [0, 1] ("equal jitter": never less than half).
@@ -66,6 +76,8 @@ pub struct Round {
     pub dropped: u32,
     /// Due rows another member claimed first (it sends them).
     pub claimed_elsewhere: u32,
+    /// Rows folded into a summary, or superseded by their resolution.
+    pub folded: u32,
 }
 
 /// Sends the outbox's due rows through the channels.
@@ -146,6 +158,10 @@ impl Outbox {
     pub async fn deliver_due(&self, now: DateTime<Utc>) -> Result<Round, AlertError> {
         let mut round = Round::default();
         let mut seen: HashSet<i64> = HashSet::new();
+        // A channel that failed this round: its other rows wait for the failed one.
+        let mut failed: HashMap<String, DateTime<Utc>> = HashMap::new();
+        // Per channel, what is folded this round: claimed as read, sent as one at the end.
+        let mut folding: HashMap<String, fold::Folding> = HashMap::new();
         loop {
             let store = self.store.clone();
             let rows = tokio::task::spawn_blocking(move || store.reader()?.outbox_due(now, BATCH))
@@ -153,14 +169,203 @@ impl Outbox {
                 .map_err(|e| AlertError::Store(e.to_string()))??;
             let fresh: Vec<OutboxRow> = rows.into_iter().filter(|r| seen.insert(r.id)).collect();
             if fresh.is_empty() {
-                return Ok(round);
+                break;
             }
-            // A channel that failed this round: its other rows wait for the failed one.
-            let mut failed: HashMap<String, DateTime<Utc>> = HashMap::new();
+            let plan = self.plan(&fresh, &folding, now);
             for row in fresh {
-                self.one(row, now, &mut failed, &mut round).await?;
+                match plan.get(&row.id) {
+                    Some(Disp::Superseded) => self.superseded(row, now, &mut round).await?,
+                    Some(Disp::Fold) => self.claim_fold(row, now, &mut folding, &mut round).await?,
+                    _ => self.one(row, now, &mut failed, &mut round).await?,
+                }
             }
         }
+        for (name, f) in folding {
+            self.fold(&name, f, now, &mut failed, &mut round).await?;
+        }
+        Ok(round)
+    }
+
+    /// Each due row's fate (rows not in it are sent as they are). A channel already folding
+    /// this round folds the rest of its rows too: its minute has no room left.
+    fn plan(
+        &self,
+        rows: &[OutboxRow],
+        folding: &HashMap<String, fold::Folding>,
+        now: DateTime<Utc>,
+    ) -> HashMap<i64, Disp> {
+        let channels = self.channels();
+        let mut by_channel: HashMap<&str, Vec<&OutboxRow>> = HashMap::new();
+        for r in rows {
+            by_channel.entry(r.channel.as_str()).or_default().push(r);
+        }
+        let mut out = HashMap::new();
+        for (name, rows) in by_channel {
+            let Some(ch) = channels.iter().find(|c| c.name() == name) else {
+                continue;
+            };
+            // Past its age, a row is dropped by the sender, not folded.
+            let parsed: Vec<Option<Message>> = rows
+                .iter()
+                .map(|r| {
+                    (now - r.created_at <= self.max_age)
+                        .then(|| serde_json::from_str(&r.message).ok())
+                        .flatten()
+                })
+                .collect();
+            let refs: Vec<Option<&Message>> = parsed.iter().map(Option::as_ref).collect();
+            let capacity = if folding.contains_key(name) {
+                Some(1)
+            } else {
+                ch.per_minute()
+                    .map(|l| (l as usize).saturating_sub(self.sent_in_minute(ch.as_ref(), now)))
+            };
+            for (r, d) in rows.iter().zip(fold::plan(&refs, capacity)) {
+                out.insert(r.id, d);
+            }
+        }
+        out
+    }
+
+    /// Claims a row into its channel's summary of this round.
+    async fn claim_fold(
+        &self,
+        row: OutboxRow,
+        now: DateTime<Utc>,
+        folding: &mut HashMap<String, fold::Folding>,
+        round: &mut Round,
+    ) -> Result<(), AlertError> {
+        let op = AlertOp::Claim {
+            id: row.id,
+            now,
+            until: now + CLAIM_FOR,
+        };
+        if self.store.writer().alert(op).await? == 0 {
+            round.claimed_elsewhere += 1;
+            return Ok(());
+        }
+        let message = if row.dedup_key.ends_with(MENTION_PART) {
+            None
+        } else {
+            serde_json::from_str(&row.message).ok()
+        };
+        (folding.entry(row.channel).or_default()).add(row.id, row.attempts, message);
+        Ok(())
+    }
+
+    /// A firing row whose subject resolved before it was sent: recorded, not sent.
+    async fn superseded(
+        &self,
+        row: OutboxRow,
+        now: DateTime<Utc>,
+        round: &mut Round,
+    ) -> Result<(), AlertError> {
+        let writer = self.store.writer();
+        let claimed = writer
+            .alert(AlertOp::Claim {
+                id: row.id,
+                now,
+                until: now + CLAIM_FOR,
+            })
+            .await?;
+        if claimed == 0 {
+            round.claimed_elsewhere += 1;
+            return Ok(());
+        }
+        tracing::info!(channel = %row.channel, key = %row.dedup_key, "alert not sent: resolved before it could be, the resolution says it");
+        self.metrics.add(&row.channel, "folded");
+        round.folded += 1;
+        let error = "resolved before it was sent: folded into its resolution".to_owned();
+        writer
+            .alert(AlertOp::Dropped {
+                id: row.id,
+                at: now,
+                error,
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Sends one channel's summary of the rows folded this round and records them.
+    async fn fold(
+        &self,
+        name: &str,
+        f: fold::Folding,
+        now: DateTime<Utc>,
+        failed: &mut HashMap<String, DateTime<Utc>>,
+        round: &mut Round,
+    ) -> Result<(), AlertError> {
+        let writer = self.store.writer();
+        let claim = now + CLAIM_FOR;
+        let channel = self.channels().iter().find(|c| c.name() == name).cloned();
+        let wait = match &channel {
+            // Gone since the round began (a reload): its rows go back, to be dropped as such.
+            None => Some(now),
+            Some(c) => failed
+                .get(name)
+                .copied()
+                .or_else(|| self.rate_limited(c.as_ref(), now)),
+        };
+        let (Some(channel), None) = (channel, wait) else {
+            for (id, _) in &f.rows {
+                round.deferred += 1;
+                let op = AlertOp::Retry {
+                    id: *id,
+                    count_attempt: false,
+                    next: wait.unwrap_or(now),
+                    error: None,
+                    claim: Some(claim),
+                };
+                writer.alert(op).await?;
+            }
+            return Ok(());
+        };
+        let summary = f.summary(channel.per_minute().unwrap_or(0), now);
+        self.note_sent(channel.as_ref(), now);
+        let sent = channel.send(&summary, &self.ctx(), now).await;
+        for (id, attempts) in &f.rows {
+            let op = match &sent {
+                Ok(_) => {
+                    self.metrics.add(name, "folded");
+                    round.folded += 1;
+                    AlertOp::Delivered { id: *id, at: now }
+                }
+                Err(e) if e.is_permanent() => {
+                    self.metrics.add(name, "failed");
+                    AlertOp::Dropped {
+                        id: *id,
+                        at: now,
+                        error: e.to_string(),
+                    }
+                }
+                Err(e) => {
+                    let wait = backoff(attempts + 1, rand::thread_rng().gen::<f64>());
+                    let next = now + e.retry_after().map_or(wait, |asked| asked.max(wait));
+                    failed.insert(name.to_owned(), next);
+                    AlertOp::Retry {
+                        id: *id,
+                        count_attempt: true,
+                        next,
+                        error: Some(e.to_string()),
+                        claim: Some(claim),
+                    }
+                }
+            };
+            writer.alert(op).await?;
+        }
+        let n = f.rows.len();
+        match sent {
+            Ok(_) => {
+                tracing::info!(channel = %name, folded = n, "alerts past the channel's rate folded into one summary");
+                self.metrics.add(name, "delivered");
+                round.delivered += 1;
+            }
+            Err(e) => {
+                tracing::warn!(channel = %name, folded = n, error = %e, "alert summary delivery failed; its alerts will be tried again");
+                round.failed += 1;
+            }
+        }
+        Ok(())
     }
 
     async fn one(
@@ -323,20 +528,39 @@ impl Outbox {
         Ok(())
     }
 
-    /// `Some(when the window frees up)` when the channel sent its per-minute limit already.
+    /// `Some(when the window frees up)` when the channel sent its per-minute (or per-second)
+    /// limit already.
     fn rate_limited(&self, ch: &dyn Notifier, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let limit = ch.per_minute()? as usize;
+        if ch.per_minute().is_none() && ch.per_second().is_none() {
+            return None;
+        }
         let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
         let q = sent.entry(ch.name().to_owned()).or_default();
         let minute = chrono::Duration::minutes(1);
         while q.front().is_some_and(|t| now - *t >= minute) {
             q.pop_front();
         }
-        (q.len() >= limit).then(|| q.front().map_or(now, |t| *t + minute))
+        if let Some(limit) = ch.per_minute() {
+            if q.len() >= limit as usize {
+                return Some(q.front().map_or(now, |t| *t + minute));
+            }
+        }
+        let second = chrono::Duration::seconds(1);
+        let limit = ch.per_second()? as usize;
+        let recent: Vec<&DateTime<Utc>> = q.iter().filter(|t| now - **t < second).collect();
+        (recent.len() >= limit).then(|| recent.first().map_or(now, |t| **t + second))
+    }
+
+    /// Messages the channel sent in the last minute.
+    fn sent_in_minute(&self, ch: &dyn Notifier, now: DateTime<Utc>) -> usize {
+        let sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        let minute = chrono::Duration::minutes(1);
+        sent.get(ch.name())
+            .map_or(0, |q| q.iter().filter(|t| now - **t < minute).count())
     }
 
     fn note_sent(&self, ch: &dyn Notifier, now: DateTime<Utc>) {
-        if ch.per_minute().is_none() {
+        if ch.per_minute().is_none() && ch.per_second().is_none() {
             return;
         }
         let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());

@@ -133,6 +133,8 @@ fn subject_class(m: &Message) -> &'static str {
         S::RateLimitLow { .. } => "ratelimit_low",
         S::ModelWithdrawn { .. } => "model_withdrawn",
         S::ModelRetiring { .. } => "model_retiring",
+        S::Grouped { .. } => "grouped",
+        S::Folded { .. } => "folded",
         S::Test => "test",
     }
 }

@@ -49,6 +49,12 @@ pub fn for_channel<'a>(m: &'a Message, globs: &[String]) -> Option<Cow<'a, Messa
     if m.related.is_empty() {
         return everything.then_some(Cow::Borrowed(m));
     }
+    if matches!(m.subject, Subject::Grouped { .. }) {
+        if m.related.iter().all(keep) {
+            return Some(Cow::Borrowed(m));
+        }
+        return group::batch::restrict(m, keep).map(Cow::Owned);
+    }
     m.related.iter().any(keep).then_some(Cow::Borrowed(m))
 }
 

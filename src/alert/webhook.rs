@@ -31,6 +31,7 @@ pub struct Webhook {
     secret: Option<Secret>,
     options: ChannelOptions,
     http: reqwest::Client,
+    max_per_minute: Option<u32>,
 }
 
 impl Webhook {
@@ -42,6 +43,7 @@ impl Webhook {
             options: c.options.clone(),
             http: env.http.clone(),
             name: env.name.clone(),
+            max_per_minute: c.max_per_minute,
         })
     }
 }
@@ -71,6 +73,11 @@ impl Notifier for Webhook {
 
     fn options(&self) -> &ChannelOptions {
         &self.options
+    }
+
+    /// `max_per_minute`: a receiver's own limit, declared in the config.
+    fn per_minute(&self) -> Option<u32> {
+        self.max_per_minute
     }
 
     fn send<'a>(

@@ -1027,6 +1027,9 @@ pub struct WebhookConfig {
     pub url_env: String,
     /// When set: `X-Probeok-Signature: sha256=<hex HMAC of the body>`.
     pub secret_env: Option<String>,
+    /// Most messages a minute the receiver accepts (`None`: no limit); what exceeds it is
+    /// folded into one summary.
+    pub max_per_minute: Option<u32>,
     pub options: ChannelOptions,
 }
 

@@ -555,6 +555,7 @@ pub(super) struct RawEmail {
 pub(super) struct RawWebhook {
     pub url_env: String,
     pub secret_env: Option<String>,
+    pub max_per_minute: Option<i64>,
     // Every channel's options, spelled out: serde's `flatten` ignores `deny_unknown_fields`.
     // Words stay strings so a bad one is a located stage-two error.
     pub min_severity: Option<String>,

@@ -329,6 +329,7 @@ pub fn webhook(
     let c = WebhookConfig {
         url_env: "URL".into(),
         secret_env: secret.map(|_| "SECRET".into()),
+        max_per_minute: None,
         options: opts(min, Lang::En),
     };
     Arc::new(Webhook::from_config(&c, &channel_env(name, &vars)).unwrap())

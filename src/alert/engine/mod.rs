@@ -30,6 +30,8 @@ use crate::store::Store;
 
 // Resolutions lost with a leader's memory, sent from what the store says.
 mod lost;
+// Burn rates, route faults and drift findings of one provider gathered into one message.
+mod pages;
 
 /// How often due outbox rows are looked for when nothing wakes the sender sooner.
 pub const DELIVERY_POLL: Duration = Duration::from_secs(1);
@@ -183,7 +185,11 @@ impl AlertService {
         if drafts.is_empty() {
             return Ok(0);
         }
-        let resolving = drafts.iter().any(|d| d.message.status == Status::Resolved);
+        // A resolution reads what it resolves; a burn rate, the state alerts it may fold into.
+        let resolving = drafts.iter().any(|d| {
+            d.message.status == Status::Resolved
+                || matches!(d.message.subject, Subject::BurnRate(_))
+        });
         let (silences, firing) = self
             .blocking(move |r| {
                 let firing = if resolving {
@@ -213,12 +219,32 @@ impl AlertService {
         let mut entries = Vec::new();
         let mut fire = Vec::new();
         let mut resolve = Vec::new();
+        let mut pages = pages::Pages::default();
         for d in drafts {
             let Draft {
                 mut message,
                 item_keys,
                 key,
             } = d;
+            if let Some(k) = key
+                .clone()
+                .filter(|_| pages::Pages::wants(&message, key.as_ref()))
+            {
+                if message.status == Status::Resolved {
+                    pages.resolved(message, k, &mut firing_now, &mut resolve);
+                } else if !pages.said(&message, &k, &mut firing_now) {
+                    match suppressor.filter(message) {
+                        Ok(m) => pages.fire(m, k),
+                        Err(why) => {
+                            tracing::info!(reason = ?why, "alert suppressed by maintenance or silence");
+                            for ch in self.outbox.channels().iter() {
+                                self.metrics().add(ch.name(), "suppressed");
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
             let mut keys: HashMap<String, Option<String>> = message
                 .items
                 .iter()
@@ -302,6 +328,7 @@ impl AlertService {
             }
             entries.extend(self.entries(&message, &announced_by, &mut firing_now, now)?);
         }
+        pages.finish(self, &mut firing_now, &mut fire, &mut entries, now)?;
         let n = self
             .store
             .writer()
@@ -336,7 +363,7 @@ impl AlertService {
             if !accepts(c.options(), &own) {
                 continue;
             }
-            if c.resolves_by_key() && m.status == Status::Resolved && !m.items.is_empty() {
+            if c.resolves_by_key() && pages::closes_by_announced(m, announced_by) {
                 let keys = firing.closed_keys(announced_by, &c.options().routes);
                 if keys.is_empty() {
                     continue;
@@ -402,22 +429,22 @@ impl AlertService {
         for (route, slo, w) in &windows {
             let key = format!("burn:{route}");
             let verdict = burn::evaluate(route, *slo, w, min_failures);
-            let was: Option<Message> = firing_keys
-                .get(key.as_str())
-                .and_then(|f| serde_json::from_str(&f.message).ok());
-            let was_page = match was.as_ref().map(|m| &m.subject) {
-                Some(Subject::BurnRate(b)) => Some(b.page),
-                _ => None,
-            };
-            match (verdict, was) {
-                (Some(b), None) => drafts.push(burn_draft(b, key, now, Status::Firing)),
-                (Some(b), Some(_)) if was_page == Some(false) && b.page => {
+            let row = firing_keys.get(key.as_str());
+            // Its own page, a gathered page naming it, or folded into its state alert (none).
+            let was = row
+                .and_then(|f| serde_json::from_str::<Message>(&f.message).ok())
+                .and_then(|m| super::group::batch::burn_of(&m, route));
+            match (verdict, row, was) {
+                (Some(b), None, _) => drafts.push(burn_draft(b, key, now, Status::Firing)),
+                (Some(b), Some(_), Some(was)) if !was.page && b.page => {
                     drafts.push(burn_draft(b, key, now, Status::Firing))
                 }
-                (None, Some(m)) => {
-                    if let Subject::BurnRate(b) = m.subject {
-                        drafts.push(burn_draft(b, key, now, Status::Resolved));
-                    }
+                (None, Some(_), Some(was)) => {
+                    drafts.push(burn_draft(was, key, now, Status::Resolved))
+                }
+                (None, Some(_), None) => {
+                    // Folded: a resolution with nothing to say (its draft carries no text).
+                    drafts.push(folded_resolution(key, route, now));
                 }
                 _ => {}
             }
@@ -593,6 +620,24 @@ fn burn_draft(b: burn::BurnAlert, key: String, now: DateTime<Utc>, status: Statu
         item_keys: Vec::new(),
         key: Some(key),
     }
+}
+
+/// The resolution of a burn rate folded into its route's state alert: it only closes the
+/// firing state (nothing was sent for it, so nothing is).
+fn folded_resolution(key: String, route: &crate::route::RouteId, now: DateTime<Utc>) -> Draft {
+    let b = burn::BurnAlert {
+        route: route.clone(),
+        page: true,
+        slo: 0.0,
+        factor: 0.0,
+        burn_long: 0.0,
+        burn_short: 0.0,
+        long_window_s: 0,
+        short_window_s: 0,
+        failures: 0,
+        total: 0,
+    };
+    burn_draft(b, key, now, Status::Resolved)
 }
 
 fn to_json(m: &Message) -> Result<String, AlertError> {

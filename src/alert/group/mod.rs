@@ -28,6 +28,8 @@ use super::{EvidenceLine, Message, RouteItem, Severity, Status, Subject};
 use crate::health::{FailureMode, Finding, FindingKind, HealthEvent, Incident, State, Transition};
 use crate::route::{Route, RouteId};
 
+// Alerts with a state of their own about several routes of a provider, gathered.
+pub mod batch;
 // The drafts of alerts with a firing state of their own (faults, drift, gateways, rate
 // limits, the model catalog, vantages).
 mod drafts;

@@ -91,6 +91,16 @@ pub(super) fn alert(ck: &mut Checker<'_>, r: RawAlert) -> AlertChannelsConfig {
             .enumerate()
             .map(|(i, x)| WebhookConfig {
                 options: options(ck, &format!("alert.webhook[{i}]"), x.options()),
+                max_per_minute: x.max_per_minute.and_then(|n| match u32::try_from(n) {
+                    Ok(n) if n >= 1 => Some(n),
+                    _ => {
+                        ck.fail(
+                            format!("alert.webhook[{i}].max_per_minute"),
+                            format!("{n}: expected a whole number of messages, at least 1"),
+                        );
+                        None
+                    }
+                }),
                 url_env: x.url_env,
                 secret_env: x.secret_env,
             })

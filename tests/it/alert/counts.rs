@@ -113,6 +113,7 @@ fn kinds(
                 &WebhookConfig {
                     url_env: "HOOK".into(),
                     secret_env: Some("HOOK_SECRET".into()),
+                    max_per_minute: None,
                     options: options(lang),
                 },
                 &env("webhook"),

@@ -445,6 +445,7 @@ async fn a_grouped_message_is_stored_once_however_many_routes_it_names() {
             let c = probeok::config::WebhookConfig {
                 url_env: "URL".into(),
                 secret_env: None,
+                max_per_minute: None,
                 options: probeok::config::ChannelOptions {
                     repeat_interval: Some(Duration::from_secs(3600)),
                     ..opts(Severity::Warning, Lang::En)

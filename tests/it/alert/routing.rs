@@ -118,6 +118,7 @@ async fn channels_get_only_their_routes_and_an_outage_is_grouped_per_channel() {
             &WebhookConfig {
                 url_env: "HOOK".into(),
                 secret_env: None,
+                max_per_minute: None,
                 options: ChannelOptions {
                     lang: Lang::En,
                     ..options(Severity::Warning, &[])

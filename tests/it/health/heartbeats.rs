@@ -241,6 +241,7 @@ async fn boot_raises_no_alert_and_every_job_beats() {
     config.alert.webhook.push(probeok::config::WebhookConfig {
         url_env: "T_HB_BOOT_HOOK".into(),
         secret_env: None,
+        max_per_minute: None,
         options: ChannelOptions {
             min_severity: Severity::Info,
             ..ChannelOptions::default()
@@ -320,6 +321,7 @@ fn webhook(addr: SocketAddr) -> Arc<dyn Notifier> {
     let c = probeok::config::WebhookConfig {
         url_env: "HOOK_URL".into(),
         secret_env: None,
+        max_per_minute: None,
         options: ChannelOptions {
             min_severity: Severity::Critical,
             lang: Lang::En,

@@ -364,6 +364,7 @@ async fn webhook_messages(config: &Config, store: &Store, svc: &Svc) -> usize {
     config.alert.webhook.push(probeok::config::WebhookConfig {
         url_env: "DEMO_HOOK".into(),
         secret_env: None,
+        max_per_minute: None,
         options: Default::default(),
     });
     let vars: std::collections::HashMap<String, String> =
