@@ -613,8 +613,8 @@ pub struct ProxyConfig {
     pub max_retry_wait: Duration,
     /// A committed stream with no byte for this long is interrupted (`provider_interrupted`).
     pub stream_idle_timeout: Duration,
-    /// The longest a committed stream may last (an answer that never ends holds a route slot
-    /// and the client forever); longer ones are interrupted (`provider_interrupted`).
+    /// The longest a committed stream may last (an answer that never ends holds its place in
+    /// flight and the client forever); longer ones are interrupted (`provider_interrupted`).
     pub max_stream_duration: Duration,
     /// Request bodies above this many bytes are refused with 413, unread.
     pub max_body: u64,

@@ -56,7 +56,7 @@ pub enum AttemptOutcome {
     Failed,
     Interrupted,
     ClientGone,
-    /// Never sent (breaker open, route at its concurrency limit).
+    /// Never sent (breaker open, route or provider at its in-flight limit).
     Skipped,
 }
 
