@@ -13,9 +13,10 @@
 //! on the same clock); the machine is shared with the hop, so on few cores the figures
 //! include the load generator's contention. The soft RLIMIT_NOFILE is raised to the hard one.
 //!
-//! `scripts/bench-streams` builds what it needs and runs this; by hand:
-//! `cargo bench --bench streams -- --bin target/release/probeok [--streams N] [--rate R]
-//! [--secs S] [--ramp S] [--nginx PATH|none]`
+//! `scripts/bench-streams` installs nginx if missing and runs this; by hand:
+//! `cargo bench --bench streams -- [--streams N] [--rate R] [--secs S] [--ramp S]
+//! [--nginx PATH|none] [--bin PROBEOK]` (the `probeok` cargo builds with the bench unless
+//! `--bin` or `BENCH_BIN` names another).
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -55,7 +56,11 @@ impl Opts {
             rate: 20.0,
             secs: 30.0,
             ramp: 5.0,
-            bin: std::env::var_os("BENCH_BIN").map(PathBuf::from),
+            // `cargo bench` builds the binary beside the bench, optimised alike.
+            bin: Some(std::env::var_os("BENCH_BIN").map_or_else(
+                || PathBuf::from(env!("CARGO_BIN_EXE_probeok")),
+                PathBuf::from,
+            )),
             nginx: Some(PathBuf::from("/usr/sbin/nginx")),
         };
         let args: Vec<String> = std::env::args().skip(1).collect();
@@ -492,7 +497,7 @@ fn added(v: f64, base: f64, is_base: bool) -> String {
     if is_base {
         format!("{v:.2} ms")
     } else {
-        format!("{v:.2} ms (+{:.2})", v - base)
+        format!("{v:.2} ms ({:+.2})", v - base)
     }
 }
 

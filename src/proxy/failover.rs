@@ -533,6 +533,8 @@ impl<'a> Failover<'a> {
         let model = model.to_owned();
         let failures = &self.failures;
         if failures.is_empty() && !self.limited.is_empty() {
+            // Nothing was sent: refused, as a request no route could take now.
+            self.ctx.outcome = Outcome::Rejected;
             return Reject::in_flight_limit(model, self.limited);
         }
         if failures.is_empty() && self.budget_refused {

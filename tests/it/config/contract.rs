@@ -252,6 +252,15 @@ fn bad_configs_give_exact_located_diagnostics() {
             ],
         ),
         (
+            "in-flight limits that admit nothing",
+            format!("{PROVIDERS}{ROUTE}max_in_flight = 0\n[[provider]]\nid = \"x\"\nmax_in_flight = -3\n  [[provider.region]]\n  id = \"r\"\n  base_url = \"https://x.example.com\"\n[proxy]\nmax_connections = 0\n"),
+            vec![
+                "p.toml:17:17: route[0].max_in_flight: must be at least 1, got 0",
+                "p.toml:20:17: provider[2].max_in_flight: must be at least 1, got -3",
+                "p.toml:25:19: proxy.max_connections: must be at least 1, got 0",
+            ],
+        ),
+        (
             "a listener that admits no connection",
             format!("{PROVIDERS}{ROUTE}[server]\nmax_connections = 0\n"),
             vec!["p.toml:18:19: server.max_connections: must be at least 1, got 0"],
