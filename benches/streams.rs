@@ -4,7 +4,8 @@
 //! (its own process, SQLite metering on, as deployed), and through an nginx hop with
 //! `proxy_buffering off` when nginx is there. Per column: the hop's RSS per open stream (its
 //! peak RSS over the run less its idle RSS, over N), its CPU per chunk forwarded (user +
-//! system time over the run, over the chunks the clients received), the time to the first
+//! system time over the chunks the clients received: over the whole run, each stream's start
+//! and end included, and while every stream is open), the time to the first
 //! chunk and each chunk's transit time (upstream write → client read: what the hop adds to
 //! the gaps between chunks) as p50/p99/max with the hop's addition over the baseline, and
 //! streams lost (anything but every chunk and `[DONE]`; must be 0).
@@ -32,6 +33,9 @@ use axum::Router;
 
 /// Every timestamp is microseconds since this.
 static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+/// Content chunks every client has read so far.
+static RECEIVED: AtomicU64 = AtomicU64::new(0);
 
 fn now_us() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64
@@ -67,7 +71,8 @@ impl Opts {
         let mut i = 0;
         while i < args.len() {
             let v = args.get(i + 1).cloned().unwrap_or_default();
-            let num = |v: &str| -> f64 { v.parse().unwrap_or_else(|_| panic!("not a number: {v}")) };
+            let num =
+                |v: &str| -> f64 { v.parse().unwrap_or_else(|_| panic!("not a number: {v}")) };
             match args[i].as_str() {
                 "--streams" => o.streams = num(&v) as usize,
                 "--rate" => o.rate = num(&v),
@@ -106,14 +111,21 @@ async fn upstream(chunks: usize, period: Duration) -> std::net::SocketAddr {
         "/v1/chat/completions",
         post(move |req: Bytes| async move {
             // A warm-up stream is one chunk long.
-            let chunks = if req.windows(6).any(|w| w == b"\"warm\"") { 1 } else { chunks };
+            let chunks = if req.windows(6).any(|w| w == b"\"warm\"") {
+                1
+            } else {
+                chunks
+            };
             let start = tokio::time::Instant::now();
             let body = futures_util::stream::unfold(0usize, move |i| async move {
                 if i > chunks {
                     return None;
                 }
                 if i == chunks {
-                    return Some((Ok::<_, Infallible>(Bytes::from_static(END.as_bytes())), i + 1));
+                    return Some((
+                        Ok::<_, Infallible>(Bytes::from_static(END.as_bytes())),
+                        i + 1,
+                    ));
                 }
                 tokio::time::sleep_until(start + period * i as u32).await;
                 let chunk = format!("{HEAD}{:016}{TAIL}", now_us());
@@ -188,6 +200,7 @@ async fn one_stream(http: reqwest::Client, url: String, say: &str) -> Result<See
                     seen.first_us = at.saturating_sub(sent);
                 }
                 seen.chunks += 1;
+                RECEIVED.fetch_add(1, Ordering::Relaxed);
                 seen.transit_us.push(at.saturating_sub(t) as u32);
             }
             buf.drain(..end + 2);
@@ -205,9 +218,14 @@ struct Hop {
 }
 
 impl Drop for Hop {
+    /// SIGTERM, not SIGKILL: nginx's master then stops its workers (killed, it would leave
+    /// them running).
     fn drop(&mut self) {
         if let Some(c) = &mut self.child {
-            let _ = c.kill();
+            if let Ok(pid) = libc::pid_t::try_from(c.id()) {
+                // SAFETY: kill has no memory preconditions; the pid is our own child's.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
             let _ = c.wait();
         }
     }
@@ -351,6 +369,8 @@ struct Column {
     name: &'static str,
     rss_per_stream: Option<f64>,
     cpu_per_chunk_us: Option<f64>,
+    /// While every stream is open: chunks only, no stream's start or end.
+    steady_cpu_per_chunk_us: Option<f64>,
     first_ms: [f64; 3],
     transit_ms: [f64; 3],
     lost: usize,
@@ -400,6 +420,21 @@ async fn run(opts: &Opts, name: &'static str, url: &str, pids: &[u32]) -> Column
         })
     };
     let start = tokio::time::Instant::now();
+    // The window in which every stream is open (when the streams outlast the ramp by 2 s).
+    let steady = {
+        let pids = pids.to_vec();
+        let (from, to) = (opts.ramp + 0.5, opts.secs - 0.5);
+        tokio::spawn(async move {
+            if to - from < 1.0 || pids.is_empty() {
+                return None;
+            }
+            tokio::time::sleep_until(start + Duration::from_secs_f64(from)).await;
+            let (c0, n0) = (cpu_secs(&pids), RECEIVED.load(Ordering::Relaxed));
+            tokio::time::sleep_until(start + Duration::from_secs_f64(to)).await;
+            let (c1, n1) = (cpu_secs(&pids), RECEIVED.load(Ordering::Relaxed));
+            Some((c1 - c0) * 1e6 / (n1 - n0).max(1) as f64)
+        })
+    };
     let gap = Duration::from_secs_f64(opts.ramp / opts.streams as f64);
     let tasks: Vec<_> = (0..opts.streams)
         .map(|i| {
@@ -422,7 +457,12 @@ async fn run(opts: &Opts, name: &'static str, url: &str, pids: &[u32]) -> Column
             Ok(s) => {
                 lost += 1;
                 chunks += s.chunks as u64;
-                first_error.get_or_insert(format!("{} of {} chunks, done: {}", s.chunks, opts.chunks(), s.done));
+                first_error.get_or_insert(format!(
+                    "{} of {} chunks, done: {}",
+                    s.chunks,
+                    opts.chunks(),
+                    s.done
+                ));
             }
             Err(e) => {
                 lost += 1;
@@ -435,9 +475,11 @@ async fn run(opts: &Opts, name: &'static str, url: &str, pids: &[u32]) -> Column
     let measured = !pids.is_empty();
     Column {
         name,
-        rss_per_stream: measured
-            .then(|| peak.load(Ordering::Relaxed).saturating_sub(idle_rss) as f64 / opts.streams as f64),
+        rss_per_stream: measured.then(|| {
+            peak.load(Ordering::Relaxed).saturating_sub(idle_rss) as f64 / opts.streams as f64
+        }),
         cpu_per_chunk_us: measured.then(|| cpu * 1e6 / chunks.max(1) as f64),
+        steady_cpu_per_chunk_us: steady.await.ok().flatten(),
         first_ms: summary(firsts),
         transit_ms: summary(transits),
         lost,
@@ -460,16 +502,29 @@ fn print(opts: &Opts, cols: &[Column], skipped: &[String]) {
             .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
             .unwrap_or_default(),
     );
-    println!("| | {} |", cols.iter().map(|c| c.name).collect::<Vec<_>>().join(" | "));
+    println!(
+        "| | {} |",
+        cols.iter().map(|c| c.name).collect::<Vec<_>>().join(" | ")
+    );
     println!("| --- |{}", " --- |".repeat(cols.len()));
     let row = |label: &str, f: &dyn Fn(&Column) -> String| {
-        println!("| {label} | {} |", cols.iter().map(f).collect::<Vec<_>>().join(" | "));
+        println!(
+            "| {label} | {} |",
+            cols.iter().map(f).collect::<Vec<_>>().join(" | ")
+        );
     };
     let opt = |v: Option<f64>, unit: &str, scale: f64| {
         v.map_or("—".to_owned(), |v| format!("{:.1} {unit}", v / scale))
     };
-    row("RSS per open stream", &|c| opt(c.rss_per_stream, "KiB", 1024.0));
-    row("CPU per chunk", &|c| opt(c.cpu_per_chunk_us, "µs", 1.0));
+    row("RSS per open stream", &|c| {
+        opt(c.rss_per_stream, "KiB", 1024.0)
+    });
+    row("CPU per chunk, whole run", &|c| {
+        opt(c.cpu_per_chunk_us, "µs", 1.0)
+    });
+    row("CPU per chunk, all streams open", &|c| {
+        opt(c.steady_cpu_per_chunk_us, "µs", 1.0)
+    });
     for (i, q) in ["p50", "p99", "max"].iter().enumerate() {
         row(&format!("time to first chunk {q}"), &|c| {
             added(c.first_ms[i], base.first_ms[i], std::ptr::eq(c, base))
@@ -511,7 +566,10 @@ fn main() {
             }
             // Each stream holds a client and an upstream descriptor here, two in the hop.
             if hard < 2 * opts.streams as u64 + 1024 {
-                eprintln!("RLIMIT_NOFILE's hard limit ({hard}) is low for {} streams", opts.streams);
+                eprintln!(
+                    "RLIMIT_NOFILE's hard limit ({hard}) is low for {} streams",
+                    opts.streams
+                );
             }
         }
         Err(e) => eprintln!("cannot read RLIMIT_NOFILE: {e}"),
@@ -524,7 +582,15 @@ fn main() {
         let dir = tempfile::tempdir().expect("tempdir");
         let period = Duration::from_secs_f64(1.0 / opts.rate);
         let up = upstream(opts.chunks(), period).await;
-        let mut cols = vec![run(&opts, "direct", &format!("http://{up}/v1/chat/completions"), &[]).await];
+        let mut cols = vec![
+            run(
+                &opts,
+                "direct",
+                &format!("http://{up}/v1/chat/completions"),
+                &[],
+            )
+            .await,
+        ];
         let mut skipped = Vec::new();
         match &opts.bin {
             Some(bin) => {
@@ -540,7 +606,9 @@ fn main() {
             }
             None => skipped.push(format!(
                 "nginx: skipped ({} not found; scripts/bench-streams installs it)",
-                opts.nginx.as_deref().map_or("--nginx none".into(), |p| p.display().to_string())
+                opts.nginx
+                    .as_deref()
+                    .map_or("--nginx none".into(), |p| p.display().to_string())
             )),
         }
         print(&opts, &cols, &skipped);
