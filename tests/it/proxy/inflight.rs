@@ -540,3 +540,104 @@ async fn check_config_refuses_a_max_in_flight_of_zero_where_it_is_written() {
         "{stderr}"
     );
 }
+
+/// The same file, as `serve` runs its bundled proxy and as `probeok proxy` runs it alone: a
+/// route's cap holds in both, and the monitor's `/metrics` shows the stream in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_and_the_standalone_proxy_both_keep_a_route_cap() {
+    let up = held().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = |proxy_port: u16, db: &str| {
+        format!(
+            "[storage]\npath = \"{db}\"\n[probe]\ninterval = \"1h\"\n\
+             [proxy]\nenabled = true\nlisten = \"127.0.0.1:{proxy_port}\"\n\
+             [[provider]]\nid = \"p\"\n  [[provider.region]]\n  id = \"r\"\n  base_url = \"{base}\"\n\
+             [[route]]\nprovider = \"p\"\nregion = \"r\"\nmodel = \"m\"\nserves = \"chat\"\nmax_in_flight = 1\n",
+            db = dir.path().join(db).display(),
+            base = up.server.base_url(),
+        )
+    };
+    let http = reqwest::Client::new();
+    let post = |port: u16| {
+        (http.post(format!("http://127.0.0.1:{port}/v1/chat/completions")))
+            .json(&chat(true))
+            .send()
+    };
+    // The one place is taken by a stream; the next request is refused naming the cap.
+    let second_is_refused = |r: reqwest::Response| async move {
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        let body: Value = r.json().await.expect("json");
+        assert_eq!(
+            body["probeok"]["limits"],
+            json!([{"scope": "route", "id": "p/r/m", "max_in_flight": 1}])
+        );
+    };
+
+    // `serve`.
+    let port = common::free_port();
+    let config = probeok::config::Config::parse(&file(port, "serve.db"), "serve.toml")
+        .expect("valid config")
+        .config;
+    let shutdown = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let running = probeok::app::start_with(
+        config,
+        listener,
+        Arc::new(probeok::clock::SystemClock),
+        shutdown.clone(),
+        probeok::app::StartOptions::default(),
+    )
+    .await
+    .expect("serve starts");
+    let (open, _) = first_event(post(port).await.expect("proxy answers")).await;
+    second_is_refused(post(port).await.expect("proxy answers")).await;
+    let metrics = (http
+        .get(format!("http://{}/metrics", running.addr))
+        .send()
+        .await)
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "probeok_proxy_in_flight{route=\"p/r/m\"} 1"),
+        "{metrics}"
+    );
+    drop(open);
+
+    // `probeok proxy`, on its own port and database.
+    let port = common::free_port();
+    let path = dir.path().join("proxy.toml");
+    std::fs::write(&path, file(port, "proxy.db")).expect("write");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_probeok"))
+        .args(["proxy", "--config"])
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("probeok proxy starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "probeok proxy did not listen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (open, _) = first_event(post(port).await.expect("proxy answers")).await;
+    second_is_refused(post(port).await.expect("proxy answers")).await;
+    up.release();
+    assert!(open
+        .text()
+        .await
+        .expect("body")
+        .ends_with("data: [DONE]\n\n"));
+    let _ = child.kill().await;
+    shutdown.cancel();
+    let _ = running.done.await;
+}
