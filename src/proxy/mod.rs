@@ -47,7 +47,7 @@ mod degrade;
 pub mod export;
 mod failover;
 pub mod idempotency;
-pub mod inflight;
+pub(crate) mod inflight;
 mod intake;
 pub mod jobs;
 pub(crate) mod meter;
