@@ -168,6 +168,8 @@
 //!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
 //!   the documented failover classes (`proxy::attempt`), committed streams (`proxy::stream`),
 //!   its own view of the weights feed (`proxy::weights`); every attempt is a passive outcome.
+//!   The user's in-flight limits per route and provider (`proxy::inflight`: none unless
+//!   configured; past one the next candidate, else 429 naming it; `probeok_proxy_in_flight`).
 //!   Circuit breakers and backoff (`proxy::breaker`), metering (`proxy::meter`), idempotency
 //!   keys claimed in the store so every proxy on one database honours them
 //!   (`proxy::idempotency`), the standalone proxy's monitor link (`proxy::remote`), and

@@ -278,6 +278,9 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
             id: p.id,
             kind: p.kind.unwrap_or(ProviderKind::Openai),
             api_key_env: p.api_key_env,
+            max_in_flight: p
+                .max_in_flight
+                .and_then(|v| to_u32(ck, &format!("provider[{i}].max_in_flight"), v, 1)),
             regions: p
                 .regions
                 .into_iter()
@@ -496,6 +499,7 @@ fn route(ck: &mut Checker<'_>, i: usize, r: RawRoute) -> RouteConfig {
         slo: r.slo,
         confirm_after: confirm_after(ck, &format!("{p}.confirm_after"), r.confirm_after),
         request: (r.request).map(|q| super::profile::profile(ck, &format!("{p}.request"), q)),
+        max_in_flight: opt_uint(ck, "max_in_flight", r.max_in_flight, 1),
     }
 }
 

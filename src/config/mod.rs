@@ -472,6 +472,9 @@ pub struct ProviderConfig {
     pub regions: Vec<RegionConfig>,
     /// `[[provider.status_page]]`: the provider's own status pages.
     pub status_pages: Vec<StatusPageConfig>,
+    /// Proxy requests in flight to all of this provider's routes together, at most (providers
+    /// cap concurrency per API key); `None`: no limit of probeok's.
+    pub max_in_flight: Option<u32>,
 }
 
 impl Default for ProviderConfig {
@@ -482,6 +485,7 @@ impl Default for ProviderConfig {
             api_key_env: None,
             regions: Vec::new(),
             status_pages: Vec::new(),
+            max_in_flight: None,
         }
     }
 }
@@ -525,6 +529,9 @@ pub struct RouteConfig {
     pub confirm_after: Option<ConfirmAfter>,
     /// `request = {…}`: the profile applied to the proxy requests this route serves.
     pub request: Option<RequestProfile>,
+    /// Proxy requests in flight to this route, at most (a stream holds its place to its
+    /// end); `None`: no limit of probeok's.
+    pub max_in_flight: Option<u32>,
 }
 
 impl Default for RouteConfig {
@@ -548,6 +555,7 @@ impl Default for RouteConfig {
             slo: None,
             confirm_after: None,
             request: None,
+            max_in_flight: None,
         }
     }
 }
@@ -605,8 +613,8 @@ pub struct ProxyConfig {
     pub max_retry_wait: Duration,
     /// A committed stream with no byte for this long is interrupted (`provider_interrupted`).
     pub stream_idle_timeout: Duration,
-    /// The longest a committed stream may last (an answer that never ends holds a route slot
-    /// and the client forever); longer ones are interrupted (`provider_interrupted`).
+    /// The longest a committed stream may last (an answer that never ends holds its place in
+    /// flight and the client forever); longer ones are interrupted (`provider_interrupted`).
     pub max_stream_duration: Duration,
     /// Request bodies above this many bytes are refused with 413, unread.
     pub max_body: u64,
@@ -623,6 +631,9 @@ pub struct ProxyConfig {
     /// A proxy on a non-loopback address with no client keys spends the provider keys for
     /// anyone who can reach it: refused unless this is set (then warned at every start).
     pub allow_unauthenticated: bool,
+    /// Open client connections the proxy's listener serves at once; past it, new connections
+    /// wait in the kernel's accept queue.
+    pub max_connections: u32,
     pub breaker: BreakerConfig,
     /// `[[proxy.client]]`: named clients with their own keys and spend limits.
     pub clients: Vec<ClientConfig>,
@@ -646,6 +657,7 @@ impl Default for ProxyConfig {
             cached_answers_per_client: 1_000,
             client_keys_env: "PROBEOK_CLIENT_KEYS".into(),
             allow_unauthenticated: false,
+            max_connections: crate::listen::MAX_CONNECTIONS as u32,
             breaker: BreakerConfig::default(),
             clients: Vec::new(),
         }

@@ -332,6 +332,7 @@ pub(super) struct RawProvider {
     pub id: String,
     pub kind: Option<ProviderKind>,
     pub api_key_env: Option<String>,
+    pub max_in_flight: Option<i64>,
     #[serde(default, rename = "region")]
     pub regions: Vec<RawRegion>,
     #[serde(default, rename = "status_page")]
@@ -379,6 +380,7 @@ pub(super) struct RawRoute {
     // Confirmation probes.
     pub confirm_after: Option<String>,
     pub request: Option<RawProfile>,
+    pub max_in_flight: Option<i64>,
     /// The day the provider retires the model (`crate::catalog`).
     pub retires: Option<String>,
 }
@@ -415,6 +417,7 @@ pub(super) struct RawProxy {
     pub cached_answers_per_client: Option<i64>,
     pub client_keys_env: Option<String>,
     pub allow_unauthenticated: Option<bool>,
+    pub max_connections: Option<i64>,
     #[serde(default)]
     pub breaker: RawBreaker,
     #[serde(default)]

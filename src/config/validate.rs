@@ -260,6 +260,7 @@ impl<'a> Checker<'a> {
             self.positive(key, d);
         }
         self.at_least("proxy.max_attempts", p.max_attempts, 1);
+        self.at_least("proxy.max_connections", p.max_connections, 1);
         self.at_least("proxy.breaker.min_requests", p.breaker.min_requests, 1);
         self.rate("proxy.breaker.failure_ratio", p.breaker.failure_ratio);
         if p.max_body == 0 {

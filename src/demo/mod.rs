@@ -141,6 +141,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
                 })
                 .collect(),
             status_pages: Vec::new(),
+            max_in_flight: None,
         });
         for region in regions {
             for (model, serves, tier) in models {
@@ -177,6 +178,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
                     slo: None,
                     confirm_after: None,
                     request: None,
+                    max_in_flight: None,
                 });
             }
         }

@@ -2,6 +2,8 @@
 //! [`ProxyStats`] handle (a `prometheus-client` collector: nothing is copied between scrapes):
 //!
 //! - `probeok_proxy_breaker_state{route}`: 0 closed, 1 half-open, 2 open;
+//! - `probeok_proxy_in_flight{route}`, `probeok_proxy_provider_in_flight{provider}`: requests
+//!   in flight now (a stream until it ends);
 //! - `probeok_proxy_requests_total{serves,route,outcome}`;
 //! - `probeok_proxy_failovers_total{reason}`;
 //! - `probeok_contract_uses_total{feature,contract}`: degradation contract answers;
@@ -59,6 +61,18 @@ impl ProxyStats {
         self.proxy().map(|p| p.client_spend()).unwrap_or_default()
     }
 
+    /// Requests in flight per route (empty once the proxy is gone).
+    pub fn in_flight(&self) -> Vec<(crate::route::RouteId, u32)> {
+        self.proxy().map(|p| p.in_flight()).unwrap_or_default()
+    }
+
+    /// Requests in flight per provider (empty once the proxy is gone).
+    pub fn provider_in_flight(&self) -> Vec<(String, u32)> {
+        self.proxy()
+            .map(|p| p.provider_in_flight())
+            .unwrap_or_default()
+    }
+
     /// The proxy's counters (empty once the proxy is gone).
     pub fn counters(&self) -> CountersSnapshot {
         self.proxy().map(|p| p.counters()).unwrap_or_default()
@@ -84,8 +98,13 @@ pub fn breaker_value(state: BreakerState) -> i64 {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BreakerLabels {
+struct RouteLabels {
     route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    provider: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -146,10 +165,34 @@ impl Collector for ProxySlot {
             MetricType::Gauge,
         )?;
         for b in &breakers {
-            let labels = BreakerLabels {
+            let labels = RouteLabels {
                 route: b.route.as_str().to_owned(),
             };
             ConstGauge::new(breaker_value(b.state)).encode(family.encode_family(&labels)?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "proxy_in_flight",
+            "Requests the proxy has in flight to the route now (a stream until it ends)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (route, n) in stats.in_flight() {
+            let labels = RouteLabels {
+                route: route.as_str().to_owned(),
+            };
+            ConstGauge::new(i64::from(n)).encode(family.encode_family(&labels)?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "proxy_provider_in_flight",
+            "Requests the proxy has in flight to all of the provider's routes together now",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (provider, n) in stats.provider_in_flight() {
+            ConstGauge::new(i64::from(n))
+                .encode(family.encode_family(&ProviderLabels { provider })?)?;
         }
 
         let mut family = encoder.encode_descriptor(

@@ -11,8 +11,10 @@
 //!   within `max_attempts` and `max_retry_wait` of total waiting.
 //!
 //! Routes with an open breaker go last (tried only when everything else failed) and the
-//! answer says `x-probeok-fallback-reason: breaker_open`. A route at its concurrency limit is
-//! skipped (`overloaded`); a non-primary route first reserves its estimated maximum extra
+//! answer says `x-probeok-fallback-reason: breaker_open`. A route at its in-flight limit, or
+//! whose provider is at its own ([`super::inflight`]), is skipped (`in_flight_limit`) without
+//! a word to its breaker or its health; when every candidate was skipped so, the client gets
+//! 429 naming the limits. A non-primary route first reserves its estimated maximum extra
 //! cost from the hourly budget. Contracts are decided before this; the job worker calls
 //! [`route`] directly (no contract applies to a job's run).
 
@@ -26,11 +28,11 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::Value;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::attempt::{class_of, reason_code, Attempt, Class, Committed, Limits, Outgoing};
 use super::breaker::{self, Verdict};
+use super::inflight::{Held, Limited};
 use super::record::{AttemptOutcome, Detour, Outcome, Tried, Usage};
 use super::reject::Reject;
 use super::request::{Answer, OutcomeSlot, RequestCtx};
@@ -161,9 +163,9 @@ fn breakers_last(
     closed
 }
 
-/// What an admitted attempt holds: the route's concurrency slot and its budget reservation.
+/// What an admitted attempt holds: its places in flight and its budget reservation.
 struct Slot {
-    permit: Option<OwnedSemaphorePermit>,
+    held: Held,
     reservation: Option<Reservation>,
 }
 
@@ -182,8 +184,8 @@ struct Failover<'a> {
     deadline: Instant,
     waited: Duration,
     retries: u32,
-    /// A route was skipped at its concurrency limit.
-    overloaded: bool,
+    /// The in-flight limits candidates were skipped at, in the order met.
+    limited: Vec<Limited>,
     /// A non-primary route was skipped: the extra-cost budget could not cover it.
     budget_refused: bool,
     failures: Vec<ProbeError>,
@@ -221,7 +223,7 @@ impl<'a> Failover<'a> {
             deadline: now + config.total_timeout,
             waited: Duration::ZERO,
             retries: 0,
-            overloaded: false,
+            limited: Vec::new(),
             budget_refused: false,
             failures: Vec::new(),
             prompt_tokens: select::estimate_prompt_tokens(request),
@@ -272,23 +274,23 @@ impl<'a> Failover<'a> {
         Some(r)
     }
 
-    /// Takes the route's concurrency slot (a full route is skipped, not waited for) and, for a
-    /// non-primary route, its extra-cost reservation. `None`: skipped.
+    /// Takes the request's places at the route and its provider (a full one is skipped, not
+    /// waited for: a limit is not the route's failure) and, for a non-primary route, its
+    /// extra-cost reservation. `None`: skipped.
     async fn admit(&mut self, route: &Arc<Route>) -> Option<Slot> {
         let p = self.inner();
-        let permit = match p.limits.get(&route.id) {
-            Some(sem) => match sem.clone().try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => {
-                    self.overloaded = true;
-                    let why = Detour::Overloaded;
-                    self.ctx.attempts.push(Tried::skipped(&route.id, why));
-                    p.counters.failover(why.as_str());
-                    self.ctx.d.fallback(why.as_str());
-                    return None;
+        let held = match p.in_flight.admit(&route.id) {
+            Ok(held) => held,
+            Err(limited) => {
+                let why = Detour::InFlightLimit;
+                self.ctx.attempts.push(Tried::skipped(&route.id, why));
+                p.counters.failover(why.as_str());
+                self.ctx.d.fallback(why.as_str());
+                if !self.limited.contains(&limited) {
+                    self.limited.push(limited);
                 }
-            },
-            None => None,
+                return None;
+            }
         };
         let reservation = match p.budget.get() {
             Some(b) if route.tier != Tier::Primary => {
@@ -304,10 +306,7 @@ impl<'a> Failover<'a> {
             }
             _ => None,
         };
-        Some(Slot {
-            permit,
-            reservation,
-        })
+        Some(Slot { held, reservation })
     }
 
     /// One attempt at `route`: `Some` is the request's answer, `None` moves on.
@@ -352,10 +351,7 @@ impl<'a> Failover<'a> {
             .upstream
             .attempt(&route, &outgoing, limits, started_at)
             .await;
-        let Slot {
-            permit,
-            reservation,
-        } = slot;
+        let Slot { held, reservation } = slot;
         match result {
             Attempt::Answer {
                 body,
@@ -371,7 +367,7 @@ impl<'a> Failover<'a> {
                 let r = self.client_fault(&route, reservation, status, content_type, body, outcome);
                 Some(r)
             }
-            Attempt::Committed(c) => Some(self.committed(route, permit, reservation, *c)),
+            Attempt::Committed(c) => Some(self.committed(route, held, reservation, *c)),
             Attempt::Failed { error, outcome } => {
                 self.failed(&route, reservation, error, outcome);
                 None
@@ -449,12 +445,13 @@ impl<'a> Failover<'a> {
         Answer::Plain(r)
     }
 
-    /// A stream past its commit point: forwarded to its end, holding the route's concurrency
-    /// slot; the reservation is settled when it ends.
+    /// A stream past its commit point: forwarded to its end, holding its places in flight
+    /// until the body is dropped (its end, or the client leaving); the reservation is settled
+    /// when it ends.
     fn committed(
         &mut self,
         route: Arc<Route>,
-        permit: Option<OwnedSemaphorePermit>,
+        held: Held,
         reservation: Option<Reservation>,
         c: Committed,
     ) -> Answer {
@@ -472,7 +469,7 @@ impl<'a> Failover<'a> {
         let inner = stream::body(c, p.passive.clone(), on_end, charge, whose);
         let body = inner
             .map(move |chunk| {
-                let _held = &permit;
+                let _held = &held;
                 chunk
             })
             .boxed();
@@ -535,8 +532,10 @@ impl<'a> Failover<'a> {
         self.ctx.outcome = Outcome::Failed;
         let model = model.to_owned();
         let failures = &self.failures;
-        if failures.is_empty() && self.overloaded {
-            return Reject::Overloaded { model };
+        if failures.is_empty() && !self.limited.is_empty() {
+            // Nothing was sent: refused, as a request no route could take now.
+            self.ctx.outcome = Outcome::Rejected;
+            return Reject::in_flight_limit(model, self.limited);
         }
         if failures.is_empty() && self.budget_refused {
             return Reject::BudgetExhausted { model };

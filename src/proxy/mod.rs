@@ -14,7 +14,8 @@
 //!    DEGRADED or CRITICAL ([`contract`], pure): a fallback model, a rejection, a cached
 //!    answer ([`cache`]) or an async job ([`jobs`], with its worker).
 //! 4. `failover`: the candidates ([`select`], pure, over the proxy's view of the weights,
-//!    [`weights`]), tried in order under per-route concurrency limits, circuit breakers and
+//!    [`weights`]), tried in order under the user's in-flight limits per route and provider
+//!    ([`inflight`]; none unless configured), circuit breakers and
 //!    backoff ([`breaker`]; a client's own failures are neutral there, [`attribution`]) and the
 //!    extra-cost budget; one attempt ([`attempt`]: per-candidate
 //!    budget, stream watchdog, failover classes, 429 rests; sent by `transport`, the upstream
@@ -46,6 +47,7 @@ mod degrade;
 pub mod export;
 mod failover;
 pub mod idempotency;
+pub(crate) mod inflight;
 mod intake;
 pub mod jobs;
 pub(crate) mod meter;
@@ -72,7 +74,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::clock::{Clock, SystemClock};
@@ -93,8 +94,6 @@ pub use meter::{CountersSnapshot, Meter, ProxyCounters};
 pub use server::{router, serve, HEADER_READ_TIMEOUT};
 pub use weights::{FeedStatus, WeightsRx, WeightsView};
 
-/// Requests in flight to one route, at most (more: the next candidate, or 503).
-pub const ROUTE_CONCURRENCY: usize = 256;
 /// The whole request body must arrive within this (slow clients get 408).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -103,8 +102,6 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ProxyOptions {
     /// Metering and idempotency keys need a store; without one both are off.
     pub store: Option<Store>,
-    /// Requests in flight per route.
-    pub route_concurrency: usize,
     pub body_read_timeout: Duration,
     /// HTTP/1 request heads must arrive within this (see [`HEADER_READ_TIMEOUT`]).
     pub header_read_timeout: Duration,
@@ -133,7 +130,6 @@ impl Default for ProxyOptions {
     fn default() -> Self {
         Self {
             store: None,
-            route_concurrency: ROUTE_CONCURRENCY,
             body_read_timeout: BODY_READ_TIMEOUT,
             header_read_timeout: HEADER_READ_TIMEOUT,
             feed: None,
@@ -208,8 +204,8 @@ struct Inner {
     /// Route observables from this proxy's traffic (needs the store).
     observer: Option<observe::Observer>,
     idempotency: Option<Arc<idempotency::Idempotency>>,
-    /// Route → its in-flight slots.
-    limits: RouteMap<Arc<Semaphore>>,
+    /// Requests in flight per route and provider, and the configured caps.
+    in_flight: inflight::InFlight,
     body_read_timeout: Duration,
     header_read_timeout: Duration,
     feed: Option<Arc<FeedStatus>>,
@@ -304,13 +300,7 @@ impl Proxy {
             (opts.spend.clone()).or_else(|| store.map(|s| spend_on(s, clock.clone(), config)));
         let clients = Arc::new(clients::Clients::new(&config.clients, &full.env, spend));
         let breakers = Breakers::new(routes.iter().map(|r| &r.id), &config.breaker);
-        let limits = routes
-            .iter()
-            .map(|r| {
-                let n = opts.route_concurrency.max(1);
-                (r.id.clone(), Arc::new(Semaphore::new(n)))
-            })
-            .collect();
+        let in_flight = inflight::InFlight::new(full, &routes);
         Ok(Self {
             inner: Arc::new(Inner {
                 config: config.clone(),
@@ -348,7 +338,7 @@ impl Proxy {
                     )
                 }),
                 store: store.cloned(),
-                limits,
+                in_flight,
                 shadows,
                 body_read_timeout: opts.body_read_timeout,
                 header_read_timeout: opts.header_read_timeout,
@@ -411,6 +401,16 @@ impl Proxy {
     /// and what other rules of the request path (a client's spend limit) may read.
     pub fn store_health(&self) -> Option<Arc<crate::store::StoreHealth>> {
         self.inner.store.as_ref().map(|s| s.health().clone())
+    }
+
+    /// Requests in flight per route now (`probeok_proxy_in_flight`), sorted by route.
+    pub fn in_flight(&self) -> Vec<(RouteId, u32)> {
+        self.inner.in_flight.routes()
+    }
+
+    /// Requests in flight per provider now, all its routes together, sorted by provider.
+    pub fn provider_in_flight(&self) -> Vec<(String, u32)> {
+        self.inner.in_flight.providers()
     }
 
     /// Every route's circuit breaker, now.

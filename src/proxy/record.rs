@@ -56,7 +56,7 @@ pub enum AttemptOutcome {
     Failed,
     Interrupted,
     ClientGone,
-    /// Never sent (breaker open, route at its concurrency limit).
+    /// Never sent (breaker open, route or provider at its in-flight limit).
     Skipped,
 }
 
@@ -86,8 +86,8 @@ impl AttemptOutcome {
 pub enum Detour {
     /// The route's circuit breaker is open: tried last, if at all.
     BreakerOpen,
-    /// The route was at its concurrency limit.
-    Overloaded,
+    /// The route, or its provider, was at its in-flight limit (`max_in_flight`).
+    InFlightLimit,
     /// Capable routes rest after a 429.
     RateLimited,
     /// A non-primary route serves although the model is not degraded.
@@ -100,7 +100,7 @@ impl Detour {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::BreakerOpen => "breaker_open",
-            Self::Overloaded => "overloaded",
+            Self::InFlightLimit => "in_flight_limit",
             Self::RateLimited => "rate_limited",
             Self::NoPrimaryUsable => "no_primary_usable",
             Self::ExtraCostBudget => "extra_cost_budget",
@@ -343,7 +343,7 @@ mod tests {
             completion_tokens: Some(4),
         };
         ok.cost = Some(1.5);
-        let attempts = vec![ok.clone(), Tried::skipped(&id, Detour::Overloaded)];
+        let attempts = vec![ok.clone(), Tried::skipped(&id, Detour::InFlightLimit)];
         assert_eq!(answered_usage(&attempts), (ok.usage, Some(1.5)));
         let mut failed = ok.clone();
         failed.outcome = AttemptOutcome::Failed;

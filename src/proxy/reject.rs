@@ -62,8 +62,14 @@ pub enum Reject {
         model: String,
         retry_after: Duration,
     },
-    #[error("every route of `{model}` is at its concurrency limit; retry later")]
-    Overloaded { model: String },
+    /// Every candidate was at an in-flight limit of the config (`max_in_flight` of the route
+    /// or of its provider); `limits` in the order met, `probeok` their JSON.
+    #[error("every route of `{model}` is at an in-flight limit ({}); retry later", limits.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    InFlightLimit {
+        model: String,
+        limits: Vec<super::inflight::Limited>,
+        probeok: Value,
+    },
     /// The client's spend limit cannot cover this request's maximum cost this period.
     #[error("client `{client}` has reached its spend limit for this {per}; it resets in {} s", retry_after.as_secs())]
     SpendLimitReached {
@@ -123,6 +129,24 @@ pub enum Reject {
     /// A blocking read task failed (panicked or was cancelled).
     #[error("the read task failed")]
     ReadTaskFailed,
+}
+
+/// A place in flight frees when any request ends: no later time is known, so a client is
+/// told the shortest wait `Retry-After` can say.
+pub const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+impl Reject {
+    /// Every candidate of `model` was at one of `limits`.
+    pub fn in_flight_limit(model: String, limits: Vec<super::inflight::Limited>) -> Self {
+        let probeok = json!({
+            "limits": limits.iter().map(super::inflight::Limited::to_json).collect::<Vec<_>>(),
+        });
+        Self::InFlightLimit {
+            model,
+            limits,
+            probeok,
+        }
+    }
 }
 
 /// How a rejection is sent, besides its message.
@@ -201,11 +225,11 @@ impl Reject {
                     "all_routes_rate_limited",
                 )
             },
-            Self::Overloaded { .. } => plain(
-                StatusCode::SERVICE_UNAVAILABLE,
-                UPSTREAM,
-                "proxy_overloaded",
-            ),
+            Self::InFlightLimit { probeok, .. } => Parts {
+                retry_after: Some(IN_FLIGHT_RETRY_AFTER),
+                probeok: Some(probeok),
+                ..plain(StatusCode::TOO_MANY_REQUESTS, RATE_LIMIT, "in_flight_limit")
+            },
             Self::SpendLimitReached { retry_after, .. } => Parts {
                 retry_after: Some(*retry_after),
                 ..plain(
@@ -382,6 +406,42 @@ mod tests {
         assert_eq!(body["error"]["type"], "service_unavailable");
         assert_eq!(body["error"]["code"], "feature_degraded");
         assert_eq!(body["probeok"]["mode"], "degraded");
+    }
+
+    #[tokio::test]
+    async fn an_in_flight_limit_is_a_429_naming_each_limit() {
+        use crate::proxy::inflight::{Limited, Scope};
+        let r = Reject::in_flight_limit(
+            "chat".into(),
+            vec![
+                Limited {
+                    scope: Scope::Route,
+                    id: "p/r/m".into(),
+                    max_in_flight: 2,
+                },
+                Limited {
+                    scope: Scope::Provider,
+                    id: "q".into(),
+                    max_in_flight: 40,
+                },
+            ],
+        );
+        let (status, after, body) = sent(r).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(after.as_deref(), Some("1"));
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        assert_eq!(body["error"]["code"], "in_flight_limit");
+        assert_eq!(
+            body["error"]["message"],
+            "every route of `chat` is at an in-flight limit (route `p/r/m` max_in_flight = 2, provider `q` max_in_flight = 40); retry later"
+        );
+        assert_eq!(
+            body["probeok"]["limits"],
+            json!([
+                {"scope": "route", "id": "p/r/m", "max_in_flight": 2},
+                {"scope": "provider", "id": "q", "max_in_flight": 40},
+            ])
+        );
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limits = crate::listen::Limits {
         header_read_timeout: proxy.inner.header_read_timeout,
-        ..Default::default()
+        max_connections: usize::try_from(proxy.inner.config.max_connections).unwrap_or(usize::MAX),
     };
     let meter = proxy.inner.meter.clone();
     let served = crate::listen::serve(listener, router(proxy), limits, shutdown, "proxy").await;

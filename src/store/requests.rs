@@ -79,8 +79,8 @@ pub struct AttemptRecord {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub cost: Option<f64>,
-    /// `ok`, `client_error`, `failed`, `interrupted`, `skipped` (never sent: the route's
-    /// concurrency limit was reached).
+    /// `ok`, `client_error`, `failed`, `interrupted`, `skipped` (never sent: breaker open,
+    /// or the route or its provider at its in-flight limit).
     pub outcome: String,
 }
 

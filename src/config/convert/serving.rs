@@ -164,6 +164,13 @@ pub(super) fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
         ),
         client_keys_env: r.client_keys_env.unwrap_or(d.client_keys_env),
         allow_unauthenticated: r.allow_unauthenticated.unwrap_or(d.allow_unauthenticated),
+        max_connections: uint(
+            ck,
+            "proxy.max_connections",
+            r.max_connections,
+            d.max_connections,
+            1,
+        ),
         clients: crate::config::clients::clients(ck, r.client),
         breaker: BreakerConfig {
             failure_ratio: b.failure_ratio.unwrap_or(db.failure_ratio),

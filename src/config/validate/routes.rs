@@ -22,6 +22,9 @@ impl Checker<'_> {
             if let Some(var) = &p.api_key_env {
                 self.env_name(&format!("{path}.api_key_env"), var);
             }
+            if let Some(n) = p.max_in_flight {
+                self.at_least(&format!("{path}.max_in_flight"), n, 1);
+            }
             if p.regions.is_empty() {
                 self.error(
                     path.clone(),
@@ -183,6 +186,9 @@ impl Checker<'_> {
             }
             if let Some(n) = r.max_tokens {
                 self.at_least(&key("max_tokens"), n, 1);
+            }
+            if let Some(n) = r.max_in_flight {
+                self.at_least(&key("max_in_flight"), n, 1);
             }
             if let Some(slo) = r.slo {
                 self.open_unit(&key("slo"), slo);

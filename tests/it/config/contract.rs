@@ -107,7 +107,7 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown key, named with the valid ones",
             with_route("intervall = \"30s\"\n"),
-            vec!["p.toml:17:1: route[0].intervall: unknown key `intervall`, expected one of `provider`, `region`, `model`, `serves`, `tier`, `weight`, `price`, `capabilities`, `context_window`, `residency`, `interval`, `timeout`, `first_byte_timeout`, `stall_timeout`, `max_tokens`, `slo`, `confirm_after`, `request`, `retires`"],
+            vec!["p.toml:17:1: route[0].intervall: unknown key `intervall`, expected one of `provider`, `region`, `model`, `serves`, `tier`, `weight`, `price`, `capabilities`, `context_window`, `residency`, `interval`, `timeout`, `first_byte_timeout`, `stall_timeout`, `max_tokens`, `slo`, `confirm_after`, `request`, `max_in_flight`, `retires`"],
         ),
         (
             "unknown section, named with the valid ones",
@@ -249,6 +249,15 @@ fn bad_configs_give_exact_located_diagnostics() {
                 "p.toml:17:10: route[0].weight: must be in 0..=100, got 300",
                 "p.toml:18:14: route[0].max_tokens: must be at least 1, got 0",
                 "p.toml:24:10: route[1].weight: must be in 0..=100, got -1",
+            ],
+        ),
+        (
+            "in-flight limits that admit nothing",
+            format!("{PROVIDERS}{ROUTE}max_in_flight = 0\n[[provider]]\nid = \"x\"\nmax_in_flight = -3\n  [[provider.region]]\n  id = \"r\"\n  base_url = \"https://x.example.com\"\n[proxy]\nmax_connections = 0\n"),
+            vec![
+                "p.toml:17:17: route[0].max_in_flight: must be at least 1, got 0",
+                "p.toml:20:17: provider[2].max_in_flight: must be at least 1, got -3",
+                "p.toml:25:19: proxy.max_connections: must be at least 1, got 0",
             ],
         ),
         (
@@ -670,7 +679,7 @@ fn proxy_section_defaults_and_located_errors() {
     );
     assert_eq!(
         errors(&format!("{PROVIDERS}{ROUTE}[proxy]\nenable = true\n")),
-        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `idempotency_wait`, `idempotency_keys_per_client`, `cached_answers_per_client`, `client_keys_env`, `allow_unauthenticated`, `breaker`, `client`"]
+        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `idempotency_wait`, `idempotency_keys_per_client`, `cached_answers_per_client`, `client_keys_env`, `allow_unauthenticated`, `max_connections`, `breaker`, `client`"]
     );
 }
 

@@ -3,6 +3,7 @@ mod contracts;
 mod env;
 mod extra_cost;
 mod failover;
+mod inflight;
 mod monitor;
 mod props;
 mod ratelimit;

@@ -236,6 +236,12 @@ async fn breaker_state_and_proxy_counters_show_on_metrics_and_status() {
         "probeok_proxy_dropped_total{what=\"passive\"} 0",
         "# TYPE probeok_proxy_breaker_state gauge",
         "# TYPE probeok_proxy_requests counter",
+        // Every answer is complete: nothing in flight.
+        "probeok_proxy_in_flight{route=\"p0/r/up-0\"} 0",
+        "probeok_proxy_in_flight{route=\"p1/r/up-1\"} 0",
+        "probeok_proxy_provider_in_flight{provider=\"p1\"} 0",
+        "# TYPE probeok_proxy_in_flight gauge",
+        "# TYPE probeok_proxy_provider_in_flight gauge",
     ] {
         assert!(
             text.lines().any(|l| l == line),

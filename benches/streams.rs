@@ -1,0 +1,621 @@
+//! Many long streams at once through the proxy: a fake OpenAI-compatible upstream streams SSE
+//! chunks at a steady rate (20 a second for 30 s by default), and N clients (5,000 by default)
+//! hold one stream each — straight to the upstream (the baseline), through `probeok proxy`
+//! (its own process, SQLite metering on, as deployed), and through an nginx hop with
+//! `proxy_buffering off` when nginx is there. Per column: the hop's RSS per open stream (its
+//! peak RSS over the run less its idle RSS, over N), its CPU per chunk forwarded (user +
+//! system time over the chunks the clients received: over the whole run, each stream's start
+//! and end included, and while every stream is open), the time to the first
+//! chunk and each chunk's transit time (upstream write → client read: what the hop adds to
+//! the gaps between chunks) as p50/p99/max with the hop's addition over the baseline, and
+//! streams lost (anything but every chunk and `[DONE]`; must be 0).
+//!
+//! The upstream and the clients share this process (each chunk carries its send time, read
+//! on the same clock); the machine is shared with the hop, so on few cores the figures
+//! include the load generator's contention. The soft RLIMIT_NOFILE is raised to the hard one.
+//!
+//! `scripts/bench-streams` installs nginx if missing and runs this; by hand:
+//! `cargo bench --bench streams -- [--streams N] [--rate R] [--secs S] [--ramp S]
+//! [--nginx PATH|none] [--bin PROBEOK]` (the `probeok` cargo builds with the bench unless
+//! `--bin` or `BENCH_BIN` names another).
+
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::response::Response;
+use axum::routing::post;
+use axum::Router;
+
+/// Every timestamp is microseconds since this.
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+/// Content chunks every client has read so far.
+static RECEIVED: AtomicU64 = AtomicU64::new(0);
+
+fn now_us() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
+#[derive(Debug, Clone)]
+struct Opts {
+    streams: usize,
+    /// Chunks a second per stream.
+    rate: f64,
+    secs: f64,
+    /// Streams are opened evenly over this many seconds.
+    ramp: f64,
+    bin: Option<PathBuf>,
+    nginx: Option<PathBuf>,
+}
+
+impl Opts {
+    fn parse() -> Self {
+        let mut o = Opts {
+            streams: 5000,
+            rate: 20.0,
+            secs: 30.0,
+            ramp: 5.0,
+            // `cargo bench` builds the binary beside the bench, optimised alike.
+            bin: Some(std::env::var_os("BENCH_BIN").map_or_else(
+                || PathBuf::from(env!("CARGO_BIN_EXE_probeok")),
+                PathBuf::from,
+            )),
+            nginx: Some(PathBuf::from("/usr/sbin/nginx")),
+        };
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let mut i = 0;
+        while i < args.len() {
+            let v = args.get(i + 1).cloned().unwrap_or_default();
+            let num =
+                |v: &str| -> f64 { v.parse().unwrap_or_else(|_| panic!("not a number: {v}")) };
+            match args[i].as_str() {
+                "--streams" => o.streams = num(&v) as usize,
+                "--rate" => o.rate = num(&v),
+                "--secs" => o.secs = num(&v),
+                "--ramp" => o.ramp = num(&v),
+                "--bin" => o.bin = Some(PathBuf::from(v)),
+                "--nginx" => o.nginx = (v != "none").then(|| PathBuf::from(v)),
+                // `cargo bench` adds `--bench`.
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            }
+            i += 2;
+        }
+        o
+    }
+
+    fn chunks(&self) -> usize {
+        ((self.rate * self.secs).round() as usize).max(1)
+    }
+}
+
+const HEAD: &str = r#"data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"content":"t"#;
+const TAIL: &str = "\"},\"finish_reason\":null}]}\n\n";
+const END: &str = concat!(
+    "data: {\"id\":\"chatcmpl-b\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+    "data: {\"id\":\"chatcmpl-b\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":100,\"total_tokens\":112}}\n\n",
+    "data: [DONE]\n\n",
+);
+
+/// The fake upstream: `chunks` content chunks `period` apart (on a fixed schedule: no drift),
+/// each carrying its send time, then the finish, the usage and `[DONE]`.
+async fn upstream(chunks: usize, period: Duration) -> std::net::SocketAddr {
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move |req: Bytes| async move {
+            // A warm-up stream is one chunk long.
+            let chunks = if req.windows(6).any(|w| w == b"\"warm\"") {
+                1
+            } else {
+                chunks
+            };
+            let start = tokio::time::Instant::now();
+            let body = futures_util::stream::unfold(0usize, move |i| async move {
+                if i > chunks {
+                    return None;
+                }
+                if i == chunks {
+                    return Some((
+                        Ok::<_, Infallible>(Bytes::from_static(END.as_bytes())),
+                        i + 1,
+                    ));
+                }
+                tokio::time::sleep_until(start + period * i as u32).await;
+                let chunk = format!("{HEAD}{:016}{TAIL}", now_us());
+                Some((Ok(Bytes::from(chunk)), i + 1))
+            });
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(body))
+                .expect("response")
+        }),
+    );
+    let listener = bind().await;
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+async fn bind() -> tokio::net::TcpListener {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_reuseaddr(true).expect("reuseaddr");
+    socket.bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+    socket.listen(8192).expect("listen")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// What one stream saw.
+#[derive(Default)]
+struct Seen {
+    /// Request sent → first chunk read, µs.
+    first_us: u64,
+    /// Each content chunk's transit, µs.
+    transit_us: Vec<u32>,
+    chunks: usize,
+    done: bool,
+}
+
+async fn one_stream(http: reqwest::Client, url: String, say: &str) -> Result<Seen, String> {
+    let body = format!(
+        r#"{{"model":"bench","stream":true,"messages":[{{"role":"user","content":"{say}"}}]}}"#
+    );
+    let sent = now_us();
+    let mut r = (http.post(url).header("content-type", "application/json"))
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !r.status().is_success() {
+        return Err(format!("status {}", r.status()));
+    }
+    let mut seen = Seen::default();
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
+        let at = now_us();
+        buf.extend_from_slice(&chunk);
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event = &buf[..end];
+            if event.ends_with(b"[DONE]") {
+                seen.done = true;
+            } else if let Some(p) = event.windows(12).position(|w| w == b"\"content\":\"t") {
+                let digits = &event[p + 12..(p + 28).min(event.len())];
+                let t: u64 = std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or("a chunk without its time")?;
+                if seen.chunks == 0 {
+                    seen.first_us = at.saturating_sub(sent);
+                }
+                seen.chunks += 1;
+                RECEIVED.fetch_add(1, Ordering::Relaxed);
+                seen.transit_us.push(at.saturating_sub(t) as u32);
+            }
+            buf.drain(..end + 2);
+        }
+    }
+    Ok(seen)
+}
+
+/// A hop's process (and its children: nginx's workers).
+struct Hop {
+    name: &'static str,
+    url: String,
+    pids: Vec<u32>,
+    child: Option<Child>,
+}
+
+impl Drop for Hop {
+    /// SIGTERM, not SIGKILL: nginx's master then stops its workers (killed, it would leave
+    /// them running).
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            if let Ok(pid) = libc::pid_t::try_from(c.id()) {
+                // SAFETY: kill has no memory preconditions; the pid is our own child's.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+fn ticks_per_sec() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// User + system CPU seconds of `pids`.
+fn cpu_secs(pids: &[u32]) -> f64 {
+    let ticks: u64 = (pids.iter())
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .map(|s| {
+            let rest = &s[s.rfind(')').map_or(0, |i| i + 2)..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // After the name: state is field 3 of the line; utime and stime are 14 and 15.
+            f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        })
+        .sum();
+    ticks as f64 / ticks_per_sec()
+}
+
+/// Resident set size of `pids` together, bytes.
+fn rss(pids: &[u32]) -> u64 {
+    (pids.iter())
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .filter_map(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?.to_owned();
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024)
+        })
+        .sum()
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                let rest = &s[s.rfind(')').map_or(0, |i| i + 2)..];
+                rest.split_whitespace().nth(1) == Some(&pid.to_string())
+            })
+        })
+        .collect()
+}
+
+async fn wait_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "{what} did not start listening");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn start_probeok(bin: &Path, dir: &Path, up: std::net::SocketAddr, n: usize) -> Hop {
+    let port = free_port();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:{web}\"\n[storage]\npath = \"{db}\"\n\
+         [proxy]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = {conns}\n\
+         [[provider]]\nid = \"bench\"\n  [[provider.region]]\n  id = \"local\"\n  base_url = \"http://{up}/v1\"\n\
+         [[route]]\nprovider = \"bench\"\nregion = \"local\"\nmodel = \"m\"\nserves = \"bench\"\n",
+        web = free_port(),
+        db = dir.join("probeok.db").display(),
+        conns = n + 256,
+    );
+    let path = dir.join("probeok.toml");
+    std::fs::write(&path, config).expect("config");
+    let log = std::fs::File::create(dir.join("probeok.log")).expect("log");
+    let child = Command::new(bin)
+        .args(["proxy", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("probeok proxy starts");
+    wait_port(port, "probeok proxy").await;
+    Hop {
+        name: "probeok",
+        url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+        pids: vec![child.id()],
+        child: Some(child),
+    }
+}
+
+async fn start_nginx(nginx: &Path, dir: &Path, up: std::net::SocketAddr, n: usize) -> Hop {
+    let port = free_port();
+    let d = dir.join("nginx");
+    std::fs::create_dir_all(&d).expect("nginx dir");
+    let conns = 2 * n + 1024;
+    let conf = format!(
+        "worker_processes 1;\nworker_rlimit_nofile {files};\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+         events {{ worker_connections {conns}; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+           upstream up {{ server {up}; keepalive 256; }}\n\
+           server {{\n    listen 127.0.0.1:{port} backlog=8192;\n    location / {{\n      proxy_pass http://up;\n\
+               proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+               proxy_read_timeout 300s;\n    }}\n  }}\n}}\n",
+        files = conns + 1024,
+        d = d.display(),
+    );
+    let path = d.join("nginx.conf");
+    std::fs::write(&path, conf).expect("nginx.conf");
+    let child = Command::new(nginx)
+        .arg("-p")
+        .arg(&d)
+        .arg("-c")
+        .arg(&path)
+        .args(["-g", "daemon off;"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nginx starts");
+    wait_port(port, "nginx").await;
+    let master = child.id();
+    let mut pids = vec![master];
+    pids.extend(children_of(master));
+    Hop {
+        name: "nginx",
+        url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+        pids,
+        child: Some(child),
+    }
+}
+
+/// One column's figures.
+struct Column {
+    name: &'static str,
+    rss_per_stream: Option<f64>,
+    cpu_per_chunk_us: Option<f64>,
+    /// While every stream is open: chunks only, no stream's start or end.
+    steady_cpu_per_chunk_us: Option<f64>,
+    first_ms: [f64; 3],
+    transit_ms: [f64; 3],
+    lost: usize,
+    chunks: u64,
+    first_error: Option<String>,
+}
+
+fn pct(sorted: &[u32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    f64::from(sorted[i]) / 1000.0
+}
+
+fn summary(mut v: Vec<u32>) -> [f64; 3] {
+    v.sort_unstable();
+    [
+        pct(&v, 0.5),
+        pct(&v, 0.99),
+        v.last().map_or(f64::NAN, |m| f64::from(*m) / 1000.0),
+    ]
+}
+
+/// N streams to `url`, opened evenly over the ramp; the hop's pids measured meanwhile.
+async fn run(opts: &Opts, name: &'static str, url: &str, pids: &[u32]) -> Column {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs_f64(opts.secs + opts.ramp + 120.0))
+        .build()
+        .expect("client");
+    // One stream first, so that the idle figure is of a process that has served.
+    if let Err(e) = one_stream(http.clone(), url.to_owned(), "warm").await {
+        panic!("{name}: the warm-up stream failed: {e}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let idle_rss = rss(pids);
+    let cpu0 = cpu_secs(pids);
+    let peak = Arc::new(AtomicU64::new(idle_rss));
+    let sampler = {
+        let (peak, pids) = (peak.clone(), pids.to_vec());
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(rss(&pids), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    let start = tokio::time::Instant::now();
+    // The window in which every stream is open (when the streams outlast the ramp by 2 s).
+    let steady = {
+        let pids = pids.to_vec();
+        let (from, to) = (opts.ramp + 0.5, opts.secs - 0.5);
+        tokio::spawn(async move {
+            if to - from < 1.0 || pids.is_empty() {
+                return None;
+            }
+            tokio::time::sleep_until(start + Duration::from_secs_f64(from)).await;
+            let (c0, n0) = (cpu_secs(&pids), RECEIVED.load(Ordering::Relaxed));
+            tokio::time::sleep_until(start + Duration::from_secs_f64(to)).await;
+            let (c1, n1) = (cpu_secs(&pids), RECEIVED.load(Ordering::Relaxed));
+            Some((c1 - c0) * 1e6 / (n1 - n0).max(1) as f64)
+        })
+    };
+    let gap = Duration::from_secs_f64(opts.ramp / opts.streams as f64);
+    let tasks: Vec<_> = (0..opts.streams)
+        .map(|i| {
+            let (http, url) = (http.clone(), url.to_owned());
+            tokio::spawn(async move {
+                tokio::time::sleep_until(start + gap * i as u32).await;
+                one_stream(http, url, "hi").await
+            })
+        })
+        .collect();
+    let (mut firsts, mut transits) = (Vec::new(), Vec::new());
+    let (mut lost, mut chunks, mut first_error) = (0, 0u64, None);
+    for t in tasks {
+        match t.await.expect("stream task") {
+            Ok(s) if s.done && s.chunks == opts.chunks() => {
+                firsts.push(s.first_us.min(u64::from(u32::MAX)) as u32);
+                chunks += s.chunks as u64;
+                transits.extend(s.transit_us);
+            }
+            Ok(s) => {
+                lost += 1;
+                chunks += s.chunks as u64;
+                first_error.get_or_insert(format!(
+                    "{} of {} chunks, done: {}",
+                    s.chunks,
+                    opts.chunks(),
+                    s.done
+                ));
+            }
+            Err(e) => {
+                lost += 1;
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    sampler.abort();
+    let cpu = cpu_secs(pids) - cpu0;
+    let measured = !pids.is_empty();
+    Column {
+        name,
+        rss_per_stream: measured.then(|| {
+            peak.load(Ordering::Relaxed).saturating_sub(idle_rss) as f64 / opts.streams as f64
+        }),
+        cpu_per_chunk_us: measured.then(|| cpu * 1e6 / chunks.max(1) as f64),
+        steady_cpu_per_chunk_us: steady.await.ok().flatten(),
+        first_ms: summary(firsts),
+        transit_ms: summary(transits),
+        lost,
+        chunks,
+        first_error,
+    }
+}
+
+fn print(opts: &Opts, cols: &[Column], skipped: &[String]) {
+    let base = &cols[0];
+    println!(
+        "{} streams x {} chunks ({} a second for {} s), opened over {} s; {} cores, load {}",
+        opts.streams,
+        opts.chunks(),
+        opts.rate,
+        opts.secs,
+        opts.ramp,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default(),
+    );
+    println!(
+        "| | {} |",
+        cols.iter().map(|c| c.name).collect::<Vec<_>>().join(" | ")
+    );
+    println!("| --- |{}", " --- |".repeat(cols.len()));
+    let row = |label: &str, f: &dyn Fn(&Column) -> String| {
+        println!(
+            "| {label} | {} |",
+            cols.iter().map(f).collect::<Vec<_>>().join(" | ")
+        );
+    };
+    let opt = |v: Option<f64>, unit: &str, scale: f64| {
+        v.map_or("—".to_owned(), |v| format!("{:.1} {unit}", v / scale))
+    };
+    row("RSS per open stream", &|c| {
+        opt(c.rss_per_stream, "KiB", 1024.0)
+    });
+    row("CPU per chunk, whole run", &|c| {
+        opt(c.cpu_per_chunk_us, "µs", 1.0)
+    });
+    row("CPU per chunk, all streams open", &|c| {
+        opt(c.steady_cpu_per_chunk_us, "µs", 1.0)
+    });
+    for (i, q) in ["p50", "p99", "max"].iter().enumerate() {
+        row(&format!("time to first chunk {q}"), &|c| {
+            added(c.first_ms[i], base.first_ms[i], std::ptr::eq(c, base))
+        });
+    }
+    for (i, q) in ["p50", "p99", "max"].iter().enumerate() {
+        row(&format!("chunk transit {q}"), &|c| {
+            added(c.transit_ms[i], base.transit_ms[i], std::ptr::eq(c, base))
+        });
+    }
+    row("chunks received", &|c| c.chunks.to_string());
+    row("streams lost", &|c| c.lost.to_string());
+    for c in cols {
+        if let Some(e) = &c.first_error {
+            println!("{}: first lost stream: {e}", c.name);
+        }
+    }
+    for s in skipped {
+        println!("{s}");
+    }
+}
+
+/// `value (+added)` against the baseline.
+fn added(v: f64, base: f64, is_base: bool) -> String {
+    if is_base {
+        format!("{v:.2} ms")
+    } else {
+        format!("{v:.2} ms ({:+.2})", v - base)
+    }
+}
+
+fn main() {
+    EPOCH.get_or_init(Instant::now);
+    let opts = Opts::parse();
+    match rlimit::Resource::NOFILE.get() {
+        Ok((_, hard)) => {
+            if let Err(e) = rlimit::Resource::NOFILE.set(hard, hard) {
+                eprintln!("could not raise RLIMIT_NOFILE to {hard}: {e}");
+            }
+            // Each stream holds a client and an upstream descriptor here, two in the hop.
+            if hard < 2 * opts.streams as u64 + 1024 {
+                eprintln!(
+                    "RLIMIT_NOFILE's hard limit ({hard}) is low for {} streams",
+                    opts.streams
+                );
+            }
+        }
+        Err(e) => eprintln!("cannot read RLIMIT_NOFILE: {e}"),
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let period = Duration::from_secs_f64(1.0 / opts.rate);
+        let up = upstream(opts.chunks(), period).await;
+        let mut cols = vec![
+            run(
+                &opts,
+                "direct",
+                &format!("http://{up}/v1/chat/completions"),
+                &[],
+            )
+            .await,
+        ];
+        let mut skipped = Vec::new();
+        match &opts.bin {
+            Some(bin) => {
+                let hop = start_probeok(bin, dir.path(), up, opts.streams).await;
+                cols.push(run(&opts, hop.name, &hop.url, &hop.pids).await);
+            }
+            None => skipped.push("probeok: skipped (no --bin or BENCH_BIN)".to_owned()),
+        }
+        match opts.nginx.as_deref().filter(|p| p.exists()) {
+            Some(nginx) => {
+                let hop = start_nginx(nginx, dir.path(), up, opts.streams).await;
+                cols.push(run(&opts, hop.name, &hop.url, &hop.pids).await);
+            }
+            None => skipped.push(format!(
+                "nginx: skipped ({} not found; scripts/bench-streams installs it)",
+                opts.nginx
+                    .as_deref()
+                    .map_or("--nginx none".into(), |p| p.display().to_string())
+            )),
+        }
+        print(&opts, &cols, &skipped);
+        let lost: usize = cols.iter().map(|c| c.lost).sum();
+        if lost > 0 {
+            eprintln!("{lost} streams lost");
+            std::process::exit(1);
+        }
+    });
+}
