@@ -539,6 +539,31 @@ pub fn note_cause(h: &mut RouteHealth, id: &str) -> bool {
     }
 }
 
+/// "connection refused at api.example.com for 9,997 routes, confirmed on 5" in parts.
+pub fn parts(detail: &str) -> Option<(&str, &str, &str, &str)> {
+    let (class, rest) = detail.split_once(" at ")?;
+    let (host, rest) = rest.split_once(" for ")?;
+    let (routes, on) = rest.split_once(" routes, confirmed on ")?;
+    Some((class, host, routes, on))
+}
+
+/// A shared cause's failure class in Chinese (the English one when it has no translation).
+pub fn class_zh(class: &str) -> String {
+    match class {
+        "connection refused" => "连接被拒绝".into(),
+        "DNS failure" => "域名解析失败".into(),
+        "TLS failure" => "TLS 握手失败".into(),
+        "connect failure" => "连接失败".into(),
+        "no response byte in time" => "在首字节超时内没有响应".into(),
+        "HTTP 404 (model not found)" => "返回 HTTP 404（模型不存在）".into(),
+        "HTTP 429 (rate limited)" => "返回 HTTP 429（被限流）".into(),
+        c if c.ends_with(" (key refused)") => {
+            format!("返回 {}（密钥被拒）", c.trim_end_matches(" (key refused)"))
+        }
+        c => format!("返回 {c}"),
+    }
+}
+
 /// The host (and port) of a base URL, without scheme, credentials, path or query.
 fn host(base_url: &str) -> String {
     let rest = base_url.split("://").nth(1).unwrap_or(base_url);

@@ -15,10 +15,23 @@ pub(super) fn headline(w: &Words, m: &Message) -> String {
         Subject::Provider { provider } => {
             let mode = first.map(|i| what(w, i)).unwrap_or_default();
             let n = m.route_count();
-            match (lang, n) {
-                (Lang::En, 1) => format!("{provider}: 1 route {mode}"),
-                (Lang::En, n) => format!("{provider}: {n} routes {mode}"),
-                (Lang::Zh, n) => format!("{provider}：{n} 条线路{mode}"),
+            // Routes judged on a shared cause: the cause comes first, it is what to act on.
+            let cause = m
+                .items
+                .iter()
+                .filter(|i| i.reason_code == "shared_cause")
+                .find_map(|i| crate::health::cause::parts(&i.reason_text));
+            match (lang, n, cause) {
+                (Lang::En, n, Some((class, host, _, _))) => {
+                    format!("{provider}: {class} at {host} — {n} routes {mode}")
+                }
+                (Lang::Zh, n, Some((class, host, _, _))) => format!(
+                    "{provider}：{host} {} —— {n} 条线路{mode}",
+                    crate::health::cause::class_zh(class)
+                ),
+                (Lang::En, 1, None) => format!("{provider}: 1 route {mode}"),
+                (Lang::En, n, None) => format!("{provider}: {n} routes {mode}"),
+                (Lang::Zh, n, None) => format!("{provider}：{n} 条线路{mode}"),
             }
         }
         Subject::Egress { providers } => match lang {

@@ -86,10 +86,10 @@ pub fn reason(lang: Lang, code: &str, f: &ReasonFigures, detail: &str) -> String
         "abnormal" if en => "observations are abnormal".into(),
         "abnormal" => "观测异常".into(),
         "shared_cause" if en => detail.to_owned(),
-        "shared_cause" => match cause_parts(detail) {
+        "shared_cause" => match crate::health::cause::parts(detail) {
             Some((class, host, routes, on)) => format!(
                 "{host} 的 {routes} 条线路同样{}（已由其中 {on} 条确认）：按共同原因判定",
-                cause_class_zh(class)
+                crate::health::cause::class_zh(class)
             ),
             None => "与同一端点的多条线路同因失败：按共同原因判定".into(),
         },
@@ -298,31 +298,6 @@ fn quorum_counts(detail: &str) -> Option<(u32, u32, String)> {
         .map(|(w, _)| w.replace(", ", "、"))
         .unwrap_or_default();
     Some((n.trim().parse().ok()?, m.trim().parse().ok()?, who))
-}
-
-/// "connection refused at api.example.com for 9,997 routes, confirmed on 5" in parts.
-fn cause_parts(detail: &str) -> Option<(&str, &str, &str, &str)> {
-    let (class, rest) = detail.split_once(" at ")?;
-    let (host, rest) = rest.split_once(" for ")?;
-    let (routes, on) = rest.split_once(" routes, confirmed on ")?;
-    Some((class, host, routes, on))
-}
-
-/// A shared cause's failure class in Chinese (the English one when it has no translation).
-fn cause_class_zh(class: &str) -> String {
-    match class {
-        "connection refused" => "连接被拒绝".into(),
-        "DNS failure" => "域名解析失败".into(),
-        "TLS failure" => "TLS 握手失败".into(),
-        "connect failure" => "连接失败".into(),
-        "no response byte in time" => "在首字节超时内没有响应".into(),
-        "HTTP 404 (model not found)" => "返回 HTTP 404（模型不存在）".into(),
-        "HTTP 429 (rate limited)" => "返回 HTTP 429（被限流）".into(),
-        c if c.ends_with(" (key refused)") => {
-            format!("返回 {}（密钥被拒）", c.trim_end_matches(" (key refused)"))
-        }
-        c => format!("返回 {c}"),
-    }
 }
 
 /// Names shown in a finding before "and N more".

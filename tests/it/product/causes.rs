@@ -169,6 +169,14 @@ async fn a_provider_refusing_connections_is_one_cause_in_the_status_the_metrics_
         "{} firing messages: {firing:?}",
         firing.len()
     );
+    // The message names the cause first.
+    let titles: Vec<&str> = firing.iter().filter_map(|m| m["title"].as_str()).collect();
+    assert!(
+        titles
+            .iter()
+            .any(|t| t.contains("] acme: connection refused at 127.0.0.1:")),
+        "{titles:?}"
+    );
     shutdown.cancel();
     running.done.await.unwrap().unwrap();
 }
