@@ -780,28 +780,6 @@ impl HealthService {
             }
         }
     }
-
-    /// Sends the states changed since their last save to the persister, [`SAVE_CHUNK`] at a
-    /// time: each chunk is encoded and committed on its own, so a save of every route never
-    /// holds every route's encoded state at once (about 40 MB at 10,000 routes).
-    async fn save_changed(&mut self, persist: &mpsc::Sender<Persist>) {
-        let at = self.clock.now();
-        let mut changed = self.routes.iter_mut().filter(|r| r.unsaved);
-        loop {
-            let states: Vec<RouteHealth> = changed
-                .by_ref()
-                .take(SAVE_CHUNK)
-                .map(|r| {
-                    r.unsaved = false;
-                    r.health.clone()
-                })
-                .collect();
-            if states.is_empty() {
-                break;
-            }
-            send(persist, Persist::Save { states, at }).await;
-        }
-    }
 }
 
 /// The next message of an optional channel; once it closes (or without one), never.

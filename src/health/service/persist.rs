@@ -1,9 +1,10 @@
 //! The health service's persister: every write the detection loop asks for, in order, on a
-//! task of its own so the loop never waits on the store.
+//! task of its own so the loop never waits on the store; and the periodic save of the states
+//! that changed.
 
 use tokio::sync::mpsc;
 
-use super::{Incident, Persist, RouteHealth, Transition, HEARTBEAT_JOB};
+use super::{HealthService, Incident, Persist, RouteHealth, Transition, HEARTBEAT_JOB, SAVE_CHUNK};
 use crate::store::Writer;
 
 pub(super) async fn send(persist: &mpsc::Sender<Persist>, p: Persist) {
@@ -78,6 +79,30 @@ async fn store_transitions(writer: &Writer, batch: &[TransitionWrite]) {
     for (t, i, h) in items {
         if let Err(e) = writer.record_transition(t, i, h).await {
             tracing::error!(route = %t.route, from = %t.from, to = %t.to, error = %e, "cannot store a transition");
+        }
+    }
+}
+
+impl HealthService {
+    /// Sends the states changed since their last save to the persister, [`SAVE_CHUNK`] at a
+    /// time: each chunk is encoded and committed on its own, so a save of every route never
+    /// holds every route's encoded state at once (about 40 MB at 10,000 routes).
+    pub(super) async fn save_changed(&mut self, persist: &mpsc::Sender<Persist>) {
+        let at = self.clock.now();
+        let mut changed = self.routes.iter_mut().filter(|r| r.unsaved);
+        loop {
+            let states: Vec<RouteHealth> = changed
+                .by_ref()
+                .take(SAVE_CHUNK)
+                .map(|r| {
+                    r.unsaved = false;
+                    r.health.clone()
+                })
+                .collect();
+            if states.is_empty() {
+                break;
+            }
+            send(persist, Persist::Save { states, at }).await;
         }
     }
 }
