@@ -10,15 +10,17 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::{oncall, routing, Message};
+use super::texts::{Parsed, Texts};
+use super::{oncall, routing};
 use crate::store::alerts::FiringRow;
 
 /// Firing keys with the text of the message that last announced each.
 #[derive(Debug, Default)]
 pub struct Announced {
     by_key: HashMap<String, Arc<str>>,
-    /// Parsed texts, each once per enqueue (`None`: a text that is not a message).
-    parsed: HashMap<Arc<str>, Option<Message>>,
+    /// Parsed texts, each once per enqueue (found by address: a grouped text of thousands
+    /// of routes is neither hashed nor compared per route).
+    texts: Texts,
 }
 
 impl Announced {
@@ -49,7 +51,7 @@ impl Announced {
     /// triggered with on this channel, unless a route the channel sees, still firing, was
     /// announced under it.
     pub fn closed_keys(&mut self, resolved: &[Arc<str>], routes: &[String]) -> Vec<String> {
-        let mut keys: HashMap<Arc<str>, Option<String>> = HashMap::new();
+        let mut keys: HashMap<usize, Option<String>> = HashMap::new();
         let mut candidates = BTreeSet::new();
         for t in resolved {
             if let Some(k) = self.channel_key(&mut keys, t, routes) {
@@ -67,8 +69,8 @@ impl Announced {
                 break;
             }
             // A firing route outside the channel's routes holds nothing open on it.
-            let seen = match self.message(&text) {
-                Some(m) => route_of(&key, m).is_none_or(|r| routing::owns(routes, r)),
+            let seen = match self.texts.get(&text) {
+                Some(p) => route_of(&key, &p).is_none_or(|r| routing::owns(routes, r)),
                 None => false,
             };
             if seen {
@@ -88,17 +90,14 @@ impl Announced {
             .collect();
         let mut out = HashMap::new();
         for (key, text) in incidents {
-            let Some(m) = self.message(&text) else {
+            let Some(p) = self.texts.get(&text) else {
                 continue;
             };
             let id = key.strip_prefix("incident:").unwrap_or_default();
-            let Some(i) = m
-                .items
-                .iter()
-                .find(|i| i.incident_id.as_deref() == Some(id))
-            else {
+            let Some(i) = p.incident(id) else {
                 continue;
             };
+            let m = &p.message;
             let sev = super::Severity::of_state(i.to).unwrap_or(m.severity);
             let e = out.entry(i.route.clone()).or_insert(sev);
             *e = (*e).max(sev);
@@ -106,48 +105,40 @@ impl Announced {
         out
     }
 
-    fn message(&mut self, text: &Arc<str>) -> Option<&Message> {
-        self.parsed
-            .entry(text.clone())
-            .or_insert_with(|| serde_json::from_str(text).ok())
-            .as_ref()
-    }
-
     /// The key the message `text` was triggered with on a channel with `routes` (memoised in
     /// `keys` for one call: a firing group text is shared by all its routes).
     fn channel_key(
         &mut self,
-        keys: &mut HashMap<Arc<str>, Option<String>>,
+        keys: &mut HashMap<usize, Option<String>>,
         text: &Arc<str>,
         routes: &[String],
     ) -> Option<String> {
-        if let Some(k) = keys.get(text) {
+        // By address: the texts are held by `self` while the call lasts.
+        let at = Arc::as_ptr(text).cast::<u8>() as usize;
+        if let Some(k) = keys.get(&at) {
             return k.clone();
         }
-        let k = self.message(text).and_then(|m| {
-            let own = routing::for_channel(m, routes)?;
+        let k = self.texts.get(text).and_then(|p| {
+            let own = routing::for_channel(&p.message, routes)?;
             Some(oncall::incident_key(&own))
         });
-        keys.insert(text.clone(), k.clone());
+        keys.insert(at, k.clone());
         k
     }
 }
 
 /// The route a firing key (`incident:<id>`, or a gathered message's member) names in the
 /// message that announced it.
-fn route_of<'m>(key: &str, m: &'m Message) -> Option<&'m crate::route::RouteId> {
+fn route_of<'m>(key: &str, p: &'m Parsed) -> Option<&'m crate::route::RouteId> {
     let Some(id) = key.strip_prefix("incident:") else {
-        return super::group::batch::member_route(m, key);
+        return super::group::batch::member_route(&p.message, key);
     };
-    m.items
-        .iter()
-        .find(|i| i.incident_id.as_deref() == Some(id))
-        .map(|i| &i.route)
+    p.incident(id).map(|i| &i.route)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{RouteItem, Severity, Status, Subject};
+    use super::super::{Message, RouteItem, Severity, Status, Subject};
     use super::*;
     use crate::state::State;
 

@@ -47,6 +47,8 @@ pub mod subscribers;
 pub mod tally;
 pub mod teams;
 pub mod telegram;
+// Stored message texts, each parsed once however many routes' rows share it.
+pub(crate) mod texts;
 pub mod webhook;
 pub mod wecom;
 

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use super::{AlertService, LOST_AFTER, LOST_SCAN};
 use crate::alert::group::Draft;
-use crate::alert::{Message, RouteItem};
+use crate::alert::RouteItem;
 use crate::store::alerts::FiringRow;
 
 impl AlertService {
@@ -18,6 +18,7 @@ impl AlertService {
     pub(super) async fn lost_resolutions(
         &self,
         firing: &[FiringRow],
+        texts: &mut crate::alert::texts::Texts,
         now: DateTime<Utc>,
     ) -> Vec<Draft> {
         let mut wanted: Vec<(RouteItem, DateTime<Utc>)> = Vec::new();
@@ -25,15 +26,11 @@ impl AlertService {
             let Some(id) = f.key.strip_prefix("incident:") else {
                 continue;
             };
-            let Ok(m) = serde_json::from_str::<Message>(&f.message) else {
+            let Some(parsed) = texts.get(&f.message) else {
                 continue;
             };
-            if let Some(item) = m
-                .items
-                .into_iter()
-                .find(|i| i.incident_id.as_deref() == Some(id))
-            {
-                wanted.push((item, f.opened_at));
+            if let Some(item) = parsed.incident(id) {
+                wanted.push((item.clone(), f.opened_at));
             }
         }
         if wanted.is_empty() {

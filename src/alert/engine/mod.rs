@@ -220,6 +220,7 @@ impl AlertService {
         let mut fire = Vec::new();
         let mut resolve = Vec::new();
         let mut pages = pages::Pages::default();
+        let mut texts = super::texts::Texts::default();
         for d in drafts {
             let Draft {
                 mut message,
@@ -276,10 +277,10 @@ impl AlertService {
                     // job) tags its firing and its resolved message differently: the incident
                     // tools close the one its firing message opened.
                     if message.items.is_empty() && message.resolves.is_none() {
-                        let opened =
-                            opened_by.and_then(|t| serde_json::from_str::<Message>(&t).ok());
-                        if let Some(opened) = opened {
-                            message.resolves = Some(vec![super::oncall::incident_key(&opened)]);
+                        // Many routes' resolutions may name one gathered message: parsed once.
+                        if let Some(opened) = opened_by.and_then(|t| texts.get(&t)) {
+                            message.resolves =
+                                Some(vec![super::oncall::incident_key(&opened.message)]);
                         }
                     }
                     resolve.push(k);
@@ -426,14 +427,15 @@ impl AlertService {
         let config = self.config();
         let min_failures = u64::from(config.detection.min_failures);
         let mut drafts = Vec::new();
+        let mut texts = super::texts::Texts::default();
         for (route, slo, w) in &windows {
             let key = format!("burn:{route}");
             let verdict = burn::evaluate(route, *slo, w, min_failures);
             let row = firing_keys.get(key.as_str());
             // Its own page, a gathered page naming it, or folded into its state alert (none).
             let was = row
-                .and_then(|f| serde_json::from_str::<Message>(&f.message).ok())
-                .and_then(|m| super::group::batch::burn_of(&m, route));
+                .and_then(|f| texts.get(&f.message))
+                .and_then(|p| super::group::batch::burn_of(&p.message, route));
             match (verdict, row, was) {
                 (Some(b), None, _) => drafts.push(burn_draft(b, key, now, Status::Firing)),
                 (Some(b), Some(_), Some(was)) if !was.page && b.page => {
@@ -449,7 +451,7 @@ impl AlertService {
                 _ => {}
             }
         }
-        drafts.extend(self.lost_resolutions(&firing, now).await);
+        drafts.extend(self.lost_resolutions(&firing, &mut texts, now).await);
         let stale = self.jobs.stale(&beats, now, config.heartbeat.stale_after);
         for job in &self.jobs.names {
             let key = format!("heartbeat:{job}");
