@@ -69,7 +69,9 @@
 //! - [`scheduler`]: fires each route's probe on its jittered interval, never stacking overruns.
 //! - [`health`]: the pure detection core — time-of-day baselines, the per-route state machine
 //!   (`UNKNOWN NORMAL WARNING DEGRADED CRITICAL` + `SWITCHED`), failure modes, incidents,
-//!   egress and request-side findings; functions of (state, outcome, baseline, config, now).
+//!   egress and request-side findings, shared causes (routes failing alike at one endpoint,
+//!   confirmed on a few and judged together, `health::cause`); functions of (state, outcome,
+//!   baseline, config, now).
 //!   Its I/O shell is `health::service` (restores state from the store, rebuilds baselines
 //!   from the history in the background while it runs, `health::service::warm`; feeds
 //!   every outcome and a 1 s tick through the detector, persists transitions, incidents and
