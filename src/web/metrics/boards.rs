@@ -58,3 +58,21 @@ impl Metrics {
         self.headroom.readings()
     }
 }
+
+/// `probeok_cause_routes`' label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub(super) struct CauseLabels {
+    cause: String,
+}
+
+impl Metrics {
+    /// Routes per shared cause; causes come and go, so only the current ones are exported.
+    pub(super) fn set_causes(&self, health: &crate::health::HealthSnapshot) {
+        self.cause_routes.clear();
+        for cause in health.routes.iter().filter_map(|s| s.cause.clone()) {
+            self.cause_routes
+                .get_or_create(&CauseLabels { cause })
+                .inc();
+        }
+    }
+}

@@ -119,11 +119,6 @@ struct AlertLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CauseLabels {
-    cause: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabels {
     task: &'static str,
 }
@@ -196,7 +191,7 @@ pub struct Metrics {
     /// `probeok_task_failures_total{task}`, from the process's supervisor at scrape time.
     tasks: Family<TaskLabels, Counter>,
     /// Routes per shared cause, set at scrape time from the health snapshot.
-    cause_routes: Family<CauseLabels, Gauge>,
+    cause_routes: Family<boards::CauseLabels, Gauge>,
     task_source: OnceLock<crate::supervise::Supervisor>,
     /// `probeok_alert_outbox_evicted_total`, from the same source.
     alert_evicted: Counter,
@@ -289,7 +284,7 @@ impl Metrics {
             "Long-lived tasks that panicked or ended before shutdown, by task (the process then exits non-zero)",
             tasks.clone(),
         );
-        let cause_routes = Family::<CauseLabels, Gauge>::default();
+        let cause_routes = Family::<boards::CauseLabels, Gauge>::default();
         registry.register(
             "cause_routes",
             "Routes judged together on one shared cause (failure class at one endpoint), while two or more share it",
@@ -707,13 +702,7 @@ impl Metrics {
             .map(|e| (&e.route, e.weight))
             .collect();
         self.cluster_leader.set(i64::from(self.role().is_leader()));
-        // Causes come and go: only the current ones are exported.
-        self.cause_routes.clear();
-        for cause in health.routes.iter().filter_map(|s| s.cause.clone()) {
-            self.cause_routes
-                .get_or_create(&CauseLabels { cause })
-                .inc();
-        }
+        self.set_causes(health);
         for id in &self.order {
             let Some((labels, serves)) = self.routes.get(id) else {
                 continue;
