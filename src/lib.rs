@@ -136,6 +136,11 @@
 //!   route's declared state and the `provider_declared` alert (`declared::judge`, pure), and
 //!   the lead time between our incidents and the provider's declarations with its monthly
 //!   summary (`declared::lead`, pure).
+//! - [`embed`]: embeddings routes (`kind = "embeddings"`) — the prober the scheduler calls
+//!   (the embeddings probe for them, the chat probe for the rest), each route's first good
+//!   vector kept as its reference (`store::embeddings`), later vectors compared by cosine
+//!   similarity: below 0.999 an `embedding_changed` finding (critical), published with the
+//!   drift findings.
 //! - [`sim`]: simulated OpenAI-compatible providers with scripted fault scenarios (demo, tests),
 //!   and past hours of probing them as outcomes without the wire (`sim::history`).
 //! - [`demo`]: the built-in demo: a config of simulated routes for `probeok serve` without one,
@@ -239,6 +244,7 @@ pub mod declared;
 pub mod demo;
 pub mod drift;
 pub mod drill;
+pub mod embed;
 pub mod extra_cost;
 pub mod health;
 pub mod heartbeat;

@@ -65,6 +65,26 @@ pub enum ProviderKind {
     Anthropic,
 }
 
+/// What a route answers: chat completions (the default) or embeddings. An embeddings route
+/// is probed with `POST {base_url}/embeddings` instead of the chat probe, and its vectors are
+/// compared with the route's stored reference (a model swapped under the same name).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteKind {
+    #[default]
+    Chat,
+    Embeddings,
+}
+
+impl RouteKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteKind::Chat => "chat",
+            RouteKind::Embeddings => "embeddings",
+        }
+    }
+}
+
 /// Traffic share goes to primaries; backups when no primary is usable; fallbacks last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -483,7 +483,16 @@ fn drift_lines(w: &Words, d: &super::DriftAlert, lines: &mut Vec<Line>) {
             )
         }
     };
-    if d.kind != "model_changed" {
+    if d.kind == "embedding_changed" {
+        lines.push(Line::Field(
+            w.t("What to do", "处理建议").into(),
+            w.t(
+                "vectors from this route no longer match indexes built with it: re-index, or pin the old model; once the change is intended, replace the reference (POST /api/v1/admin/routes/{route}/embedding-reference)",
+                "该线路的新向量与已建索引不再匹配：重建索引或固定旧模型；确认变更是预期的之后，替换基准（POST /api/v1/admin/routes/{route}/embedding-reference）",
+            )
+            .into(),
+        ));
+    } else if d.kind != "model_changed" {
         lines.push(Line::Field(
             w.t("Pass rate", "通过率").into(),
             format!(

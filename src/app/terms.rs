@@ -198,12 +198,20 @@ pub(super) async fn lead(
         ));
     }
     tasks.push(relay(vantages.view, m.vantage_view.clone(), token.clone()));
+    // Embeddings routes get the embeddings probe, their vectors judged against the stored
+    // reference; every other route the chat probe.
+    let (prober, embedded) = crate::embed::EmbedProber::new(
+        m.client.clone(),
+        m.config.embedding_routes(),
+        m.store.clone(),
+        m.clock.clone(),
+    );
     tasks.push(sv.spawn(
         "scheduler",
         token.clone(),
         scheduler::run_with_confirmations(
             m.routes.iter().cloned().map(Arc::new).collect(),
-            Arc::new(m.client.clone()),
+            Arc::new(prober.clone()),
             m.clock.clone(),
             scheduled,
             SchedulerOptions {
@@ -228,9 +236,14 @@ pub(super) async fn lead(
     // Drift: regression sets on their own schedule (heartbeat job "drift"), its findings
     // into the member's watch and, opened and closed, to the alert engine.
     let mut runs = None;
+    // Regression sets are conversations: embeddings routes have none to run.
+    let chat_routes: Vec<Route> = (m.routes.iter())
+        .filter(|r| !prober.embeds(&r.id))
+        .cloned()
+        .collect();
     match crate::drift::spawn(
         &m.config,
-        &m.routes,
+        &chat_routes,
         m.client.clone(),
         m.store.clone(),
         m.clock.clone(),
@@ -256,9 +269,12 @@ pub(super) async fn lead(
         token.clone(),
     );
     tasks.push(traffic_task);
+    // Embeddings routes' changed models join them the same way.
+    let (outside, joined) = join_findings(traffic, embedded, token.clone());
+    tasks.push(joined);
     let (merged_tx, merged) =
         watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(m.clock.now())));
-    tasks.push(merge_drift(runs, traffic, merged_tx, token.clone()));
+    tasks.push(merge_drift(runs, outside, merged_tx, token.clone()));
     tasks.push(relay(merged.clone(), m.drift.clone(), token.clone()));
     tasks.push(crate::drift::events::spawn(
         merged,
@@ -275,7 +291,7 @@ pub(super) async fn lead(
             health: m.health.subscribe(),
             commands,
             budget: m.budget.clone(),
-            prober: Arc::new(m.client.clone()),
+            prober: Arc::new(prober),
             store: m.store.clone(),
             events: m.events.clone(),
             clock: m.clock.clone(),
@@ -420,6 +436,52 @@ fn merge_drift(
             }
         }
     })
+}
+
+/// Two lists of findings judged outside the regression runs, published as one whenever
+/// either changes; a side that ends keeps its last value.
+fn join_findings(
+    mut a: watch::Receiver<Arc<Vec<crate::drift::DriftFinding>>>,
+    mut b: watch::Receiver<Arc<Vec<crate::drift::DriftFinding>>>,
+    token: CancellationToken,
+) -> (
+    watch::Receiver<Arc<Vec<crate::drift::DriftFinding>>>,
+    JoinHandle<()>,
+) {
+    let (tx, rx) = watch::channel(Arc::new(Vec::new()));
+    let task = tokio::spawn(async move {
+        let (mut a_open, mut b_open) = (true, true);
+        loop {
+            let both: Vec<_> = (a.borrow_and_update().iter())
+                .chain(b.borrow_and_update().iter())
+                .cloned()
+                .collect();
+            tx.send_replace(Arc::new(both));
+            let a_changed = async {
+                if a_open {
+                    a.changed().await.is_ok()
+                } else {
+                    std::future::pending().await
+                }
+            };
+            let b_changed = async {
+                if b_open {
+                    b.changed().await.is_ok()
+                } else {
+                    std::future::pending().await
+                }
+            };
+            tokio::select! {
+                _ = token.cancelled() => return,
+                ok = a_changed => a_open = ok,
+                ok = b_changed => b_open = ok,
+            }
+            if !a_open && !b_open {
+                return;
+            }
+        }
+    });
+    (rx, task)
 }
 
 fn relay<T: Clone + Send + Sync + 'static>(

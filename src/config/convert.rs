@@ -500,6 +500,8 @@ fn route(ck: &mut Checker<'_>, i: usize, r: RawRoute) -> RouteConfig {
         confirm_after: confirm_after(ck, &format!("{p}.confirm_after"), r.confirm_after),
         request: (r.request).map(|q| super::profile::profile(ck, &format!("{p}.request"), q)),
         max_in_flight: opt_uint(ck, "max_in_flight", r.max_in_flight, 1),
+        kind: r.kind.unwrap_or_default(),
+        dimensions: opt_uint(ck, "dimensions", r.dimensions, 1),
     }
 }
 

@@ -20,6 +20,7 @@ mod catalog;
 mod clients;
 mod convert;
 mod diag;
+mod embeddings;
 mod keys;
 mod profile;
 mod raw;
@@ -532,6 +533,10 @@ pub struct RouteConfig {
     /// Proxy requests in flight to this route, at most (a stream holds its place to its
     /// end); `None`: no limit of probeok's.
     pub max_in_flight: Option<u32>,
+    /// `chat` (the default) or `embeddings`.
+    pub kind: crate::route::RouteKind,
+    /// The vector length an embeddings route answers (required for them).
+    pub dimensions: Option<u32>,
 }
 
 impl Default for RouteConfig {
@@ -556,6 +561,8 @@ impl Default for RouteConfig {
             confirm_after: None,
             request: None,
             max_in_flight: None,
+            kind: crate::route::RouteKind::Chat,
+            dimensions: None,
         }
     }
 }
@@ -1276,7 +1283,11 @@ impl Config {
             jitter: p.jitter,
             stream: p.stream,
             max_tokens: route.max_tokens.unwrap_or(p.max_tokens),
-            throughput_every: p.throughput_every,
+            // An embeddings route has no tokens per second to measure.
+            throughput_every: match route.kind {
+                crate::route::RouteKind::Chat => p.throughput_every,
+                crate::route::RouteKind::Embeddings => Duration::ZERO,
+            },
             throughput_prompt: p.throughput_prompt.clone(),
             throughput_max_tokens: p.throughput_max_tokens,
             system: p.system.clone(),

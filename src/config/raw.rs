@@ -383,6 +383,9 @@ pub(super) struct RawRoute {
     pub max_in_flight: Option<i64>,
     /// The day the provider retires the model (`crate::catalog`).
     pub retires: Option<String>,
+    /// `chat` | `embeddings` (`crate::embed`).
+    pub kind: Option<crate::route::RouteKind>,
+    pub dimensions: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -9,6 +9,7 @@ use chrono::NaiveTime;
 use super::{Behaviour, Buckets, Config, ConfigErrors, Diagnostic, SourceMap};
 
 mod alerting;
+mod embeddings;
 mod routes;
 
 pub(crate) struct Checker<'a> {
@@ -90,6 +91,7 @@ impl<'a> Checker<'a> {
         }
         self.providers(c);
         self.routes(c);
+        self.embeddings(c);
         self.positive("slo.latency_threshold", c.slo.latency_threshold);
         self.open_unit("slo.availability", c.slo.availability);
         if c.drift.sets.as_os_str().is_empty() {

@@ -179,6 +179,7 @@ pub async fn start(shutdown: CancellationToken) -> std::io::Result<Demo> {
                     confirm_after: None,
                     request: None,
                     max_in_flight: None,
+                    ..RouteConfig::default()
                 });
             }
         }

@@ -61,6 +61,9 @@ pub enum DriftKind {
     /// Real traffic's structured-output validity fell below this route's own past
     /// ([`traffic`]).
     ValidityDrop,
+    /// An embeddings route's vector for the fixed text no longer matches its stored
+    /// reference (`crate::embed`): another model answers under the same name.
+    EmbeddingChanged,
 }
 
 impl DriftKind {
@@ -70,16 +73,19 @@ impl DriftKind {
             DriftKind::LengthShift => "length_shift",
             DriftKind::ModelChanged => "model_changed",
             DriftKind::ValidityDrop => "validity_drop",
+            DriftKind::EmbeddingChanged => "embedding_changed",
         }
     }
 }
 
-/// Alert severities; drift findings are `warning`, model changes `info`.
+/// Alert severities; drift findings are `warning`, model changes `info`, a changed embedding
+/// model `critical` (every vector index built on the route is silently wrong).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
     Info,
     Warning,
+    Critical,
 }
 
 /// A pass count.
@@ -266,10 +272,12 @@ impl DriftSnapshot {
         }
     }
 
-    /// This snapshot with real traffic's findings ([`traffic`]) in place of any earlier ones.
+    /// This snapshot with the findings judged outside the regression runs — real traffic's
+    /// ([`traffic`]) and embeddings routes' (`crate::embed`) — in place of any earlier ones.
     pub fn with_traffic(&self, traffic: &[DriftFinding]) -> Self {
         let mut out = self.clone();
-        out.findings.retain(|f| f.kind != DriftKind::ValidityDrop);
+        out.findings
+            .retain(|f| !matches!(f.kind, DriftKind::ValidityDrop | DriftKind::EmbeddingChanged));
         out.findings.extend(traffic.iter().cloned());
         out
     }

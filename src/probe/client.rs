@@ -305,6 +305,16 @@ impl ProbeClient {
         }
     }
 
+    /// The provider's pooled HTTP client and key (the embeddings probe shares both), and the
+    /// clock that stamps outcomes.
+    pub(super) fn provider_http(
+        &self,
+        provider: &str,
+    ) -> Option<(&reqwest::Client, Option<&Secret>, &Arc<dyn Clock>)> {
+        let p = self.providers.get(provider)?;
+        Some((&p.http, p.key.as_ref(), &self.clock))
+    }
+
     async fn dispatch(
         &self,
         route: &Route,
@@ -544,7 +554,7 @@ async fn read_stream<D: StreamDecoder>(
 /// A header value that hyper never logs or prints (`set_sensitive`). A key with characters a
 /// header cannot carry is sent as an empty value: the upstream answers 401, which names the
 /// problem without echoing the key.
-fn secret_header(value: &str) -> HeaderValue {
+pub(super) fn secret_header(value: &str) -> HeaderValue {
     let mut v = HeaderValue::from_str(value).unwrap_or_else(|_| HeaderValue::from_static(""));
     v.set_sensitive(true);
     v

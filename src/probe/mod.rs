@@ -4,6 +4,8 @@
 //!   conversation (regression sets) through the same code.
 //! - [`outcome`]: `ProbeOutcome` and the `ProbeError` classification (defined in
 //!   [`crate::outcome`], below the store).
+//! - [`embed`]: the embeddings probe (`POST {base_url}/embeddings`, one fixed text), its
+//!   outcome and vector.
 //! - [`cost`]: probe and regression-set tokens and cost per month, before they are spent.
 //! - [`measure`]: answer verification, token estimate, tokens/s (pure).
 //! - `openai`, `anthropic`: request bodies and decoders for each wire dialect (pure);
@@ -19,6 +21,7 @@ pub(crate) mod answer;
 mod anthropic;
 pub mod client;
 pub(crate) mod cost;
+pub mod embed;
 pub mod measure;
 pub(crate) mod openai;
 pub(crate) mod sse;

@@ -106,6 +106,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0025_catalog",
         include_str!("../../migrations/sqlite/0025_catalog.sql"),
     ),
+    (
+        "0027_embedding_references",
+        include_str!("../../migrations/sqlite/0027_embedding_references.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -201,6 +205,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0025_catalog",
         include_str!("../../migrations/postgres/0025_catalog.sql"),
+    ),
+    (
+        "0027_embedding_references",
+        include_str!("../../migrations/postgres/0027_embedding_references.sql"),
     ),
 ];
 

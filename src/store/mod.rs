@@ -42,6 +42,7 @@ pub(crate) mod copy;
 pub mod declared;
 mod drift;
 pub mod drills;
+pub mod embeddings;
 pub mod gateways;
 mod health;
 pub mod histogram;

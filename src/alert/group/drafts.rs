@@ -9,7 +9,7 @@ use crate::alert::{Message, Severity, Status, Subject};
 use crate::route::RouteId;
 
 /// A drift finding opened (firing) or closed (resolved): `warning`, `info` for
-/// `model_changed`; firing key `drift:<finding id>`, so a closing finding resolves only what
+/// `model_changed`, `critical` for `embedding_changed`; firing key `drift:<finding id>`, so a closing finding resolves only what
 /// was announced.
 pub(super) fn drift_draft(
     f: &crate::drift::DriftFinding,
@@ -19,6 +19,7 @@ pub(super) fn drift_draft(
     let severity = match f.severity {
         crate::drift::Severity::Info => Severity::Info,
         crate::drift::Severity::Warning => Severity::Warning,
+        crate::drift::Severity::Critical => Severity::Critical,
     };
     let (status, tag) = if opened {
         (Status::Firing, "open")

@@ -105,6 +105,14 @@ pub(super) fn headline(w: &Words, m: &Message) -> String {
             (Lang::Zh, "model_changed") => {
                 format!("{}：上报的模型版本变化(回归集 {})", d.route, d.set)
             }
+            (Lang::En, "embedding_changed") => format!(
+                "{}: embedding model changed under the same name — vectors no longer match the reference",
+                d.route
+            ),
+            (Lang::Zh, "embedding_changed") => format!(
+                "{}：同名之下的向量模型已被更换 —— 向量与基准不再一致",
+                d.route
+            ),
             (Lang::En, kind) => format!(
                 "{}: behaviour changed on regression set {} ({kind})",
                 d.route, d.set

@@ -58,6 +58,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("sync", Layer::Domain),
     ("declared", Layer::Domain),
     ("catalog", Layer::Domain),
+    ("embed", Layer::Domain),
     ("extra_cost", Layer::Domain),
     ("spend", Layer::Domain),
     ("drill", Layer::Domain),
