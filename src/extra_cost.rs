@@ -530,6 +530,7 @@ pub(crate) mod tests {
             }),
             capabilities: Vec::new(),
             context_window: None,
+            embedding: None,
             residency: None,
             slo: 0.999,
             probe: config.probe_settings(&crate::config::RouteConfig::default()),

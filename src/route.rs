@@ -172,6 +172,18 @@ pub struct Route {
     /// Availability target over a rolling 30 days (route override or `[slo] availability`).
     pub slo: f64,
     pub probe: ProbeSettings,
+    /// An embeddings route (`kind = "embeddings"`): the vector length it answers. `None`: a
+    /// chat route.
+    pub embedding: Option<u32>,
+}
+
+impl Route {
+    pub fn route_kind(&self) -> RouteKind {
+        match self.embedding {
+            Some(_) => RouteKind::Embeddings,
+            None => RouteKind::Chat,
+        }
+    }
 }
 
 #[cfg(test)]

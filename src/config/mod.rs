@@ -1256,6 +1256,10 @@ impl Config {
                     residency: r.residency.clone(),
                     slo: r.slo.unwrap_or(self.slo.availability),
                     probe: self.probe_settings(r),
+                    embedding: match r.kind {
+                        crate::route::RouteKind::Chat => None,
+                        crate::route::RouteKind::Embeddings => r.dimensions,
+                    },
                 })
             })
             .collect()

@@ -125,6 +125,32 @@ pub fn probe_cost(s: &ProbeSettings) -> ProbeCost {
     }
 }
 
+/// Tokens one embeddings probe sends: [`super::embed::EMBED_TEXT`] by our estimate (an
+/// embeddings call has no chat template and no output tokens).
+pub fn embed_tokens() -> CallTokens {
+    CallTokens {
+        input: u64::from(estimate_tokens(super::embed::EMBED_TEXT)),
+        output: 0,
+    }
+}
+
+/// The month of probing an embeddings route with settings `s`: the embeddings probe on its
+/// interval, confirmations at [`CONFIRM_RATE`], no throughput probe.
+pub fn embed_cost(s: &ProbeSettings) -> ProbeCost {
+    let call = embed_tokens();
+    let probes = per_month(s.interval);
+    let confirmations = if s.confirm_after.is_some() {
+        probes * CONFIRM_RATE
+    } else {
+        0.0
+    };
+    ProbeCost {
+        probes: Monthly::of(probes, call),
+        throughput: Monthly::default(),
+        confirmations: Monthly::of(confirmations, call),
+    }
+}
+
 /// A month of one regression set on one route: every case on each run.
 pub fn set_cost(every: Duration, cases: &[CallTokens]) -> Monthly {
     let runs = per_month(every);
@@ -143,8 +169,21 @@ pub struct ProbeCostView {
 }
 
 impl ProbeCostView {
+    /// The route's: its chat probes, or its embeddings probes.
+    pub fn of(route: &crate::route::Route) -> Self {
+        let c = match route.embedding {
+            None => probe_cost(&route.probe),
+            Some(_) => embed_cost(&route.probe),
+        };
+        Self::from_cost(&c, route.price.as_ref())
+    }
+
     pub fn new(s: &ProbeSettings, price: Option<&Price>) -> Self {
-        let m = probe_cost(s).total();
+        Self::from_cost(&probe_cost(s), price)
+    }
+
+    fn from_cost(c: &ProbeCost, price: Option<&Price>) -> Self {
+        let m = c.total();
         Self {
             tokens_per_month: m.tokens().round() as u64,
             cost_per_month: m.cost(price).map(|c| (c * 10_000.0).round() / 10_000.0),
@@ -212,6 +251,19 @@ mod tests {
         assert_eq!(v.cost_per_month, Some(23.6269));
         assert_eq!(v.currency.as_deref(), Some("CNY"));
         assert_eq!(ProbeCostView::new(&s, None).cost_per_month, None);
+    }
+
+    /// The embeddings probe's text, "probeok embedding reference text", is estimated at 4
+    /// tokens (4 words); at the default 30 s interval that is 86,400 calls and 2,592
+    /// confirmations a month: 88,992 × 4 = 355,968 input tokens, no output.
+    #[test]
+    fn an_embeddings_route_costs_its_text_per_call() {
+        assert_eq!(embed_tokens(), CallTokens { input: 4, output: 0 });
+        let c = embed_cost(&settings());
+        assert_eq!(c.probes.calls, 86_400.0);
+        assert_eq!(c.throughput, Monthly::default());
+        assert!((c.total().input_tokens - 355_968.0).abs() < 1e-3);
+        assert_eq!(c.total().output_tokens, 0.0);
     }
 
     #[test]

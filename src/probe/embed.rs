@@ -19,7 +19,7 @@ use super::upstream::classify_status;
 use crate::route::Route;
 
 /// The fixed text every embeddings probe sends: short, plain, the same forever (its vector is
-/// the route's fingerprint). 9 tokens with OpenAI's and most BPE tokenizers.
+/// the route's fingerprint). About 5 tokens with OpenAI's tokenizers, 4 by our estimate.
 pub const EMBED_TEXT: &str = "probeok embedding reference text";
 
 /// An answer larger than this is not an embedding of one short text.

@@ -326,6 +326,7 @@ mod tests {
             price: None,
             capabilities: caps.to_vec(),
             context_window: None,
+            embedding: None,
             residency: None,
             slo: 0.999,
             probe: config.probe_settings(&rc),

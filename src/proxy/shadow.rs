@@ -450,6 +450,7 @@ mod tests {
                 }),
                 capabilities: Vec::new(),
                 context_window: None,
+                embedding: None,
                 residency: None,
                 slo: 0.999,
                 probe: config.probe_settings(&rc),

@@ -129,6 +129,8 @@ struct RouteView<'a> {
     model: &'a str,
     serves: &'a str,
     tier: Tier,
+    /// `chat` or `embeddings`.
+    kind: &'static str,
     state: RouteState,
     since: Option<String>,
     reason: Option<ReasonView<'a>>,
@@ -258,7 +260,7 @@ impl DeclaredExtras {
 pub fn probe_costs(routes: &[Route]) -> Vec<crate::probe::cost::ProbeCostView> {
     routes
         .iter()
-        .map(|r| crate::probe::cost::ProbeCostView::new(&r.probe, r.price.as_ref()))
+        .map(crate::probe::cost::ProbeCostView::of)
         .collect()
 }
 
@@ -352,6 +354,7 @@ fn status_view<'a>(
                 model: &r.model,
                 serves: &r.serves,
                 tier: r.tier,
+                kind: r.route_kind().as_str(),
                 state: s.map_or(RouteState::Unknown, |s| s.state),
                 since: s.map(|s| rfc3339(s.since)),
                 reason: s.and_then(|s| s.reason.as_ref()).map(|x| ReasonView {

@@ -32,6 +32,7 @@ pub(crate) mod catalog;
 pub(crate) mod clients;
 pub mod drift;
 pub mod drills;
+pub(crate) mod embeddings;
 pub(crate) mod feed;
 pub mod guards;
 pub(crate) mod headroom;

@@ -21,6 +21,11 @@ pub(super) fn error_response(description: &str) -> Value {
     })
 }
 
+/// A route's kind (its own function: one `json!` cannot nest this deep).
+fn route_kind() -> Value {
+    json!({"type": "string", "enum": ["chat", "embeddings"], "description": "chat: probed with the PROBE_OK chat prompt; embeddings: probed with POST /embeddings and compared with its reference vector"})
+}
+
 pub(super) fn json_response(description: &str, schema: &str) -> Value {
     json!({
         "description": description,
@@ -135,8 +140,8 @@ fn drift_and_admin_schemas() -> Value {
             "properties": {
                 "id": {"type": "string", "description": "route|set|kind, stable while the finding lasts"},
                 "route": {"type": "string"}, "set": {"type": "string"},
-                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed", "validity_drop"]},
-                "severity": {"type": "string", "enum": ["info", "warning"]},
+                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed", "validity_drop", "embedding_changed"]},
+                "severity": {"type": "string", "enum": ["info", "warning", "critical"]},
                 "failure_mode": {"type": "string", "nullable": true},
                 "detected_at": {"type": "string", "format": "date-time"},
                 "summary": {"type": "string"},
@@ -204,6 +209,10 @@ fn heartbeat_and_reload_schemas() -> Value {
             "job": {"type": "string"},
             "silent_s": {"type": "integer", "description": "Since the later of its last beat and the service's start"},
             "last_beat": {"type": "string", "format": "date-time", "nullable": true}}},
+        "EmbeddingReference": {"type": "object", "required": ["route", "reference"], "properties": {
+            "route": {"type": "string"},
+            "reference": {"type": "string", "enum": ["latest", "next"], "description": "latest: the route's latest good vector is its reference now; next: it had none, its next good vector becomes it"}
+        }},
         "Reloaded": {"type": "object", "required": ["reloaded", "applied", "restart_required", "warnings"], "properties": {
             "reloaded": {"type": "boolean"},
             "applied": {"type": "array", "items": {"type": "string"}, "description": "Changed sections now in effect"},
@@ -224,6 +233,7 @@ fn core_schemas() -> Value {
     let mut schemas = core_schemas_but_ratelimit();
     // Beside the rest: one more key in that one `json!` passes the macro's recursion limit.
     schemas["RouteStatus"]["properties"]["ratelimit"] = ratelimit_schema();
+    schemas["RouteStatus"]["properties"]["kind"] = route_kind();
     schemas
 }
 
@@ -246,7 +256,8 @@ fn core_schemas_but_ratelimit() -> Value {
             "properties": {
                 "id": {"type": "string", "description": "provider/region/model"},
                 "provider": {"type": "string"}, "region": {"type": "string"}, "model": {"type": "string"},
-                "serves": {"type": "string"}, "tier": tier_enum(), "state": state_enum(),
+                "serves": {"type": "string"}, "tier": tier_enum(),
+                "state": state_enum(),
                 "since": {"type": "string", "format": "date-time", "nullable": true},
                 "reason": {"allOf": [{"$ref": "#/components/schemas/Reason"}], "nullable": true},
                 "failure_mode": {"type": "string", "enum": ["unavailable", "degraded", "behavior_changed"], "nullable": true},

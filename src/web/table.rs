@@ -10,7 +10,7 @@ use axum::Router;
 use serde_json::Value;
 
 use super::{
-    api, atom, badges, catalog, clients, drift, drills, feed, ingest, metrics, openapi, pages,
+    api, atom, badges, catalog, clients, drift, drills, embeddings, feed, ingest, metrics, openapi, pages,
     reload, requests, shadow, silences, subscribe, switches, xds, AppState, Endpoint,
 };
 
@@ -243,6 +243,13 @@ pub fn table() -> Vec<Entry> {
             "/api/v1/admin/clients",
             get(clients::list),
             clients::doc(),
+        ),
+        Entry::documented_as(
+            M::POST,
+            "/api/v1/admin/routes/{*rest}",
+            "/api/v1/admin/routes/{id}/embedding-reference",
+            post(embeddings::replace),
+            embeddings::doc(),
         ),
         Entry::new(
             M::POST,

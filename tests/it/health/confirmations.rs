@@ -61,6 +61,7 @@ fn route(i: usize) -> Arc<Route> {
         price: None,
         capabilities: vec![],
         context_window: None,
+        embedding: None,
         residency: None,
         slo: 0.999,
         probe: ProbeSettings {

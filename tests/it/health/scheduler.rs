@@ -33,6 +33,7 @@ fn route(i: usize, interval: Duration, jitter: f64, throughput_every: Duration) 
         price: None,
         capabilities: vec![],
         context_window: None,
+        embedding: None,
         residency: None,
         slo: 0.999,
         probe: ProbeSettings {

@@ -108,6 +108,7 @@ fn route(server: &Server, provider: &str) -> Route {
         price: None,
         capabilities: vec![],
         context_window: None,
+        embedding: None,
         residency: None,
         slo: 0.999,
         probe: ProbeSettings {

@@ -137,6 +137,7 @@ fn route(server: &Server, wire: Wire) -> Route {
         price: None,
         capabilities: vec![],
         context_window: None,
+        embedding: None,
         residency: None,
         slo: 0.999,
         probe: settings(wire.stream),

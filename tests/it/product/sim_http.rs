@@ -233,6 +233,7 @@ async fn a_spike_without_keepalives_is_degraded_not_unavailable() {
         price: None,
         capabilities: vec![],
         context_window: None,
+        embedding: None,
         residency: None,
         slo: 0.999,
         probe: ProbeSettings {

@@ -64,6 +64,7 @@ fn route(server: &Server, max_tokens: u32) -> Route {
         price: None,
         capabilities: vec![],
         context_window: None,
+        embedding: None,
         residency: None,
         slo: 0.999,
         probe: ProbeSettings {
