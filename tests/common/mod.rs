@@ -17,6 +17,8 @@
 //!   follow, and the helpers to run those programs and count where traffic went.
 //! - [`gateway`]: a fake new-api / one-api admin channel API (routes, envelope, admin auth with
 //!   `New-Api-User`, GORM's update semantics) built from their Go sources.
+//! - [`embeddings`]: a fake OpenAI-compatible embeddings endpoint (`POST /v1/embeddings`) that
+//!   checks the documented request shape and answers steady vectors of one model or another.
 //! - [`statuspage`]: a fake provider status page (Statuspage v2 JSON and its Atom history
 //!   feed, ETags, fault modes).
 //! - [`cluster`]: a database of the test's own on the PostgreSQL server of
@@ -27,6 +29,7 @@
 pub mod alerts;
 pub mod app;
 pub mod cluster;
+pub mod embeddings;
 pub mod gateway;
 pub mod oncall;
 pub mod pages;

@@ -1,6 +1,7 @@
 mod causes;
 mod confirmations;
 mod detection;
+mod embeddings;
 mod error_budget;
 mod heartbeats;
 mod quorum;
