@@ -1,3 +1,4 @@
 mod contract;
+mod embeddings;
 mod props;
 mod reload;

@@ -1,5 +1,6 @@
 mod catalog;
 mod declared;
+mod embeddings;
 mod gateways;
 mod migrate;
 mod outcomes;
