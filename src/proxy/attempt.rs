@@ -348,7 +348,7 @@ impl Upstream {
                     keys.insert(r.provider.clone(), key);
                 }
             }
-            if let Some(target) = http.target(&chat_url(r)) {
+            if let Some(target) = http.target(&upstream_url(r)) {
                 targets.insert(r.id.clone(), target);
             }
         }
@@ -473,8 +473,12 @@ impl Upstream {
 }
 
 /// Where a route's chat completions are sent.
-fn chat_url(route: &Route) -> String {
-    format!("{}/chat/completions", route.base_url)
+/// Where a route's requests go: chat completions, or embeddings for an embeddings route.
+fn upstream_url(route: &Route) -> String {
+    match route.embedding {
+        None => format!("{}/chat/completions", route.base_url),
+        Some(_) => format!("{}/embeddings", route.base_url),
+    }
 }
 
 /// One attempt under way: its route, our key there, its times and its budget.
@@ -545,8 +549,19 @@ impl Call<'_> {
             return self.fail(Some(status), error);
         }
         let end = Instant::now();
-        self.timing.ttft = Some(end);
         let id = &self.route.id;
+        if self.route.embedding.is_some() {
+            // Vectors have no first token: the outcome has a first byte and a total.
+            return match super::embeddings::read_answer(&raw) {
+                Ok(usage) => Attempt::Answer {
+                    body: Bytes::from(raw),
+                    usage,
+                    outcome: self.timing.outcome(id, end, Some(status), None, None),
+                },
+                Err(e) => self.fail(Some(status), e),
+            };
+        }
+        self.timing.ttft = Some(end);
         // Read once, as the probes read answers, and for its usage.
         let (read, tokens) = read_answer(&raw);
         let usage = Usage::from(tokens);

@@ -1,5 +1,7 @@
 //! The bundled OpenAI-compatible routing proxy (see `docs/http-api.md`):
-//! `POST /v1/chat/completions` (streaming and not), `GET /v1/models` and `GET /v1/jobs/{id}`,
+//! `POST /v1/chat/completions` (streaming and not), `POST /v1/embeddings` ([`embeddings`]: the
+//! same candidates, failover, breakers, metering and passive outcomes, among the routes of one
+//! embedding model), `GET /v1/models` and `GET /v1/jobs/{id}`,
 //! following the weights feed through a watch channel and reporting every attempt as a
 //! passive outcome.
 //!
@@ -44,6 +46,7 @@ pub(crate) mod cache;
 pub(crate) mod clients;
 pub mod contract;
 mod degrade;
+mod embeddings;
 pub mod export;
 mod failover;
 pub mod idempotency;
@@ -184,6 +187,8 @@ struct Inner {
     passive: PassiveSink,
     /// Off when the variable is unset.
     client_keys: ClientKeys,
+    /// The logical models of embeddings routes (served at `POST /v1/embeddings` only).
+    embedding_models: std::collections::BTreeSet<String>,
     /// Route profiles (`request = {…}`), by route.
     profiles: RouteMap<crate::config::RequestProfile>,
     /// `[[proxy.client]]`: named clients and their spend limits.
@@ -310,6 +315,7 @@ impl Proxy {
                 rests: Rests::default(),
                 passive: PassiveSink::new(passive),
                 client_keys,
+                embedding_models: full.embedding_models(),
                 clients,
                 first_byte_overrides,
                 profiles,

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Reject {
     /// No path of the proxy matched.
-    #[error("no such path: the proxy serves POST /v1/chat/completions and GET /v1/models")]
+    #[error("no such path: the proxy serves POST /v1/chat/completions, POST /v1/embeddings and GET /v1/models")]
     NotFound,
     /// Client auth is on and the bearer key is missing or unknown.
     #[error("missing or unknown API key for this proxy (Authorization: Bearer <key>)")]
@@ -33,6 +33,13 @@ pub enum Reject {
     /// A field OpenAI would refuse (`missing_model`, `missing_messages`, `invalid_type`).
     #[error("{message}")]
     InvalidField { code: &'static str, message: String },
+    /// A chat request to an embeddings model, or an embeddings request to a chat model.
+    #[error("the model `{model}` serves {serves}: send it to POST {endpoint}")]
+    WrongEndpoint {
+        model: String,
+        serves: &'static str,
+        endpoint: &'static str,
+    },
     #[error("x-probeok-feature must be 1-64 characters of A-Z a-z 0-9 _ . -")]
     InvalidFeature,
     #[error("Idempotency-Key must be 1-255 visible ASCII characters")]
@@ -185,6 +192,7 @@ impl Reject {
             Self::InvalidJson(_) => plain(StatusCode::BAD_REQUEST, INVALID, "invalid_json"),
             Self::InvalidField { code, .. } => plain(StatusCode::BAD_REQUEST, INVALID, code),
             Self::InvalidFeature => plain(StatusCode::BAD_REQUEST, INVALID, "invalid_feature"),
+            Self::WrongEndpoint { .. } => plain(StatusCode::BAD_REQUEST, INVALID, "wrong_endpoint"),
             Self::InvalidIdempotencyKey => {
                 plain(StatusCode::BAD_REQUEST, INVALID, "invalid_idempotency_key")
             }

@@ -160,6 +160,12 @@ pub fn estimate_prompt_tokens(body: &Value) -> u64 {
     if let Some(tools) = body.get("tools") {
         add(&tools.to_string());
     }
+    // An embeddings request's texts.
+    match body.get("input") {
+        Some(Value::String(s)) => add(s),
+        Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).for_each(&mut add),
+        _ => {}
+    }
     cjk + other.div_ceil(4) + fixed
 }
 

@@ -1,4 +1,5 @@
-//! The proxy's HTTP surface: [`router`] (`POST /v1/chat/completions`, `GET /v1/models`,
+//! The proxy's HTTP surface: [`router`] (`POST /v1/chat/completions`, `POST /v1/embeddings`,
+//! `GET /v1/models`,
 //! `GET /v1/jobs/{id}`, `GET /readyz`) and [`serve`], which runs it on a listener with a header read timeout,
 //! a head limit, bounded connections and graceful shutdown.
 
@@ -23,6 +24,7 @@ pub use crate::listen::HEADER_READ_TIMEOUT;
 pub fn router(proxy: Proxy) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/embeddings", post(super::embeddings::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/jobs/{id}", get(jobs::get_job))
         .route("/readyz", get(readonly::readyz))
@@ -104,6 +106,13 @@ async fn handle(
 ) -> Result<Answer, Reject> {
     let p = &proxy.inner;
     let intake = intake::read(p, headers, body).await?;
+    if p.embedding_models.contains(&intake.model) {
+        return Err(Reject::WrongEndpoint {
+            model: intake.model,
+            serves: "embeddings",
+            endpoint: "/v1/embeddings",
+        });
+    }
     ctx.stream = intake.needs.stream;
     ctx.client = super::attribution::client_tag(&intake.client_key);
     if let Some(shadows) = &p.shadows {

@@ -1,5 +1,6 @@
 mod bounds;
 mod contracts;
+mod embeddings;
 mod env;
 mod extra_cost;
 mod failover;
