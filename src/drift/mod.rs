@@ -276,8 +276,12 @@ impl DriftSnapshot {
     /// ([`traffic`]) and embeddings routes' (`crate::embed`) — in place of any earlier ones.
     pub fn with_traffic(&self, traffic: &[DriftFinding]) -> Self {
         let mut out = self.clone();
-        out.findings
-            .retain(|f| !matches!(f.kind, DriftKind::ValidityDrop | DriftKind::EmbeddingChanged));
+        out.findings.retain(|f| {
+            !matches!(
+                f.kind,
+                DriftKind::ValidityDrop | DriftKind::EmbeddingChanged
+            )
+        });
         out.findings.extend(traffic.iter().cloned());
         out
     }

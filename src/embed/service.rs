@@ -161,10 +161,7 @@ pub enum Replaced {
 /// Makes the route's latest good vector its reference (after an intended model change), or,
 /// without one, leaves the next good vector to become it. The finding closes at the route's
 /// next probe.
-pub async fn replace_reference(
-    store: &Store,
-    route: &RouteId,
-) -> Result<Replaced, StoreError> {
+pub async fn replace_reference(store: &Store, route: &RouteId) -> Result<Replaced, StoreError> {
     let key = route.as_str().to_owned();
     let n = store
         .writer()

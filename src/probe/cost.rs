@@ -258,7 +258,13 @@ mod tests {
     /// confirmations a month: 88,992 × 4 = 355,968 input tokens, no output.
     #[test]
     fn an_embeddings_route_costs_its_text_per_call() {
-        assert_eq!(embed_tokens(), CallTokens { input: 4, output: 0 });
+        assert_eq!(
+            embed_tokens(),
+            CallTokens {
+                input: 4,
+                output: 0
+            }
+        );
         let c = embed_cost(&settings());
         assert_eq!(c.probes.calls, 86_400.0);
         assert_eq!(c.throughput, Monthly::default());

@@ -74,7 +74,9 @@ pub fn parse_answer(body: &[u8], dimensions: u32) -> Result<EmbedAnswer, ProbeEr
     let got = first.embedding.len();
     if u32::try_from(got).ok() != Some(dimensions) {
         return Err(ProbeError::Malformed {
-            message: format!("a vector of {got} dimensions, the route is configured for {dimensions}"),
+            message: format!(
+                "a vector of {got} dimensions, the route is configured for {dimensions}"
+            ),
         });
     }
     if first.embedding.iter().any(|x| !x.is_finite()) {
@@ -232,11 +234,15 @@ mod tests {
 
     #[test]
     fn a_wrong_length_or_shape_is_malformed() {
-        let body = br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5,1.0]}]}"#;
+        let body =
+            br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5,1.0]}]}"#;
         let e = parse_answer(body, 3).unwrap_err();
         assert_eq!(e.kind(), "malformed");
         assert!(e.message().unwrap().contains("2 dimensions"), "{e}");
-        assert_eq!(parse_answer(br#"{"data":[]}"#, 3).unwrap_err().kind(), "malformed");
+        assert_eq!(
+            parse_answer(br#"{"data":[]}"#, 3).unwrap_err().kind(),
+            "malformed"
+        );
         assert_eq!(parse_answer(b"<html>", 3).unwrap_err().kind(), "malformed");
     }
 }

@@ -116,7 +116,10 @@ pub(crate) fn validate(request: &Value) -> Result<(), Reject> {
                     message: format!("`input` holds at most {MAX_INPUTS} strings"),
                 });
             }
-            if !items.iter().all(|v| v.as_str().is_some_and(|s| !s.is_empty())) {
+            if !items
+                .iter()
+                .all(|v| v.as_str().is_some_and(|s| !s.is_empty()))
+            {
                 return Err(invalid(
                     "invalid_input",
                     "`input` must be a non-empty string or an array of non-empty strings",
@@ -156,7 +159,10 @@ pub(crate) fn validate(request: &Value) -> Result<(), Reject> {
             ))
         }
     }
-    if request.get("user").is_some_and(|u| !u.is_string() && !u.is_null()) {
+    if request
+        .get("user")
+        .is_some_and(|u| !u.is_string() && !u.is_null())
+    {
         return Err(invalid("invalid_type", "`user` must be a string"));
     }
     Ok(())
@@ -198,7 +204,10 @@ mod tests {
         assert_eq!(code(json!({"model": 3, "input": "x"})), "invalid_type");
         assert_eq!(code(json!({"model": "e"})), "missing_input");
         assert_eq!(code(json!({"model": "e", "input": []})), "invalid_input");
-        assert_eq!(code(json!({"model": "e", "input": ["a", 1]})), "invalid_input");
+        assert_eq!(
+            code(json!({"model": "e", "input": ["a", 1]})),
+            "invalid_input"
+        );
         assert_eq!(code(json!({"model": "e", "input": ""})), "invalid_input");
         assert_eq!(
             code(json!({"model": "e", "input": vec!["a"; MAX_INPUTS + 1]})),
@@ -208,7 +217,10 @@ mod tests {
             code(json!({"model": "e", "input": "x", "encoding_format": "int8"})),
             "invalid_type"
         );
-        assert_eq!(code(json!({"model": "e", "input": "x", "dimensions": 0})), "invalid_type");
+        assert_eq!(
+            code(json!({"model": "e", "input": "x", "dimensions": 0})),
+            "invalid_type"
+        );
     }
 
     #[test]

@@ -129,11 +129,7 @@ pub(crate) async fn read(p: &Inner, headers: &HeaderMap, body: Body) -> Result<I
 }
 
 /// The whole body, within `max_body` and the body read timeout.
-pub(super) async fn read_body(
-    p: &Inner,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<Bytes, Reject> {
+pub(super) async fn read_body(p: &Inner, headers: &HeaderMap, body: Body) -> Result<Bytes, Reject> {
     let too_large = Reject::TooLarge {
         max_body: p.config.max_body,
     };

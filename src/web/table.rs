@@ -10,8 +10,8 @@ use axum::Router;
 use serde_json::Value;
 
 use super::{
-    api, atom, badges, catalog, clients, drift, drills, embeddings, feed, ingest, metrics, openapi, pages,
-    reload, requests, shadow, silences, subscribe, switches, xds, AppState, Endpoint,
+    api, atom, badges, catalog, clients, drift, drills, embeddings, feed, ingest, metrics, openapi,
+    pages, reload, requests, shadow, silences, subscribe, switches, xds, AppState, Endpoint,
 };
 
 /// One endpoint: where it is, what serves it, and how the OpenAPI document describes it.

@@ -68,7 +68,11 @@ fn texts(body: &Value) -> Result<Vec<String>, String> {
         Value::String(s) => Ok(vec![s.clone()]),
         Value::Array(items) if !items.is_empty() => items
             .iter()
-            .map(|v| v.as_str().map(str::to_owned).ok_or("'input' items must be strings".into()))
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or("'input' items must be strings".into())
+            })
             .collect(),
         _ => Err("'input' must be a string or a non-empty array of strings".into()),
     }

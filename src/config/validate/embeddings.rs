@@ -12,7 +12,8 @@ impl Checker<'_> {
         let mut first: HashMap<&str, usize> = HashMap::new();
         for (i, r) in c.routes.iter().enumerate() {
             let p = format!("route[{i}]");
-            let id = |r: &super::super::RouteConfig| format!("{}/{}/{}", r.provider, r.region, r.model);
+            let id =
+                |r: &super::super::RouteConfig| format!("{}/{}/{}", r.provider, r.region, r.model);
             if r.kind == RouteKind::Embeddings {
                 if r.dimensions.is_none() && self.converted(&[&format!("{p}.dimensions")]) {
                     self.error(

@@ -243,10 +243,7 @@ pub async fn route(
                 || lang.text().no_data.to_owned(),
                 |o| first_answer_text(lang, o),
             ),
-        probe_cost: i18n::probe_cost(
-            lang,
-            &crate::probe::cost::ProbeCostView::of(&route),
-        ),
+        probe_cost: i18n::probe_cost(lang, &crate::probe::cost::ProbeCostView::of(&route)),
     }
     .render()
     .map_err(|e| fail(PageError::Internal(format!("rendering a route page: {e}"))))?;

@@ -52,7 +52,8 @@ fn an_embeddings_route_loads_with_its_kind_and_dimensions() {
     let routes = c.routes();
     assert_eq!(routes[0].embedding, Some(1024));
     assert_eq!(
-        c.embedding_routes().get(&RouteId::new("acme", "r1", "text-embedding-v3")),
+        c.embedding_routes()
+            .get(&RouteId::new("acme", "r1", "text-embedding-v3")),
         Some(&1024)
     );
     assert!(c.embedding_models().contains("embed-v3"));
@@ -60,7 +61,10 @@ fn an_embeddings_route_loads_with_its_kind_and_dimensions() {
 
 #[test]
 fn missing_dimensions_is_a_located_error() {
-    let src = format!("{PROVIDERS}{}", route("r0", "text-embedding-v3", "kind = \"embeddings\"\n"));
+    let src = format!(
+        "{PROVIDERS}{}",
+        route("r0", "text-embedding-v3", "kind = \"embeddings\"\n")
+    );
     assert_eq!(
         errors(&src),
         vec!["e.toml:20:8: route[0].kind: an embeddings route needs `dimensions`, the vector length its model answers (e.g. dimensions = 1024)"]
@@ -92,7 +96,11 @@ fn a_logical_model_mixing_models_dimensions_or_kinds_is_refused_naming_both_rout
     let mixed_dimensions = format!(
         "{PROVIDERS}{}{}",
         route("r0", "text-embedding-v3", EMB),
-        route("r1", "text-embedding-v3", "kind = \"embeddings\"\ndimensions = 512\n")
+        route(
+            "r1",
+            "text-embedding-v3",
+            "kind = \"embeddings\"\ndimensions = 512\n"
+        )
     );
     assert_eq!(
         errors(&mixed_dimensions),
@@ -138,7 +146,10 @@ fn check_config_refuses_a_mixed_logical_model_with_a_located_error() {
         .lines()
         .find(|l| l.contains("route[1].model"))
         .unwrap_or_else(|| panic!("no located error in {stderr}"));
-    assert!(line.starts_with(&format!("{}:25:9:", path.display())), "{line}");
+    assert!(
+        line.starts_with(&format!("{}:25:9:", path.display())),
+        "{line}"
+    );
     assert!(
         line.contains("acme/r0/text-embedding-v3") && line.contains("acme/r1/text-embedding-v4"),
         "{line}"

@@ -86,8 +86,7 @@ dimensions = {DIMENSIONS}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_swapped_model_is_found_at_the_first_probe_after_the_swap_and_the_admin_call_closes_it(
-) {
+async fn a_swapped_model_is_found_at_the_first_probe_after_the_swap_and_the_admin_call_closes_it() {
     let up = embed_fake().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(&up.base_v1(), &dir.path().join("e.db"), None);
@@ -99,12 +98,8 @@ async fn a_swapped_model_is_found_at_the_first_probe_after_the_swap_and_the_admi
     let clock = Arc::new(ManualClock::new(common::app::at("2026-06-01T10:00:00Z")));
     let client = ProbeClient::with_env(&routes, clock.clone(), &cfg.env).unwrap();
     let store = Store::open(&dir.path().join("e.db"), StoreOptions::default()).unwrap();
-    let (prober, mut findings) = EmbedProber::new(
-        client,
-        cfg.embedding_routes(),
-        store.clone(),
-        clock.clone(),
-    );
+    let (prober, mut findings) =
+        EmbedProber::new(client, cfg.embedding_routes(), store.clone(), clock.clone());
     let id = RouteId::parse(ROUTE).unwrap();
     let row = |store: &Store| store.reader().unwrap().embedding_row(ROUTE).unwrap();
 
@@ -113,7 +108,10 @@ async fn a_swapped_model_is_found_at_the_first_probe_after_the_swap_and_the_admi
     let first = prober.probe(&route, OutcomeKind::Probe).await;
     assert!(first.success, "{first:?}");
     assert!(first.ttfb_ms.is_some() && first.total_ms >= first.ttfb_ms.unwrap());
-    assert_eq!((first.ttft_ms, first.tokens_per_second, first.output_tokens), (None, None, None));
+    assert_eq!(
+        (first.ttft_ms, first.tokens_per_second, first.output_tokens),
+        (None, None, None)
+    );
     assert_eq!(first.model_reported.as_deref(), Some("text-embedding-v3"));
     let sent = up.requests.last().json();
     assert_eq!(sent["model"], "text-embedding-v3");
@@ -128,17 +126,29 @@ async fn a_swapped_model_is_found_at_the_first_probe_after_the_swap_and_the_admi
     up.set(Mode::ModelB);
     clock.advance(Duration::from_secs(30));
     let swapped = prober.probe(&route, OutcomeKind::Probe).await;
-    assert!(swapped.success, "a changed model still answers: {swapped:?}");
+    assert!(
+        swapped.success,
+        "a changed model still answers: {swapped:?}"
+    );
     let open = findings.borrow_and_update().clone();
     assert_eq!(open.len(), 1, "{open:?}");
     let f = &open[0];
-    assert_eq!((f.route.clone(), f.kind.as_str()), (id.clone(), "embedding_changed"));
+    assert_eq!(
+        (f.route.clone(), f.kind.as_str()),
+        (id.clone(), "embedding_changed")
+    );
     assert_eq!(f.severity, probeok::drift::Severity::Critical);
-    assert_eq!(f.failure_mode, Some(probeok::health::FailureMode::BehaviorChanged));
+    assert_eq!(
+        f.failure_mode,
+        Some(probeok::health::FailureMode::BehaviorChanged)
+    );
     assert!(f.summary.contains("0.8000"), "{}", f.summary);
     // The reference stays the old model's; the latest is the new one's.
     let r = row(&store).unwrap();
-    assert_eq!((r.reference, r.latest), (MODEL_A.to_vec(), MODEL_B.to_vec()));
+    assert_eq!(
+        (r.reference, r.latest),
+        (MODEL_A.to_vec(), MODEL_B.to_vec())
+    );
     // Still changed at the next probe: the same finding, nothing new published.
     clock.advance(Duration::from_secs(30));
     prober.probe(&route, OutcomeKind::Probe).await;
@@ -146,7 +156,10 @@ async fn a_swapped_model_is_found_at_the_first_probe_after_the_swap_and_the_admi
 
     // The change was intended: the latest vector becomes the reference, and the next probe
     // closes the finding.
-    assert_eq!(replace_reference(&store, &id).await.unwrap(), Replaced::Latest);
+    assert_eq!(
+        replace_reference(&store, &id).await.unwrap(),
+        Replaced::Latest
+    );
     assert_eq!(row(&store).unwrap().reference, MODEL_B.to_vec());
     clock.advance(Duration::from_secs(30));
     prober.probe(&route, OutcomeKind::Probe).await;
@@ -214,8 +227,8 @@ async fn calls_past(up: &EmbedFake, from: usize, n: usize) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_embeddings_route_is_judged_like_a_chat_route_and_a_swapped_model_is_one_critical_alert(
-) {
+async fn an_embeddings_route_is_judged_like_a_chat_route_and_a_swapped_model_is_one_critical_alert()
+{
     let up = embed_fake().await;
     let (hook, hooks) = upstream::fake("/hook", |_| upstream::Reply::now(StatusCode::OK)).await;
     let dir = tempfile::tempdir().unwrap();
@@ -237,7 +250,12 @@ async fn an_embeddings_route_is_judged_like_a_chat_route_and_a_swapped_model_is_
     assert!(latest["total_ms"].as_f64().unwrap() > 0.0, "{latest}");
     assert!(latest["ttfb_ms"].is_number(), "{latest}");
     assert!(latest["ttft_ms"].is_null() && latest["tokens_per_second"].is_null());
-    let stored = running.store.reader().unwrap().embedding_row(ROUTE).unwrap();
+    let stored = running
+        .store
+        .reader()
+        .unwrap()
+        .embedding_row(ROUTE)
+        .unwrap();
     assert_eq!(stored.unwrap().reference, MODEL_A.to_vec());
 
     // The provider swaps the model under the same name.

@@ -83,7 +83,11 @@ async fn start(config: &Config) -> Px {
     }
 }
 
-async fn post(px: &Px, path: &str, body: impl Into<reqwest::Body>) -> (u16, reqwest::header::HeaderMap, Value) {
+async fn post(
+    px: &Px,
+    path: &str,
+    body: impl Into<reqwest::Body>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
     let r = px
         .http
         .post(format!("{}{path}", px.base))
@@ -130,7 +134,13 @@ async fn embeddings_fail_over_within_their_model_only_and_are_metered() {
     })
     .await;
     primary.set(Mode::Unavailable);
-    let px = start(&config(&primary, &backup, &other, &format!("{}/v1", chat.base_url()))).await;
+    let px = start(&config(
+        &primary,
+        &backup,
+        &other,
+        &format!("{}/v1", chat.base_url()),
+    ))
+    .await;
 
     // A string: the primary answers 503, the backup of the same model answers.
     let body = j!({"model": "embed-v3", "input": "hello world", "encoding_format": "float"});
@@ -141,7 +151,10 @@ async fn embeddings_fail_over_within_their_model_only_and_are_metered() {
     assert_eq!(h["x-probeok-fallback-reason"], "http_503");
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"].as_array().unwrap().len(), 1);
-    assert_eq!(v["data"][0]["embedding"].as_array().unwrap().len(), DIMENSIONS as usize);
+    assert_eq!(
+        v["data"][0]["embedding"].as_array().unwrap().len(),
+        DIMENSIONS as usize
+    );
     // Each route received its own upstream model name and the client's fields.
     let sent = backup.requests.last().json();
     assert_eq!(sent["model"], "text-embedding-v3");
@@ -160,7 +173,10 @@ async fn embeddings_fail_over_within_their_model_only_and_are_metered() {
 
     // Metered: the answer's prompt tokens at the route's input price.
     let rows = metered(&px.store, 2).await;
-    let mut rows: Vec<_> = rows.into_iter().filter(|r| r.serves == "embed-v3").collect();
+    let mut rows: Vec<_> = rows
+        .into_iter()
+        .filter(|r| r.serves == "embed-v3")
+        .collect();
     rows.sort_by_key(|r| r.prompt_tokens);
     assert_eq!(rows.len(), 2, "{rows:?}");
     for (r, tokens) in rows.iter().zip([2_u64, 5]) {
@@ -177,10 +193,18 @@ async fn embeddings_fail_over_within_their_model_only_and_are_metered() {
     let (calls_before, chats_before) = (primary.calls() + backup.calls(), chats.all().len());
     let chat_req = j!({"model": "embed-v3", "messages": [{"role": "user", "content": "hi"}]});
     let (status, _, v) = post(&px, "/v1/chat/completions", chat_req.to_string()).await;
-    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("wrong_endpoint")), "{v}");
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (400, Some("wrong_endpoint")),
+        "{v}"
+    );
     let embed_req = j!({"model": "chat-main", "input": "hi"});
     let (status, _, v) = post(&px, "/v1/embeddings", embed_req.to_string()).await;
-    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("wrong_endpoint")), "{v}");
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (400, Some("wrong_endpoint")),
+        "{v}"
+    );
     assert_eq!(primary.calls() + backup.calls(), calls_before);
     assert_eq!(chats.all().len(), chats_before);
     px.shutdown.cancel();
@@ -195,14 +219,42 @@ async fn malformed_embeddings_requests_get_a_4xx_json_error_and_no_upstream_call
         ("[1, 2]".into(), 400, "invalid_request"),
         (j!({"input": "x"}).to_string(), 400, "missing_model"),
         (j!({"model": "embed-v3"}).to_string(), 400, "missing_input"),
-        (j!({"model": "embed-v3", "input": []}).to_string(), 400, "invalid_input"),
-        (j!({"model": "embed-v3", "input": ["a", 7]}).to_string(), 400, "invalid_input"),
-        (j!({"model": "embed-v3", "input": {"text": "a"}}).to_string(), 400, "invalid_input"),
-        (j!({"model": "embed-v3", "input": "a", "encoding_format": "int8"}).to_string(), 400, "invalid_type"),
-        (j!({"model": "embed-v3", "input": "a", "dimensions": -1}).to_string(), 400, "invalid_type"),
-        (j!({"model": "nope", "input": "a"}).to_string(), 404, "model_not_found"),
+        (
+            j!({"model": "embed-v3", "input": []}).to_string(),
+            400,
+            "invalid_input",
+        ),
+        (
+            j!({"model": "embed-v3", "input": ["a", 7]}).to_string(),
+            400,
+            "invalid_input",
+        ),
+        (
+            j!({"model": "embed-v3", "input": {"text": "a"}}).to_string(),
+            400,
+            "invalid_input",
+        ),
+        (
+            j!({"model": "embed-v3", "input": "a", "encoding_format": "int8"}).to_string(),
+            400,
+            "invalid_type",
+        ),
+        (
+            j!({"model": "embed-v3", "input": "a", "dimensions": -1}).to_string(),
+            400,
+            "invalid_type",
+        ),
+        (
+            j!({"model": "nope", "input": "a"}).to_string(),
+            404,
+            "model_not_found",
+        ),
         // Over `max_body` (4 KiB): refused unread.
-        (j!({"model": "embed-v3", "input": "x".repeat(8 * 1024)}).to_string(), 413, "request_too_large"),
+        (
+            j!({"model": "embed-v3", "input": "x".repeat(8 * 1024)}).to_string(),
+            413,
+            "request_too_large",
+        ),
     ];
     for (body, want, code) in cases {
         let (status, _, v) = post(&px, "/v1/embeddings", body.clone()).await;
