@@ -128,6 +128,8 @@ pub struct Text {
     pub first_answer: &'static str,
     /// What probing this route costs per month (probes, throughput and confirmation probes).
     pub probe_cost: &'static str,
+    /// What an embeddings route is (its page's `kind` line).
+    pub route_kind: &'static str,
     /// Marks the built-in demo's simulated past.
     pub demo_history: &'static str,
     pub no_data: &'static str,

@@ -610,6 +610,18 @@ pub fn probe_cost(lang: Lang, c: &crate::probe::cost::ProbeCostView) -> String {
     }
 }
 
+/// An embeddings route's `kind` line: what is probed and what a changed model looks like.
+pub fn embedding_kind(lang: Lang, dimensions: u32) -> String {
+    match lang {
+        Lang::En => format!(
+            "embeddings, {dimensions} dimensions: each probe's vector is compared with the route's reference; below cosine 0.999 the model changed under the same name (embedding_changed)"
+        ),
+        Lang::Zh => format!(
+            "向量模型（embeddings），{dimensions} 维：每次探测的向量都与该线路的基准向量比对；余弦相似度低于 0.999 即同名之下模型已被更换（embedding_changed）"
+        ),
+    }
+}
+
 /// `1234567` as `1,234,567`.
 fn thousands(n: u64) -> String {
     let digits = n.to_string();

@@ -43,6 +43,8 @@ pub struct RoutePage {
     pub first_answer: String,
     /// What probing the route costs per month, as `/api/v1/status` gives it (`probe_cost`).
     pub probe_cost: String,
+    /// An embeddings route's `kind` line; `None` for a chat route.
+    pub embedding: Option<String>,
     /// Each vantage's view, when agents probe the route too.
     pub vantages: Vec<VantageRow>,
     pub vantage_local: Option<String>,
@@ -244,6 +246,7 @@ pub async fn route(
                 |o| first_answer_text(lang, o),
             ),
         probe_cost: i18n::probe_cost(lang, &crate::probe::cost::ProbeCostView::of(&route)),
+        embedding: route.embedding.map(|d| i18n::embedding_kind(lang, d)),
     }
     .render()
     .map_err(|e| fail(PageError::Internal(format!("rendering a route page: {e}"))))?;

@@ -257,6 +257,21 @@ async fn an_embeddings_route_is_judged_like_a_chat_route_and_a_swapped_model_is_
         .embedding_row(ROUTE)
         .unwrap();
     assert_eq!(stored.unwrap().reference, MODEL_A.to_vec());
+    // The route page says what kind of route it is, in both languages.
+    for (lang, words) in [
+        ("en", "embeddings, 8 dimensions"),
+        ("zh", "向量模型（embeddings），8 维"),
+    ] {
+        let page = http
+            .get(format!("{base}/routes/{ROUTE}?lang={lang}"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains(words), "{lang}: {page}");
+    }
 
     // The provider swaps the model under the same name.
     let at_swap = up.calls();
