@@ -156,28 +156,32 @@ fn cost_summary(sets: &[drift::RegressionSet], routes: &[Route]) -> String {
     let mut tokens = 0.0;
     let mut costs: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
     for r in routes {
-        let c = cost::probe_cost(&r.probe);
-        let sets_month =
-            sets.iter()
-                .filter(|s| s.applies(r))
-                .fold(cost::Monthly::default(), |m, s| {
-                    let cases: Vec<CallTokens> = s
-                        .cases
-                        .iter()
-                        .map(|c| {
-                            CallTokens::of(
-                                c.messages.iter().map(|m| m.content.as_str()),
-                                s.params.max_tokens,
-                            )
-                        })
-                        .collect();
-                    let one = cost::set_cost(s.every, &cases);
-                    cost::Monthly {
-                        calls: m.calls + one.calls,
-                        input_tokens: m.input_tokens + one.input_tokens,
-                        output_tokens: m.output_tokens + one.output_tokens,
-                    }
-                });
+        // An embeddings route: its embeddings probe, and no regression sets.
+        let c = match r.embedding {
+            None => cost::probe_cost(&r.probe),
+            Some(_) => cost::embed_cost(&r.probe),
+        };
+        let sets_month = sets
+            .iter()
+            .filter(|s| s.applies(r) && r.embedding.is_none())
+            .fold(cost::Monthly::default(), |m, s| {
+                let cases: Vec<CallTokens> = s
+                    .cases
+                    .iter()
+                    .map(|c| {
+                        CallTokens::of(
+                            c.messages.iter().map(|m| m.content.as_str()),
+                            s.params.max_tokens,
+                        )
+                    })
+                    .collect();
+                let one = cost::set_cost(s.every, &cases);
+                cost::Monthly {
+                    calls: m.calls + one.calls,
+                    input_tokens: m.input_tokens + one.input_tokens,
+                    output_tokens: m.output_tokens + one.output_tokens,
+                }
+            });
         let total = c.total();
         let price = r.price.as_ref();
         let all = total.tokens() + sets_month.tokens();
