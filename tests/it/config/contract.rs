@@ -107,7 +107,7 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown key, named with the valid ones",
             with_route("intervall = \"30s\"\n"),
-            vec!["p.toml:17:1: route[0].intervall: unknown key `intervall`, expected one of `provider`, `region`, `model`, `serves`, `tier`, `weight`, `price`, `capabilities`, `context_window`, `residency`, `interval`, `timeout`, `first_byte_timeout`, `stall_timeout`, `max_tokens`, `slo`, `confirm_after`, `request`, `max_in_flight`, `retires`"],
+            vec!["p.toml:17:1: route[0].intervall: unknown key `intervall`, expected one of `provider`, `region`, `model`, `serves`, `tier`, `weight`, `price`, `capabilities`, `context_window`, `residency`, `interval`, `timeout`, `first_byte_timeout`, `stall_timeout`, `max_tokens`, `slo`, `confirm_after`, `request`, `max_in_flight`, `retires`, `kind`, `dimensions`"],
         ),
         (
             "unknown section, named with the valid ones",
