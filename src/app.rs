@@ -85,9 +85,14 @@ pub fn store_location(config: &Config) -> Result<crate::store::StoreLocation, Ap
     )?)
 }
 
+/// The probe client alone (an agent, `probeok probe`): an embeddings route gets the
+/// embeddings probe, its vector judged only where the store is (`crate::embed::EmbedProber`).
 impl Prober for ProbeClient {
     fn probe<'a>(&'a self, route: &'a Route, kind: OutcomeKind) -> BoxFuture<'a, ProbeOutcome> {
-        ProbeClient::probe(self, route, kind).boxed()
+        match route.embedding {
+            Some(dimensions) => async move { self.embed(route, dimensions).await.outcome }.boxed(),
+            None => ProbeClient::probe(self, route, kind).boxed(),
+        }
     }
 }
 

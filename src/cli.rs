@@ -460,8 +460,10 @@ pub async fn probe(
         }
     }
     let client = ProbeClient::new(&routes, Arc::new(SystemClock)).map_err(CliError::runtime)?;
+    // Through the prober: an embeddings route gets the embeddings probe.
+    let prober: &dyn crate::scheduler::Prober = &client;
     let outcomes =
-        futures_util::future::join_all(routes.iter().map(|r| client.probe(r, OutcomeKind::Probe)))
+        futures_util::future::join_all(routes.iter().map(|r| prober.probe(r, OutcomeKind::Probe)))
             .await;
     if json {
         for o in &outcomes {

@@ -98,8 +98,19 @@ async fn a_swapped_model_is_found_at_the_first_probe_after_the_swap_and_the_admi
     let clock = Arc::new(ManualClock::new(common::app::at("2026-06-01T10:00:00Z")));
     let client = ProbeClient::with_env(&routes, clock.clone(), &cfg.env).unwrap();
     let store = Store::open(&dir.path().join("e.db"), StoreOptions::default()).unwrap();
-    let (prober, mut findings) =
-        EmbedProber::new(client, cfg.embedding_routes(), store.clone(), clock.clone());
+    // The probe client alone (an agent, `probeok probe`) sends the embeddings probe too; only
+    // the monitor's prober keeps and judges vectors.
+    let alone: &dyn Prober = &client;
+    let o = alone.probe(&route, OutcomeKind::Probe).await;
+    assert!(o.success && o.ttft_ms.is_none(), "{o:?}");
+    assert_eq!(up.requests.last().path, "/v1/embeddings");
+    assert_eq!(store.reader().unwrap().embedding_row(ROUTE).unwrap(), None);
+    let (prober, mut findings) = EmbedProber::new(
+        client.clone(),
+        cfg.embedding_routes(),
+        store.clone(),
+        clock.clone(),
+    );
     let id = RouteId::parse(ROUTE).unwrap();
     let row = |store: &Store| store.reader().unwrap().embedding_row(ROUTE).unwrap();
 
