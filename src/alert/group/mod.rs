@@ -433,6 +433,7 @@ impl Grouper {
             peak: incident.map(|i| i.peak),
             shifted: None,
             path: Vec::new(),
+            cause: incident.and_then(|i| i.cause.clone()),
         }
     }
 }
