@@ -143,6 +143,31 @@ async fn a_provider_refusing_connections_is_one_cause_in_the_status_the_metrics_
         "{metrics}"
     );
 
+    // The incident history shows the outage as one line (its figures are refreshed in the
+    // background, so it may take a moment).
+    let line = format!("{ROUTES} routes with one cause: {CAUSE}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let history = loop {
+        let page = http
+            .get(format!("{base}/incidents?lang=en"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let history = page[page.find("id=\"history\"").unwrap()..].to_owned();
+        if history.contains(&line) {
+            break history;
+        }
+        assert!(Instant::now() < deadline, "{history}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(
+        !history.contains(">acme/r0/m7<"),
+        "no line of its own: {history}"
+    );
+
     // The webhook: the outage in very few messages (routes that join the cause later add to
     // it without a message of their own).
     let deadline = Instant::now() + Duration::from_secs(20);
