@@ -13,9 +13,9 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::app::{config, Spec};
 use futures_util::future::BoxFuture;
 use probeok::alert::tally::Tally;
-use probeok::alert::{self, AlertService, Lang, Notifier, Severity};
+use probeok::alert::{self, AlertService, Severity};
 use probeok::clock::Clock;
-use probeok::config::{ChannelOptions, Config, PagerDutyConfig};
+use probeok::config::Config;
 use probeok::health::service::{HealthOptions, HealthService};
 use probeok::health::{HealthEvent, HealthSnapshot, State, Transition};
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
@@ -534,23 +534,6 @@ fn refusing() -> std::net::SocketAddr {
         .unwrap()
 }
 
-fn pagerduty(addr: std::net::SocketAddr) -> Arc<dyn Notifier> {
-    let mut c = Config::default();
-    c.alert.pagerduty.push(PagerDutyConfig {
-        routing_key_env: "PD_KEY".into(),
-        api_base: Some(format!("http://{addr}")),
-        options: ChannelOptions {
-            min_severity: Severity::Warning,
-            lang: Lang::En,
-            ..ChannelOptions::default()
-        },
-    });
-    let vars: HashMap<String, String> = [("PD_KEY".to_owned(), "R0UT1NGK3Y".to_owned())].into();
-    alert::build_channels(&c, &vars, common::alerts::http())
-        .unwrap()
-        .remove(0)
-}
-
 /// The whole outage as the on-call hears it: 2,000 routes refused for four minutes go
 /// DEGRADED, then CRITICAL, burn their error budget and recover route by route — and each
 /// channel is handed three messages: the outage, its worsening and its end.
@@ -568,7 +551,7 @@ async fn a_provider_wide_outage_is_three_messages_per_channel_burn_rates_include
     }));
     let channels = vec![
         common::alerts::webhook("webhook[0]", refusing(), None, Severity::Warning),
-        pagerduty(refusing()),
+        common::oncall::pagerduty_channel(refusing()),
     ];
     let ids: Vec<RouteId> = cfg.routes().into_iter().map(|r| r.id).collect();
     let tally = Arc::new(Tally::new(&ids, cfg.slo.latency_threshold));
