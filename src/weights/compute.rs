@@ -433,7 +433,7 @@ fn score_as(
     );
     let gated = drift.is_some_and(|d| d.eligible(route).is_err());
     let drifted = status.is_some_and(|s| s.behavior_changed)
-        || drift.is_some_and(|d| d.behavior_changed(&route.id));
+        || drift.is_some_and(|d| d.deweights(&route.id));
     let drift = if drifted {
         policy.behavior_changed_tenths.min(10)
     } else {

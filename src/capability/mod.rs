@@ -1,0 +1,268 @@
+//! Capability probes: `PROBE_OK` proves a route answers chat, but applications also depend on
+//! function calling and structured output, each of which breaks on its own while chat keeps
+//! working. Every route's declared `tools` and `json_schema` capabilities
+//! (`route.capabilities`) are probed every `[capability] every`:
+//!
+//! - [`wire`]: the fixed requests (a forced `probe_echo(token)` call; a two-field JSON schema)
+//!   and the checks of their answers, per provider dialect (pure);
+//! - [`client`]: sending one, bounded;
+//! - [`judge`]: two failures in a row (the second a quick re-probe) while chat answers open a
+//!   `capability_lost` finding, one success closes it (pure);
+//! - [`run`]: the leader's task — spread over the interval, a few probes at a time, every
+//!   result stored (`store::capabilities`), the open findings published on a `watch` channel.
+//!
+//! The findings are drift findings of kind `capability_lost` (`behavior_changed`, severity
+//! `warning`), merged into the drift snapshot, so they reach the alert engine, the status API
+//! and the pages exactly as regression-set findings do. They never change a route's state or
+//! its weight: chat still works there.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod client;
+pub mod judge;
+pub mod wire;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::config::CapabilityConfig;
+use crate::drift::DriftFinding;
+use crate::health::HealthRx;
+use crate::route::{Capability, Route};
+use crate::secret::Env;
+use crate::store::capabilities::{CapabilityOp, CapabilityRow};
+use crate::store::Store;
+
+/// The most capability probes in flight at once: they are low priority next to the chat
+/// probes, and a slow provider must not hold the others back.
+pub const MAX_IN_FLIGHT: usize = 4;
+
+/// A capability that is probed (`stream` is the chat probe itself; `vision` is not probed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Probed {
+    Tools,
+    JsonSchema,
+}
+
+impl Probed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Probed::Tools => "tools",
+            Probed::JsonSchema => "json_schema",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "tools" => Some(Probed::Tools),
+            "json_schema" => Some(Probed::JsonSchema),
+            _ => None,
+        }
+    }
+}
+
+/// The route's declared capabilities that are probed, in a fixed order.
+pub fn probed(route: &Route) -> Vec<Probed> {
+    let mut out = Vec::new();
+    if route.capabilities.contains(&Capability::Tools) {
+        out.push(Probed::Tools);
+    }
+    if route.capabilities.contains(&Capability::JsonSchema) {
+        out.push(Probed::JsonSchema);
+    }
+    out
+}
+
+/// The open `capability_lost` findings.
+pub type LostRx = watch::Receiver<Arc<Vec<DriftFinding>>>;
+
+/// What the task needs.
+pub struct CapabilityDriver {
+    pub routes: Arc<Vec<Route>>,
+    pub config: CapabilityConfig,
+    /// Where the key variables are read (at every probe: a rotated key takes effect).
+    pub env: Env,
+    /// Where results are kept; `None` keeps none (the findings still work).
+    pub store: Option<Store>,
+    /// How long results are kept (`[storage] retention_days`, as raw outcomes).
+    pub retention: Duration,
+    pub clock: Arc<dyn Clock>,
+    /// Detection's snapshot: failures while chat fails are the outage's, not the capability's.
+    pub health: HealthRx,
+}
+
+/// Starts the task; the receiver carries the open findings, empty at first.
+pub fn spawn(
+    d: CapabilityDriver,
+    shutdown: CancellationToken,
+) -> (tokio::task::JoinHandle<()>, LostRx) {
+    let (tx, rx) = watch::channel(Arc::new(Vec::new()));
+    let task = tokio::spawn(run(d, tx, shutdown));
+    (task, rx)
+}
+
+struct Done {
+    item: usize,
+    started: Instant,
+    at: chrono::DateTime<chrono::Utc>,
+    latency_ms: u64,
+    result: Result<(), String>,
+}
+
+/// Probes every declared capability of every route at `[capability] every`, the first round
+/// spread evenly over one interval, never more than [`MAX_IN_FLIGHT`] at a time and never one
+/// item twice at once; a first failure is probed again after [`judge::RECHECK`]. Runs until
+/// `shutdown`.
+pub async fn run(
+    d: CapabilityDriver,
+    findings: watch::Sender<Arc<Vec<DriftFinding>>>,
+    shutdown: CancellationToken,
+) {
+    let items: Vec<(Arc<Route>, Probed)> = d
+        .routes
+        .iter()
+        .flat_map(|r| {
+            let r = Arc::new(r.clone());
+            probed(&r).into_iter().map(move |c| (r.clone(), c))
+        })
+        .collect();
+    if items.is_empty() {
+        shutdown.cancelled().await;
+        return;
+    }
+    let http = match client::http_client() {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!(error = %e, "capability probes: not run");
+            shutdown.cancelled().await;
+            return;
+        }
+    };
+    let every = d.config.every;
+    let start = Instant::now();
+    let n = u32::try_from(items.len()).unwrap_or(u32::MAX);
+    let mut due: Vec<Instant> = (0..n).map(|i| start + every * i / n).collect();
+    let mut busy = vec![false; items.len()];
+    let mut running: JoinSet<Done> = JoinSet::new();
+    let mut judge = judge::Judge::default();
+    loop {
+        let now = Instant::now();
+        for i in 0..items.len() {
+            if running.len() >= MAX_IN_FLIGHT {
+                break;
+            }
+            if busy[i] || due[i] > now {
+                continue;
+            }
+            busy[i] = true;
+            let (route, cap) = items[i].clone();
+            let key = route.api_key_env.as_ref().and_then(|v| d.env.secret(v));
+            let http = http.clone();
+            let clock = d.clock.clone();
+            running.spawn(async move {
+                let at = clock.now();
+                let started = Instant::now();
+                let result =
+                    client::probe(&http, &route, key.as_ref(), cap, route.probe.timeout).await;
+                let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                Done {
+                    item: i,
+                    started,
+                    at,
+                    latency_ms,
+                    result,
+                }
+            });
+        }
+        let next = (running.len() < MAX_IN_FLIGHT)
+            .then(|| {
+                (0..items.len())
+                    .filter(|&i| !busy[i])
+                    .map(|i| due[i])
+                    .min()
+            })
+            .flatten();
+        let sleep = async {
+            match next {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let joined = async {
+            if running.is_empty() {
+                std::future::pending().await
+            } else {
+                running.join_next().await
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = sleep => continue,
+            done = joined => {
+                let Some(Ok(done)) = done else { continue };
+                let (route, cap) = &items[done.item];
+                busy[done.item] = false;
+                let chat_ok = judge::chat_answers(d.health.borrow().route(&route.id));
+                let verdict = judge.observe(
+                    &route.id,
+                    *cap,
+                    done.result.as_ref().map(|_| ()).map_err(String::as_str),
+                    chat_ok,
+                    done.at,
+                );
+                due[done.item] = done.started
+                    + match verdict {
+                        judge::Verdict::Next => every,
+                        judge::Verdict::Recheck => judge::RECHECK.min(every),
+                    };
+                if let Err(e) = &done.result {
+                    tracing::info!(route = %route.id, capability = cap.as_str(), error = %e,
+                        chat_ok, "capability probe failed");
+                }
+                record(&d, route, *cap, &done);
+                let open = judge.findings();
+                findings.send_if_modified(|cur| {
+                    let changed = cur.as_slice() != open.as_slice();
+                    if changed {
+                        *cur = Arc::new(open);
+                    }
+                    changed
+                });
+            }
+        }
+    }
+}
+
+/// Stores the result off the probing loop: the findings never wait for the store.
+fn record(d: &CapabilityDriver, route: &Route, cap: Probed, done: &Done) {
+    let Some(store) = &d.store else { return };
+    let keep_since = chrono::Duration::from_std(d.retention)
+        .ok()
+        .and_then(|r| done.at.checked_sub_signed(r))
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+    let op = CapabilityOp {
+        row: CapabilityRow {
+            route: route.id.to_string(),
+            capability: cap.as_str().to_owned(),
+            at: done.at,
+            ok: done.result.is_ok(),
+            latency_ms: done.latency_ms,
+            error: done.result.as_ref().err().cloned(),
+        },
+        keep_since,
+    };
+    let writer = store.writer();
+    tokio::spawn(async move {
+        if let Err(e) = writer.capability(op).await {
+            tracing::warn!(error = %e, "capability probes: result not stored");
+        }
+    });
+}
