@@ -62,6 +62,7 @@ pub const PROBE_KINDS: &[OutcomeKind] = &[OutcomeKind::Probe, OutcomeKind::Throu
 pub const DEFAULT_LIMIT: usize = 50;
 pub const MAX_LIMIT: usize = 1000;
 
+pub mod capabilities;
 mod figures;
 mod filter;
 mod lead;
@@ -159,6 +160,8 @@ struct RouteView<'a> {
     /// route's answers never announced one.
     #[serde(skip_serializing_if = "Option::is_none")]
     ratelimit: Option<&'a BTreeMap<&'static str, crate::health::headroom::Reading>>,
+    /// Each declared `tools` / `json_schema` capability: its latest probe and 7-day success.
+    capabilities: BTreeMap<&'static str, capabilities::CapabilityView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -403,6 +406,7 @@ fn status_view<'a>(
                     .as_ref()
                     .and_then(|d| crate::declared::judge::route_view(&d.map, &d.view, &r.id)),
                 ratelimit: ratelimit.get(&r.id).filter(|m| !m.is_empty()),
+                capabilities: figures.capabilities.route(r),
             }
         })
         .collect();
