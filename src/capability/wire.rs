@@ -28,10 +28,6 @@ pub const SCHEMA_TOOL: &str = "probe";
 pub const TOKEN: &str = "PROBE_OK";
 /// Enough for either answer; a model that needs more is not answering the probe.
 pub const MAX_TOKENS: u32 = 64;
-/// Prompt and answer tokens of one capability probe, for the cost table: the tool or schema
-/// definition counts as input.
-pub const INPUT_TOKENS: u32 = 120;
-pub const OUTPUT_TOKENS: u32 = 20;
 
 /// The fixed two-field object both `json_schema` probes ask for.
 pub fn schema() -> Value {
@@ -60,6 +56,17 @@ fn prompt(cap: Probed) -> &'static str {
         Probed::Tools => "Call the probe_echo function with token PROBE_OK.",
         Probed::JsonSchema => "Answer with a JSON object whose token is PROBE_OK and n is 1.",
     }
+}
+
+/// The texts a probe of `cap` sends, for the cost table: the prompt and the tool or schema
+/// definition (the model reads both as input).
+pub fn input_texts(cap: Probed) -> [String; 2] {
+    let body = request_body(ProviderKind::Openai, cap, "");
+    let definition = match cap {
+        Probed::Tools => body["tools"].to_string(),
+        Probed::JsonSchema => body["response_format"].to_string(),
+    };
+    [prompt(cap).to_owned(), definition]
 }
 
 /// The request body of `cap`'s probe for a route of `kind` serving `model`.

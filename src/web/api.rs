@@ -257,11 +257,15 @@ impl DeclaredExtras {
     }
 }
 
-/// Each route's probe cost, in the routes' order.
-pub fn probe_costs(routes: &[Route]) -> Vec<crate::probe::cost::ProbeCostView> {
+/// Each route's probe cost (its capability probes at `capability_every` included), in the
+/// routes' order.
+pub fn probe_costs(
+    routes: &[Route],
+    capability_every: Duration,
+) -> Vec<crate::probe::cost::ProbeCostView> {
     routes
         .iter()
-        .map(|r| crate::probe::cost::ProbeCostView::new(&r.probe, r.price.as_ref()))
+        .map(|r| crate::probe::cost::ProbeCostView::of_route(r, capability_every))
         .collect()
 }
 
@@ -283,7 +287,7 @@ pub fn status_bytes(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    let costs = probe_costs(routes);
+    let costs = probe_costs(routes, crate::config::CapabilityConfig::default().every);
     let extras = Extras {
         breakers: &HashMap::new(),
         budget: None,
@@ -510,6 +514,7 @@ pub async fn status(
     let role = state.metrics.role();
     let sync = state.metrics.sync();
     let declared = DeclaredExtras::of(&state.config.current(), &state.metrics);
+    let capability_every = state.config.current().capability.every;
     let ratelimit = state.metrics.headroom();
     let vantages = state
         .vantages
@@ -525,7 +530,9 @@ pub async fn status(
             (r, o) if std::ptr::eq(r.as_ptr(), Arc::as_ptr(&routes)) => *o,
             _ => overall(&routes, &health),
         };
-        let costs = cache.probe_costs.get(&routes, |r| probe_costs(r));
+        let costs = cache
+            .probe_costs
+            .get(&routes, |r| probe_costs(r, capability_every));
         let extras = Extras {
             breakers: &breakers,
             budget,

@@ -253,7 +253,7 @@ pub async fn route(
             ),
         probe_cost: i18n::probe_cost(
             lang,
-            &crate::probe::cost::ProbeCostView::new(&route.probe, route.price.as_ref()),
+            &crate::probe::cost::ProbeCostView::of_route(&route, config.capability.every),
         ),
     }
     .render()
