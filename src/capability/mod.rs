@@ -109,12 +109,145 @@ pub fn spawn(
     (task, rx)
 }
 
-struct Done {
+/// One probe's result.
+pub struct Done {
     item: usize,
     started: Instant,
     at: chrono::DateTime<chrono::Utc>,
     latency_ms: u64,
     result: Result<(), String>,
+}
+
+/// The probes of one leader term: what is probed, the judge, where findings go. [`run`] drives
+/// it on the cadence; tests drive it probe by probe ([`Prober::probe`], [`Prober::pass`]).
+pub struct Prober {
+    d: CapabilityDriver,
+    items: Vec<(Arc<Route>, Probed)>,
+    http: reqwest::Client,
+    judge: judge::Judge,
+    findings: watch::Sender<Arc<Vec<DriftFinding>>>,
+}
+
+impl Prober {
+    pub fn new(
+        d: CapabilityDriver,
+        findings: watch::Sender<Arc<Vec<DriftFinding>>>,
+    ) -> Result<Self, client::ClientError> {
+        let items = d
+            .routes
+            .iter()
+            .flat_map(|r| {
+                let r = Arc::new(r.clone());
+                probed(&r).into_iter().map(move |c| (r.clone(), c))
+            })
+            .collect();
+        Ok(Self {
+            d,
+            items,
+            http: client::http_client()?,
+            judge: judge::Judge::default(),
+            findings,
+        })
+    }
+
+    /// Every declared, probed capability of every route: `(route, capability)`.
+    pub fn items(&self) -> Vec<(crate::route::RouteId, Probed)> {
+        self.items.iter().map(|(r, c)| (r.id.clone(), *c)).collect()
+    }
+
+    /// Sends item `i`'s probe (without judging it): owns what it needs, so many can run at once.
+    fn send(&self, i: usize) -> impl std::future::Future<Output = Done> + Send + 'static {
+        let (route, cap) = self.items[i].clone();
+        let key = route.api_key_env.as_ref().and_then(|v| self.d.env.secret(v));
+        let http = self.http.clone();
+        let clock = self.d.clock.clone();
+        async move {
+            let at = clock.now();
+            let started = Instant::now();
+            let result = client::probe(&http, &route, key.as_ref(), cap, route.probe.timeout).await;
+            let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            Done {
+                item: i,
+                started,
+                at,
+                latency_ms,
+                result,
+            }
+        }
+    }
+
+    /// Judges, stores and publishes one result; answers when to probe the item again.
+    async fn take(&mut self, done: &Done) -> judge::Verdict {
+        let (route, cap) = self.items[done.item].clone();
+        let chat_ok = judge::chat_answers(self.d.health.borrow().route(&route.id));
+        let verdict = self.judge.observe(
+            &route.id,
+            cap,
+            done.result.as_ref().map(|_| ()).map_err(String::as_str),
+            chat_ok,
+            done.at,
+        );
+        if let Err(e) = &done.result {
+            tracing::info!(route = %route.id, capability = cap.as_str(), error = %e,
+                chat_ok, "capability probe failed");
+        }
+        self.record(&route, cap, done).await;
+        let open = self.judge.findings();
+        self.findings.send_if_modified(|cur| {
+            let changed = cur.as_slice() != open.as_slice();
+            if changed {
+                *cur = Arc::new(open);
+            }
+            changed
+        });
+        verdict
+    }
+
+    /// Probes item `i` once and judges it.
+    pub async fn probe(&mut self, i: usize) -> judge::Verdict {
+        let done = self.send(i).await;
+        self.take(&done).await
+    }
+
+    /// Probes every item once, in order.
+    pub async fn pass(&mut self) -> Vec<judge::Verdict> {
+        let mut out = Vec::with_capacity(self.items.len());
+        for i in 0..self.items.len() {
+            out.push(self.probe(i).await);
+        }
+        out
+    }
+
+    /// Queues the result in the store (in order with every later write), without waiting for
+    /// its commit: the findings never wait for the store.
+    async fn record(&self, route: &Route, cap: Probed, done: &Done) {
+        let Some(store) = &self.d.store else { return };
+        let keep_since = chrono::Duration::from_std(self.d.retention)
+            .ok()
+            .and_then(|r| done.at.checked_sub_signed(r))
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+        let op = CapabilityOp {
+            row: CapabilityRow {
+                route: route.id.to_string(),
+                capability: cap.as_str().to_owned(),
+                at: done.at,
+                ok: done.result.is_ok(),
+                latency_ms: done.latency_ms,
+                error: done.result.as_ref().err().cloned(),
+            },
+            keep_since,
+        };
+        match store.writer().queue_capability(op).await {
+            Ok(queued) => {
+                tokio::spawn(async move {
+                    if let Err(e) = queued.committed().await {
+                        tracing::warn!(error = %e, "capability probes: result not stored");
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "capability probes: result not stored"),
+        }
+    }
 }
 
 /// Probes every declared capability of every route at `[capability] every`, the first round
@@ -126,69 +259,38 @@ pub async fn run(
     findings: watch::Sender<Arc<Vec<DriftFinding>>>,
     shutdown: CancellationToken,
 ) {
-    let items: Vec<(Arc<Route>, Probed)> = d
-        .routes
-        .iter()
-        .flat_map(|r| {
-            let r = Arc::new(r.clone());
-            probed(&r).into_iter().map(move |c| (r.clone(), c))
-        })
-        .collect();
-    if items.is_empty() {
-        shutdown.cancelled().await;
-        return;
-    }
-    let http = match client::http_client() {
-        Ok(h) => h,
+    let every = d.config.every;
+    let mut p = match Prober::new(d, findings) {
+        Ok(p) => p,
         Err(e) => {
             tracing::error!(error = %e, "capability probes: not run");
             shutdown.cancelled().await;
             return;
         }
     };
-    let every = d.config.every;
+    let n = p.items.len();
+    if n == 0 {
+        shutdown.cancelled().await;
+        return;
+    }
     let start = Instant::now();
-    let n = u32::try_from(items.len()).unwrap_or(u32::MAX);
-    let mut due: Vec<Instant> = (0..n).map(|i| start + every * i / n).collect();
-    let mut busy = vec![false; items.len()];
+    let slots = u32::try_from(n).unwrap_or(u32::MAX);
+    let mut due: Vec<Instant> = (0..slots).map(|i| start + every * i / slots).collect();
+    let mut busy = vec![false; n];
     let mut running: JoinSet<Done> = JoinSet::new();
-    let mut judge = judge::Judge::default();
     loop {
         let now = Instant::now();
-        for i in 0..items.len() {
+        for i in 0..n {
             if running.len() >= MAX_IN_FLIGHT {
                 break;
             }
-            if busy[i] || due[i] > now {
-                continue;
+            if !busy[i] && due[i] <= now {
+                busy[i] = true;
+                running.spawn(p.send(i));
             }
-            busy[i] = true;
-            let (route, cap) = items[i].clone();
-            let key = route.api_key_env.as_ref().and_then(|v| d.env.secret(v));
-            let http = http.clone();
-            let clock = d.clock.clone();
-            running.spawn(async move {
-                let at = clock.now();
-                let started = Instant::now();
-                let result =
-                    client::probe(&http, &route, key.as_ref(), cap, route.probe.timeout).await;
-                let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                Done {
-                    item: i,
-                    started,
-                    at,
-                    latency_ms,
-                    result,
-                }
-            });
         }
         let next = (running.len() < MAX_IN_FLIGHT)
-            .then(|| {
-                (0..items.len())
-                    .filter(|&i| !busy[i])
-                    .map(|i| due[i])
-                    .min()
-            })
+            .then(|| (0..n).filter(|&i| !busy[i]).map(|i| due[i]).min())
             .flatten();
         let sleep = async {
             match next {
@@ -205,64 +307,17 @@ pub async fn run(
         };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = sleep => continue,
+            _ = sleep => {}
             done = joined => {
                 let Some(Ok(done)) = done else { continue };
-                let (route, cap) = &items[done.item];
                 busy[done.item] = false;
-                let chat_ok = judge::chat_answers(d.health.borrow().route(&route.id));
-                let verdict = judge.observe(
-                    &route.id,
-                    *cap,
-                    done.result.as_ref().map(|_| ()).map_err(String::as_str),
-                    chat_ok,
-                    done.at,
-                );
+                let verdict = p.take(&done).await;
                 due[done.item] = done.started
                     + match verdict {
                         judge::Verdict::Next => every,
                         judge::Verdict::Recheck => judge::RECHECK.min(every),
                     };
-                if let Err(e) = &done.result {
-                    tracing::info!(route = %route.id, capability = cap.as_str(), error = %e,
-                        chat_ok, "capability probe failed");
-                }
-                record(&d, route, *cap, &done);
-                let open = judge.findings();
-                findings.send_if_modified(|cur| {
-                    let changed = cur.as_slice() != open.as_slice();
-                    if changed {
-                        *cur = Arc::new(open);
-                    }
-                    changed
-                });
             }
         }
     }
-}
-
-/// Stores the result off the probing loop: the findings never wait for the store.
-fn record(d: &CapabilityDriver, route: &Route, cap: Probed, done: &Done) {
-    let Some(store) = &d.store else { return };
-    let keep_since = chrono::Duration::from_std(d.retention)
-        .ok()
-        .and_then(|r| done.at.checked_sub_signed(r))
-        .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
-    let op = CapabilityOp {
-        row: CapabilityRow {
-            route: route.id.to_string(),
-            capability: cap.as_str().to_owned(),
-            at: done.at,
-            ok: done.result.is_ok(),
-            latency_ms: done.latency_ms,
-            error: done.result.as_ref().err().cloned(),
-        },
-        keep_since,
-    };
-    let writer = store.writer();
-    tokio::spawn(async move {
-        if let Err(e) = writer.capability(op).await {
-            tracing::warn!(error = %e, "capability probes: result not stored");
-        }
-    });
 }

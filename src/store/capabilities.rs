@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 
 use super::sql::params;
-use super::writer::{Ack, Command};
+use super::writer::{Ack, Command, Queued};
 use super::{from_ms, to_ms, Reader, StoreError, Writer};
 
 /// The most rows one write deletes past retention, so a long backlog is trimmed over many
@@ -72,6 +72,12 @@ impl Writer {
     /// Stores one capability probe's result and trims past retention; resolves after COMMIT.
     pub async fn capability(&self, op: CapabilityOp) -> Result<u64, StoreError> {
         self.request(|ack: Ack<u64>| Command::Capability { op, ack })
+            .await
+    }
+
+    /// [`Writer::capability`], resolving once queued: later writes commit after it.
+    pub async fn queue_capability(&self, op: CapabilityOp) -> Result<Queued<u64>, StoreError> {
+        self.queue(|ack: Ack<u64>| Command::Capability { op, ack })
             .await
     }
 }
