@@ -268,9 +268,7 @@ pub(super) async fn lead(
                 config: m.config.capability.clone(),
                 env: m.config.env.clone(),
                 store: Some(m.store.clone()),
-                retention: Duration::from_secs(
-                    u64::from(m.config.storage.retention_days) * 86_400,
-                ),
+                retention: Duration::from_secs(u64::from(m.config.storage.retention_days) * 86_400),
                 clock: m.clock.clone(),
                 health: m.health.subscribe(),
             },

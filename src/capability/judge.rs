@@ -44,9 +44,7 @@ pub struct Judge {
 
 /// Whether the route's chat answers, by detection's latest verdict.
 pub fn chat_answers(status: Option<&RouteStatus>) -> bool {
-    status.is_none_or(|s| {
-        s.incident.is_none() && s.failure_mode != Some(FailureMode::Unavailable)
-    })
+    status.is_none_or(|s| s.incident.is_none() && s.failure_mode != Some(FailureMode::Unavailable))
 }
 
 impl Judge {
@@ -83,7 +81,10 @@ impl Judge {
 
     /// The open findings, by route then capability.
     pub fn findings(&self) -> Vec<DriftFinding> {
-        self.tracks.values().filter_map(|t| t.open.clone()).collect()
+        self.tracks
+            .values()
+            .filter_map(|t| t.open.clone())
+            .collect()
     }
 }
 
@@ -140,14 +141,24 @@ mod tests {
         let r = RouteId::new("openai", "us", "gpt-4o");
         let t = DateTime::from_timestamp(1_767_225_600, 0).unwrap_or_default();
         let mut j = Judge::default();
-        assert_eq!(j.observe(&r, Probed::Tools, Err("bad"), true, t), Verdict::Recheck);
+        assert_eq!(
+            j.observe(&r, Probed::Tools, Err("bad"), true, t),
+            Verdict::Recheck
+        );
         assert!(j.findings().is_empty());
-        assert_eq!(j.observe(&r, Probed::Tools, Err("bad"), true, t), Verdict::Next);
+        assert_eq!(
+            j.observe(&r, Probed::Tools, Err("bad"), true, t),
+            Verdict::Next
+        );
         let f = j.findings();
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].id, "openai/us/gpt-4o|tools|capability_lost");
         j.observe(&r, Probed::Tools, Err("bad"), true, t);
-        assert_eq!(j.findings(), f, "still the one finding, first detection time");
+        assert_eq!(
+            j.findings(),
+            f,
+            "still the one finding, first detection time"
+        );
         j.observe(&r, Probed::Tools, Ok(()), true, t);
         assert!(j.findings().is_empty());
     }
@@ -158,7 +169,10 @@ mod tests {
         let t = DateTime::from_timestamp(1_767_225_600, 0).unwrap_or_default();
         let mut j = Judge::default();
         for _ in 0..3 {
-            assert_eq!(j.observe(&r, Probed::JsonSchema, Err("x"), false, t), Verdict::Next);
+            assert_eq!(
+                j.observe(&r, Probed::JsonSchema, Err("x"), false, t),
+                Verdict::Next
+            );
         }
         assert!(j.findings().is_empty());
         // A flaky answer between two good ones is never a finding.

@@ -158,7 +158,10 @@ impl Prober {
     /// Sends item `i`'s probe (without judging it): owns what it needs, so many can run at once.
     fn send(&self, i: usize) -> impl std::future::Future<Output = Done> + Send + 'static {
         let (route, cap) = self.items[i].clone();
-        let key = route.api_key_env.as_ref().and_then(|v| self.d.env.secret(v));
+        let key = route
+            .api_key_env
+            .as_ref()
+            .and_then(|v| self.d.env.secret(v));
         let http = self.http.clone();
         let clock = self.d.clock.clone();
         async move {

@@ -236,7 +236,10 @@ mod tests {
     #[test]
     fn openai_tool_calls_are_parsed_from_their_argument_string() {
         let k = ProviderKind::Openai;
-        assert_eq!(check(k, Probed::Tools, &openai_tool(r#"{"token":"PROBE_OK"}"#)), Ok(()));
+        assert_eq!(
+            check(k, Probed::Tools, &openai_tool(r#"{"token":"PROBE_OK"}"#)),
+            Ok(())
+        );
         assert!(matches!(
             check(k, Probed::Tools, &openai_tool(r#"{"token": PROBE"#)),
             Err(AnswerError::ArgumentsNotJson(_))
@@ -275,14 +278,33 @@ mod tests {
             .to_string()
             .into_bytes()
         };
-        assert_eq!(check(a, Probed::Tools, &msg("probe_echo", json!({"token": "PROBE_OK"}))), Ok(()));
         assert_eq!(
-            check(a, Probed::JsonSchema, &msg("probe", json!({"token": "PROBE_OK", "n": 3}))),
+            check(
+                a,
+                Probed::Tools,
+                &msg("probe_echo", json!({"token": "PROBE_OK"}))
+            ),
             Ok(())
         );
-        assert!(check(a, Probed::JsonSchema, &msg("probe", json!({"token": "PROBE_OK", "n": "3"}))).is_err());
+        assert_eq!(
+            check(
+                a,
+                Probed::JsonSchema,
+                &msg("probe", json!({"token": "PROBE_OK", "n": 3}))
+            ),
+            Ok(())
+        );
+        assert!(check(
+            a,
+            Probed::JsonSchema,
+            &msg("probe", json!({"token": "PROBE_OK", "n": "3"}))
+        )
+        .is_err());
         let body = request_body(a, Probed::JsonSchema, "claude");
-        assert_eq!(body["tool_choice"], json!({"type": "tool", "name": "probe"}));
+        assert_eq!(
+            body["tool_choice"],
+            json!({"type": "tool", "name": "probe"})
+        );
         assert_eq!(body["tools"][0]["input_schema"], schema());
     }
 }

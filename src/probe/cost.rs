@@ -179,10 +179,7 @@ impl ProbeCostView {
 
     /// The route's, its declared capabilities' probes included.
     pub fn of_route(route: &Route, capability_every: Duration) -> Self {
-        Self::of(
-            &route_cost(route, capability_every),
-            route.price.as_ref(),
-        )
+        Self::of(&route_cost(route, capability_every), route.price.as_ref())
     }
 
     fn of(c: &ProbeCost, price: Option<&Price>) -> Self {
@@ -291,7 +288,11 @@ mod tests {
         // Chat only: nothing added.
         assert_eq!(route_cost(&route, every), probe_cost(&route.probe));
 
-        route.capabilities = vec![Capability::Stream, Capability::Tools, Capability::JsonSchema];
+        route.capabilities = vec![
+            Capability::Stream,
+            Capability::Tools,
+            Capability::JsonSchema,
+        ];
         let c = route_cost(&route, every);
         let tokens = |cap| {
             let t = wire::input_texts(cap);
@@ -307,8 +308,7 @@ mod tests {
         );
         assert_eq!(c.capabilities.output_tokens, 2.0 * 2_880.0 * 64.0);
         let added = c.capabilities.cost(Some(&price)).unwrap();
-        let by_hand =
-            (2_880.0 * (TOOLS_IN + SCHEMA_IN) as f64 * 2.0 + 5_760.0 * 64.0 * 8.0) / 1e6;
+        let by_hand = (2_880.0 * (TOOLS_IN + SCHEMA_IN) as f64 * 2.0 + 5_760.0 * 64.0 * 8.0) / 1e6;
         assert!((added - by_hand).abs() < 1e-9, "{added} vs {by_hand}");
         assert!((added - ADDED_CNY).abs() < 1e-6, "{added}");
         // The total, the status API's view and check-config's table carry it.

@@ -68,7 +68,11 @@ fn unauthorized() -> Response {
 }
 
 /// `POST /v1/chat/completions`.
-async fn openai_chat(State(b): State<Shared>, headers: HeaderMap, Json(req): Json<Value>) -> Response {
+async fn openai_chat(
+    State(b): State<Shared>,
+    headers: HeaderMap,
+    Json(req): Json<Value>,
+) -> Response {
     if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some(&format!("Bearer {KEY}"))
     {
         return unauthorized();
@@ -123,7 +127,12 @@ async fn anthropic_messages(
     headers: HeaderMap,
     Json(req): Json<Value>,
 ) -> Response {
-    let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let h = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
     if h("x-api-key").as_deref() != Some(KEY) || h("anthropic-version").is_none() {
         return json(
             StatusCode::UNAUTHORIZED,
@@ -136,7 +145,10 @@ async fn anthropic_messages(
             .sse();
     }
     let Some(name) = req["tool_choice"]["name"].as_str().map(str::to_owned) else {
-        return json(StatusCode::OK, anthropic::body("PROBE_OK", "end_turn", Some(3)));
+        return json(
+            StatusCode::OK,
+            anthropic::body("PROBE_OK", "end_turn", Some(3)),
+        );
     };
     let mut b = b.lock().unwrap();
     let input = if name == "probe_echo" {
@@ -272,9 +284,8 @@ impl Rig {
 
     /// The drift snapshot the monitor publishes: the capability findings merged in.
     fn publish_drift(&self) -> Arc<DriftSnapshot> {
-        let merged = Arc::new(
-            DriftSnapshot::empty(self.clock.now()).with_capabilities(&self.lost.borrow()),
-        );
+        let merged =
+            Arc::new(DriftSnapshot::empty(self.clock.now()).with_capabilities(&self.lost.borrow()));
         self.drift_tx.send_replace(merged.clone());
         merged
     }
@@ -367,8 +378,7 @@ async fn working_tools_and_json_schema_on_both_dialects_show_ok_and_full_success
     let mut rig = Rig::new(&server, now).await;
 
     // Chat answers through the same fakes (the streamed PROBE_OK probe).
-    let client =
-        ProbeClient::with_env(&rig.routes, rig.clock.clone(), &rig.config.env).unwrap();
+    let client = ProbeClient::with_env(&rig.routes, rig.clock.clone(), &rig.config.env).unwrap();
     for r in rig.routes.iter() {
         let o = client.probe(r, OutcomeKind::Probe).await;
         assert!(o.success, "{}: {:?}", r.id, o.error);
@@ -394,7 +404,10 @@ async fn working_tools_and_json_schema_on_both_dialects_show_ok_and_full_success
             let c = &r["capabilities"][cap];
             assert_eq!(c["ok"], true, "{id} {cap}: {c}");
             assert_eq!(c["success_7d"], 1.0, "{id} {cap}: {c}");
-            assert_eq!(c["checked_at"], "2026-03-04T12:30:00.000Z", "{id} {cap}: {c}");
+            assert_eq!(
+                c["checked_at"], "2026-03-04T12:30:00.000Z",
+                "{id} {cap}: {c}"
+            );
             assert!(c.get("error").is_none(), "{c}");
         }
         assert!(r["capabilities"].get("stream").is_none());
@@ -452,7 +465,11 @@ async fn tool_arguments_that_stop_parsing_are_capability_lost_with_one_alert_the
     // Tool calls break; chat keeps answering.
     b.lock().unwrap().tools_broken = true;
     rig.clock.advance(Duration::from_secs(900));
-    assert_eq!(rig.prober.probe(tools).await, Verdict::Recheck, "a first failure is re-probed");
+    assert_eq!(
+        rig.prober.probe(tools).await,
+        Verdict::Recheck,
+        "a first failure is re-probed"
+    );
     assert!(rig.lost.borrow().is_empty(), "one failure is not a finding");
     rig.clock.advance(Duration::from_secs(60));
     assert_eq!(rig.prober.probe(tools).await, Verdict::Next);
@@ -462,7 +479,11 @@ async fn tool_arguments_that_stop_parsing_are_capability_lost_with_one_alert_the
     assert_eq!(f.kind, DriftKind::CapabilityLost);
     assert_eq!(f.set, "tools");
     assert_eq!(f.route.as_str(), GPT);
-    assert!(f.summary.starts_with("capability_lost: tools"), "{}", f.summary);
+    assert!(
+        f.summary.starts_with("capability_lost: tools"),
+        "{}",
+        f.summary
+    );
     assert!(f.summary.contains("not JSON"), "{}", f.summary);
 
     let drift = rig.publish_drift();
@@ -489,7 +510,10 @@ async fn tool_arguments_that_stop_parsing_are_capability_lost_with_one_alert_the
         opened.push(e);
     }
     assert_eq!(opened.len(), 1, "{opened:?}");
-    assert!(matches!(&opened[0], HealthEvent::DriftFinding { opened: true, .. }));
+    assert!(matches!(
+        &opened[0],
+        HealthEvent::DriftFinding { opened: true, .. }
+    ));
     alerts.push(opened).await;
     let round = alerts.service.deliver().await.unwrap();
     assert_eq!(round.delivered, 1, "{round:?}");
@@ -517,7 +541,10 @@ async fn tool_arguments_that_stop_parsing_are_capability_lost_with_one_alert_the
         .text()
         .await
         .unwrap();
-    assert!(page.contains("capability_lost: 对话正常，但声明的 tools 能力失效"), "{page}");
+    assert!(
+        page.contains("capability_lost: 对话正常，但声明的 tools 能力失效"),
+        "{page}"
+    );
 
     // Recovery: one good answer closes the finding and resolves the alert.
     b.lock().unwrap().tools_broken = false;
@@ -526,16 +553,16 @@ async fn tool_arguments_that_stop_parsing_are_capability_lost_with_one_alert_the
     assert!(rig.lost.borrow().is_empty());
     rig.publish_drift();
     let closed = vec![next(&mut events).await];
-    assert!(matches!(&closed[0], HealthEvent::DriftFinding { opened: false, .. }));
+    assert!(matches!(
+        &closed[0],
+        HealthEvent::DriftFinding { opened: false, .. }
+    ));
     alerts.push(closed).await;
     alerts.service.deliver().await.unwrap();
     let got = receiver.got();
     assert_eq!(got.len(), 2, "the firing message, then its resolution");
     assert_eq!(got[1].body["status"], "resolved", "{}", got[1].body);
-    assert!(alerts
-        .outbox()
-        .iter()
-        .all(|r| r.status == "delivered"));
+    assert!(alerts.outbox().iter().all(|r| r.status == "delivered"));
     forwarder.abort();
 }
 
