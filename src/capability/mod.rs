@@ -8,7 +8,8 @@
 //! - [`client`]: sending one, bounded;
 //! - [`judge`]: two failures in a row (the second a quick re-probe) while chat answers open a
 //!   `capability_lost` finding, one success closes it (pure);
-//! - [`run`]: the leader's task — spread over the interval, a few probes at a time, every
+//! - [`run`]: the leader's task — spread over the interval, a bounded few probes at a time
+//!   ([`in_flight`]), every
 //!   result stored (`store::capabilities`), the open findings published on a `watch` channel.
 //!
 //! The findings are drift findings of kind `capability_lost` (`behavior_changed`, severity
@@ -40,9 +41,21 @@ use crate::secret::Env;
 use crate::store::capabilities::{CapabilityOp, CapabilityRow};
 use crate::store::Store;
 
-/// The most capability probes in flight at once: they are low priority next to the chat
-/// probes, and a slow provider must not hold the others back.
-pub const MAX_IN_FLIGHT: usize = 4;
+/// The fewest capability probes in flight at once: a slow provider must not hold the others
+/// back.
+pub const MIN_IN_FLIGHT: usize = 4;
+/// The most: they are low priority next to the chat probes.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// What one probe is assumed to take when sizing the bound: a slow forced tool call.
+const PROBE_TIME: Duration = Duration::from_secs(10);
+
+/// How many of `items` probes may be in flight at once so that each is probed every `every`
+/// even when each takes [`PROBE_TIME`]: between [`MIN_IN_FLIGHT`] and [`MAX_IN_FLIGHT`] (past
+/// that a round takes longer than `every`, and probes come later, never more often).
+pub fn in_flight(items: usize, every: Duration) -> usize {
+    let needed = (items as f64 * PROBE_TIME.as_secs_f64() / every.as_secs_f64().max(1.0)).ceil();
+    (needed as usize).clamp(MIN_IN_FLIGHT, MAX_IN_FLIGHT)
+}
 
 /// A capability that is probed (`stream` is the chat probe itself; `vision` is not probed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -254,8 +267,8 @@ impl Prober {
 }
 
 /// Probes every declared capability of every route at `[capability] every`, the first round
-/// spread evenly over one interval, never more than [`MAX_IN_FLIGHT`] at a time and never one
-/// item twice at once; a first failure is probed again after [`judge::RECHECK`]. Runs until
+/// spread evenly over one interval, never more than [`in_flight`] at a time and never one item
+/// twice at once; a first failure is probed again after [`judge::RECHECK`]. Runs until
 /// `shutdown`.
 pub async fn run(
     d: CapabilityDriver,
@@ -276,6 +289,7 @@ pub async fn run(
         shutdown.cancelled().await;
         return;
     }
+    let limit = in_flight(n, every);
     let start = Instant::now();
     let slots = u32::try_from(n).unwrap_or(u32::MAX);
     let mut due: Vec<Instant> = (0..slots).map(|i| start + every * i / slots).collect();
@@ -284,7 +298,7 @@ pub async fn run(
     loop {
         let now = Instant::now();
         for i in 0..n {
-            if running.len() >= MAX_IN_FLIGHT {
+            if running.len() >= limit {
                 break;
             }
             if !busy[i] && due[i] <= now {
@@ -292,7 +306,7 @@ pub async fn run(
                 running.spawn(p.send(i));
             }
         }
-        let next = (running.len() < MAX_IN_FLIGHT)
+        let next = (running.len() < limit)
             .then(|| (0..n).filter(|&i| !busy[i]).map(|i| due[i]).min())
             .flatten();
         let sleep = async {
@@ -322,5 +336,19 @@ pub async fn run(
                     };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bound_grows_with_the_fleet_within_its_limits() {
+        let q = Duration::from_secs(900);
+        assert_eq!(in_flight(4, q), MIN_IN_FLIGHT);
+        // 2,000 routes × 2 capabilities every 15 min at 10 s each: 45 at once.
+        assert_eq!(in_flight(4_000, q), 45);
+        assert_eq!(in_flight(20_000, q), MAX_IN_FLIGHT);
     }
 }
