@@ -588,6 +588,39 @@ async fn json_schema_answers_that_do_not_validate_are_capability_lost_on_both_di
     assert!(lost
         .iter()
         .all(|f| f.summary.contains("does not match the schema")));
+
+    // Each is one warning, written in both languages.
+    let merged = DriftSnapshot::empty(now).with_capabilities(&lost);
+    let events = probeok::drift::events::events(&DriftSnapshot::empty(now), &merged, now);
+    let mut grouper = probeok::alert::group::Grouper::new(Duration::ZERO, &rig.config.routes());
+    for e in events {
+        grouper.push(e, now);
+    }
+    let drafts = grouper.flush(now);
+    assert_eq!(drafts.len(), 2);
+    let ctx = probeok::alert::RenderCtx::from_config(&rig.config);
+    let m = &drafts[1].message;
+    assert_eq!(m.severity, Severity::Warning);
+    let en = probeok::alert::render::render(m, probeok::alert::Lang::En, &ctx);
+    assert!(
+        en.title.contains(
+            "openai/us/gpt-4o: json_schema capability lost while chat still answers (capability_lost: json_schema)"
+        ),
+        "{}",
+        en.title
+    );
+    assert!(
+        en.text.contains("route's state and weight are unchanged"),
+        "{}",
+        en.text
+    );
+    let zh = probeok::alert::render::render(m, probeok::alert::Lang::Zh, &ctx);
+    assert!(
+        zh.title
+            .contains("对话正常但 json_schema 能力失效(capability_lost: json_schema)"),
+        "{}",
+        zh.title
+    );
 }
 
 #[tokio::test]
@@ -719,4 +752,75 @@ every = "10s"
         .unwrap()
         .config;
     assert_eq!(ok.capability.every, Duration::from_secs(15 * 60));
+}
+
+/// The wiring: `serve`'s leader probes a declared capability on its own (the first item of a
+/// round at once) and `/api/v1/status` shows the stored result. Polled with a deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_probes_declared_capabilities_and_the_status_shows_them() {
+    let (server, b) = provider().await;
+    let dir = tempfile::tempdir().unwrap();
+    let src = format!(
+        r#"
+[storage]
+path = "{db}"
+[probe]
+interval = "3s"
+timeout = "2800ms"
+first_byte_timeout = "1s"
+[capability]
+every = "1m"
+[[provider]]
+id = "openai"
+api_key_env = "FAKE_KEY"
+  [[provider.region]]
+  id = "us"
+  base_url = "{base}/v1"
+[[route]]
+provider = "openai"
+region = "us"
+model = "gpt-4o"
+serves = "chat"
+capabilities = ["stream", "tools"]
+"#,
+        db = dir.path().join("serve.db").display(),
+        base = server.base_url()
+    );
+    let mut config = Config::parse(&src, "serve.toml").unwrap().config;
+    config.env = Env::given().with("FAKE_KEY", KEY);
+    let shutdown = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = probeok::app::start(
+        config,
+        listener,
+        Arc::new(probeok::clock::SystemClock),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let base = format!("http://{}", running.addr);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let tools = loop {
+        let s = status(&base).await;
+        let c = route(&s, GPT)["capabilities"]["tools"].clone();
+        if c["ok"] == true {
+            break c;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no capability result shown in 20 s: {c}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(tools["success_7d"], 1.0, "{tools}");
+    assert_eq!(b.lock().unwrap().seen.len(), 1, "one probe per minute");
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(
+        probeok::app::DRAIN_TIMEOUT + Duration::from_secs(2),
+        running.done,
+    )
+    .await
+    .expect("shutdown drains within its bound")
+    .unwrap();
+    assert!(stopped.is_ok(), "{stopped:?}");
 }
