@@ -106,6 +106,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0025_catalog",
         include_str!("../../migrations/sqlite/0025_catalog.sql"),
     ),
+    (
+        "0026_capabilities",
+        include_str!("../../migrations/sqlite/0026_capabilities.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -201,6 +205,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0025_catalog",
         include_str!("../../migrations/postgres/0025_catalog.sql"),
+    ),
+    (
+        "0026_capabilities",
+        include_str!("../../migrations/postgres/0026_capabilities.sql"),
     ),
 ];
 

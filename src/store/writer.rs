@@ -147,6 +147,11 @@ pub(crate) enum Command {
         op: super::catalog::CatalogOp,
         ack: Ack<u64>,
     },
+    /// One capability probe's result (`store/capabilities.rs`).
+    Capability {
+        op: super::capabilities::CapabilityOp,
+        ack: Ack<u64>,
+    },
     /// A write to the `drills` table (`store/drills.rs`).
     Drill {
         op: super::drills::DrillOp,
@@ -211,7 +216,8 @@ impl Command {
             | Command::Subscriber { ack, .. }
             | Command::Gateway { ack, .. }
             | Command::Declared { ack, .. }
-            | Command::Catalog { ack, .. } => {
+            | Command::Catalog { ack, .. }
+            | Command::Capability { ack, .. } => {
                 let _ = ack.send(result);
             }
             Command::Shutdown { ack } => {
@@ -686,6 +692,7 @@ impl State {
                 Command::Gateway { op, .. } => super::gateways::apply(&tx, op)?,
                 Command::Declared { op, .. } => super::declared::apply(&tx, op)?,
                 Command::Catalog { op, .. } => super::catalog::apply(&tx, op)?,
+                Command::Capability { op, .. } => super::capabilities::apply(&tx, op)?,
                 Command::Vantage {
                     items,
                     now,

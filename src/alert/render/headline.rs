@@ -115,6 +115,14 @@ pub(super) fn headline(w: &Words, m: &Message) -> String {
             (Lang::Zh, "model_changed") => {
                 format!("{}：上报的模型版本变化(回归集 {})", d.route, d.set)
             }
+            (Lang::En, "capability_lost") => format!(
+                "{}: {} capability lost while chat still answers (capability_lost: {})",
+                d.route, d.set, d.set
+            ),
+            (Lang::Zh, "capability_lost") => format!(
+                "{}：对话正常但 {} 能力失效(capability_lost: {})",
+                d.route, d.set, d.set
+            ),
             (Lang::En, kind) => format!(
                 "{}: behaviour changed on regression set {} ({kind})",
                 d.route, d.set

@@ -51,6 +51,8 @@ pub struct RoutePage {
     pub shadow: Option<super::shadow::ShadowBox>,
     /// Real traffic's observables (1 h / 24 h).
     pub observed: super::observed::ObservedTable,
+    /// The declared capabilities' probes.
+    pub capabilities: super::capabilities::CapabilityTable,
     /// What the provider's status page declares of the route, while it declares trouble.
     pub declared: Option<String>,
     /// The declared incident's link (http(s) only).
@@ -151,6 +153,12 @@ pub async fn route(
         vantage_local: local(&health, &route.id),
         vw: words(lang),
         observed: super::observed::table(lang, &route, &figures),
+        capabilities: super::capabilities::table(
+            lang,
+            &route,
+            &figures,
+            state.drift.as_ref().map(|d| d.borrow().clone()).as_deref(),
+        ),
         c: Chrome::new(
             lang,
             route.id.as_str(),
@@ -245,7 +253,7 @@ pub async fn route(
             ),
         probe_cost: i18n::probe_cost(
             lang,
-            &crate::probe::cost::ProbeCostView::new(&route.probe, route.price.as_ref()),
+            &crate::probe::cost::ProbeCostView::of_route(&route, config.capability.every),
         ),
     }
     .render()
