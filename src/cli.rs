@@ -130,14 +130,21 @@ pub fn check_config(path: &Path) -> Result<(), CliError> {
     ));
     crate::stdout::print(format_args!("{}", routes_table(&routes)));
     crate::stdout::print(format_args!("{}", sets_summary(&config, &sets, &routes)));
-    crate::stdout::print(format_args!("{}", cost_summary(&sets, &routes)));
+    crate::stdout::print(format_args!(
+        "{}",
+        cost_summary(&sets, &routes, config.capability.every)
+    ));
     crate::stdout::print(format_args!("{}", alert_channels_summary(&config, &routes)));
     Ok(())
 }
 
 /// What probing and the regression sets will cost per month, per route and in total, before
 /// any of it is spent (see [`crate::probe::cost`] for what is counted).
-fn cost_summary(sets: &[drift::RegressionSet], routes: &[Route]) -> String {
+fn cost_summary(
+    sets: &[drift::RegressionSet],
+    routes: &[Route],
+    capability_every: std::time::Duration,
+) -> String {
     use crate::probe::cost::{self, CallTokens};
     let mut rows = vec![[
         "ROUTE".to_owned(),
@@ -145,6 +152,7 @@ fn cost_summary(sets: &[drift::RegressionSet], routes: &[Route]) -> String {
         "PROBE TOKENS".to_owned(),
         "THROUGHPUT TOKENS".to_owned(),
         "CONFIRM TOKENS".to_owned(),
+        "CAPABILITY TOKENS".to_owned(),
         "SET TOKENS".to_owned(),
         "TOTAL TOKENS".to_owned(),
         "COST/MO".to_owned(),
@@ -157,10 +165,7 @@ fn cost_summary(sets: &[drift::RegressionSet], routes: &[Route]) -> String {
     let mut costs: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
     for r in routes {
         // An embeddings route: its embeddings probe, and no regression sets.
-        let c = match r.embedding {
-            None => cost::probe_cost(&r.probe),
-            Some(_) => cost::embed_cost(&r.probe),
-        };
+        let c = cost::route_cost(r, capability_every);
         let sets_month = sets
             .iter()
             .filter(|s| s.applies(r) && r.embedding.is_none())
@@ -197,11 +202,12 @@ fn cost_summary(sets: &[drift::RegressionSet], routes: &[Route]) -> String {
             r.id.to_string(),
             format!(
                 "{:.0}",
-                c.probes.calls + c.throughput.calls + c.confirmations.calls
+                c.probes.calls + c.throughput.calls + c.confirmations.calls + c.capabilities.calls
             ),
             format!("{:.0}", c.probes.tokens()),
             format!("{:.0}", c.throughput.tokens()),
             format!("{:.0}", c.confirmations.tokens()),
+            format!("{:.0}", c.capabilities.tokens()),
             format!("{:.0}", sets_month.tokens()),
             format!("{all:.0}"),
             fmt_cost(money, price.map(|p| p.currency.as_str())),
@@ -218,9 +224,11 @@ fn cost_summary(sets: &[drift::RegressionSet], routes: &[Route]) -> String {
     };
     format!(
         "probe cost per month (30 days; output counted at max_tokens, an upper bound; \
-         confirmation probes at {:.0}% of probes, the abnormal-outcome rate of a healthy jittery day):\n{}\
+         confirmation probes at {:.0}% of probes, the abnormal-outcome rate of a healthy jittery day; \
+         declared tools / json_schema capabilities probed every {}):\n{}\
          total: {tokens:.0} tokens, {total_cost} per month\n",
         cost::CONFIRM_RATE * 100.0,
+        humantime::format_duration(capability_every),
         format_table(&rows),
     )
 }

@@ -94,6 +94,12 @@
 //!   probeok disabled are enabled again, remembered in the store; one write per channel per
 //!   10 s; refusals retried with backoff and alerted as `sync_failed`); the pure decisions in
 //!   `sync::plan`, the gateways' admin API in `sync::client`.
+//! - [`capability`]: capability probes — each route's declared `tools` and `json_schema`
+//!   probed every `[capability] every` with a forced function call and a fixed JSON schema
+//!   (`capability::wire`, pure, per provider dialect), spread and bounded by the leader's task;
+//!   results in `store::capabilities`; two failures in a row while chat answers are a
+//!   `capability_lost` drift finding (`capability::judge`, pure): alerted, never an outage,
+//!   never a weight change.
 //! - [`catalog`]: the providers' model lists, read by the leader every `[catalog] every` per
 //!   provider region (`catalog::client`, OpenAI-compatible and Anthropic, bounded): first and
 //!   last seen per model in `store::catalog`, a routed model missing from two answers in a row
@@ -238,6 +244,7 @@ pub mod store;
 pub mod agent;
 
 // Domain.
+pub mod capability;
 pub mod catalog;
 pub mod cluster;
 pub mod declared;

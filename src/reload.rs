@@ -209,6 +209,8 @@ pub fn plan(old: &Config, new: &Config) -> (Config, Plan) {
     // The catalog task is started with the leader's term, its provider regions (the routes)
     // and the routes' retirement dates with it.
     restart!("catalog", catalog);
+    // The capability probes' task is started with the leader's term, its cadence with it.
+    restart!("capability", capability);
     // Later diagnostics point into the file as it is now.
     next.source_map = new.source_map.clone();
     (next, p)

@@ -7,7 +7,8 @@
 //! last announced it), moved along as an enqueue fires and resolves keys; the keys are worked
 //! out per channel, as each channel's `routes` regroup the message it triggered with.
 
-use std::collections::{BTreeSet, HashMap};
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::texts::{Parsed, Texts};
@@ -21,6 +22,9 @@ pub struct Announced {
     /// Parsed texts, each once per enqueue (found by address: a grouped text of thousands
     /// of routes is neither hashed nor compared per route).
     texts: Texts,
+    /// Per channel, the shared causes it was told of and at what severity (built when a
+    /// message with a cause is first written for it, then kept up to date).
+    told: HashMap<String, HashMap<String, super::Severity>>,
 }
 
 impl Announced {
@@ -82,13 +86,29 @@ impl Announced {
         candidates.into_iter().collect()
     }
 
-    /// The routes whose state alert (an incident) is firing, each at its severity.
-    pub fn states_firing(&mut self) -> HashMap<crate::route::RouteId, super::Severity> {
+    /// The routes whose state alert (an incident) is firing, each at its severity and the time
+    /// the route entered the state it was announced in.
+    pub fn states_firing(
+        &mut self,
+    ) -> HashMap<crate::route::RouteId, (super::Severity, chrono::DateTime<chrono::Utc>)> {
+        let mut out = HashMap::new();
+        for (_, item, sev) in self.incident_items() {
+            let e = out.entry(item.route.clone()).or_insert((sev, item.at));
+            if sev > e.0 {
+                *e = (sev, item.at);
+            }
+        }
+        out
+    }
+
+    /// Every firing state alert: its incident id, the route item that announced it, and its
+    /// severity.
+    fn incident_items(&mut self) -> Vec<(String, super::RouteItem, super::Severity)> {
         let incidents: Vec<(String, Arc<str>)> = (self.by_key.iter())
             .filter(|(k, _)| k.starts_with("incident:"))
             .map(|(k, t)| (k.clone(), t.clone()))
             .collect();
-        let mut out = HashMap::new();
+        let mut out = Vec::with_capacity(incidents.len());
         for (key, text) in incidents {
             let Some(p) = self.texts.get(&text) else {
                 continue;
@@ -97,12 +117,88 @@ impl Announced {
             let Some(i) = p.incident(id) else {
                 continue;
             };
-            let m = &p.message;
-            let sev = super::Severity::of_state(i.to).unwrap_or(m.severity);
-            let e = out.entry(i.route.clone()).or_insert(sev);
-            *e = (*e).max(sev);
+            let sev = super::Severity::of_state(i.to).unwrap_or(p.message.severity);
+            out.push((id.to_owned(), i.clone(), sev));
         }
         out
+    }
+
+    /// A firing `m` as the channel `channel` (route globs `routes`) is to hear it: the routes
+    /// of a shared cause it was told of already, at their severity or higher, are left out —
+    /// they add to the outage it was paged for; a route that makes it worse is said. `None`
+    /// when nothing is left.
+    pub fn unheard<'a>(
+        &mut self,
+        channel: &str,
+        routes: &[String],
+        mut m: Cow<'a, super::Message>,
+    ) -> Option<Cow<'a, super::Message>> {
+        if m.status != super::Status::Firing || m.items.iter().all(|i| i.cause.is_none()) {
+            return Some(m);
+        }
+        if !self.told.contains_key(channel) {
+            // What the channel heard before this message (whose routes fire already).
+            let own: HashSet<&str> = (m.items.iter())
+                .filter_map(|i| i.incident_id.as_deref())
+                .collect();
+            let mut told: HashMap<String, super::Severity> = HashMap::new();
+            for (id, item, sev) in self.incident_items() {
+                let Some(cause) = item.cause else { continue };
+                if own.contains(id.as_str()) || !routing::owns(routes, &item.route) {
+                    continue;
+                }
+                let e = told.entry(cause).or_insert(sev);
+                *e = (*e).max(sev);
+            }
+            self.told.insert(channel.to_owned(), told);
+        }
+        let told = self.told.get_mut(channel)?;
+        let fallback = m.severity;
+        let sev = |i: &super::RouteItem| super::Severity::of_state(i.to).unwrap_or(fallback);
+        let heard = |i: &super::RouteItem| {
+            (i.cause.as_ref()).is_some_and(|c| told.get(c).is_some_and(|s| *s >= sev(i)))
+        };
+        if m.items.iter().any(heard) {
+            let own = m.to_mut();
+            own.items.retain(|i| !heard(i));
+            if own.items.is_empty() {
+                return None;
+            }
+            own.severity = (own.items.iter().map(sev)).max().unwrap_or(own.severity);
+        }
+        for i in &m.items {
+            if let Some(c) = &i.cause {
+                let e = told.entry(c.clone()).or_insert(sev(i));
+                *e = (*e).max(sev(i));
+            }
+        }
+        Some(m)
+    }
+
+    /// Per shared cause, the incidents whose state alert fires and whose route has not
+    /// recovered yet (a recovery held back is under `held:<incident id>`).
+    pub fn causes_open(&mut self) -> HashMap<String, Vec<String>> {
+        let mut out: HashMap<String, Vec<String>> = HashMap::new();
+        for (id, item, _) in self.incident_items() {
+            if let Some(cause) = item.cause {
+                if !self.by_key.contains_key(&held_key(&id)) {
+                    out.entry(cause).or_default().push(id);
+                }
+            }
+        }
+        out
+    }
+
+    /// The recoveries held back: per incident id, the resolution text that held it.
+    pub fn held(&self) -> Vec<(String, Arc<str>)> {
+        (self.by_key.iter())
+            .filter_map(|(k, t)| Some((k.strip_prefix("held:")?.to_owned(), t.clone())))
+            .collect()
+    }
+
+    /// The message `text` holds, parsed once per enqueue.
+    pub fn parsed(&mut self, text: &Arc<str>) -> Option<Arc<Parsed>> {
+        self.texts.get(text)
     }
 
     /// The key the message `text` was triggered with on a channel with `routes` (memoised in
@@ -125,6 +221,11 @@ impl Announced {
         keys.insert(at, k.clone());
         k
     }
+}
+
+/// The firing key under which the recovery of incident `id` waits for its cause's last route.
+pub fn held_key(id: &str) -> String {
+    format!("held:{id}")
 }
 
 /// The route a firing key (`incident:<id>`, or a gathered message's member) names in the
@@ -160,6 +261,7 @@ mod tests {
             peak: None,
             shifted: None,
             path: Vec::new(),
+            cause: None,
         }
     }
 

@@ -258,6 +258,10 @@ pub struct RouteItem {
     /// changed more than once (`NORMAL, WARNING, DEGRADED`); empty after a single change.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub path: Vec<State>,
+    /// The shared cause the route's incident was judged with (`provider/region:class`): a
+    /// channel told of a cause hears of its later routes only when they make it worse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
 }
 
 impl RouteItem {

@@ -483,6 +483,21 @@ fn drift_lines(w: &Words, d: &super::DriftAlert, lines: &mut Vec<Line>) {
             )
         }
     };
+    if d.kind == "capability_lost" {
+        lines.push(Line::Field(
+            w.t("Failed probes in a row", "连续失败的能力探测").into(),
+            d.after_total.to_string(),
+        ));
+        lines.push(Line::Field(
+            w.t("Chat", "对话").into(),
+            w.t(
+                "still answers: the route's state and weight are unchanged",
+                "仍正常：线路状态与权重不变",
+            )
+            .into(),
+        ));
+        return;
+    }
     if d.kind == "embedding_changed" {
         lines.push(Line::Field(
             w.t("What to do", "处理建议").into(),

@@ -93,6 +93,7 @@ mod tests {
             peak: None,
             shifted: None,
             path: Vec::new(),
+            cause: None,
         }
     }
 

@@ -269,12 +269,32 @@ pub(super) async fn lead(
         token.clone(),
     );
     tasks.push(traffic_task);
-    // Embeddings routes' changed models join them the same way.
-    let (outside, joined) = join_findings(traffic, embedded, token.clone());
-    tasks.push(joined);
+    // Declared `tools` / `json_schema` capabilities are probed from the leader; their
+    // `capability_lost` findings join the drift findings the same way.
+    let (lost_tx, lost) = watch::channel(Arc::new(Vec::new()));
+    tasks.push(sv.spawn(
+        "capabilities",
+        token.clone(),
+        crate::capability::run(
+            crate::capability::CapabilityDriver {
+                routes: m.routes.clone(),
+                config: m.config.capability.clone(),
+                env: m.config.env.clone(),
+                store: Some(m.store.clone()),
+                retention: Duration::from_secs(u64::from(m.config.storage.retention_days) * 86_400),
+                clock: m.clock.clone(),
+                health: m.health.subscribe(),
+            },
+            lost_tx,
+            token.clone(),
+        ),
+    ));
     let (merged_tx, merged) =
         watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(m.clock.now())));
-    tasks.push(merge_drift(runs, outside, merged_tx, token.clone()));
+    // Embeddings routes' changed models join real traffic's findings the same way.
+    let (outside, joined) = join_findings(traffic, embedded, token.clone());
+    tasks.push(joined);
+    tasks.push(merge_drift(runs, outside, lost, merged_tx, token.clone()));
     tasks.push(relay(merged.clone(), m.drift.clone(), token.clone()));
     tasks.push(crate::drift::events::spawn(
         merged,
@@ -396,23 +416,29 @@ pub(super) async fn lead(
 }
 
 /// Copies a term's watch into the member's until the term ends (or the source is gone).
-/// The regression runner's snapshot (when it runs) with real traffic's findings merged in,
-/// republished whenever either changes; a side that ends keeps its last value.
+/// The regression runner's snapshot (when it runs) with real traffic's findings and the
+/// capability probes' merged in, republished whenever one changes; a side that ends keeps its
+/// last value.
 fn merge_drift(
     mut runs: Option<watch::Receiver<Arc<crate::drift::DriftSnapshot>>>,
     mut traffic: watch::Receiver<Arc<Vec<crate::drift::DriftFinding>>>,
+    mut lost: crate::capability::LostRx,
     to: watch::Sender<Arc<crate::drift::DriftSnapshot>>,
     token: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut base = to.borrow().clone();
         let mut traffic_open = true;
+        let mut lost_open = true;
         loop {
             if let Some(r) = runs.as_mut() {
                 base = r.borrow_and_update().clone();
             }
             let found = traffic.borrow_and_update().clone();
-            to.send_replace(Arc::new(base.with_traffic(&found)));
+            let lost_now = lost.borrow_and_update().clone();
+            to.send_replace(Arc::new(
+                base.with_traffic(&found).with_capabilities(&lost_now),
+            ));
             let runs_changed = async {
                 match runs.as_mut() {
                     Some(r) => r.changed().await.is_ok(),
@@ -426,12 +452,20 @@ fn merge_drift(
                     std::future::pending().await
                 }
             };
+            let lost_changed = async {
+                if lost_open {
+                    lost.changed().await.is_ok()
+                } else {
+                    std::future::pending().await
+                }
+            };
             tokio::select! {
                 _ = token.cancelled() => return,
                 ok = runs_changed => if !ok { runs = None },
                 ok = traffic_changed => if !ok { traffic_open = false },
+                ok = lost_changed => if !ok { lost_open = false },
             }
-            if runs.is_none() && !traffic_open {
+            if runs.is_none() && !traffic_open && !lost_open {
                 return;
             }
         }

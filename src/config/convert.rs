@@ -293,6 +293,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         .collect();
 
     let catalog = super::catalog::catalog(ck, raw.catalog, &raw.routes);
+    let capability = super::capability::capability(ck, raw.capability);
     let routes = raw
         .routes
         .into_iter()
@@ -387,6 +388,7 @@ fn convert(raw: RawConfig, ck: &mut Checker<'_>, label: &str, map: &SourceMap) -
         subscriptions: subscriptions(ck, raw.subscriptions),
         sync: super::sync::syncs(ck, raw.sync),
         catalog,
+        capability,
         source_map: map.text_only(),
         env: crate::secret::Env::process(),
     }

@@ -3,7 +3,8 @@
 //! [[alert.feishu]] [[alert.email]] [[alert.webhook]] [[alert.wecom]] [[alert.slack]] [[alert.teams]]
 //! [[alert.telegram]] [[alert.pagerduty]] [[alert.opsgenie]] [[maintenance]] [drift] [proxy] [proxy.breaker]
 //! [switch] [budget] [[contract]] [heartbeat] [drill] [cluster] [tracing] [[vantage]] [quorum] [agent]
-//! [[shadow]] [[envoy.cluster]] [haproxy] [subscriptions] [[sync]] [catalog]`. Other sections are rejected as unknown
+//! [[shadow]] [[envoy.cluster]] [haproxy] [subscriptions] [[sync]] [catalog]
+//! [capability]`. Other sections are rejected as unknown
 //! keys until the issue that builds their behaviour adds them.
 //!
 //! Loading has two stages. Stage one is serde (`deny_unknown_fields`): it stops at the first
@@ -16,6 +17,7 @@
 //! Every section struct implements `Default` with the documented defaults, so a config can also be built
 //! in code (the demo) and checked with [`Config::validate`].
 
+mod capability;
 mod catalog;
 mod clients;
 mod convert;
@@ -43,6 +45,7 @@ use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteI
 use crate::secret::Env;
 use crate::severity::Severity;
 
+pub use capability::CapabilityConfig;
 pub use catalog::CatalogConfig;
 pub use clients::{ClientConfig, Per, SpendLimit};
 pub(crate) use convert::parse_located;
@@ -113,6 +116,8 @@ pub struct Config {
     pub sync: Vec<SyncConfig>,
     /// `[catalog]` and `route.retires`: the providers' model lists, read by the leader.
     pub catalog: CatalogConfig,
+    /// `[capability]`: how often declared `tools` / `json_schema` capabilities are probed.
+    pub capability: CapabilityConfig,
     /// Positions in the source, so diagnostics found after loading are located too.
     /// `SourceMap::default()` for a config built in code.
     pub source_map: SourceMap,
@@ -154,6 +159,7 @@ impl Default for Config {
             subscriptions: SubscriptionsConfig::default(),
             sync: Vec::new(),
             catalog: CatalogConfig::default(),
+            capability: CapabilityConfig::default(),
             source_map: SourceMap::default(),
             env: Env::process(),
         }

@@ -73,6 +73,15 @@ pub(super) struct RawConfig {
     pub sync: Vec<RawSync>,
     #[serde(default)]
     pub catalog: RawCatalog,
+    #[serde(default)]
+    pub capability: RawCapability,
+}
+
+/// `[capability]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCapability {
+    pub every: Option<String>,
 }
 
 /// `[catalog]`.

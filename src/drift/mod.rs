@@ -61,6 +61,12 @@ pub enum DriftKind {
     /// Real traffic's structured-output validity fell below this route's own past
     /// ([`traffic`]).
     ValidityDrop,
+    /// A declared `tools` or `json_schema` capability failed its probe twice in a row while
+    /// chat still answers (`crate::capability`); the finding's `set` names the capability.
+    /// It alerts and marks the route `behavior_changed` but never moves its weight: chat
+    /// traffic still works, and the proxy already routes requests needing the capability by
+    /// what routes declare.
+    CapabilityLost,
     /// An embeddings route's vector for the fixed text no longer matches its stored
     /// reference (`crate::embed`): another model answers under the same name.
     EmbeddingChanged,
@@ -73,6 +79,7 @@ impl DriftKind {
             DriftKind::LengthShift => "length_shift",
             DriftKind::ModelChanged => "model_changed",
             DriftKind::ValidityDrop => "validity_drop",
+            DriftKind::CapabilityLost => "capability_lost",
             DriftKind::EmbeddingChanged => "embedding_changed",
         }
     }
@@ -286,6 +293,15 @@ impl DriftSnapshot {
         out
     }
 
+    /// This snapshot with the capability probes' findings (`crate::capability`) in place of
+    /// any earlier ones.
+    pub fn with_capabilities(&self, lost: &[DriftFinding]) -> Self {
+        let mut out = self.clone();
+        out.findings.retain(|f| f.kind != DriftKind::CapabilityLost);
+        out.findings.extend(lost.iter().cloned());
+        out
+    }
+
     /// The route's current findings.
     pub fn route_findings<'a>(
         &'a self,
@@ -298,6 +314,13 @@ impl DriftSnapshot {
     /// then `behavior_changed`.
     pub fn behavior_changed(&self, route: &RouteId) -> bool {
         self.route_findings(route).any(DriftFinding::is_drift)
+    }
+
+    /// Whether `on_drift = "deweight"` lowers the route's weight: a drift finding other than a
+    /// lost capability (chat traffic still works on such a route).
+    pub fn deweights(&self, route: &RouteId) -> bool {
+        self.route_findings(route)
+            .any(|f| f.is_drift() && f.kind != DriftKind::CapabilityLost)
     }
 
     /// The quality gate. Primary routes always pass (their drift is a finding that

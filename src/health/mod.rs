@@ -36,6 +36,7 @@
 //! - [`service`]: the shell — owns every route's state, feeds it outcomes and ticks, persists
 //!   transitions, incidents and states, publishes snapshots and events.
 //! - [`control`]: the egress control probe (a plain GET of `[egress] control_url`).
+//! - [`outage`]: a shared cause's incidents grouped into outages for the incident history.
 
 pub(crate) mod baseline;
 pub mod cause;
@@ -48,6 +49,7 @@ pub(crate) mod evidence;
 pub(crate) mod fault;
 pub mod findings;
 pub mod headroom;
+pub mod outage;
 pub(crate) mod quorum;
 pub(crate) mod reasons;
 pub(crate) mod route_health;

@@ -1,7 +1,8 @@
 //! What probing costs, before it is spent (pure): tokens per month and their price, per route,
 //! from the route's probe settings — the `PROBE_OK` probe on its interval, the throughput probe
-//! on `throughput_every`, confirmation probes at an assumed rate of abnormal outcomes — and
-//! regression sets on their schedule. `check-config` prints it; the status API carries it.
+//! on `throughput_every`, confirmation probes at an assumed rate of abnormal outcomes, each
+//! declared `tools` / `json_schema` capability at `[capability] every` (`crate::capability`)
+//! — and regression sets on their schedule. `check-config` prints it; the status API carries it.
 //!
 //! Input tokens are the [`super::measure::estimate_tokens`] count of each message plus
 //! [`MESSAGE_OVERHEAD`]; output tokens are counted at `max_tokens`, the most a call may use, so
@@ -12,7 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::measure::estimate_tokens;
-use crate::route::{Price, ProbeSettings};
+use crate::route::{Price, ProbeSettings, Route};
 
 /// A month, for these figures: 30 days.
 pub const MONTH: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -100,12 +101,44 @@ pub struct ProbeCost {
     pub throughput: Monthly,
     /// Confirmation probes at [`CONFIRM_RATE`] (counted at the `PROBE_OK` probe's tokens).
     pub confirmations: Monthly,
+    /// The declared capabilities' probes at `[capability] every` (the quick re-probe after a
+    /// failure is not counted: a healthy route has none).
+    pub capabilities: Monthly,
 }
 
 impl ProbeCost {
     pub fn total(&self) -> Monthly {
-        self.probes.plus(self.throughput).plus(self.confirmations)
+        self.probes
+            .plus(self.throughput)
+            .plus(self.confirmations)
+            .plus(self.capabilities)
     }
+}
+
+/// A month of one capability probe every `every`.
+pub fn capability_cost(cap: crate::capability::Probed, every: Duration) -> Monthly {
+    let texts = crate::capability::wire::input_texts(cap);
+    let tokens = CallTokens::of(
+        texts.iter().map(String::as_str),
+        crate::capability::wire::MAX_TOKENS,
+    );
+    Monthly::of(per_month(every), tokens)
+}
+
+/// The month of probing `route`: [`probe_cost`] of its settings and its declared capabilities
+/// at `capability_every`.
+pub fn route_cost(route: &Route, capability_every: Duration) -> ProbeCost {
+    // An embeddings route: its embeddings probe, no chat capabilities to probe.
+    if route.embedding.is_some() {
+        return embed_cost(&route.probe);
+    }
+    let mut c = probe_cost(&route.probe);
+    c.capabilities = crate::capability::probed(route)
+        .into_iter()
+        .fold(Monthly::default(), |m, cap| {
+            m.plus(capability_cost(cap, capability_every))
+        });
+    c
 }
 
 /// The month of probing `s` describes.
@@ -122,6 +155,7 @@ pub fn probe_cost(s: &ProbeSettings) -> ProbeCost {
         probes: Monthly::of(probes, probe),
         throughput: Monthly::of(per_month(s.throughput_every), throughput),
         confirmations: Monthly::of(confirmations, probe),
+        capabilities: Monthly::default(),
     }
 }
 
@@ -148,6 +182,7 @@ pub fn embed_cost(s: &ProbeSettings) -> ProbeCost {
         probes: Monthly::of(probes, call),
         throughput: Monthly::default(),
         confirmations: Monthly::of(confirmations, call),
+        capabilities: Monthly::default(),
     }
 }
 
@@ -169,20 +204,16 @@ pub struct ProbeCostView {
 }
 
 impl ProbeCostView {
-    /// The route's: its chat probes, or its embeddings probes.
-    pub fn of(route: &crate::route::Route) -> Self {
-        let c = match route.embedding {
-            None => probe_cost(&route.probe),
-            Some(_) => embed_cost(&route.probe),
-        };
-        Self::from_cost(&c, route.price.as_ref())
-    }
-
     pub fn new(s: &ProbeSettings, price: Option<&Price>) -> Self {
-        Self::from_cost(&probe_cost(s), price)
+        Self::of(&probe_cost(s), price)
     }
 
-    fn from_cost(c: &ProbeCost, price: Option<&Price>) -> Self {
+    /// The route's, its declared capabilities' probes included.
+    pub fn of_route(route: &Route, capability_every: Duration) -> Self {
+        Self::of(&route_cost(route, capability_every), route.price.as_ref())
+    }
+
+    fn of(c: &ProbeCost, price: Option<&Price>) -> Self {
         let m = c.total();
         Self {
             tokens_per_month: m.tokens().round() as u64,
@@ -271,6 +302,85 @@ mod tests {
         assert!((c.total().input_tokens - 355_968.0).abs() < 1e-3);
         assert_eq!(c.total().output_tokens, 0.0);
     }
+
+    /// A route declaring `tools` and `json_schema`, probed at the default `[capability] every`
+    /// (15 min): 2,592,000 s / 900 s = 2,880 probes of each a month, each counted at the
+    /// prompt and the tool or schema definition in and `max_tokens` (64) out.
+    #[test]
+    fn declared_capabilities_are_probed_at_their_cadence() {
+        use crate::capability::{wire, Probed};
+        use crate::route::{Capability, ProviderKind, RouteId, Tier};
+        let price = Price {
+            input_per_mtok: 2.0,
+            output_per_mtok: 8.0,
+            currency: "CNY".into(),
+        };
+        let mut route = Route {
+            id: RouteId::new("openai", "us", "gpt-4o"),
+            provider: "openai".into(),
+            region: "us".into(),
+            model: "gpt-4o".into(),
+            kind: ProviderKind::Openai,
+            base_url: "http://127.0.0.1:1".into(),
+            api_key_env: None,
+            serves: "chat".into(),
+            tier: Tier::Primary,
+            weight: 100,
+            price: Some(price.clone()),
+            capabilities: vec![Capability::Stream],
+            context_window: None,
+            residency: None,
+            slo: 0.999,
+            probe: settings(),
+            embedding: None,
+        };
+        let every = crate::config::CapabilityConfig::default().every;
+        assert_eq!(every, Duration::from_secs(900));
+        // Chat only: nothing added.
+        assert_eq!(route_cost(&route, every), probe_cost(&route.probe));
+
+        route.capabilities = vec![
+            Capability::Stream,
+            Capability::Tools,
+            Capability::JsonSchema,
+        ];
+        let c = route_cost(&route, every);
+        let tokens = |cap| {
+            let t = wire::input_texts(cap);
+            CallTokens::of(t.iter().map(String::as_str), wire::MAX_TOKENS)
+        };
+        let (tools, schema) = (tokens(Probed::Tools), tokens(Probed::JsonSchema));
+        assert_eq!((tools.input, tools.output), (TOOLS_IN, 64));
+        assert_eq!((schema.input, schema.output), (SCHEMA_IN, 64));
+        assert_eq!(c.capabilities.calls, 2.0 * 2_880.0);
+        assert_eq!(
+            c.capabilities.input_tokens,
+            2_880.0 * (TOOLS_IN + SCHEMA_IN) as f64
+        );
+        assert_eq!(c.capabilities.output_tokens, 2.0 * 2_880.0 * 64.0);
+        let added = c.capabilities.cost(Some(&price)).unwrap();
+        let by_hand = (2_880.0 * (TOOLS_IN + SCHEMA_IN) as f64 * 2.0 + 5_760.0 * 64.0 * 8.0) / 1e6;
+        assert!((added - by_hand).abs() < 1e-9, "{added} vs {by_hand}");
+        assert!((added - ADDED_CNY).abs() < 1e-6, "{added}");
+        // The total, the status API's view and check-config's table carry it.
+        let v = ProbeCostView::of_route(&route, every);
+        let without = ProbeCostView::new(&route.probe, Some(&price));
+        assert_eq!(
+            v.tokens_per_month - without.tokens_per_month,
+            c.capabilities.tokens().round() as u64
+        );
+        // At a longer cadence, proportionally less.
+        let hourly = route_cost(&route, Duration::from_secs(3600));
+        assert_eq!(hourly.capabilities.calls, 2.0 * 720.0);
+    }
+
+    /// Tokens of the tools probe's prompt and `probe_echo` definition (121), and of the
+    /// json_schema probe's prompt and `response_format` (125), as [`CallTokens::of`] estimates
+    /// them. A month: 2,880 × (121 + 125) = 708,480 in + 5,760 × 64 = 368,640 out =
+    /// 1,077,120 tokens; at ¥2 / ¥8 per million, 1.41696 + 2.94912 = ¥4.36608.
+    const TOOLS_IN: u64 = 121;
+    const SCHEMA_IN: u64 = 125;
+    const ADDED_CNY: f64 = 4.36608;
 
     #[test]
     fn off_means_none() {

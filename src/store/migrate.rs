@@ -107,6 +107,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/sqlite/0025_catalog.sql"),
     ),
     (
+        "0026_capabilities",
+        include_str!("../../migrations/sqlite/0026_capabilities.sql"),
+    ),
+    (
         "0027_embedding_references",
         include_str!("../../migrations/sqlite/0027_embedding_references.sql"),
     ),
@@ -205,6 +209,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0025_catalog",
         include_str!("../../migrations/postgres/0025_catalog.sql"),
+    ),
+    (
+        "0026_capabilities",
+        include_str!("../../migrations/postgres/0026_capabilities.sql"),
     ),
     (
         "0027_embedding_references",

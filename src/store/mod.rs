@@ -35,6 +35,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod alerts;
+pub mod capabilities;
 pub mod catalog;
 mod checkpoint;
 mod contracts;

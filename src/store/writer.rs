@@ -147,6 +147,11 @@ pub(crate) enum Command {
         op: super::catalog::CatalogOp,
         ack: Ack<u64>,
     },
+    /// One capability probe's result (`store/capabilities.rs`).
+    Capability {
+        op: super::capabilities::CapabilityOp,
+        ack: Ack<u64>,
+    },
     /// A write to the embeddings routes' vectors (`store/embeddings.rs`).
     Embedding {
         op: super::embeddings::EmbeddingOp,
@@ -217,6 +222,7 @@ impl Command {
             | Command::Gateway { ack, .. }
             | Command::Declared { ack, .. }
             | Command::Catalog { ack, .. }
+            | Command::Capability { ack, .. }
             | Command::Embedding { ack, .. } => {
                 let _ = ack.send(result);
             }
@@ -692,6 +698,7 @@ impl State {
                 Command::Gateway { op, .. } => super::gateways::apply(&tx, op)?,
                 Command::Declared { op, .. } => super::declared::apply(&tx, op)?,
                 Command::Catalog { op, .. } => super::catalog::apply(&tx, op)?,
+                Command::Capability { op, .. } => super::capabilities::apply(&tx, op)?,
                 Command::Embedding { op, .. } => super::embeddings::apply(&tx, op)?,
                 Command::Vantage {
                     items,

@@ -62,6 +62,7 @@ pub const PROBE_KINDS: &[OutcomeKind] = &[OutcomeKind::Probe, OutcomeKind::Throu
 pub const DEFAULT_LIMIT: usize = 50;
 pub const MAX_LIMIT: usize = 1000;
 
+pub mod capabilities;
 mod figures;
 mod filter;
 mod lead;
@@ -161,6 +162,8 @@ struct RouteView<'a> {
     /// route's answers never announced one.
     #[serde(skip_serializing_if = "Option::is_none")]
     ratelimit: Option<&'a BTreeMap<&'static str, crate::health::headroom::Reading>>,
+    /// Each declared `tools` / `json_schema` capability: its latest probe and 7-day success.
+    capabilities: BTreeMap<&'static str, capabilities::CapabilityView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -256,11 +259,15 @@ impl DeclaredExtras {
     }
 }
 
-/// Each route's probe cost, in the routes' order.
-pub fn probe_costs(routes: &[Route]) -> Vec<crate::probe::cost::ProbeCostView> {
+/// Each route's probe cost (its capability probes at `capability_every` included), in the
+/// routes' order.
+pub fn probe_costs(
+    routes: &[Route],
+    capability_every: Duration,
+) -> Vec<crate::probe::cost::ProbeCostView> {
     routes
         .iter()
-        .map(crate::probe::cost::ProbeCostView::of)
+        .map(|r| crate::probe::cost::ProbeCostView::of_route(r, capability_every))
         .collect()
 }
 
@@ -282,7 +289,7 @@ pub fn status_bytes(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    let costs = probe_costs(routes);
+    let costs = probe_costs(routes, crate::config::CapabilityConfig::default().every);
     let extras = Extras {
         breakers: &HashMap::new(),
         budget: None,
@@ -406,6 +413,7 @@ fn status_view<'a>(
                     .as_ref()
                     .and_then(|d| crate::declared::judge::route_view(&d.map, &d.view, &r.id)),
                 ratelimit: ratelimit.get(&r.id).filter(|m| !m.is_empty()),
+                capabilities: figures.capabilities.route(r),
             }
         })
         .collect();
@@ -509,6 +517,7 @@ pub async fn status(
     let role = state.metrics.role();
     let sync = state.metrics.sync();
     let declared = DeclaredExtras::of(&state.config.current(), &state.metrics);
+    let capability_every = state.config.current().capability.every;
     let ratelimit = state.metrics.headroom();
     let vantages = state
         .vantages
@@ -524,7 +533,9 @@ pub async fn status(
             (r, o) if std::ptr::eq(r.as_ptr(), Arc::as_ptr(&routes)) => *o,
             _ => overall(&routes, &health),
         };
-        let costs = cache.probe_costs.get(&routes, |r| probe_costs(r));
+        let costs = cache
+            .probe_costs
+            .get(&routes, |r| probe_costs(r, capability_every));
         let extras = Extras {
             breakers: &breakers,
             budget,

@@ -140,7 +140,7 @@ fn drift_and_admin_schemas() -> Value {
             "properties": {
                 "id": {"type": "string", "description": "route|set|kind, stable while the finding lasts"},
                 "route": {"type": "string"}, "set": {"type": "string"},
-                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed", "validity_drop", "embedding_changed"]},
+                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed", "validity_drop", "capability_lost", "embedding_changed"]},
                 "severity": {"type": "string", "enum": ["info", "warning", "critical"]},
                 "failure_mode": {"type": "string", "nullable": true},
                 "detected_at": {"type": "string", "format": "date-time"},
@@ -233,8 +233,28 @@ fn core_schemas() -> Value {
     let mut schemas = core_schemas_but_ratelimit();
     // Beside the rest: one more key in that one `json!` passes the macro's recursion limit.
     schemas["RouteStatus"]["properties"]["ratelimit"] = ratelimit_schema();
+    schemas["RouteStatus"]["properties"]["capabilities"] = capabilities_schema();
     schemas["RouteStatus"]["properties"]["kind"] = route_kind();
     schemas
+}
+
+/// `capabilities` of a route (see `docs/http-api.md`): each declared, probed capability.
+fn capabilities_schema() -> Value {
+    let probe = json!({
+        "type": "object", "required": ["ok", "checked_at", "latency_ms", "success_7d"],
+        "properties": {
+            "ok": {"type": "boolean", "nullable": true, "description": "The latest probe's result; null before the first"},
+            "checked_at": {"type": "string", "format": "date-time", "nullable": true},
+            "latency_ms": {"type": "integer", "minimum": 0, "nullable": true},
+            "error": {"type": "string", "description": "Why the latest probe failed; absent when it succeeded"},
+            "success_7d": {"type": "number", "minimum": 0, "maximum": 1, "nullable": true, "description": "Share of the last 7 days' probes that succeeded; null without one"}}
+    });
+    json!({
+        "type": "object",
+        "description": "The declared tools / json_schema capabilities' probes ([capability] every); empty when the route declares neither",
+        "properties": {"tools": probe.clone(), "json_schema": probe},
+        "additionalProperties": false
+    })
 }
 
 fn core_schemas_but_ratelimit() -> Value {
@@ -252,7 +272,7 @@ fn core_schemas_but_ratelimit() -> Value {
         },
         "RouteStatus": {
             "type": "object",
-            "required": ["id", "provider", "region", "model", "serves", "tier", "state", "latency_ms", "ttfb_ms", "tokens_per_second", "uptime", "slo", "probe_cost"],
+            "required": ["id", "provider", "region", "model", "serves", "tier", "state", "latency_ms", "ttfb_ms", "tokens_per_second", "uptime", "slo", "probe_cost", "capabilities"],
             "properties": {
                 "id": {"type": "string", "description": "provider/region/model"},
                 "provider": {"type": "string"}, "region": {"type": "string"}, "model": {"type": "string"},

@@ -432,8 +432,8 @@ fn score_as(
             .and_then(|s| s.success_ratio),
     );
     let gated = drift.is_some_and(|d| d.eligible(route).is_err());
-    let drifted = status.is_some_and(|s| s.behavior_changed)
-        || drift.is_some_and(|d| d.behavior_changed(&route.id));
+    let drifted =
+        status.is_some_and(|s| s.behavior_changed) || drift.is_some_and(|d| d.deweights(&route.id));
     let drift = if drifted {
         policy.behavior_changed_tenths.min(10)
     } else {

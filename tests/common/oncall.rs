@@ -449,3 +449,26 @@ fn refused(service: Service) -> Response {
             .into_response(),
     }
 }
+
+/// A PagerDuty channel (warning and up, English) built as the service builds it, sending to
+/// `addr` (a [`Fake`], or an address that refuses) with [`PD_ROUTING_KEY`].
+pub fn pagerduty_channel(addr: SocketAddr) -> Arc<dyn probeok::alert::Notifier> {
+    let mut c = probeok::config::Config::default();
+    c.alert.pagerduty.push(probeok::config::PagerDutyConfig {
+        routing_key_env: "PAGERDUTY_ROUTING_KEY".into(),
+        api_base: Some(format!("http://{addr}")),
+        options: probeok::config::ChannelOptions {
+            min_severity: probeok::alert::Severity::Warning,
+            lang: probeok::alert::Lang::En,
+            ..probeok::config::ChannelOptions::default()
+        },
+    });
+    let vars: std::collections::HashMap<String, String> = [(
+        "PAGERDUTY_ROUTING_KEY".to_owned(),
+        PD_ROUTING_KEY.to_owned(),
+    )]
+    .into();
+    probeok::alert::build_channels(&c, &vars, super::alerts::http())
+        .unwrap()
+        .remove(0)
+}

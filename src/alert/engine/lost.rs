@@ -22,10 +22,17 @@ impl AlertService {
         now: DateTime<Utc>,
     ) -> Vec<Draft> {
         let mut wanted: Vec<(RouteItem, DateTime<Utc>)> = Vec::new();
+        // A recovery held back for its cause's last route is not lost.
+        let held: std::collections::HashSet<&str> = (firing.iter())
+            .filter_map(|f| f.key.strip_prefix("held:"))
+            .collect();
         for f in firing {
             let Some(id) = f.key.strip_prefix("incident:") else {
                 continue;
             };
+            if held.contains(id) {
+                continue;
+            }
             let Some(parsed) = texts.get(&f.message) else {
                 continue;
             };

@@ -3,7 +3,7 @@
 //! sub-task, so a slow receiver never holds up the events. Once a minute it also evaluates
 //! SLO burn rates, stale job heartbeats and reminders.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,10 +28,14 @@ use crate::route::Route;
 use crate::store::alerts::{AlertOp, FiringRow, NewEntry};
 use crate::store::Store;
 
+// The recoveries of a shared cause's routes, held back until its last route is back.
+mod causes;
 // Resolutions lost with a leader's memory, sent from what the store says.
 mod lost;
 // Burn rates, route faults and drift findings of one provider gathered into one message.
 mod pages;
+// Reminders of what still fires.
+mod reminders;
 
 /// How often due outbox rows are looked for when nothing wakes the sender sooner.
 pub const DELIVERY_POLL: Duration = Duration::from_secs(1);
@@ -185,10 +189,12 @@ impl AlertService {
         if drafts.is_empty() {
             return Ok(0);
         }
-        // A resolution reads what it resolves; a burn rate, the state alerts it may fold into.
+        // A resolution reads what it resolves; a burn rate, the state alerts it may fold into;
+        // routes of a shared cause, what their channels were told of it.
         let resolving = drafts.iter().any(|d| {
             d.message.status == Status::Resolved
                 || matches!(d.message.subject, Subject::BurnRate(_))
+                || d.message.items.iter().any(|i| i.cause.is_some())
         });
         let (silences, firing) = self
             .blocking(move |r| {
@@ -219,7 +225,7 @@ impl AlertService {
         let mut entries = Vec::new();
         let mut fire = Vec::new();
         let mut resolve = Vec::new();
-        let mut pages = pages::Pages::default();
+        let mut pages = pages::Pages::new(&config);
         let mut texts = super::texts::Texts::default();
         for d in drafts {
             let Draft {
@@ -261,6 +267,14 @@ impl AlertService {
                         .and_then(Option::as_ref)
                         .is_some_and(|k| firing_now.is_firing(k))
                 });
+                causes::hold(
+                    &mut message,
+                    &mut keys,
+                    &mut firing_now,
+                    &mut fire,
+                    &mut resolve,
+                    now,
+                )?;
                 let whole = key.as_ref().is_some_and(|k| firing_now.is_firing(k));
                 if message.items.is_empty() && !whole {
                     continue;
@@ -358,7 +372,10 @@ impl AlertService {
     ) -> Result<Vec<NewEntry>, AlertError> {
         let mut out = Vec::new();
         for c in self.outbox.channels().iter() {
-            let Some(mut own) = routing::for_channel(m, &c.options().routes) else {
+            let Some(own) = routing::for_channel(m, &c.options().routes) else {
+                continue;
+            };
+            let Some(mut own) = firing.unheard(c.name(), &c.options().routes, own) else {
                 continue;
             };
             if !accepts(c.options(), &own) {
@@ -452,6 +469,7 @@ impl AlertService {
             }
         }
         drafts.extend(self.lost_resolutions(&firing, &mut texts, now).await);
+        drafts.extend(causes::overdue(&firing, &mut texts, now));
         let stale = self.jobs.stale(&beats, now, config.heartbeat.stale_after);
         for job in &self.jobs.names {
             let key = format!("heartbeat:{job}");
@@ -516,75 +534,6 @@ impl AlertService {
                 self.metrics().evicted(evicted);
             }
             Err(e) => tracing::warn!(error = %e, "cannot bound the alert outbox"),
-        }
-        Ok(n)
-    }
-
-    /// `repeat_interval` reminders: the k-th reminder of a firing message goes out once
-    /// `k·repeat_interval` after it opened (dedup key `…#remind<k>#<channel>`: exactly once).
-    async fn reminders(&self, firing: &[FiringRow], now: DateTime<Utc>) -> Result<u64, AlertError> {
-        let mut entries = Vec::new();
-        let mut seen = HashSet::new();
-        // Rows of one stored message share its text: it is read once, not once per route.
-        let mut read: HashSet<usize> = HashSet::new();
-        for f in firing {
-            if !read.insert(Arc::as_ptr(&f.message).cast::<u8>() as usize) {
-                continue;
-            }
-            let Ok(mut m) = serde_json::from_str::<Message>(&f.message) else {
-                continue;
-            };
-            if !seen.insert(m.key.clone()) {
-                continue;
-            }
-            m.status = Status::Reminder;
-            for c in self.outbox.channels().iter() {
-                let Some(own) = routing::for_channel(&m, &c.options().routes) else {
-                    continue;
-                };
-                let Some(every) = c.options().repeat_interval else {
-                    continue;
-                };
-                let Ok(every) = chrono::Duration::from_std(every) else {
-                    continue;
-                };
-                let k = (now - f.opened_at).num_milliseconds() / every.num_milliseconds().max(1);
-                if k < 1 || !accepts(c.options(), &own) {
-                    continue;
-                }
-                let json = to_json(&own)?;
-                let key = format!("{}#remind{k}#{}", own.key, c.name());
-                let mention = c.mention_part(&own);
-                entries.push(NewEntry {
-                    dedup_key: key.clone(),
-                    channel: c.name().to_owned(),
-                    message: json.clone(),
-                    created_at: now,
-                });
-                if mention {
-                    entries.push(NewEntry {
-                        dedup_key: format!("{key}{}", super::outbox::MENTION_PART),
-                        channel: c.name().to_owned(),
-                        message: json,
-                        created_at: now,
-                    });
-                }
-            }
-        }
-        if entries.is_empty() {
-            return Ok(0);
-        }
-        let n = self
-            .store
-            .writer()
-            .alert(AlertOp::Enqueue {
-                entries,
-                firing: Vec::new(),
-                resolved: Vec::new(),
-            })
-            .await?;
-        if n > 0 {
-            self.wake.notify_one();
         }
         Ok(n)
     }

@@ -12,6 +12,7 @@ use super::super::announced::Announced;
 use super::super::group::batch;
 use super::super::{AlertError, Message, Severity, Status, Subject};
 use super::{to_json, AlertService};
+use crate::config::Config;
 use crate::route::RouteId;
 use crate::store::alerts::{FiringRow, NewEntry};
 
@@ -20,16 +21,34 @@ use crate::store::alerts::{FiringRow, NewEntry};
 pub(super) const FOLDED: &str = "folded into the route's state alert";
 
 /// Gathered alerts of one enqueue, written after every draft was seen.
-#[derive(Default)]
 pub(super) struct Pages {
     firing: Vec<(Message, String, ())>,
     resolved: Vec<(Message, String, Arc<str>)>,
     folded: Vec<String>,
-    /// Routes whose state alert fires, at its severity (read once, when a burn rate fires).
-    states: Option<HashMap<RouteId, Severity>>,
+    /// Routes whose state alert fires, at its severity and since when (read once, when a
+    /// burn rate fires).
+    states: Option<HashMap<RouteId, (Severity, DateTime<Utc>)>>,
+    /// How long a route's state alert may take to reach CRITICAL on its own once DEGRADED:
+    /// the state machine's escalation, the grouping wait and one evaluation.
+    escalates_within: chrono::Duration,
 }
 
 impl Pages {
+    pub(super) fn new(config: &Config) -> Self {
+        let d = &config.detection;
+        let escalation = d.critical_after.max(d.critical_degraded_for)
+            + config.alerting.group_wait
+            + super::EVALUATE_EVERY;
+        Self {
+            firing: Vec::new(),
+            resolved: Vec::new(),
+            folded: Vec::new(),
+            states: None,
+            escalates_within: chrono::Duration::from_std(escalation)
+                .unwrap_or(chrono::Duration::MAX),
+        }
+    }
+
     /// Whether `m` (a [`batch::batchable`] draft under `key`) is one of these.
     pub(super) fn wants(m: &Message, key: Option<&String>) -> bool {
         key.is_some() && batch::batchable(m).is_some()
@@ -54,17 +73,24 @@ impl Pages {
 
     /// Whether a firing `m` is said already: a route fault announced once until the route
     /// answers normally, a burn rate whose route's state alert already pages at its severity
-    /// (then folded into it).
+    /// (then folded into it). A burn-rate page for a route whose state alert went out as
+    /// DEGRADED waits while the state machine may still make it CRITICAL: the same failures
+    /// then page once, as the state alert's worsening.
     pub(super) fn said(&mut self, m: &Message, key: &str, firing: &mut Announced) -> bool {
         match &m.subject {
             Subject::RouteFault { .. } => firing.is_firing(key),
             Subject::BurnRate(b) => {
                 let states = self.states.get_or_insert_with(|| firing.states_firing());
-                let covered = states.get(&b.route).is_some_and(|s| *s >= m.severity);
-                if covered {
-                    self.folded.push(key.to_owned());
+                match states.get(&b.route) {
+                    Some((s, _)) if *s >= m.severity => {
+                        self.folded.push(key.to_owned());
+                        true
+                    }
+                    Some((s, since)) => {
+                        *s >= Severity::Warning && m.at - *since < self.escalates_within
+                    }
+                    None => false,
                 }
-                covered
             }
             _ => false,
         }

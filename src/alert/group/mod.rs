@@ -359,6 +359,8 @@ impl Grouper {
             flap_items.retain(|route, _| !e.routes.contains(route));
         }
 
+        // Flapping routes of one provider are one summary per flush.
+        let mut flaps: BTreeMap<String, Vec<(usize, Severity, RouteItem)>> = BTreeMap::new();
         for (route, (sev, item)) in flap_items {
             let recent = self
                 .flap_summarised
@@ -369,23 +371,47 @@ impl Grouper {
             }
             self.flap_summarised.insert(route.clone(), now);
             let n = self.flapping(&route, now);
-            let window = (now.timestamp() / FLAP_WINDOW.num_seconds()).max(0);
+            let provider = route.split().0.to_owned();
+            flaps.entry(provider).or_default().push((n, sev, item));
+        }
+        let window = (now.timestamp() / FLAP_WINDOW.num_seconds()).max(0);
+        for (provider, mut routes) in flaps {
+            routes.sort_by(|a, b| a.2.route.cmp(&b.2.route));
+            let key = match routes.as_slice() {
+                [(_, _, item)] => format!("flapping:{}@{window}", item.route),
+                _ => {
+                    let names: Vec<&str> = routes.iter().map(|r| r.2.route.as_str()).collect();
+                    format!(
+                        "flapping:{provider}:{}@{window}",
+                        key_digest(&names.join("\n"))
+                    )
+                }
+            };
+            let n = routes.iter().map(|r| r.0).max().unwrap_or(0);
+            let sev = routes
+                .iter()
+                .map(|r| r.1)
+                .max()
+                .unwrap_or(Severity::Warning);
+            let at = routes.iter().map(|r| r.2.at).max().unwrap_or(now);
+            let items: Vec<RouteItem> = routes.into_iter().map(|r| r.2).collect();
+            let item_keys = vec![None; items.len()];
             drafts.push(Draft::new(
                 Message {
-                    key: format!("flapping:{route}@{window}"),
+                    key,
                     severity: sev.max(Severity::Warning),
                     status: Status::Firing,
                     subject: Subject::Flapping {
                         transitions: u32::try_from(n).unwrap_or(u32::MAX),
                         window_s: u64::try_from(FLAP_WINDOW.num_seconds()).unwrap_or(0),
                     },
-                    at: item.at,
-                    items: vec![item],
+                    at,
+                    items,
                     related: Vec::new(),
                     note: None,
                     resolves: None,
                 },
-                vec![None],
+                item_keys,
                 None,
             ));
         }
@@ -433,6 +459,7 @@ impl Grouper {
             peak: incident.map(|i| i.peak),
             shifted: None,
             path: Vec::new(),
+            cause: incident.and_then(|i| i.cause.clone()),
         }
     }
 }

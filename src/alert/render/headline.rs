@@ -59,9 +59,19 @@ pub(super) fn headline(w: &Words, m: &Message) -> String {
         } => {
             let route = first.map(|i| i.route.to_string()).unwrap_or_default();
             let win = w.dur(i64::try_from(*window_s).unwrap_or(i64::MAX));
-            match lang {
-                Lang::En => format!("{route} is flapping ({transitions} state changes in {win})"),
-                Lang::Zh => format!("{route} 状态反复抖动({win} 内 {transitions} 次变化)"),
+            let n = m.items.len();
+            let provider = first.map(|i| i.route.split().0).unwrap_or_default();
+            match (lang, n) {
+                (Lang::En, 0 | 1) => {
+                    format!("{route} is flapping ({transitions} state changes in {win})")
+                }
+                (Lang::Zh, 0 | 1) => format!("{route} 状态反复抖动({win} 内 {transitions} 次变化)"),
+                (Lang::En, _) => format!(
+                    "{provider}: {n} routes are flapping (up to {transitions} state changes in {win})"
+                ),
+                (Lang::Zh, _) => {
+                    format!("{provider}：{n} 条线路状态反复抖动({win} 内最多 {transitions} 次变化)")
+                }
             }
         }
         Subject::BurnRate(b) => {
@@ -105,6 +115,14 @@ pub(super) fn headline(w: &Words, m: &Message) -> String {
             (Lang::Zh, "model_changed") => {
                 format!("{}：上报的模型版本变化(回归集 {})", d.route, d.set)
             }
+            (Lang::En, "capability_lost") => format!(
+                "{}: {} capability lost while chat still answers (capability_lost: {})",
+                d.route, d.set, d.set
+            ),
+            (Lang::Zh, "capability_lost") => format!(
+                "{}：对话正常但 {} 能力失效(capability_lost: {})",
+                d.route, d.set, d.set
+            ),
             (Lang::En, "embedding_changed") => format!(
                 "{}: embedding model changed under the same name — vectors no longer match the reference",
                 d.route

@@ -25,6 +25,8 @@ pub struct Figures {
     pub slo_30d: RouteMap<Counts>,
     /// What the proxies' real traffic showed (`observed`).
     pub observed: ObservedFigures,
+    /// The capability probes' latest results and 7-day tallies.
+    pub capabilities: super::capabilities::CapabilityFigures,
 }
 
 impl Figures {
@@ -69,6 +71,7 @@ impl Figures {
             uptime_30d,
             slo_30d,
             observed: ObservedFigures::load(reader, now)?,
+            capabilities: super::capabilities::CapabilityFigures::load(reader, now)?,
         })
     }
 }

@@ -182,33 +182,21 @@ pub async fn incidents(
     Ok(Json(json!({ "incidents": list.0, "causes": list.1 })))
 }
 
-/// The listed incidents of each shared cause as one outage: `{cause, opened_at, closed_at
-/// (null while one is open), failure_mode, routes}`, in the order of their newest incident.
+/// The listed incidents of each shared cause as outages: `{cause, opened_at, closed_at (null
+/// while one is open), failure_mode, routes}`, newest first.
 fn causes_of(list: &[crate::state::Incident]) -> Vec<Value> {
-    let mut order: Vec<&str> = Vec::new();
-    let mut by: HashMap<&str, Vec<&crate::state::Incident>> = HashMap::new();
-    for i in list {
-        if let Some(c) = i.cause.as_deref() {
-            if !by.contains_key(c) {
-                order.push(c);
-            }
-            by.entry(c).or_default().push(i);
-        }
-    }
-    order
+    let mut out: Vec<Value> = crate::health::outage::outages(list)
         .into_iter()
-        .map(|c| {
-            let v = &by[c];
-            let opened = v.iter().map(|i| i.opened_at).min();
-            let open = v.iter().any(|i| i.closed_at.is_none());
-            let closed = v.iter().filter_map(|i| i.closed_at).max();
+        .map(|o| {
             json!({
-                "cause": c,
-                "opened_at": opened.map(rfc3339),
-                "closed_at": if open { None } else { closed.map(rfc3339) },
-                "failure_mode": v.iter().find_map(|i| i.failure_mode).map(|m| m.as_str()),
-                "routes": v.iter().map(|i| i.route.as_str()).collect::<Vec<_>>(),
+                "cause": o.cause,
+                "opened_at": rfc3339(o.opened_at),
+                "closed_at": o.closed_at.map(rfc3339),
+                "failure_mode": o.failure_mode.map(|m| m.as_str()),
+                "routes": o.incidents.iter().map(|i| i.route.as_str()).collect::<Vec<_>>(),
             })
         })
-        .collect()
+        .collect();
+    out.reverse();
+    out
 }

@@ -67,6 +67,10 @@ pub fn reason(lang: Lang, code: &str, f: &ReasonFigures, detail: &str) -> String
         },
         "degraded_too_long" if en => "degraded for too long without recovering".into(),
         "degraded_too_long" => "降级持续过久且未恢复".into(),
+        "capability_lost" if en => {
+            format!("the declared {detail} capability fails while chat still answers")
+        }
+        "capability_lost" => format!("对话正常，但声明的 {detail} 能力失效"),
         "answer_changed" if en => "answers are no longer exactly PROBE_OK".into(),
         "answer_changed" => "回答不再是 PROBE_OK".into(),
         "max_tokens_exhausted" if en => {

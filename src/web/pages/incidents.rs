@@ -25,6 +25,9 @@ pub struct IncidentsPage {
     pub spends: Vec<Spend>,
     pub budgets: Vec<ErrorBudgetRow>,
     pub incidents: Vec<IncidentLine>,
+    /// The incident each line shows (a shared cause's outage as one spanning its incidents),
+    /// for the handler to add the providers' declarations to.
+    pub shown: Vec<Incident>,
     /// This month's lead over the providers' declarations (filled by the handler).
     pub lead: Option<String>,
 }
@@ -162,6 +165,8 @@ pub fn incidents_page(
         }
     }
     spends.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let (shown, lines): (Vec<Incident>, Vec<IncidentLine>) =
+        history(lang, &data.incidents, now).into_iter().unzip();
     per_route.sort_by(|a, b| b.1.bad_seconds.total_cmp(&a.1.bad_seconds));
     IncidentsPage {
         c: Chrome::new(lang, t.nav_incidents, title, "/incidents", now).with_history(lang, data),
@@ -176,13 +181,52 @@ pub fn incidents_page(
                 spent: i18n::budget_spent(lang, b.bad_seconds.round() as i64, b.budget_seconds),
             })
             .collect(),
-        incidents: data
-            .incidents
-            .iter()
-            .map(|i| incident_line(lang, i, now))
-            .collect(),
+        incidents: lines,
+        shown,
         lead: None,
     }
+}
+
+/// The history as listed (newest first), each incident on its line — except a shared cause's
+/// outage, one line at its newest incident's place ("1,999 routes with one cause: …") from its
+/// first incident's opening to its last one's end.
+fn history(lang: Lang, list: &[Incident], now: DateTime<Utc>) -> Vec<(Incident, IncidentLine)> {
+    let outages = crate::health::outage::outages(list);
+    let mut of: HashMap<&str, usize> = HashMap::new();
+    for (k, o) in outages.iter().enumerate() {
+        for i in &o.incidents {
+            of.insert(i.id.as_str(), k);
+        }
+    }
+    let mut shown = vec![false; outages.len()];
+    let mut out = Vec::new();
+    for i in list {
+        let Some(&k) = of.get(i.id.as_str()) else {
+            out.push((i.clone(), incident_line(lang, i, now)));
+            continue;
+        };
+        if std::mem::replace(&mut shown[k], true) {
+            continue;
+        }
+        let o = &outages[k];
+        let first = o.incidents[0];
+        let whole = Incident {
+            id: first.id.clone(),
+            route: first.route.clone(),
+            opened_at: o.opened_at,
+            closed_at: o.closed_at,
+            peak: o.peak,
+            failure_mode: o.failure_mode,
+            transitions: Vec::new(),
+            cause: Some(o.cause.to_owned()),
+        };
+        let mut line = incident_line(lang, &whole, now);
+        if o.incidents.len() > 1 {
+            line.route = i18n::cause_routes(lang, o.cause, o.incidents.len());
+        }
+        out.push((whole, line));
+    }
+    out
 }
 
 /// `GET /incidents`.
@@ -204,7 +248,7 @@ pub async fn incidents(
         .await
         .map_err(fail)?;
     let mut page = incidents_page(lang, &config.server.title, &state.routes, &data, now);
-    super::declared::fill_leads(&state, &config, lang, &data.incidents, &mut page.incidents).await;
+    super::declared::fill_leads(&state, &config, lang, &page.shown, &mut page.incidents).await;
     page.lead = super::declared::month(&state, &config, lang, now).await;
     let body = page
         .render()

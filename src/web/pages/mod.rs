@@ -40,6 +40,7 @@
 //! traffic. Responses carry a CSP without inline script or style, `nosniff` and
 //! `Referrer-Policy: no-referrer`.
 
+mod capabilities;
 mod chart;
 mod declared;
 mod incidents;

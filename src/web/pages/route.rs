@@ -53,6 +53,8 @@ pub struct RoutePage {
     pub shadow: Option<super::shadow::ShadowBox>,
     /// Real traffic's observables (1 h / 24 h).
     pub observed: super::observed::ObservedTable,
+    /// The declared capabilities' probes.
+    pub capabilities: super::capabilities::CapabilityTable,
     /// What the provider's status page declares of the route, while it declares trouble.
     pub declared: Option<String>,
     /// The declared incident's link (http(s) only).
@@ -153,6 +155,12 @@ pub async fn route(
         vantage_local: local(&health, &route.id),
         vw: words(lang),
         observed: super::observed::table(lang, &route, &figures),
+        capabilities: super::capabilities::table(
+            lang,
+            &route,
+            &figures,
+            state.drift.as_ref().map(|d| d.borrow().clone()).as_deref(),
+        ),
         c: Chrome::new(
             lang,
             route.id.as_str(),
@@ -245,7 +253,10 @@ pub async fn route(
                 || lang.text().no_data.to_owned(),
                 |o| first_answer_text(lang, o),
             ),
-        probe_cost: i18n::probe_cost(lang, &crate::probe::cost::ProbeCostView::of(&route)),
+        probe_cost: i18n::probe_cost(
+            lang,
+            &crate::probe::cost::ProbeCostView::of_route(&route, config.capability.every),
+        ),
         embedding: route.embedding.map(|d| i18n::embedding_kind(lang, d)),
     }
     .render()

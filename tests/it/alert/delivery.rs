@@ -548,6 +548,40 @@ async fn flapping_is_summarised() {
     assert_eq!(flapping, 1);
 }
 
+/// Routes of one provider that flap together (a provider's flaky edge) are one summary.
+#[tokio::test]
+async fn flapping_routes_of_one_provider_are_one_summary() {
+    let mut g = Grouper::new(Duration::ZERO, &[]);
+    let mut summaries = Vec::new();
+    for k in 0..20 {
+        let t = t0() + chrono::Duration::minutes(k);
+        let (from, to) = if k % 2 == 0 {
+            (S::Normal, S::Warning)
+        } else {
+            (S::Warning, S::Normal)
+        };
+        for i in 0..5 {
+            g.push(transition(&qwen(i), from, to, t, None), t);
+        }
+        summaries.extend(
+            g.flush(t)
+                .into_iter()
+                .filter(|d| matches!(d.message.subject, probeok::alert::Subject::Flapping { .. })),
+        );
+    }
+    assert_eq!(summaries.len(), 1);
+    let m = &summaries[0].message;
+    assert_eq!(m.items.len(), 5);
+    let ctx = probeok::alert::RenderCtx::from_config(&Config::default());
+    let r = probeok::alert::render::render(m, Lang::En, &ctx);
+    assert!(
+        r.title
+            .contains("qwen: 5 routes are flapping (up to 7 state changes in 30m"),
+        "{}",
+        r.title
+    );
+}
+
 #[tokio::test]
 async fn maintenance_and_silences_suppress() {
     let clock = Arc::new(ManualClock::new(t0()));

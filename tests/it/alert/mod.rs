@@ -1,4 +1,5 @@
 mod burn_tally;
+mod causes;
 mod claims;
 mod counts;
 mod delivery;

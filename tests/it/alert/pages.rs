@@ -5,18 +5,17 @@
 
 use crate::common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use serde_json::Value;
 
-use common::alerts::{critical, dingtalk, http, qwen, rig, serve, t0, webhook, Fake, Kind, Rig};
+use common::alerts::{critical, dingtalk, qwen, rig, serve, t0, webhook, Fake, Kind, Rig};
 use common::app::outcome;
 use common::oncall::{self, Service};
-use probeok::alert::{Lang, Notifier, Severity};
+use probeok::alert::Severity;
 use probeok::clock::{Clock, ManualClock};
-use probeok::config::{ChannelOptions, Config, PagerDutyConfig, RouteConfig};
+use probeok::config::{Config, RouteConfig};
 use probeok::health::HealthEvent;
 use probeok::probe::OutcomeKind;
 
@@ -32,27 +31,6 @@ fn qwen_routes(c: &mut Config, n: usize) {
             ..RouteConfig::default()
         });
     }
-}
-
-fn pagerduty(addr: std::net::SocketAddr) -> Arc<dyn Notifier> {
-    let mut c = Config::default();
-    c.alert.pagerduty.push(PagerDutyConfig {
-        routing_key_env: "PAGERDUTY_ROUTING_KEY".into(),
-        api_base: Some(format!("http://{addr}")),
-        options: ChannelOptions {
-            min_severity: Severity::Warning,
-            lang: Lang::En,
-            ..ChannelOptions::default()
-        },
-    });
-    let vars: HashMap<String, String> = [(
-        "PAGERDUTY_ROUTING_KEY".to_owned(),
-        oncall::PD_ROUTING_KEY.to_owned(),
-    )]
-    .into();
-    probeok::alert::build_channels(&c, &vars, http())
-        .unwrap()
-        .remove(0)
 }
 
 /// An hour of failed probes, one a minute, on each of qwen's first `n` routes, up to `t`.
@@ -100,7 +78,7 @@ async fn a_hundred_routes_burning_their_budget_are_one_page_and_one_resolution()
     let (pd_addr, _h2) = oncall::serve(pd.clone()).await;
     let channels = vec![
         webhook("webhook[0]", hook_addr, None, Severity::Warning),
-        pagerduty(pd_addr),
+        common::oncall::pagerduty_channel(pd_addr),
     ];
     let rig = rig(channels, clock.clone(), |c| qwen_routes(c, 100)).await;
     burn_hour(&rig, 100, t0()).await;
@@ -159,9 +137,11 @@ async fn a_grouped_page_resolves_at_pagerduty_when_its_last_route_stops_burning(
     let clock = Arc::new(ManualClock::new(t0()));
     let pd = oncall::Fake::new(Service::PagerDuty);
     let (pd_addr, _h) = oncall::serve(pd.clone()).await;
-    let rig = rig(vec![pagerduty(pd_addr)], clock.clone(), |c| {
-        qwen_routes(c, 3)
-    })
+    let rig = rig(
+        vec![common::oncall::pagerduty_channel(pd_addr)],
+        clock.clone(),
+        |c| qwen_routes(c, 3),
+    )
     .await;
     burn_hour(&rig, 3, t0()).await;
     rig.service.evaluate(t0()).await.unwrap();
@@ -241,7 +221,7 @@ async fn twenty_routes_answering_401_are_one_message_per_channel() {
     let channels = vec![
         webhook("webhook[0]", hook_addr, None, Severity::Warning),
         dingtalk("dingtalk[0]", ding_addr, Some("SECtest"), Severity::Warning),
-        pagerduty(pd_addr),
+        common::oncall::pagerduty_channel(pd_addr),
     ];
     let rig = rig(channels, clock.clone(), |_| {}).await;
     let fault = |i: usize, status: Option<u16>, at| HealthEvent::RouteFault {
@@ -293,7 +273,7 @@ async fn messages_per_channel_for_a_hundred_route_outage() {
     let channels = vec![
         webhook("webhook[0]", hook_addr, None, Severity::Warning),
         dingtalk("dingtalk[0]", ding_addr, Some("SECtest"), Severity::Warning),
-        pagerduty(pd_addr),
+        common::oncall::pagerduty_channel(pd_addr),
     ];
     let rig = rig(channels, clock.clone(), |c| qwen_routes(c, 100)).await;
     let events: Vec<HealthEvent> = (0..100).map(|i| critical(i, t0())).collect();

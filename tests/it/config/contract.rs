@@ -112,7 +112,7 @@ fn bad_configs_give_exact_located_diagnostics() {
         (
             "unknown section, named with the valid ones",
             format!("[hearbeat]\nstale_after = \"3m\"\n{PROVIDERS}{ROUTE}"),
-            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`, `shadow`, `envoy`, `haproxy`, `subscriptions`, `sync`, `catalog`"],
+            vec!["p.toml:1:2: hearbeat: unknown key `hearbeat`, expected one of `server`, `storage`, `probe`, `detection`, `egress`, `provider`, `route`, `slo`, `alerting`, `alert`, `maintenance`, `drift`, `proxy`, `switch`, `budget`, `contract`, `heartbeat`, `drill`, `cluster`, `tracing`, `vantage`, `quorum`, `agent`, `shadow`, `envoy`, `haproxy`, `subscriptions`, `sync`, `catalog`, `capability`"],
         ),
         (
             "cluster: the URL itself instead of its variable, a lease too short to check",

@@ -12,6 +12,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use common::app::{config, Spec};
 use futures_util::future::BoxFuture;
+use probeok::alert::tally::Tally;
+use probeok::alert::{self, AlertService, Severity};
 use probeok::clock::Clock;
 use probeok::config::Config;
 use probeok::health::service::{HealthOptions, HealthService};
@@ -147,7 +149,25 @@ fn fleet(dir: &std::path::Path, regions: usize, models: usize) -> Config {
 
 /// Runs the scheduler and the health service over `store` until `until` (the sim's time).
 async fn run(cfg: &Config, store: &Store, sim: Arc<Sim>, until: Duration) -> Run {
+    run_with(cfg, store, sim, until, None).await
+}
+
+/// The alert engine beside detection: its burn-rate windows kept from the outcomes as the
+/// service's recorder keeps them.
+struct Alerts {
+    service: Arc<AlertService>,
+    tally: Arc<Tally>,
+}
+
+async fn run_with(
+    cfg: &Config,
+    store: &Store,
+    sim: Arc<Sim>,
+    until: Duration,
+    alerts: Option<Alerts>,
+) -> Run {
     let (events, mut events_rx) = broadcast::channel(1 << 17);
+    let alert_rx = events.subscribe();
     let mut service = HealthService::restore(
         cfg,
         HealthOptions::default(),
@@ -176,10 +196,15 @@ async fn run(cfg: &Config, store: &Store, sim: Arc<Sim>, until: Duration) -> Run
         confirms,
         shutdown.clone(),
     ));
+    let tally = alerts.as_ref().map(|a| a.tally.clone());
+    let alerting = alerts.map(|a| tokio::spawn(alert::run(a.service, alert_rx, shutdown.clone())));
     // The recorder's part: outcomes from the scheduler to detection, in order.
     let forward = tokio::spawn(async move {
         while let Some(e) = sched_rx.recv().await {
             if let SchedulerEvent::Outcome(o) = e {
+                if let Some(t) = &tally {
+                    t.record(&o);
+                }
                 if inputs_tx.send(o).await.is_err() {
                     break;
                 }
@@ -206,6 +231,9 @@ async fn run(cfg: &Config, store: &Store, sim: Arc<Sim>, until: Duration) -> Run
     sched.await.unwrap();
     forward.await.unwrap();
     health.await.unwrap();
+    if let Some(a) = alerting {
+        a.await.unwrap();
+    }
     let transitions = collect.await.unwrap();
     let last = rx.borrow().clone();
     Run { transitions, last }
@@ -494,5 +522,116 @@ async fn a_restart_during_a_groups_outage_resumes_it() {
         .routes
         .iter()
         .all(|r| r.cause.as_deref() == Some("acme/r0:connection_refused")));
+    store.close().await.unwrap();
+}
+
+/// An address nothing listens on: deliveries fail at once and every message stays in the
+/// outbox, where it is counted (a receiver under a paused clock would race its own timeout).
+fn refusing() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The whole outage as the on-call hears it: 2,000 routes refused for four minutes go
+/// DEGRADED, then CRITICAL, burn their error budget and recover route by route — and each
+/// channel is handed three messages: the outage, its worsening and its end.
+#[tokio::test(start_paused = true)]
+async fn a_provider_wide_outage_is_three_messages_per_channel_burn_rates_included() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = fleet(dir.path(), 1, 2_000);
+    // Back to NORMAL sooner than the default five minutes: a shorter run, the same story.
+    cfg.detection.recover_after = Duration::from_secs(120);
+    let store = Store::open(&cfg.storage.path, StoreOptions::default()).unwrap();
+    let back = ONSET + Duration::from_secs(4 * 60);
+    let spared = RouteId::new("acme", "r0", "m0");
+    let s = sim(Box::new(move |route, at| {
+        (at >= ONSET && at < back && *route != RouteId::new("acme", "r0", "m0")).then(refused)
+    }));
+    let channels = vec![
+        common::alerts::webhook("webhook[0]", refusing(), None, Severity::Warning),
+        common::oncall::pagerduty_channel(refusing()),
+    ];
+    let ids: Vec<RouteId> = cfg.routes().into_iter().map(|r| r.id).collect();
+    let tally = Arc::new(Tally::new(&ids, cfg.slo.latency_threshold));
+    let service = Arc::new(
+        AlertService::new(
+            Arc::new(cfg.clone()),
+            store.clone(),
+            s.clock.clone(),
+            channels,
+        )
+        .with_tally(tally.clone()),
+    );
+    let r = run_with(
+        &cfg,
+        &store,
+        s.clone(),
+        back + Duration::from_secs(8 * 60),
+        Some(Alerts { service, tally }),
+    )
+    .await;
+
+    // The outage happened as the product judges it: every refused route CRITICAL, then back.
+    for route in ids.iter().filter(|r| **r != spared) {
+        assert!(
+            r.first(route, State::Critical).is_some(),
+            "{route} never CRITICAL"
+        );
+    }
+    assert!(
+        r.last.routes.iter().all(|s| s.state == State::Normal),
+        "all recovered"
+    );
+
+    let rows = store.reader().unwrap().outbox_all().unwrap();
+    let mut per_channel: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
+    for row in &rows {
+        let m: serde_json::Value = serde_json::from_str(&row.message).unwrap();
+        per_channel.entry(row.channel.clone()).or_default().push(m);
+    }
+    for (channel, messages) in &per_channel {
+        let said: Vec<String> = messages
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} {} {} ({} routes)",
+                    m["status"],
+                    m["severity"],
+                    m["subject"]["type"],
+                    m["items"].as_array().map_or(0, Vec::len)
+                )
+            })
+            .collect();
+        eprintln!("{channel}: {said:?}");
+        assert!(messages.len() <= 3, "{channel} was handed {said:?}");
+        assert!(
+            messages.iter().all(|m| m["subject"]["type"] != "burn_rate"
+                && m["subject"]["kind"] != "burn_rate"),
+            "{channel}: a burn-rate page of its own: {said:?}"
+        );
+        let first = &messages[0];
+        assert_eq!(first["status"], "firing", "{said:?}");
+        let last = messages.last().unwrap();
+        assert_eq!(
+            last["status"], "resolved",
+            "{channel} heard the end: {said:?}"
+        );
+        let worst = messages
+            .iter()
+            .filter(|m| m["severity"] == "critical")
+            .count();
+        assert!(worst >= 1, "{channel} heard it become critical: {said:?}");
+    }
+    assert_eq!(per_channel.len(), 2, "both channels heard of it");
+    // The end names every route that was out, whichever message first named it.
+    let end = per_channel["webhook[0]"].last().unwrap();
+    let named = end["items"].as_array().unwrap().len();
+    assert_eq!(
+        named,
+        ids.len() - 1,
+        "the resolution names every refused route"
+    );
     store.close().await.unwrap();
 }

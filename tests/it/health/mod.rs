@@ -1,3 +1,4 @@
+mod capabilities;
 mod causes;
 mod confirmations;
 mod detection;

@@ -57,6 +57,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("switch", Layer::Domain),
     ("sync", Layer::Domain),
     ("declared", Layer::Domain),
+    ("capability", Layer::Domain),
     ("catalog", Layer::Domain),
     ("embed", Layer::Domain),
     ("extra_cost", Layer::Domain),

@@ -278,10 +278,11 @@ fn check_config_prints_the_probe_cost_per_route_and_in_total() {
     };
     let large = line("sim/r1/sim-large ");
     let cols: Vec<&str> = large.split_whitespace().collect();
-    // probes + throughput + confirmations, probe tokens, throughput, confirm, sets, total, cost
+    // probes + throughput + confirmations, probe tokens, throughput, confirm, capabilities
+    // (none declared), sets, total, cost
     assert_eq!(
         cols[1..],
-        ["97632", "2851200", "1287360", "85536", "0", "4224096", "23.63", "CNY"],
+        ["97632", "2851200", "1287360", "85536", "0", "0", "4224096", "23.63", "CNY"],
         "{large}"
     );
     assert!(line("sim/r1/sim-small ").contains("no price"), "{stdout}");

@@ -1,3 +1,4 @@
+mod capabilities;
 mod catalog;
 mod declared;
 mod embeddings;
