@@ -457,6 +457,29 @@ impl Reader {
             .collect()
     }
 
+    /// The open incidents, each as its route, id and opening time (no transitions read).
+    pub fn open_incidents(&self) -> Result<Vec<(RouteId, String, DateTime<Utc>)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT r.name, i.id, i.opened_at_ms FROM incidents i
+             JOIN routes r ON r.id = i.route_id WHERE i.closed_at_ms IS NULL",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (name, id, at) = row?;
+            let route = RouteId::parse(&name)
+                .ok_or_else(|| StoreError::Corrupt(format!("route id {name:?}")))?;
+            out.push((route, id, from_ms(at)?));
+        }
+        Ok(out)
+    }
+
     /// One incident with all its transitions.
     pub fn incident(&self, id: &str) -> Result<Option<Incident>, StoreError> {
         let json: Option<String> = self

@@ -444,6 +444,7 @@ impl AlertService {
         let config = self.config();
         let min_failures = u64::from(config.detection.min_failures);
         let mut drafts = Vec::new();
+        let mut fresh = Vec::new();
         let mut texts = super::texts::Texts::default();
         for (route, slo, w) in &windows {
             let key = format!("burn:{route}");
@@ -454,7 +455,7 @@ impl AlertService {
                 .and_then(|f| texts.get(&f.message))
                 .and_then(|p| super::group::batch::burn_of(&p.message, route));
             match (verdict, row, was) {
-                (Some(b), None, _) => drafts.push(burn_draft(b, key, now, Status::Firing)),
+                (Some(b), None, _) => fresh.push((b, key)),
                 (Some(b), Some(_), Some(was)) if !was.page && b.page => {
                     drafts.push(burn_draft(b, key, now, Status::Firing))
                 }
@@ -468,6 +469,7 @@ impl AlertService {
                 _ => {}
             }
         }
+        drafts.extend(self.new_burn_pages(fresh, &firing_keys, now).await?);
         drafts.extend(self.lost_resolutions(&firing, &mut texts, now).await);
         drafts.extend(causes::overdue(&firing, &mut texts, now));
         let stale = self.jobs.stale(&beats, now, config.heartbeat.stale_after);

@@ -3,13 +3,14 @@
 //! firing state; and burn-rate pages for routes whose state alert already pages, folded into
 //! that alert instead of paging again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
 use super::super::announced::Announced;
-use super::super::group::batch;
+use super::super::burn::BurnAlert;
+use super::super::group::{batch, Draft};
 use super::super::{AlertError, Message, Severity, Status, Subject};
 use super::{to_json, AlertService};
 use crate::config::Config;
@@ -143,4 +144,36 @@ impl Pages {
 /// Whether a resolution of `m` is sent to incident tools only for the triggers it closes.
 pub(super) fn closes_by_announced(m: &Message, announced_by: &[Arc<str>]) -> bool {
     m.status == Status::Resolved && (!m.items.is_empty() || !announced_by.is_empty())
+}
+
+impl AlertService {
+    /// Burn-rate pages for routes not paging yet — except a route the state machine put in an
+    /// incident whose state alert is still being gathered (`group_wait`): its page is looked at
+    /// again at the next evaluation, when the state alert is out and the page folds into it or
+    /// waits for its escalation. A fast burn is measured over minutes, so it can be over its
+    /// threshold before the state alert about the same failures has left.
+    pub(super) async fn new_burn_pages(
+        &self,
+        fresh: Vec<(BurnAlert, String)>,
+        firing: &HashMap<&str, &FiringRow>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Draft>, AlertError> {
+        if fresh.is_empty() {
+            return Ok(Vec::new());
+        }
+        let open = self.blocking(|r| r.open_incidents()).await?;
+        let gathering = self.config().alerting.group_wait + 2 * super::EVALUATE_EVERY;
+        let gathering = chrono::Duration::from_std(gathering).unwrap_or(chrono::Duration::MAX);
+        let on_its_way: HashSet<&RouteId> = (open.iter())
+            .filter(|(_, id, opened)| {
+                now - *opened < gathering && !firing.contains_key(format!("incident:{id}").as_str())
+            })
+            .map(|(route, ..)| route)
+            .collect();
+        Ok(fresh
+            .into_iter()
+            .filter(|(b, _)| !on_its_way.contains(&b.route))
+            .map(|(b, key)| super::burn_draft(b, key, now, Status::Firing))
+            .collect())
+    }
 }

@@ -209,6 +209,55 @@ async fn a_burn_rate_on_routes_already_paging_folds_into_their_state_alert() {
     assert_eq!(grouped_members(&got[2].body), 10);
 }
 
+/// A fast burn can cross its threshold before the state alert about the same failures has left
+/// its grouping window: the page waits for it, then folds into it.
+#[tokio::test]
+async fn a_burn_rate_waits_for_a_state_alert_still_being_gathered() {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let hook = Fake::new(Kind::Webhook, None, clock.clone());
+    let (addr, _h) = serve(hook.clone(), None).await;
+    let channels = vec![webhook("webhook[0]", addr, None, Severity::Warning)];
+    let rig = rig(channels, clock.clone(), |c| qwen_routes(c, 10)).await;
+    // Detection put routes 0..10 in an incident (stored); their alert is still being gathered.
+    let detection = probeok::config::DetectionConfig::default();
+    let events: Vec<HealthEvent> = (0..10).map(|i| critical(i, t0())).collect();
+    for e in &events {
+        let HealthEvent::Transition {
+            transition,
+            incident,
+        } = e
+        else {
+            unreachable!()
+        };
+        let health = probeok::health::RouteHealth::new(transition.route.clone(), &detection, t0());
+        rig.service
+            .store
+            .writer()
+            .record_transition(transition, incident.as_deref(), &health)
+            .await
+            .unwrap();
+    }
+    burn_hour(&rig, 10, t0()).await;
+    rig.service.evaluate(t0()).await.unwrap();
+    rig.service.deliver().await.unwrap();
+    assert!(hook.got().is_empty(), "{:?}", hook.got());
+    // The state alert goes out; from then on the burn rates fold into it.
+    rig.push(events).await;
+    rig.service.deliver().await.unwrap();
+    assert_eq!(hook.got().len(), 1);
+    clock.advance(std::time::Duration::from_secs(60));
+    rig.service.evaluate(clock.now()).await.unwrap();
+    rig.service.deliver().await.unwrap();
+    let got = hook.got();
+    assert_eq!(
+        got.len(),
+        1,
+        "{:?}",
+        got.iter().map(|g| &g.body["title"]).collect::<Vec<_>>()
+    );
+    assert_eq!(got[0].body["subject"]["type"], "provider");
+}
+
 #[tokio::test]
 async fn twenty_routes_answering_401_are_one_message_per_channel() {
     let clock = Arc::new(ManualClock::new(t0()));
