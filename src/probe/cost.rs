@@ -416,7 +416,7 @@ mod tests {
     const ADDED_CNY: f64 = 4.36608;
 
     /// `long_prompt = { tokens = 8000, every = "24h" }`: 30 probes a month of the long prompt
-    /// (8,006 tokens by our estimate, + 4 for the message) in and 16 out.
+    /// ([`LONG_IN`] tokens in) and 16 out.
     #[test]
     fn the_long_prompt_daily_at_8000_tokens() {
         let lp = crate::config::LongPromptConfig {
@@ -459,8 +459,11 @@ mod tests {
         assert_eq!(e.long_prompt, Monthly::default());
     }
 
-    const LONG_IN: u64 = 0;
-    const LONG_CNY: f64 = 0.0;
+    /// 8,007 estimated tokens of prompt + 4 for the message; a month: 30 × 8,011 = 240,330
+    /// in + 30 × 16 = 480 out = 240,810 tokens; at ¥2 / ¥8 per million, 0.48066 + 0.00384 =
+    /// ¥0.4845.
+    const LONG_IN: u64 = 8_011;
+    const LONG_CNY: f64 = 0.4845;
 
     #[test]
     fn off_means_none() {

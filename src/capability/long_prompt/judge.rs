@@ -222,3 +222,62 @@ pub fn slow_finding(
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(ms: f64) -> Answer {
+        Answer::Answered {
+            ttft_ms: ms,
+            correct: true,
+        }
+    }
+
+    #[test]
+    fn no_finding_before_three_samples_then_twice_over_twice_the_median() {
+        let r = RouteId::new("openai", "us", "gpt-4o");
+        let t = DateTime::from_timestamp(1_767_225_600, 0).unwrap_or_default();
+        let mut j = Judge::default();
+        // Slow-looking results before a baseline exists are samples, not findings.
+        assert_eq!(j.observe(&r, &ok(1_000.0), true, t).verdict, Verdict::Next);
+        assert_eq!(j.observe(&r, &ok(5_000.0), true, t).verdict, Verdict::Next);
+        assert_eq!(j.baseline(&r), None);
+        assert_eq!(j.observe(&r, &ok(1_200.0), true, t).verdict, Verdict::Next);
+        assert_eq!(j.baseline(&r), Some(1_200.0), "the median shrugs off the outlier");
+        // At exactly twice: not slow.
+        assert_eq!(j.observe(&r, &ok(2_400.0), true, t).note, None);
+        let base = j.baseline(&r).unwrap_or_default();
+        let first = j.observe(&r, &ok(3.0 * base), true, t);
+        assert_eq!(first.verdict, Verdict::Recheck);
+        assert!(j.findings().is_empty());
+        assert_eq!(j.observe(&r, &ok(3.0 * base), true, t).verdict, Verdict::Next);
+        let f = j.findings();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].kind, DriftKind::LongPromptSlow);
+        assert_eq!(j.baseline(&r), Some(base), "slow results stay out");
+        j.observe(&r, &ok(base), true, t);
+        assert!(j.findings().is_empty());
+    }
+
+    #[test]
+    fn wrong_answers_while_chat_answers_are_capability_lost() {
+        let r = RouteId::new("anthropic", "us", "claude");
+        let t = DateTime::from_timestamp(1_767_225_600, 0).unwrap_or_default();
+        let mut j = Judge::default();
+        let wrong = Answer::Answered {
+            ttft_ms: 900.0,
+            correct: false,
+        };
+        assert_eq!(j.observe(&r, &wrong, false, t).verdict, Verdict::Next);
+        assert_eq!(j.observe(&r, &wrong, true, t).verdict, Verdict::Recheck);
+        let failed = Answer::Failed("HTTP 400: context too long".into());
+        assert_eq!(j.observe(&r, &failed, true, t).verdict, Verdict::Next);
+        let f = j.findings();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].id, "anthropic/us/claude|long_prompt|capability_lost");
+        assert!(f[0].summary.contains("context too long"), "{}", f[0].summary);
+        j.observe(&r, &ok(900.0), true, t);
+        assert!(j.findings().is_empty());
+    }
+}

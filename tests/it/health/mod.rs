@@ -1,4 +1,5 @@
 mod capabilities;
+mod long_prompt;
 mod causes;
 mod confirmations;
 mod detection;
