@@ -579,8 +579,7 @@ async fn run() {
             });
             // With a status page per provider mapping every route (two components each, one
             // open incident): what the providers' word adds to composing the answer.
-            let costs =
-                api::probe_costs(&routes, &probeok::config::CapabilityConfig::default());
+            let costs = api::probe_costs(&routes, &probeok::config::CapabilityConfig::default());
             let overall = api::overall(&routes, &a);
             let readings = Default::default();
             let breakers = std::collections::HashMap::new();

@@ -195,7 +195,10 @@ impl DriftFinding {
     /// Drift proper (not the informational model change, nor a slow long prompt): sets the route's failure mode to
     /// `behavior_changed`, alerts, and with `on_drift = "deweight"` lowers its weight.
     pub fn is_drift(&self) -> bool {
-        !matches!(self.kind, DriftKind::ModelChanged | DriftKind::LongPromptSlow)
+        !matches!(
+            self.kind,
+            DriftKind::ModelChanged | DriftKind::LongPromptSlow
+        )
     }
 }
 
@@ -302,8 +305,12 @@ impl DriftSnapshot {
     /// any earlier ones.
     pub fn with_capabilities(&self, lost: &[DriftFinding]) -> Self {
         let mut out = self.clone();
-        out.findings
-            .retain(|f| !matches!(f.kind, DriftKind::CapabilityLost | DriftKind::LongPromptSlow));
+        out.findings.retain(|f| {
+            !matches!(
+                f.kind,
+                DriftKind::CapabilityLost | DriftKind::LongPromptSlow
+            )
+        });
         out.findings.extend(lost.iter().cloned());
         out
     }

@@ -244,14 +244,21 @@ mod tests {
         assert_eq!(j.observe(&r, &ok(5_000.0), true, t).verdict, Verdict::Next);
         assert_eq!(j.baseline(&r), None);
         assert_eq!(j.observe(&r, &ok(1_200.0), true, t).verdict, Verdict::Next);
-        assert_eq!(j.baseline(&r), Some(1_200.0), "the median shrugs off the outlier");
+        assert_eq!(
+            j.baseline(&r),
+            Some(1_200.0),
+            "the median shrugs off the outlier"
+        );
         // At exactly twice: not slow.
         assert_eq!(j.observe(&r, &ok(2_400.0), true, t).note, None);
         let base = j.baseline(&r).unwrap_or_default();
         let first = j.observe(&r, &ok(3.0 * base), true, t);
         assert_eq!(first.verdict, Verdict::Recheck);
         assert!(j.findings().is_empty());
-        assert_eq!(j.observe(&r, &ok(3.0 * base), true, t).verdict, Verdict::Next);
+        assert_eq!(
+            j.observe(&r, &ok(3.0 * base), true, t).verdict,
+            Verdict::Next
+        );
         let f = j.findings();
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].kind, DriftKind::LongPromptSlow);
@@ -276,7 +283,11 @@ mod tests {
         let f = j.findings();
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].id, "anthropic/us/claude|long_prompt|capability_lost");
-        assert!(f[0].summary.contains("context too long"), "{}", f[0].summary);
+        assert!(
+            f[0].summary.contains("context too long"),
+            "{}",
+            f[0].summary
+        );
         j.observe(&r, &ok(900.0), true, t);
         assert!(j.findings().is_empty());
     }

@@ -282,10 +282,9 @@ pub async fn route(
                 || lang.text().no_data.to_owned(),
                 |o| first_answer_text(lang, o),
             ),
-        long_prompt: config
-            .capability
-            .long_prompt
-            .and_then(|lp| long_prompt_text(lang, lp.tokens, &figures.capabilities.long_prompt(&route)?)),
+        long_prompt: config.capability.long_prompt.and_then(|lp| {
+            long_prompt_text(lang, lp.tokens, &figures.capabilities.long_prompt(&route)?)
+        }),
         probe_cost: i18n::probe_cost(
             lang,
             &crate::probe::cost::ProbeCostView::of_route(&route, &config.capability),

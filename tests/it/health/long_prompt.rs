@@ -22,7 +22,7 @@ use common::app::{at, normal, snapshot};
 use common::{anthropic, openai, Script, Server};
 use probeok::alert::Severity;
 use probeok::capability::judge::Verdict;
-use probeok::capability::long_prompt::{self, LongPromptDriver, LongProber};
+use probeok::capability::long_prompt::{self, LongProber, LongPromptDriver};
 use probeok::clock::{Clock, ManualClock};
 use probeok::config::Config;
 use probeok::drift::{DriftFinding, DriftKind, DriftSnapshot};
@@ -110,10 +110,7 @@ async fn openai_chat(State(b): State<Shared>, Json(req): Json<Value>) -> Respons
     let (delay, text) = answer(&b, &user_text(&req));
     let mut chunks = openai::stream(&[text.as_str()], "stop", Some(4)).into_iter();
     let first = chunks.next().unwrap();
-    Script::new()
-        .after(delay, first)
-        .send_all(chunks)
-        .sse()
+    Script::new().after(delay, first).send_all(chunks).sse()
 }
 
 /// `POST /v1/messages`, streamed.
@@ -346,7 +343,10 @@ fn prefill_ms(slow: u32) -> u64 {
 /// A measured whole-ms figure: the prefill, within the timer's 1 ms resolution.
 fn near(v: &Value, expected: u64) {
     let got = v.as_u64().unwrap_or_else(|| panic!("a number, got {v}"));
-    assert!(got.abs_diff(expected) <= 1, "{got} ms, expected {expected} ms");
+    assert!(
+        got.abs_diff(expected) <= 1,
+        "{got} ms, expected {expected} ms"
+    );
 }
 
 async fn next(rx: &mut broadcast::Receiver<HealthEvent>) -> HealthEvent {
@@ -398,7 +398,9 @@ async fn a_ttft_baseline_forms_from_steady_answers_and_shows_beside_the_short_pr
         assert_eq!(lp["checked_at"], "2026-03-06T12:00:00.000Z", "{id}: {lp}");
         assert!(lp.get("note").is_none(), "{lp}");
         assert_eq!(r["state"], "NORMAL");
-        let g = rig.prober.baseline(&probeok::route::RouteId::parse(id).unwrap());
+        let g = rig
+            .prober
+            .baseline(&probeok::route::RouteId::parse(id).unwrap());
         near(&Value::from(g.unwrap().round() as u64), prefill_ms(1));
     }
     assert!(rig.found.borrow().is_empty());
@@ -416,8 +418,13 @@ async fn a_ttft_baseline_forms_from_steady_answers_and_shows_beside_the_short_pr
         .text()
         .await
         .unwrap();
-    let at = page.find(r#"id="long-prompt""#).expect("the long prompt's line");
-    assert!(page[at..].contains("Long prompt first token (1000 tokens)"), "{page}");
+    let at = page
+        .find(r#"id="long-prompt""#)
+        .expect("the long prompt's line");
+    assert!(
+        page[at..].contains("Long prompt first token (1000 tokens)"),
+        "{page}"
+    );
     assert!(page[at..].contains("baseline"), "{page}");
 
     // A new leader term resumes the baselines from the store.
@@ -480,7 +487,10 @@ async fn a_three_times_slower_prefill_is_long_prompt_slow_after_the_re_probe_the
     // Prefill three times slower; short requests as fast as ever.
     b.lock().unwrap().slow = 3;
     assert_eq!(rig.prober.probe(gpt).await, Verdict::Recheck, "re-probed");
-    assert!(rig.found.borrow().is_empty(), "one slow answer is not a finding");
+    assert!(
+        rig.found.borrow().is_empty(),
+        "one slow answer is not a finding"
+    );
     rig.clock.advance(Duration::from_secs(60));
     assert_eq!(rig.prober.probe(gpt).await, Verdict::Next);
     let found = rig.found.borrow().clone();
@@ -497,7 +507,10 @@ async fn a_three_times_slower_prefill_is_long_prompt_slow_after_the_re_probe_the
     assert!(!drift.behavior_changed(&f.route));
     assert_eq!(weights(&drift), before);
     let opened = vec![next(&mut events).await];
-    assert!(matches!(&opened[0], HealthEvent::DriftFinding { opened: true, .. }));
+    assert!(matches!(
+        &opened[0],
+        HealthEvent::DriftFinding { opened: true, .. }
+    ));
     alerts.push(opened).await;
     let round = alerts.service.deliver().await.unwrap();
     assert_eq!(round.delivered, 1, "{round:?}");
@@ -528,7 +541,10 @@ async fn a_three_times_slower_prefill_is_long_prompt_slow_after_the_re_probe_the
     assert!(rig.found.borrow().is_empty());
     rig.publish_drift();
     let closed = next(&mut events).await;
-    assert!(matches!(closed, HealthEvent::DriftFinding { opened: false, .. }));
+    assert!(matches!(
+        closed,
+        HealthEvent::DriftFinding { opened: false, .. }
+    ));
 }
 
 #[tokio::test(start_paused = true)]
@@ -593,9 +609,16 @@ async fn on_its_cadence_a_slowdown_is_found_within_a_day_and_a_recheck_and_absen
     let (_h0, health0) = watch::channel(Arc::new(healthy(now)));
     let (tx0, _rx0) = watch::channel(Arc::new(Vec::new()));
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(long_prompt::run(driver(&off, health0), tx0, shutdown.clone()));
+    let task = tokio::spawn(long_prompt::run(
+        driver(&off, health0),
+        tx0,
+        shutdown.clone(),
+    ));
     tokio::time::sleep(day * 3).await;
-    assert!(b.lock().unwrap().long.is_empty(), "no long request when off");
+    assert!(
+        b.lock().unwrap().long.is_empty(),
+        "no long request when off"
+    );
     shutdown.cancel();
     task.await.unwrap();
 
@@ -605,12 +628,19 @@ async fn on_its_cadence_a_slowdown_is_found_within_a_day_and_a_recheck_and_absen
     let (tx1, mut found) = watch::channel(Arc::new(Vec::new()));
     let shutdown = CancellationToken::new();
     let start = tokio::time::Instant::now();
-    let task = tokio::spawn(long_prompt::run(driver(&on, health1), tx1, shutdown.clone()));
+    let task = tokio::spawn(long_prompt::run(
+        driver(&on, health1),
+        tx1,
+        shutdown.clone(),
+    ));
     // Three days: each of the two chat routes three times, the first round at 0 and ½ day.
     tokio::time::sleep(day * 3 - Duration::from_secs(60)).await;
     let seen = b.lock().unwrap().long.clone();
     assert_eq!(seen.len(), 6, "{seen:?}");
-    let offsets: Vec<u64> = seen[..2].iter().map(|(_, t)| (*t - start).as_secs()).collect();
+    let offsets: Vec<u64> = seen[..2]
+        .iter()
+        .map(|(_, t)| (*t - start).as_secs())
+        .collect();
     assert_eq!(offsets, vec![0, 43_200]);
 
     // Slow down right after the GPT route's probe: the worst case for it.
@@ -629,7 +659,10 @@ async fn on_its_cadence_a_slowdown_is_found_within_a_day_and_a_recheck_and_absen
     );
     // The next probe a day after the last fails, the re-probe a minute later confirms; each
     // waits out the slow prefill.
-    assert!(took > day && took < day + Duration::from_secs(120), "{took:?}");
+    assert!(
+        took > day && took < day + Duration::from_secs(120),
+        "{took:?}"
+    );
     shutdown.cancel();
     task.await.unwrap();
 }
@@ -647,21 +680,28 @@ fn bad_long_prompt_tokens_and_every_are_located_errors() {
     };
     let e = err(r#"long_prompt = { tokens = 500, every = "24h" }"#);
     assert!(
-        e.contains("bad.toml:2:") && e.contains("capability.long_prompt.tokens: must be between 1000 and 200000, got 500"),
+        e.contains("bad.toml:2:")
+            && e.contains(
+                "capability.long_prompt.tokens: must be between 1000 and 200000, got 500"
+            ),
         "{e}"
     );
     let e = err(r#"long_prompt = { tokens = 300000 }"#);
     assert!(e.contains("capability.long_prompt.tokens"), "{e}");
     let e = err(r#"long_prompt = { tokens = 8000, every = "30m" }"#);
     assert!(
-        e.contains("bad.toml:2:") && e.contains("capability.long_prompt.every: must be at least 1h"),
+        e.contains("bad.toml:2:")
+            && e.contains("capability.long_prompt.every: must be at least 1h"),
         "{e}"
     );
     let e = err(r#"long_prompt = { tokens = 8000, often = "1h" }"#);
     assert!(e.contains("bad.toml:2:"), "{e}");
-    let ok = Config::parse(&src(r#"long_prompt = { tokens = 8000, every = "24h" }"#), "ok.toml")
-        .unwrap()
-        .config;
+    let ok = Config::parse(
+        &src(r#"long_prompt = { tokens = 8000, every = "24h" }"#),
+        "ok.toml",
+    )
+    .unwrap()
+    .config;
     assert_eq!(
         ok.capability.long_prompt,
         Some(probeok::config::LongPromptConfig {
@@ -671,4 +711,50 @@ fn bad_long_prompt_tokens_and_every_are_located_errors() {
     );
     let off = Config::parse(&src(""), "off.toml").unwrap().config;
     assert_eq!(off.capability.long_prompt, None);
+}
+
+/// `probeok check-config` shows the long prompt's month per chat route (none for the
+/// embeddings route): 30 × (8,011 in + 16 out) = 240,810 tokens at `tokens = 8000` daily.
+#[test]
+fn check_config_shows_the_long_prompt_per_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = format!(
+        "[capability]\n{}\n[[provider]]\nid = \"openai\"\n  [[provider.region]]\n  id = \"us\"\n  base_url = \"http://127.0.0.1:1/v1\"\n[[route]]\nprovider = \"openai\"\nregion = \"us\"\nmodel = \"gpt-4o\"\nserves = \"chat\"\n[[route]]\nprovider = \"openai\"\nregion = \"us\"\nmodel = \"text-embedding-3-small\"\nserves = \"embed\"\nkind = \"embeddings\"\ndimensions = 8\n",
+        r#"long_prompt = { tokens = 8000, every = "24h" }"#
+    );
+    let path = dir.path().join("lp.toml");
+    std::fs::write(&path, src).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_probeok"))
+        .env_remove("PROBEOK_CONFIG")
+        .env("RUST_LOG", "warn")
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("a long prompt of 8000 tokens to every chat route every 1day"),
+        "{stdout}"
+    );
+    // The cost table (the route table above it starts with ROUTE too).
+    let table = stdout.split("probe cost per month").nth(1).unwrap();
+    let header: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("ROUTE"))
+        .unwrap()
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    let at = header
+        .iter()
+        .position(|c| *c == "LONG PROMPT TOKENS")
+        .unwrap();
+    let col = |id: &str| -> String {
+        let line = table.lines().find(|l| l.starts_with(id)).unwrap();
+        line.split_whitespace().nth(at).unwrap().to_owned()
+    };
+    assert_eq!(col("openai/us/gpt-4o "), "240810", "{stdout}");
+    assert_eq!(col("openai/us/text-embedding-3-small "), "0", "{stdout}");
 }

@@ -1,11 +1,11 @@
 mod capabilities;
-mod long_prompt;
 mod causes;
 mod confirmations;
 mod detection;
 mod embeddings;
 mod error_budget;
 mod heartbeats;
+mod long_prompt;
 mod quorum;
 mod ratelimit_low;
 mod roles;
