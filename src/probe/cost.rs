@@ -131,11 +131,11 @@ pub fn capability_cost(cap: crate::capability::Probed, every: Duration) -> Month
 /// A month of the long prompt (`[capability] long_prompt`) every `every`: its `tokens` by our
 /// estimate as input, the few output tokens it allows.
 pub fn long_prompt_cost(lp: &crate::config::LongPromptConfig) -> Monthly {
-    let text = crate::capability::long_prompt::prompt::text(lp.tokens);
-    let tokens = CallTokens::of(
-        [text.as_str()],
-        crate::capability::long_prompt::prompt::MAX_TOKENS,
-    );
+    use crate::capability::long_prompt::prompt;
+    let tokens = CallTokens {
+        input: u64::from(prompt::estimated_tokens(lp.tokens)) + MESSAGE_OVERHEAD,
+        output: u64::from(prompt::MAX_TOKENS),
+    };
     Monthly::of(per_month(lp.every), tokens)
 }
 

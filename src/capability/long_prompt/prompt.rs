@@ -44,6 +44,24 @@ pub fn text(tokens: u32) -> String {
     out
 }
 
+/// Our token estimate of [`text`]`(tokens)`, for the cost table. Remembered for the last size
+/// asked (the config has one): the status API costs every route, and building a 200,000-token
+/// prompt per route per answer would be most of its work.
+pub fn estimated_tokens(tokens: u32) -> u32 {
+    static LAST: std::sync::Mutex<Option<(u32, u32)>> = std::sync::Mutex::new(None);
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match *last {
+        Some((t, n)) if t == tokens => n,
+        _ => {
+            let n = estimate_tokens(&text(tokens));
+            *last = Some((tokens, n));
+            n
+        }
+    }
+}
+
 /// Whether an answer retrieved the fact.
 pub fn answered(text: &str) -> bool {
     text.contains(CODE_WORD)
@@ -61,6 +79,7 @@ mod tests {
             assert!(n >= tokens && n < tokens + 40, "{tokens}: {n}");
             assert!(t.ends_with(&question()));
             assert_eq!(t, text(tokens), "deterministic");
+            assert_eq!(estimated_tokens(tokens), n);
         }
         assert!(answered("PROBE_OK-7341"));
         assert!(!answered("PROBE_OK"));
