@@ -84,9 +84,9 @@ pub struct Judge {
 }
 
 impl Judge {
-    /// Seeds `route`'s baseline with stored good TTFTs, oldest first (a new leader term
+    /// Resumes `route`'s baseline from stored good TTFTs, oldest first (a new leader term
     /// continues where the last one stopped).
-    pub fn seed(&mut self, route: &RouteId, good: &[f64]) {
+    pub fn resume(&mut self, route: &RouteId, good: &[f64]) {
         let t = self.tracks.entry(route.clone()).or_default();
         for &g in good {
             push(&mut t.good, g);

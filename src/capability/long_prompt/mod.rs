@@ -126,7 +126,7 @@ impl LongProber {
                     for (route, v) in rows {
                         if let Some(r) = routes.iter().find(|r| r.id.as_str() == route) {
                             let good: Vec<f64> = v.iter().map(|&ms| ms as f64).collect();
-                            judge.seed(&r.id, &good);
+                            judge.resume(&r.id, &good);
                         }
                     }
                 }
