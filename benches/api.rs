@@ -579,8 +579,7 @@ async fn run() {
             });
             // With a status page per provider mapping every route (two components each, one
             // open incident): what the providers' word adds to composing the answer.
-            let costs =
-                api::probe_costs(&routes, probeok::config::CapabilityConfig::default().every);
+            let costs = api::probe_costs(&routes, &probeok::config::CapabilityConfig::default());
             let overall = api::overall(&routes, &a);
             let readings = Default::default();
             let breakers = std::collections::HashMap::new();
@@ -600,6 +599,7 @@ async fn run() {
                         pages: declared.2.clone(),
                     }),
                     ratelimit: &readings,
+                    long_prompt: false,
                 };
                 std::hint::black_box(
                     api::status_bytes_with(&routes, &a, &figures, now, extras).expect("json"),

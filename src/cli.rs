@@ -132,7 +132,7 @@ pub fn check_config(path: &Path) -> Result<(), CliError> {
     crate::stdout::print(format_args!("{}", sets_summary(&config, &sets, &routes)));
     crate::stdout::print(format_args!(
         "{}",
-        cost_summary(&sets, &routes, config.capability.every)
+        cost_summary(&sets, &routes, &config.capability)
     ));
     crate::stdout::print(format_args!("{}", alert_channels_summary(&config, &routes)));
     Ok(())
@@ -143,7 +143,7 @@ pub fn check_config(path: &Path) -> Result<(), CliError> {
 fn cost_summary(
     sets: &[drift::RegressionSet],
     routes: &[Route],
-    capability_every: std::time::Duration,
+    capability: &crate::config::CapabilityConfig,
 ) -> String {
     use crate::probe::cost::{self, CallTokens};
     let mut rows = vec![[
@@ -153,6 +153,7 @@ fn cost_summary(
         "THROUGHPUT TOKENS".to_owned(),
         "CONFIRM TOKENS".to_owned(),
         "CAPABILITY TOKENS".to_owned(),
+        "LONG PROMPT TOKENS".to_owned(),
         "SET TOKENS".to_owned(),
         "TOTAL TOKENS".to_owned(),
         "COST/MO".to_owned(),
@@ -165,7 +166,7 @@ fn cost_summary(
     let mut costs: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
     for r in routes {
         // An embeddings route: its embeddings probe, and no regression sets.
-        let c = cost::route_cost(r, capability_every);
+        let c = cost::route_cost(r, capability);
         let sets_month = sets
             .iter()
             .filter(|s| s.applies(r) && r.embedding.is_none())
@@ -202,12 +203,17 @@ fn cost_summary(
             r.id.to_string(),
             format!(
                 "{:.0}",
-                c.probes.calls + c.throughput.calls + c.confirmations.calls + c.capabilities.calls
+                c.probes.calls
+                    + c.throughput.calls
+                    + c.confirmations.calls
+                    + c.capabilities.calls
+                    + c.long_prompt.calls
             ),
             format!("{:.0}", c.probes.tokens()),
             format!("{:.0}", c.throughput.tokens()),
             format!("{:.0}", c.confirmations.tokens()),
             format!("{:.0}", c.capabilities.tokens()),
+            format!("{:.0}", c.long_prompt.tokens()),
             format!("{:.0}", sets_month.tokens()),
             format!("{all:.0}"),
             fmt_cost(money, price.map(|p| p.currency.as_str())),
@@ -225,10 +231,18 @@ fn cost_summary(
     format!(
         "probe cost per month (30 days; output counted at max_tokens, an upper bound; \
          confirmation probes at {:.0}% of probes, the abnormal-outcome rate of a healthy jittery day; \
-         declared tools / json_schema capabilities probed every {}):\n{}\
+         declared tools / json_schema capabilities probed every {}; {}):\n{}\
          total: {tokens:.0} tokens, {total_cost} per month\n",
         cost::CONFIRM_RATE * 100.0,
-        humantime::format_duration(capability_every),
+        humantime::format_duration(capability.every),
+        match &capability.long_prompt {
+            Some(lp) => format!(
+                "a long prompt of {} tokens to every chat route every {}",
+                lp.tokens,
+                humantime::format_duration(lp.every)
+            ),
+            None => "no long prompt".to_owned(),
+        },
         format_table(&rows),
     )
 }

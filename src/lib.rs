@@ -99,7 +99,9 @@
 //!   (`capability::wire`, pure, per provider dialect), spread and bounded by the leader's task;
 //!   results in `store::capabilities`; two failures in a row while chat answers are a
 //!   `capability_lost` drift finding (`capability::judge`, pure): alerted, never an outage,
-//!   never a weight change.
+//!   never a weight change. `capability::long_prompt` (`[capability] long_prompt`, off by
+//!   default): a long prompt streamed through the chat probe's client, its TTFT judged against
+//!   the route's own baseline (`long_prompt_slow`, a warning) and its code word checked.
 //! - [`catalog`]: the providers' model lists, read by the leader every `[catalog] every` per
 //!   provider region (`catalog::client`, OpenAI-compatible and Anthropic, bounded): first and
 //!   last seen per model in `store::catalog`, a routed model missing from two answers in a row

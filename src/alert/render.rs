@@ -498,6 +498,17 @@ fn drift_lines(w: &Words, d: &super::DriftAlert, lines: &mut Vec<Line>) {
         ));
         return;
     }
+    if d.kind == "long_prompt_slow" {
+        lines.push(Line::Field(
+            w.t("Route state", "线路状态").into(),
+            w.t(
+                "unchanged: short requests answer as usual; only long contexts wait",
+                "不变：短请求正常，仅长上下文等待变长",
+            )
+            .into(),
+        ));
+        return;
+    }
     if d.kind == "embedding_changed" {
         lines.push(Line::Field(
             w.t("What to do", "处理建议").into(),

@@ -289,6 +289,27 @@ pub(super) async fn lead(
             token.clone(),
         ),
     ));
+    // The long prompt (`[capability] long_prompt`, when set) from the leader too; its
+    // findings join the capability probes'.
+    let (long_tx, long) = watch::channel(Arc::new(Vec::new()));
+    let long_driver = m.config.capability.long_prompt.map(|config| {
+        crate::capability::long_prompt::LongPromptDriver {
+            routes: m.routes.clone(),
+            config,
+            env: m.config.env.clone(),
+            store: Some(m.store.clone()),
+            retention: Duration::from_secs(u64::from(m.config.storage.retention_days) * 86_400),
+            clock: m.clock.clone(),
+            health: m.health.subscribe(),
+        }
+    });
+    tasks.push(sv.spawn(
+        "long_prompt",
+        token.clone(),
+        crate::capability::long_prompt::run(long_driver, long_tx, token.clone()),
+    ));
+    let (lost, lost_joined) = join_findings(lost, long, token.clone());
+    tasks.push(lost_joined);
     let (merged_tx, merged) =
         watch::channel(Arc::new(crate::drift::DriftSnapshot::empty(m.clock.now())));
     // Embeddings routes' changed models join real traffic's findings the same way.

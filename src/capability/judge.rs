@@ -74,7 +74,7 @@ impl Judge {
             return Verdict::Recheck;
         }
         if t.open.is_none() {
-            t.open = Some(finding(route, cap, error, t.failures, at));
+            t.open = Some(finding(route, cap.as_str(), error, t.failures, at));
         }
         Verdict::Next
     }
@@ -88,10 +88,11 @@ impl Judge {
     }
 }
 
-/// The `capability_lost` finding of `cap` on `route`, its `set` the capability's name.
+/// The `capability_lost` finding of capability `cap` (`tools`, `json_schema`, `long_prompt`)
+/// on `route`, its `set` the capability's name.
 pub fn finding(
     route: &RouteId,
-    cap: Probed,
+    cap: &str,
     error: &str,
     failures: u32,
     at: DateTime<Utc>,
@@ -103,16 +104,15 @@ pub fn finding(
         rate: None,
     };
     DriftFinding {
-        id: DriftFinding::key(route, cap.as_str(), DriftKind::CapabilityLost),
+        id: DriftFinding::key(route, cap, DriftKind::CapabilityLost),
         route: route.clone(),
-        set: cap.as_str().to_owned(),
+        set: cap.to_owned(),
         kind: DriftKind::CapabilityLost,
         severity: Severity::Warning,
         failure_mode: Some(FailureMode::BehaviorChanged),
         detected_at: at,
         summary: format!(
-            "capability_lost: {} — {failures} probes in a row failed while chat answers: {error}",
-            cap.as_str()
+            "capability_lost: {cap} — {failures} probes in a row failed while chat answers: {error}"
         ),
         evidence: Evidence {
             test: "none".into(),

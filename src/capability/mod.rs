@@ -16,11 +16,17 @@
 //! `warning`), merged into the drift snapshot, so they reach the alert engine, the status API
 //! and the pages exactly as regression-set findings do. They never change a route's state or
 //! its weight: chat still works there.
+//!
+//! [`long_prompt`] (`[capability] long_prompt`, off by default) sends every chat route a long
+//! prompt on its own cadence and judges its time to first token against the route's own
+//! baseline: `long_prompt_slow` (a warning, never a failure mode) or, for a wrong answer,
+//! `capability_lost: long_prompt`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod client;
 pub mod judge;
+pub mod long_prompt;
 pub mod wire;
 
 use std::sync::Arc;

@@ -45,7 +45,7 @@ use crate::route::{Capability, Price, ProbeSettings, ProviderKind, Route, RouteI
 use crate::secret::Env;
 use crate::severity::Severity;
 
-pub use capability::CapabilityConfig;
+pub use capability::{CapabilityConfig, LongPromptConfig};
 pub use catalog::CatalogConfig;
 pub use clients::{ClientConfig, Per, SpendLimit};
 pub(crate) use convert::parse_located;

@@ -82,6 +82,15 @@ pub(super) struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCapability {
     pub every: Option<String>,
+    pub long_prompt: Option<RawLongPrompt>,
+}
+
+/// `[capability] long_prompt = { tokens, every }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLongPrompt {
+    pub tokens: Option<i64>,
+    pub every: Option<String>,
 }
 
 /// `[catalog]`.

@@ -70,6 +70,10 @@ pub enum DriftKind {
     /// An embeddings route's vector for the fixed text no longer matches its stored
     /// reference (`crate::embed`): another model answers under the same name.
     EmbeddingChanged,
+    /// The long-prompt probe's time to first token passed twice its route's own baseline twice
+    /// in a row (`crate::capability::long_prompt`). A warning only: it sets no failure mode,
+    /// moves no state and no weight (short requests are as fast as ever).
+    LongPromptSlow,
 }
 
 impl DriftKind {
@@ -81,6 +85,7 @@ impl DriftKind {
             DriftKind::ValidityDrop => "validity_drop",
             DriftKind::CapabilityLost => "capability_lost",
             DriftKind::EmbeddingChanged => "embedding_changed",
+            DriftKind::LongPromptSlow => "long_prompt_slow",
         }
     }
 }
@@ -187,10 +192,13 @@ impl DriftFinding {
         format!("{route}|{set}|{}", kind.as_str())
     }
 
-    /// Drift proper (not the informational model change): sets the route's failure mode to
+    /// Drift proper (not the informational model change, nor a slow long prompt): sets the route's failure mode to
     /// `behavior_changed`, alerts, and with `on_drift = "deweight"` lowers its weight.
     pub fn is_drift(&self) -> bool {
-        self.kind != DriftKind::ModelChanged
+        !matches!(
+            self.kind,
+            DriftKind::ModelChanged | DriftKind::LongPromptSlow
+        )
     }
 }
 
@@ -297,7 +305,12 @@ impl DriftSnapshot {
     /// any earlier ones.
     pub fn with_capabilities(&self, lost: &[DriftFinding]) -> Self {
         let mut out = self.clone();
-        out.findings.retain(|f| f.kind != DriftKind::CapabilityLost);
+        out.findings.retain(|f| {
+            !matches!(
+                f.kind,
+                DriftKind::CapabilityLost | DriftKind::LongPromptSlow
+            )
+        });
         out.findings.extend(lost.iter().cloned());
         out
     }

@@ -104,6 +104,8 @@ pub struct ProbeCost {
     /// The declared capabilities' probes at `[capability] every` (the quick re-probe after a
     /// failure is not counted: a healthy route has none).
     pub capabilities: Monthly,
+    /// The long prompt at `[capability] long_prompt.every` (its quick re-probes not counted).
+    pub long_prompt: Monthly,
 }
 
 impl ProbeCost {
@@ -112,6 +114,7 @@ impl ProbeCost {
             .plus(self.throughput)
             .plus(self.confirmations)
             .plus(self.capabilities)
+            .plus(self.long_prompt)
     }
 }
 
@@ -125,9 +128,20 @@ pub fn capability_cost(cap: crate::capability::Probed, every: Duration) -> Month
     Monthly::of(per_month(every), tokens)
 }
 
-/// The month of probing `route`: [`probe_cost`] of its settings and its declared capabilities
-/// at `capability_every`.
-pub fn route_cost(route: &Route, capability_every: Duration) -> ProbeCost {
+/// A month of the long prompt (`[capability] long_prompt`) every `every`: its `tokens` by our
+/// estimate as input, the few output tokens it allows.
+pub fn long_prompt_cost(lp: &crate::config::LongPromptConfig) -> Monthly {
+    use crate::capability::long_prompt::prompt;
+    let tokens = CallTokens {
+        input: u64::from(prompt::estimated_tokens(lp.tokens)) + MESSAGE_OVERHEAD,
+        output: u64::from(prompt::MAX_TOKENS),
+    };
+    Monthly::of(per_month(lp.every), tokens)
+}
+
+/// The month of probing `route`: [`probe_cost`] of its settings, its declared capabilities at
+/// `[capability] every` and the long prompt when `[capability] long_prompt` is set.
+pub fn route_cost(route: &Route, capability: &crate::config::CapabilityConfig) -> ProbeCost {
     // An embeddings route: its embeddings probe, no chat capabilities to probe.
     if route.embedding.is_some() {
         return embed_cost(&route.probe);
@@ -136,8 +150,13 @@ pub fn route_cost(route: &Route, capability_every: Duration) -> ProbeCost {
     c.capabilities = crate::capability::probed(route)
         .into_iter()
         .fold(Monthly::default(), |m, cap| {
-            m.plus(capability_cost(cap, capability_every))
+            m.plus(capability_cost(cap, capability.every))
         });
+    c.long_prompt = capability
+        .long_prompt
+        .as_ref()
+        .map(long_prompt_cost)
+        .unwrap_or_default();
     c
 }
 
@@ -156,6 +175,7 @@ pub fn probe_cost(s: &ProbeSettings) -> ProbeCost {
         throughput: Monthly::of(per_month(s.throughput_every), throughput),
         confirmations: Monthly::of(confirmations, probe),
         capabilities: Monthly::default(),
+        long_prompt: Monthly::default(),
     }
 }
 
@@ -183,6 +203,7 @@ pub fn embed_cost(s: &ProbeSettings) -> ProbeCost {
         throughput: Monthly::default(),
         confirmations: Monthly::of(confirmations, call),
         capabilities: Monthly::default(),
+        long_prompt: Monthly::default(),
     }
 }
 
@@ -209,8 +230,8 @@ impl ProbeCostView {
     }
 
     /// The route's, its declared capabilities' probes included.
-    pub fn of_route(route: &Route, capability_every: Duration) -> Self {
-        Self::of(&route_cost(route, capability_every), route.price.as_ref())
+    pub fn of_route(route: &Route, capability: &crate::config::CapabilityConfig) -> Self {
+        Self::of(&route_cost(route, capability), route.price.as_ref())
     }
 
     fn of(c: &ProbeCost, price: Option<&Price>) -> Self {
@@ -303,19 +324,10 @@ mod tests {
         assert_eq!(c.total().output_tokens, 0.0);
     }
 
-    /// A route declaring `tools` and `json_schema`, probed at the default `[capability] every`
-    /// (15 min): 2,592,000 s / 900 s = 2,880 probes of each a month, each counted at the
-    /// prompt and the tool or schema definition in and `max_tokens` (64) out.
-    #[test]
-    fn declared_capabilities_are_probed_at_their_cadence() {
-        use crate::capability::{wire, Probed};
+    /// A chat route declaring only `stream`.
+    fn chat_route(price: Option<Price>) -> Route {
         use crate::route::{Capability, ProviderKind, RouteId, Tier};
-        let price = Price {
-            input_per_mtok: 2.0,
-            output_per_mtok: 8.0,
-            currency: "CNY".into(),
-        };
-        let mut route = Route {
+        Route {
             id: RouteId::new("openai", "us", "gpt-4o"),
             provider: "openai".into(),
             region: "us".into(),
@@ -326,25 +338,40 @@ mod tests {
             serves: "chat".into(),
             tier: Tier::Primary,
             weight: 100,
-            price: Some(price.clone()),
+            price,
             capabilities: vec![Capability::Stream],
             context_window: None,
             residency: None,
             slo: 0.999,
             probe: settings(),
             embedding: None,
+        }
+    }
+
+    /// A route declaring `tools` and `json_schema`, probed at the default `[capability] every`
+    /// (15 min): 2,592,000 s / 900 s = 2,880 probes of each a month, each counted at the
+    /// prompt and the tool or schema definition in and `max_tokens` (64) out.
+    #[test]
+    fn declared_capabilities_are_probed_at_their_cadence() {
+        use crate::capability::{wire, Probed};
+        use crate::route::Capability;
+        let price = Price {
+            input_per_mtok: 2.0,
+            output_per_mtok: 8.0,
+            currency: "CNY".into(),
         };
-        let every = crate::config::CapabilityConfig::default().every;
-        assert_eq!(every, Duration::from_secs(900));
+        let mut route = chat_route(Some(price.clone()));
+        let every = crate::config::CapabilityConfig::default();
+        assert_eq!(every.every, Duration::from_secs(900));
         // Chat only: nothing added.
-        assert_eq!(route_cost(&route, every), probe_cost(&route.probe));
+        assert_eq!(route_cost(&route, &every), probe_cost(&route.probe));
 
         route.capabilities = vec![
             Capability::Stream,
             Capability::Tools,
             Capability::JsonSchema,
         ];
-        let c = route_cost(&route, every);
+        let c = route_cost(&route, &every);
         let tokens = |cap| {
             let t = wire::input_texts(cap);
             CallTokens::of(t.iter().map(String::as_str), wire::MAX_TOKENS)
@@ -363,14 +390,20 @@ mod tests {
         assert!((added - by_hand).abs() < 1e-9, "{added} vs {by_hand}");
         assert!((added - ADDED_CNY).abs() < 1e-6, "{added}");
         // The total, the status API's view and check-config's table carry it.
-        let v = ProbeCostView::of_route(&route, every);
+        let v = ProbeCostView::of_route(&route, &every);
         let without = ProbeCostView::new(&route.probe, Some(&price));
         assert_eq!(
             v.tokens_per_month - without.tokens_per_month,
             c.capabilities.tokens().round() as u64
         );
         // At a longer cadence, proportionally less.
-        let hourly = route_cost(&route, Duration::from_secs(3600));
+        let hourly = route_cost(
+            &route,
+            &crate::config::CapabilityConfig {
+                every: Duration::from_secs(3600),
+                long_prompt: None,
+            },
+        );
         assert_eq!(hourly.capabilities.calls, 2.0 * 720.0);
     }
 
@@ -381,6 +414,56 @@ mod tests {
     const TOOLS_IN: u64 = 121;
     const SCHEMA_IN: u64 = 125;
     const ADDED_CNY: f64 = 4.36608;
+
+    /// `long_prompt = { tokens = 8000, every = "24h" }`: 30 probes a month of the long prompt
+    /// ([`LONG_IN`] tokens in) and 16 out.
+    #[test]
+    fn the_long_prompt_daily_at_8000_tokens() {
+        let lp = crate::config::LongPromptConfig {
+            tokens: 8_000,
+            every: Duration::from_secs(24 * 3600),
+        };
+        let m = long_prompt_cost(&lp);
+        assert_eq!(m.calls, 30.0);
+        assert_eq!(m.input_tokens, 30.0 * LONG_IN as f64);
+        assert_eq!(m.output_tokens, 30.0 * 16.0);
+        let price = Price {
+            input_per_mtok: 2.0,
+            output_per_mtok: 8.0,
+            currency: "CNY".into(),
+        };
+        let cny = m.cost(Some(&price)).unwrap();
+        assert!((cny - LONG_CNY).abs() < 1e-9, "{cny}");
+        // Off (the key absent): nothing.
+        let mut route = chat_route(None);
+        let off = route_cost(&route, &crate::config::CapabilityConfig::default());
+        assert_eq!(off.long_prompt, Monthly::default());
+        let on = route_cost(
+            &route,
+            &crate::config::CapabilityConfig {
+                long_prompt: Some(lp),
+                ..Default::default()
+            },
+        );
+        assert_eq!(on.long_prompt, m);
+        assert_eq!(on.total().tokens(), off.total().tokens() + m.tokens());
+        // Embeddings routes get no long prompt.
+        route.embedding = Some(1536);
+        let e = route_cost(
+            &route,
+            &crate::config::CapabilityConfig {
+                long_prompt: Some(lp),
+                ..Default::default()
+            },
+        );
+        assert_eq!(e.long_prompt, Monthly::default());
+    }
+
+    /// 8,007 estimated tokens of prompt + 4 for the message; a month: 30 × 8,011 = 240,330
+    /// in + 30 × 16 = 480 out = 240,810 tokens; at ¥2 / ¥8 per million, 0.48066 + 0.00384 =
+    /// ¥0.4845.
+    const LONG_IN: u64 = 8_011;
+    const LONG_CNY: f64 = 0.4845;
 
     #[test]
     fn off_means_none() {

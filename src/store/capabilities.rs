@@ -1,5 +1,6 @@
 //! Capability probes (`migrations/*/0026_capabilities.sql`): one row per probe of a route's
-//! declared `tools` or `json_schema` capability, kept as long as raw outcomes. Writes go
+//! declared `tools` or `json_schema` capability, or of its long prompt (`long_prompt`, the
+//! latency its time to first token), kept as long as raw outcomes. Writes go
 //! through the writer thread ([`Writer::capability`]); reads are [`Reader`] methods.
 
 use chrono::{DateTime, Utc};
@@ -17,13 +18,14 @@ const RETENTION_STEP: i64 = 500;
 pub struct CapabilityRow {
     /// `provider/region/model`.
     pub route: String,
-    /// `tools` or `json_schema`.
+    /// `tools`, `json_schema` or `long_prompt`.
     pub capability: String,
     /// When the probe started.
     pub at: DateTime<Utc>,
     pub ok: bool,
     pub latency_ms: u64,
-    /// Why it failed (short); `None` when it succeeded.
+    /// Why it failed (short); `None` when it succeeded. A long prompt answered correctly but
+    /// slowly is `ok` with a note here, and does not count towards its baseline.
     pub error: Option<String>,
 }
 
@@ -144,6 +146,37 @@ impl Reader {
                 ok: u64::try_from(ok).unwrap_or(0),
                 total: u64::try_from(total).unwrap_or(0),
             });
+        }
+        Ok(out)
+    }
+
+    /// The latencies of the last `n` good results (`ok` and no error note) of `capability` on
+    /// every route, oldest first, by route: the long-prompt probe's TTFT baseline.
+    pub fn capability_recent_good(
+        &self,
+        capability: &str,
+        n: usize,
+    ) -> Result<Vec<(String, Vec<u64>)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT route, latency_ms FROM
+                 (SELECT route, latency_ms, at_ms, ROW_NUMBER() OVER
+                      (PARTITION BY route ORDER BY at_ms DESC, id DESC) AS k
+                  FROM capability_results
+                  WHERE capability = ?1 AND ok = 1 AND error IS NULL) t
+             WHERE k <= ?2 ORDER BY route, at_ms",
+        )?;
+        let rows = stmt.query_map(
+            params![capability, i64::try_from(n).unwrap_or(i64::MAX)],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+        )?;
+        let mut out: Vec<(String, Vec<u64>)> = Vec::new();
+        for r in rows {
+            let (route, latency) = r?;
+            let latency = u64::try_from(latency).unwrap_or(0);
+            match out.last_mut() {
+                Some((last, v)) if *last == route => v.push(latency),
+                _ => out.push((route, vec![latency])),
+            }
         }
         Ok(out)
     }

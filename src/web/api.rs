@@ -164,6 +164,9 @@ struct RouteView<'a> {
     ratelimit: Option<&'a BTreeMap<&'static str, crate::health::headroom::Reading>>,
     /// Each declared `tools` / `json_schema` capability: its latest probe and 7-day success.
     capabilities: BTreeMap<&'static str, capabilities::CapabilityView>,
+    /// The long prompt's latest TTFT beside its baseline (`[capability] long_prompt`); null
+    /// when off or for an embeddings route.
+    long_prompt: Option<capabilities::LongPromptView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -237,6 +240,9 @@ pub struct Extras<'a> {
     pub declared: Option<DeclaredExtras>,
     /// Each route's rate-limit readings (`super::headroom`).
     pub ratelimit: &'a super::headroom::Readings,
+    /// `[capability] long_prompt` is set: each chat route shows its long prompt's figures
+    /// (else `long_prompt` is null).
+    pub long_prompt: bool,
 }
 
 /// The status pages' part of a status answer.
@@ -259,15 +265,15 @@ impl DeclaredExtras {
     }
 }
 
-/// Each route's probe cost (its capability probes at `capability_every` included), in the
-/// routes' order.
+/// Each route's probe cost (its capability probes and long prompt included), in the routes'
+/// order.
 pub fn probe_costs(
     routes: &[Route],
-    capability_every: Duration,
+    capability: &crate::config::CapabilityConfig,
 ) -> Vec<crate::probe::cost::ProbeCostView> {
     routes
         .iter()
-        .map(|r| crate::probe::cost::ProbeCostView::of_route(r, capability_every))
+        .map(|r| crate::probe::cost::ProbeCostView::of_route(r, capability))
         .collect()
 }
 
@@ -289,7 +295,7 @@ pub fn status_bytes(
     figures: &Figures,
     now: DateTime<Utc>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    let costs = probe_costs(routes, crate::config::CapabilityConfig::default().every);
+    let costs = probe_costs(routes, &crate::config::CapabilityConfig::default());
     let extras = Extras {
         breakers: &HashMap::new(),
         budget: None,
@@ -300,6 +306,7 @@ pub fn status_bytes(
         sync: Vec::new(),
         declared: None,
         ratelimit: &Default::default(),
+        long_prompt: false,
     };
     status_bytes_with(routes, health, figures, now, extras)
 }
@@ -335,6 +342,7 @@ fn status_view<'a>(
         sync,
         declared,
         ratelimit,
+        long_prompt,
     } = extras;
     let by_id: HashMap<&RouteId, &crate::health::RouteStatus, rustc_hash::FxBuildHasher> =
         health.routes.iter().map(|s| (&s.route, s)).collect();
@@ -414,6 +422,9 @@ fn status_view<'a>(
                     .and_then(|d| crate::declared::judge::route_view(&d.map, &d.view, &r.id)),
                 ratelimit: ratelimit.get(&r.id).filter(|m| !m.is_empty()),
                 capabilities: figures.capabilities.route(r),
+                long_prompt: long_prompt
+                    .then(|| figures.capabilities.long_prompt(r))
+                    .flatten(),
             }
         })
         .collect();
@@ -517,7 +528,8 @@ pub async fn status(
     let role = state.metrics.role();
     let sync = state.metrics.sync();
     let declared = DeclaredExtras::of(&state.config.current(), &state.metrics);
-    let capability_every = state.config.current().capability.every;
+    let capability = state.config.current().capability.clone();
+    let long_prompt = capability.long_prompt.is_some();
     let ratelimit = state.metrics.headroom();
     let vantages = state
         .vantages
@@ -535,7 +547,7 @@ pub async fn status(
         };
         let costs = cache
             .probe_costs
-            .get(&routes, |r| probe_costs(r, capability_every));
+            .get(&routes, |r| probe_costs(r, &capability));
         let extras = Extras {
             breakers: &breakers,
             budget,
@@ -546,6 +558,7 @@ pub async fn status(
             sync,
             declared,
             ratelimit: &ratelimit,
+            long_prompt,
         };
         let bytes = status_bytes_with(&routes, &health, &figures, now, extras)
             .map_err(|e| ApiError::Internal(format!("serialising status: {e}")))?;

@@ -140,7 +140,7 @@ fn drift_and_admin_schemas() -> Value {
             "properties": {
                 "id": {"type": "string", "description": "route|set|kind, stable while the finding lasts"},
                 "route": {"type": "string"}, "set": {"type": "string"},
-                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed", "validity_drop", "capability_lost", "embedding_changed"]},
+                "kind": {"type": "string", "enum": ["pass_rate_drop", "length_shift", "model_changed", "validity_drop", "capability_lost", "embedding_changed", "long_prompt_slow"]},
                 "severity": {"type": "string", "enum": ["info", "warning", "critical"]},
                 "failure_mode": {"type": "string", "nullable": true},
                 "detected_at": {"type": "string", "format": "date-time"},
@@ -234,6 +234,7 @@ fn core_schemas() -> Value {
     // Beside the rest: one more key in that one `json!` passes the macro's recursion limit.
     schemas["RouteStatus"]["properties"]["ratelimit"] = ratelimit_schema();
     schemas["RouteStatus"]["properties"]["capabilities"] = capabilities_schema();
+    schemas["RouteStatus"]["properties"]["long_prompt"] = long_prompt_schema();
     schemas["RouteStatus"]["properties"]["kind"] = route_kind();
     schemas
 }
@@ -254,6 +255,21 @@ fn capabilities_schema() -> Value {
         "description": "The declared tools / json_schema capabilities' probes ([capability] every); empty when the route declares neither",
         "properties": {"tools": probe.clone(), "json_schema": probe},
         "additionalProperties": false
+    })
+}
+
+/// `long_prompt` of a route (see `docs/http-api.md`): the long prompt beside its baseline.
+fn long_prompt_schema() -> Value {
+    json!({
+        "type": "object", "nullable": true,
+        "description": "The long prompt ([capability] long_prompt): its latest time to first token beside the route's baseline; null when off or on an embeddings route",
+        "required": ["ttft_ms", "baseline_ms", "checked_at", "ok"],
+        "properties": {
+            "ttft_ms": {"type": "integer", "minimum": 0, "nullable": true, "description": "Time to first token of the latest answer; null before one or when the latest call failed"},
+            "baseline_ms": {"type": "integer", "minimum": 0, "nullable": true, "description": "Median TTFT of the last 7 good results; null until 3 exist"},
+            "checked_at": {"type": "string", "format": "date-time", "nullable": true},
+            "ok": {"type": "boolean", "nullable": true, "description": "The latest answer held the code word; null before the first probe"},
+            "note": {"type": "string", "description": "Why the latest result was not good (slow, wrong answer, failed call); absent when it was"}}
     })
 }
 

@@ -123,6 +123,14 @@ pub(super) fn headline(w: &Words, m: &Message) -> String {
                 "{}：对话正常但 {} 能力失效(capability_lost: {})",
                 d.route, d.set, d.set
             ),
+            (Lang::En, "long_prompt_slow") => format!(
+                "{}: long prompts slow to a first token, short ones fine (long_prompt_slow)",
+                d.route
+            ),
+            (Lang::Zh, "long_prompt_slow") => format!(
+                "{}：长提示词首 token 变慢，短请求正常(long_prompt_slow)",
+                d.route
+            ),
             (Lang::En, "embedding_changed") => format!(
                 "{}: embedding model changed under the same name — vectors no longer match the reference",
                 d.route

@@ -41,6 +41,9 @@ pub struct RoutePage {
     pub signals: Option<String>,
     /// The latest probe's first token and first answer token ("1.2 s / 4.8 s").
     pub first_answer: String,
+    /// The long prompt's latest first token beside its baseline (`[capability] long_prompt`);
+    /// `None` when off or on an embeddings route.
+    pub long_prompt: Option<(String, String)>,
     /// What probing the route costs per month, as `/api/v1/status` gives it (`probe_cost`).
     pub probe_cost: String,
     /// An embeddings route's `kind` line; `None` for a chat route.
@@ -59,6 +62,32 @@ pub struct RoutePage {
     pub declared: Option<String>,
     /// The declared incident's link (http(s) only).
     pub declared_url: Option<String>,
+}
+
+/// The long prompt's line: its label and "first token 3.1 s (baseline 1.2 s)", with why the
+/// latest result was not good.
+fn long_prompt_text(
+    lang: Lang,
+    tokens: u32,
+    v: &crate::web::api::capabilities::LongPromptView,
+) -> Option<(String, String)> {
+    let zh = lang == Lang::Zh;
+    let label = if zh {
+        format!("长提示词首 token（{tokens} tokens）")
+    } else {
+        format!("Long prompt first token ({tokens} tokens)")
+    };
+    let ms = |m: Option<u64>| m.map_or_else(|| "-".to_owned(), |m| fmt_ms(m as f64));
+    let mut text = if zh {
+        format!("{}（基线 {}）", ms(v.ttft_ms), ms(v.baseline_ms))
+    } else {
+        format!("{} (baseline {})", ms(v.ttft_ms), ms(v.baseline_ms))
+    };
+    if let Some(note) = &v.note {
+        text.push_str(" — ");
+        text.push_str(&scrub(note));
+    }
+    Some((label, text))
 }
 
 /// "0.4 s / 3.9 s": a reasoning model answers well after its first (reasoning) token; a
@@ -253,9 +282,12 @@ pub async fn route(
                 || lang.text().no_data.to_owned(),
                 |o| first_answer_text(lang, o),
             ),
+        long_prompt: config.capability.long_prompt.and_then(|lp| {
+            long_prompt_text(lang, lp.tokens, &figures.capabilities.long_prompt(&route)?)
+        }),
         probe_cost: i18n::probe_cost(
             lang,
-            &crate::probe::cost::ProbeCostView::of_route(&route, config.capability.every),
+            &crate::probe::cost::ProbeCostView::of_route(&route, &config.capability),
         ),
         embedding: route.embedding.map(|d| i18n::embedding_kind(lang, d)),
     }

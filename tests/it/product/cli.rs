@@ -279,10 +279,10 @@ fn check_config_prints_the_probe_cost_per_route_and_in_total() {
     let large = line("sim/r1/sim-large ");
     let cols: Vec<&str> = large.split_whitespace().collect();
     // probes + throughput + confirmations, probe tokens, throughput, confirm, capabilities
-    // (none declared), sets, total, cost
+    // (none declared), long prompt (off), sets, total, cost
     assert_eq!(
         cols[1..],
-        ["97632", "2851200", "1287360", "85536", "0", "0", "4224096", "23.63", "CNY"],
+        ["97632", "2851200", "1287360", "85536", "0", "0", "0", "4224096", "23.63", "CNY"],
         "{large}"
     );
     assert!(line("sim/r1/sim-small ").contains("no price"), "{stdout}");

@@ -78,3 +78,45 @@ async fn capability_results_keep_the_latest_tallies_and_retention(db: &TestDb) {
     assert_eq!(tools.total, 15, "{all:?}");
 }
 }
+
+on_both_engines! {
+#[tokio::test]
+async fn the_long_prompt_baseline_reads_the_last_good_ttfts(db: &TestDb) {
+    let store = db.open(StoreOptions::default());
+    let w = store.writer();
+    let gpt = "openai/us/gpt-4o";
+    let claude = "anthropic/us/claude-sonnet-4-5";
+    let keep = t0() - TimeDelta::days(30);
+    // Ten daily long prompts on gpt-4o (TTFT 1000 + day ms); day 8 slow (ok with a note), day
+    // 9 wrong (not ok); two on claude; a tools probe that is not a long prompt.
+    for d in 0..10i64 {
+        let mut r = row(gpt, "long_prompt", t0() + TimeDelta::days(d), None);
+        r.latency_ms = 1_000 + u64::try_from(d).unwrap();
+        if d == 8 {
+            r.error = Some("ttft 5000 ms > 2000 ms".into());
+        }
+        if d == 9 {
+            r.ok = false;
+            r.error = Some("the answer lacks the code word".into());
+        }
+        w.capability(CapabilityOp { row: r, keep_since: keep }).await.unwrap();
+    }
+    for d in 0..2i64 {
+        let mut r = row(claude, "long_prompt", t0() + TimeDelta::days(d), None);
+        r.latency_ms = 700;
+        w.capability(CapabilityOp { row: r, keep_since: keep }).await.unwrap();
+    }
+    w.capability(CapabilityOp { row: row(claude, "tools", t0(), None), keep_since: keep })
+        .await
+        .unwrap();
+    let reader = store.reader().unwrap();
+    let got = reader.capability_recent_good("long_prompt", 7).unwrap();
+    assert_eq!(
+        got,
+        vec![
+            (claude.to_owned(), vec![700, 700]),
+            (gpt.to_owned(), vec![1_001, 1_002, 1_003, 1_004, 1_005, 1_006, 1_007]),
+        ]
+    );
+}
+}
