@@ -24,6 +24,7 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod cadence;
 pub mod client;
 pub mod judge;
 pub mod long_prompt;
@@ -34,7 +35,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -276,6 +276,22 @@ impl Prober {
     }
 }
 
+impl cadence::Cadenced for Prober {
+    type Done = Done;
+
+    fn send(&self, i: usize) -> impl std::future::Future<Output = Done> + Send + 'static {
+        Prober::send(self, i)
+    }
+
+    fn take(&mut self, done: &Done) -> impl std::future::Future<Output = judge::Verdict> + Send {
+        Prober::take(self, done)
+    }
+
+    fn slot(done: &Done) -> (usize, Instant) {
+        (done.item, done.started)
+    }
+}
+
 /// Probes every declared capability of every route at `[capability] every`, the first round
 /// spread evenly over one interval, never more than [`in_flight`] at a time and never one item
 /// twice at once; a first failure is probed again after [`judge::RECHECK`]. Runs until
@@ -286,7 +302,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let every = d.config.every;
-    let mut p = match Prober::new(d, findings) {
+    let p = match Prober::new(d, findings) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(error = %e, "capability probes: not run");
@@ -299,54 +315,7 @@ pub async fn run(
         shutdown.cancelled().await;
         return;
     }
-    let limit = in_flight(n, every);
-    let start = Instant::now();
-    let slots = u32::try_from(n).unwrap_or(u32::MAX);
-    let mut due: Vec<Instant> = (0..slots).map(|i| start + every * i / slots).collect();
-    let mut busy = vec![false; n];
-    let mut running: JoinSet<Done> = JoinSet::new();
-    loop {
-        let now = Instant::now();
-        for i in 0..n {
-            if running.len() >= limit {
-                break;
-            }
-            if !busy[i] && due[i] <= now {
-                busy[i] = true;
-                running.spawn(p.send(i));
-            }
-        }
-        let next = (running.len() < limit)
-            .then(|| (0..n).filter(|&i| !busy[i]).map(|i| due[i]).min())
-            .flatten();
-        let sleep = async {
-            match next {
-                Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        let joined = async {
-            if running.is_empty() {
-                std::future::pending().await
-            } else {
-                running.join_next().await
-            }
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = sleep => {}
-            done = joined => {
-                let Some(Ok(done)) = done else { continue };
-                busy[done.item] = false;
-                let verdict = p.take(&done).await;
-                due[done.item] = done.started
-                    + match verdict {
-                        judge::Verdict::Next => every,
-                        judge::Verdict::Recheck => judge::RECHECK.min(every),
-                    };
-            }
-        }
-    }
+    cadence::run(p, n, every, in_flight(n, every), shutdown).await;
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -269,6 +268,22 @@ fn short(s: &str) -> String {
     out
 }
 
+impl crate::capability::cadence::Cadenced for LongProber {
+    type Done = Done;
+
+    fn send(&self, i: usize) -> impl std::future::Future<Output = Done> + Send + 'static {
+        LongProber::send(self, i)
+    }
+
+    fn take(&mut self, done: &Done) -> impl std::future::Future<Output = Verdict> + Send {
+        LongProber::take(self, done)
+    }
+
+    fn slot(done: &Done) -> (usize, Instant) {
+        (done.item, done.started)
+    }
+}
+
 /// Sends the long prompt to every chat route at `long_prompt.every`, the first round spread
 /// evenly over one interval, at most [`in_flight`] at a time; a first slow or wrong result is
 /// probed again after [`judge::RECHECK`]. Without `d` (the key absent) it sends nothing and
@@ -283,7 +298,7 @@ pub async fn run(
         return;
     };
     let every = d.config.every;
-    let mut p = match LongProber::new(d, findings).await {
+    let p = match LongProber::new(d, findings).await {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(error = %e, "long prompt: not run");
@@ -296,54 +311,7 @@ pub async fn run(
         shutdown.cancelled().await;
         return;
     }
-    let limit = in_flight(n, every);
-    let start = Instant::now();
-    let slots = u32::try_from(n).unwrap_or(u32::MAX);
-    let mut due: Vec<Instant> = (0..slots).map(|i| start + every * i / slots).collect();
-    let mut busy = vec![false; n];
-    let mut running: JoinSet<Done> = JoinSet::new();
-    loop {
-        let now = Instant::now();
-        for i in 0..n {
-            if running.len() >= limit {
-                break;
-            }
-            if !busy[i] && due[i] <= now {
-                busy[i] = true;
-                running.spawn(p.send(i));
-            }
-        }
-        let next = (running.len() < limit)
-            .then(|| (0..n).filter(|&i| !busy[i]).map(|i| due[i]).min())
-            .flatten();
-        let sleep = async {
-            match next {
-                Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        let joined = async {
-            if running.is_empty() {
-                std::future::pending().await
-            } else {
-                running.join_next().await
-            }
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = sleep => {}
-            done = joined => {
-                let Some(Ok(done)) = done else { continue };
-                busy[done.item] = false;
-                let verdict = p.take(&done).await;
-                due[done.item] = done.started
-                    + match verdict {
-                        Verdict::Next => every,
-                        Verdict::Recheck => judge::RECHECK.min(every),
-                    };
-            }
-        }
-    }
+    crate::capability::cadence::run(p, n, every, in_flight(n, every), shutdown).await;
 }
 
 #[cfg(test)]
