@@ -97,12 +97,6 @@ pub fn finding(
     failures: u32,
     at: DateTime<Utc>,
 ) -> DriftFinding {
-    let none = RateSample {
-        runs: 0,
-        passed: 0,
-        total: 0,
-        rate: None,
-    };
     DriftFinding {
         id: DriftFinding::key(route, cap, DriftKind::CapabilityLost),
         route: route.clone(),
@@ -114,21 +108,32 @@ pub fn finding(
         summary: format!(
             "capability_lost: {cap} — {failures} probes in a row failed while chat answers: {error}"
         ),
-        evidence: Evidence {
-            test: "none".into(),
-            p_value: None,
-            before: none.clone(),
-            after: RateSample {
-                runs: usize::try_from(failures).unwrap_or(usize::MAX),
-                passed: 0,
-                total: u64::from(failures),
-                rate: Some(0.0),
-            },
-            runs: Vec::new(),
-            length: None,
-            model: None,
-            examples: Vec::new(),
+        evidence: in_a_row(failures),
+    }
+}
+
+/// The evidence of a finding opened by `n` bad probes in a row (no statistical test: the
+/// streak is the evidence).
+pub fn in_a_row(n: u32) -> Evidence {
+    Evidence {
+        test: "none".into(),
+        p_value: None,
+        before: RateSample {
+            runs: 0,
+            passed: 0,
+            total: 0,
+            rate: None,
         },
+        after: RateSample {
+            runs: usize::try_from(n).unwrap_or(usize::MAX),
+            passed: 0,
+            total: u64::from(n),
+            rate: Some(0.0),
+        },
+        runs: Vec::new(),
+        length: None,
+        model: None,
+        examples: Vec::new(),
     }
 }
 

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, VecDeque};
 use chrono::{DateTime, Utc};
 
 use crate::capability::judge::{finding as lost_finding, Verdict, CONFIRM};
-use crate::drift::{DriftFinding, DriftKind, Evidence, RateSample, Severity};
+use crate::drift::{DriftFinding, DriftKind, Severity};
 use crate::route::RouteId;
 
 pub use crate::capability::judge::RECHECK;
@@ -187,12 +187,6 @@ pub fn slow_finding(
     slow: u32,
     at: DateTime<Utc>,
 ) -> DriftFinding {
-    let none = RateSample {
-        runs: 0,
-        passed: 0,
-        total: 0,
-        rate: None,
-    };
     DriftFinding {
         id: DriftFinding::key(route, NAME, DriftKind::LongPromptSlow),
         route: route.clone(),
@@ -205,21 +199,7 @@ pub fn slow_finding(
             "long_prompt_slow: time to first token {ttft_ms:.0} ms on the long prompt, \
              over {FACTOR}× the route's baseline {baseline_ms:.0} ms, {slow} probes in a row"
         ),
-        evidence: Evidence {
-            test: "none".into(),
-            p_value: None,
-            before: none.clone(),
-            after: RateSample {
-                runs: usize::try_from(slow).unwrap_or(usize::MAX),
-                passed: 0,
-                total: u64::from(slow),
-                rate: Some(0.0),
-            },
-            runs: Vec::new(),
-            length: None,
-            model: None,
-            examples: Vec::new(),
-        },
+        evidence: crate::capability::judge::in_a_row(slow),
     }
 }
 
