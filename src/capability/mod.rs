@@ -8,6 +8,8 @@
 //! - [`client`]: sending one, bounded;
 //! - [`judge`]: two failures in a row (the second a quick re-probe) while chat answers open a
 //!   `capability_lost` finding, one success closes it (pure);
+//! - [`cadence`]: the loop the capability and long-prompt probes share (a spread first round,
+//!   a bound on probes in flight, a quick re-check when the judge asks for one);
 //! - [`run`]: the leader's task — spread over the interval, a bounded few probes at a time
 //!   ([`in_flight`]), every
 //!   result stored (`store::capabilities`), the open findings published on a `watch` channel.
