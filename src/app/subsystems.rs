@@ -89,6 +89,11 @@ pub(super) struct Detection {
     pub vantages: crate::health::VantageLink,
 }
 
+/// Health events the channel holds for a receiver that is behind.
+fn event_capacity(routes: usize) -> usize {
+    (2 * routes).clamp(1024, 1 << 17)
+}
+
 pub(super) async fn detection(
     config: &Config,
     store: &Store,
@@ -104,7 +109,10 @@ pub(super) async fn detection(
         },
         ..HealthOptions::default()
     };
-    let (events, _) = broadcast::channel(1024);
+    // A provider-wide outage moves every route at once, twice (DEGRADED, then CRITICAL), and a
+    // receiver that falls behind by more than the channel holds loses transitions: room for
+    // two waves of every route, so the alert engine's own work never costs an alert.
+    let (events, _) = broadcast::channel(event_capacity(config.routes.len()));
     // Restored once now (a store that cannot be read fails the start); it serves the first
     // term, later terms restore their own from what the leader stored.
     let mut first = HealthService::restore(
