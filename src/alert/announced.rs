@@ -133,7 +133,14 @@ impl Announced {
         routes: &[String],
         mut m: Cow<'a, super::Message>,
     ) -> Option<Cow<'a, super::Message>> {
-        if m.status != super::Status::Firing || m.items.iter().all(|i| i.cause.is_none()) {
+        // Only state messages tell of a cause: a flapping summary names a few routes that
+        // flap, not how the outage stands.
+        let state = matches!(
+            m.subject,
+            super::Subject::Provider { .. } | super::Subject::Route
+        );
+        if !state || m.status != super::Status::Firing || m.items.iter().all(|i| i.cause.is_none())
+        {
             return Some(m);
         }
         if !self.told.contains_key(channel) {
