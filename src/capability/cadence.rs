@@ -12,6 +12,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::judge::{self, Verdict};
 
+/// How many of `items` probes, each assumed to take `probe_time`, must be in flight at once
+/// for each item to be probed every `every`, kept within `[min, max]` (past `max` a round
+/// takes longer than `every`, and probes come later, never more often).
+pub fn bound(items: usize, every: Duration, probe_time: Duration, min: usize, max: usize) -> usize {
+    let needed = (items as f64 * probe_time.as_secs_f64() / every.as_secs_f64().max(1.0)).ceil();
+    (needed as usize).clamp(min, max)
+}
+
 /// What the loop drives: sending one item's probe, and taking its result.
 pub trait Cadenced {
     type Done: Send + 'static;

@@ -61,8 +61,7 @@ const PROBE_TIME: Duration = Duration::from_secs(10);
 /// even when each takes [`PROBE_TIME`]: between [`MIN_IN_FLIGHT`] and [`MAX_IN_FLIGHT`] (past
 /// that a round takes longer than `every`, and probes come later, never more often).
 pub fn in_flight(items: usize, every: Duration) -> usize {
-    let needed = (items as f64 * PROBE_TIME.as_secs_f64() / every.as_secs_f64().max(1.0)).ceil();
-    (needed as usize).clamp(MIN_IN_FLIGHT, MAX_IN_FLIGHT)
+    cadence::bound(items, every, PROBE_TIME, MIN_IN_FLIGHT, MAX_IN_FLIGHT)
 }
 
 /// A capability that is probed (`stream` is the chat probe itself; `vision` is not probed).

@@ -52,8 +52,7 @@ const MAX_REASON: usize = 160;
 /// How many of `routes` long prompts may be in flight at once so each route is probed every
 /// `every` even when each takes [`PROBE_TIME`].
 pub fn in_flight(routes: usize, every: Duration) -> usize {
-    let needed = (routes as f64 * PROBE_TIME.as_secs_f64() / every.as_secs_f64().max(1.0)).ceil();
-    (needed as usize).clamp(MIN_IN_FLIGHT, MAX_IN_FLIGHT)
+    crate::capability::cadence::bound(routes, every, PROBE_TIME, MIN_IN_FLIGHT, MAX_IN_FLIGHT)
 }
 
 /// Whether `route` gets the long prompt: chat routes only (an embeddings route answers no
