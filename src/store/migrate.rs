@@ -114,6 +114,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0027_embedding_references",
         include_str!("../../migrations/sqlite/0027_embedding_references.sql"),
     ),
+    (
+        "0028_baseline_parts",
+        include_str!("../../migrations/sqlite/0028_baseline_parts.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -217,6 +221,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0027_embedding_references",
         include_str!("../../migrations/postgres/0027_embedding_references.sql"),
+    ),
+    (
+        "0028_baseline_parts",
+        include_str!("../../migrations/postgres/0028_baseline_parts.sql"),
     ),
 ];
 

@@ -23,7 +23,8 @@
 //! `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
 //! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
-//! transitions and incidents), `drift.rs` (regression set runs), `requests.rs` (the proxy's
+//! transitions and incidents), `baselines.rs` (detection's baselines as saved state, read at
+//! start instead of the raw history), `drift.rs` (regression set runs), `requests.rs` (the proxy's
 //! metering and idempotency keys), `contracts.rs` (degradation contracts: async-queue jobs,
 //! cached answers), `drills.rs` (drills and the reads behind their reports),
 //! `vantage.rs` (outcomes from remote vantages, each agent-made id once),
@@ -35,6 +36,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod alerts;
+pub mod baselines;
 pub mod capabilities;
 pub mod catalog;
 mod checkpoint;
@@ -63,7 +65,7 @@ mod vantage;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -275,6 +277,8 @@ struct Inner {
     health: Arc<StoreHealth>,
     writer: Writer,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Rows the readers have read since the open ([`Store::rows_read`]).
+    rows_read: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Store {
@@ -324,6 +328,7 @@ impl Store {
                 health: Arc::default(),
                 writer: Writer::new(tx),
                 thread: Mutex::new(Some(thread)),
+                rows_read: Arc::default(),
             }),
         })
     }
@@ -332,6 +337,12 @@ impl Store {
     /// connections at rest. Blocking; for a periodic trim (`malloc::trim_every`).
     pub fn release_memory(&self) {
         self.inner.sqlite_readers.release_memory();
+    }
+
+    /// Rows the readers have read since the store was opened: what a start costs is in
+    /// rows, whatever the machine's speed.
+    pub fn rows_read(&self) -> u64 {
+        self.inner.rows_read.load(Ordering::Relaxed)
     }
 
     /// A cheap handle for sending writes; clone it freely.
@@ -343,9 +354,10 @@ impl Store {
     /// go back to a small pool when the reader is dropped: opening one reads the schema
     /// again, which costs more than most of the reads the proxy and the pages make.
     pub fn reader(&self) -> Result<Reader, StoreError> {
+        let rows = self.inner.rows_read.clone();
         match (&self.inner.location, &self.inner.pool) {
             (_, Some(pool)) => Ok(Reader {
-                conn: Connection::from_postgres(pool.take()?),
+                conn: Connection::from_postgres(pool.take()?).counting(rows),
                 home: Home::Postgres(pool.clone()),
             }),
             (StoreLocation::Sqlite(path), None) => {
@@ -354,12 +366,12 @@ impl Store {
                     None => Reader::open(path)?,
                 };
                 Ok(Reader {
-                    conn: Connection::from_sqlite(conn),
+                    conn: Connection::from_sqlite(conn).counting(rows),
                     home: Home::Sqlite(self.inner.sqlite_readers.clone()),
                 })
             }
             (StoreLocation::Postgres(url), None) => Ok(Reader {
-                conn: Connection::from_postgres(sql::PgSession::connect(url, true)?),
+                conn: Connection::from_postgres(sql::PgSession::connect(url, true)?).counting(rows),
                 home: Home::None,
             }),
         }

@@ -157,6 +157,11 @@ pub(crate) enum Command {
         op: super::embeddings::EmbeddingOp,
         ack: Ack<u64>,
     },
+    /// Baselines' changed parts (`store/baselines.rs`).
+    Baselines {
+        saved: Vec<super::baselines::SavedBaseline>,
+        ack: Ack<u64>,
+    },
     /// A write to the `drills` table (`store/drills.rs`).
     Drill {
         op: super::drills::DrillOp,
@@ -223,7 +228,8 @@ impl Command {
             | Command::Declared { ack, .. }
             | Command::Catalog { ack, .. }
             | Command::Capability { ack, .. }
-            | Command::Embedding { ack, .. } => {
+            | Command::Embedding { ack, .. }
+            | Command::Baselines { ack, .. } => {
                 let _ = ack.send(result);
             }
             Command::Shutdown { ack } => {
@@ -700,6 +706,7 @@ impl State {
                 Command::Catalog { op, .. } => super::catalog::apply(&tx, op)?,
                 Command::Capability { op, .. } => super::capabilities::apply(&tx, op)?,
                 Command::Embedding { op, .. } => super::embeddings::apply(&tx, op)?,
+                Command::Baselines { saved, .. } => super::baselines::save(&tx, saved)?,
                 Command::Vantage {
                     items,
                     now,

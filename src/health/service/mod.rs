@@ -3,8 +3,8 @@
 //! It owns one [`RouteHealth`] and one [`Baseline`] per configured route and is the only
 //! place they change:
 //!
-//! - **Start** ([`HealthService::restore`]): each baseline is rebuilt from the raw outcomes
-//!   still in the store (the retention is the lookback), each route's state is restored from
+//! - **Start** ([`HealthService::restore`]): each baseline is restored from its saved state
+//!   and the outcomes stored after it (`warm`), each route's state is restored from
 //!   its stored JSON — state, counters, error window, open incident. Routes new to the config
 //!   start fresh; stored routes gone from it are ignored. The downtime does not count as
 //!   observed time ([`RouteHealth::resume_after`]): a stale incident is neither escalated nor
@@ -15,7 +15,8 @@
 //!   passive error rates and time-based rules fire without waiting for the next probe.
 //! - **Persistence** goes through a small persister task in order, so the detection loop
 //!   never waits on SQLite: each [`Transition`] with its incident and the route's state in one
-//!   transaction; changed states every [`HealthOptions::save_every`]; everything at shutdown.
+//!   transaction; changed states every [`HealthOptions::save_every`], baselines' changed parts
+//!   every [`HealthOptions::baseline_save_every`]; everything at shutdown.
 //! - **Findings** (egress, request-side) are recomputed every
 //!   [`HealthOptions::findings_every`], when a route's latest probe flips between failing and
 //!   not, and when the control probe ([`super::control`]) reports; their suppressions are
@@ -40,6 +41,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +80,7 @@ use crate::config::Config;
 use crate::probe::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 use crate::scheduler::{Confirm, CONFIRM_QUEUE};
+use crate::store::baselines::SavedBaseline;
 use crate::store::{Store, StoreError, Writer};
 use crate::vantage::VantageOutcome;
 use vantages::next_remote;
@@ -112,6 +115,10 @@ pub struct HealthOptions {
     pub save_every: Duration,
     /// Baselines in the published snapshot are refreshed at most this often.
     pub baselines_every: Duration,
+    /// Baselines' changed parts are saved this often (and at shutdown), so a start restores
+    /// them instead of replaying the raw history; a crash replays what came after the last
+    /// save.
+    pub baseline_save_every: Duration,
     /// The `health` heartbeat.
     pub heartbeat_every: Duration,
     /// Snapshots are published at most a couple of times in this period: changes beyond
@@ -135,6 +142,7 @@ impl Default for HealthOptions {
             findings_every: Duration::from_secs(5),
             save_every: Duration::from_secs(30),
             baselines_every: Duration::from_secs(30),
+            baseline_save_every: Duration::from_secs(600),
             heartbeat_every: Duration::from_secs(10),
             publish_every: Duration::from_millis(250),
             headroom: super::Headroom::default(),
@@ -184,6 +192,8 @@ enum Persist {
         at: DateTime<Utc>,
     },
     Heartbeat(DateTime<Utc>),
+    /// Baselines' changed parts; a failed save sets the flag, so the next one saves them whole.
+    Baselines(Vec<SavedBaseline>, Arc<AtomicBool>),
 }
 
 /// Detection's I/O shell; see the module docs. Build it with [`HealthService::restore`],
@@ -226,6 +236,8 @@ pub struct HealthService {
     wheel: super::due::Wheel,
     /// Baselines still being rebuilt from the history (`warm`); `None` once all are.
     warming: Option<warm::Warming>,
+    /// Set by the persister when a baselines save failed: the next one saves them whole.
+    baselines_failed: Arc<AtomicBool>,
     warm_progress: WarmProgress,
     /// Which routes fail together ([`super::cause`]).
     causes: Causes,
@@ -391,6 +403,7 @@ impl HealthService {
             vantage_view: watch::channel(Arc::new(VantageView::default())).0,
             vantage_inputs: None,
             warming,
+            baselines_failed: Arc::default(),
             warm_progress,
             causes: Causes::new(&config.routes()),
             cause_pending: Vec::new(),
@@ -468,6 +481,7 @@ impl HealthService {
             self.ingest(outcome, &persist).await;
         }
         self.save_changed(&persist).await;
+        self.save_baselines(&persist).await;
         self.publish_now();
         drop(persist);
         if persister.await.is_err() {
@@ -500,6 +514,7 @@ impl HealthService {
         let mut findings_timer = every(o.findings_every, o.findings_every);
         let mut save = every(o.save_every, o.save_every);
         let mut baselines = every(o.baselines_every, o.baselines_every);
+        let mut save_baselines = every(o.baseline_save_every, o.baseline_save_every);
         let mut commands = self.commands.take();
         let mut remote = self.vantage_inputs.take();
 
@@ -522,6 +537,7 @@ impl HealthService {
                 }
                 _ = save.tick() => self.save_changed(persist).await,
                 _ = baselines.tick() => self.refresh_baselines(),
+                _ = save_baselines.tick() => self.save_baselines(persist).await,
                 cmd = next(&mut commands) => self.command(cmd),
                 _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {}
                 v = next_remote(&mut remote) => self.ingest_remote(v, persist).await,

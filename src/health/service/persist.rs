@@ -2,9 +2,13 @@
 //! task of its own so the loop never waits on the store; and the periodic save of the states
 //! that changed.
 
+use std::sync::atomic::Ordering;
+
 use tokio::sync::mpsc;
 
+use super::warm::OWN;
 use super::{HealthService, Incident, Persist, RouteHealth, Transition, HEARTBEAT_JOB, SAVE_CHUNK};
+use crate::store::baselines::SavedBaseline;
 use crate::store::Writer;
 
 pub(super) async fn send(persist: &mpsc::Sender<Persist>, p: Persist) {
@@ -52,6 +56,13 @@ pub(super) async fn persist_loop(writer: Writer, mut rx: mpsc::Receiver<Persist>
             Persist::Save { states, at } => {
                 if let Err(e) = writer.save_health(&states, at).await {
                     tracing::error!(routes = states.len(), error = %e, "cannot save route states");
+                }
+            }
+            Persist::Baselines(saved, failed) => {
+                let routes = saved.len();
+                if let Err(e) = writer.save_baselines(saved).await {
+                    failed.store(true, Ordering::Release);
+                    tracing::error!(routes, error = %e, "cannot save baselines; the next save writes them whole");
                 }
             }
             Persist::Heartbeat(at) => {
@@ -103,6 +114,46 @@ impl HealthService {
                 break;
             }
             send(persist, Persist::Save { states, at }).await;
+        }
+    }
+
+    /// Sends the baselines' parts changed since their last save, [`SAVE_CHUNK`] routes a
+    /// message. Routes still warming are not saved: their baseline is partial, and the saved
+    /// state they were loaded from stays.
+    pub(super) async fn save_baselines(&mut self, persist: &mpsc::Sender<Persist>) {
+        let all = self.baselines_failed.swap(false, Ordering::AcqRel);
+        let mut batch = Vec::new();
+        for (i, r) in self.routes.iter_mut().enumerate() {
+            let warm = self.warming.as_ref().is_none_or(|w| w.is_warm(i));
+            if !warm || !(all || r.baseline.unsaved()) {
+                continue;
+            }
+            let shape = r.baseline.shape();
+            let newest = r.baseline.newest();
+            let parts = r.baseline.take_parts(all);
+            batch.push(SavedBaseline {
+                route: r.baseline.route().to_string(),
+                vantage: OWN.to_owned(),
+                shape,
+                newest,
+                head: parts.head,
+                buckets: parts.buckets,
+            });
+            if batch.len() == SAVE_CHUNK {
+                let full = std::mem::take(&mut batch);
+                send(
+                    persist,
+                    Persist::Baselines(full, self.baselines_failed.clone()),
+                )
+                .await;
+            }
+        }
+        if !batch.is_empty() {
+            send(
+                persist,
+                Persist::Baselines(batch, self.baselines_failed.clone()),
+            )
+            .await;
         }
     }
 }

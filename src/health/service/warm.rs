@@ -1,8 +1,11 @@
-//! Baselines rebuilt in the background at start. Rebuilding a route's baseline replays its
-//! stored outcomes; with weeks of history at thousands of routes that is tens of millions of
-//! rows and took minutes to hours, during which the monitor probed nothing. So the start
-//! waits for the rebuild only a short while ([`HealthOptions::warm_wait`]: a small history is
-//! warm before the first probe), and the rest warms route by route while the service runs:
+//! Baselines loaded in the background at start. A route's baseline is restored from its saved
+//! parts (`store::baselines`, a few rows a route) and the outcomes stored after the newest one
+//! it learned are replayed into it; a route without a saved state (a database from before the
+//! saved state, or detection settings changed) replays its whole stored history instead — with
+//! weeks of history at thousands of routes tens of millions of rows, minutes to hours. So the
+//! start waits only a short while ([`HealthOptions::warm_wait`]: saved states and small
+//! histories are warm before the first probe), and the rest warms route by route while the
+//! service runs:
 //!
 //! - a route still warming is judged on an empty baseline: errors and timeouts move it as
 //!   ever, latency does not (a restored NORMAL stays NORMAL; an UNKNOWN route waits);
@@ -19,11 +22,16 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
+use super::super::baseline::saved::Parts;
 use super::super::Baseline;
 use crate::config::DetectionConfig;
 use crate::probe::ProbeOutcome;
 use crate::route::RouteId;
-use crate::store::{Store, ALL_KINDS};
+use crate::store::Store;
+use crate::store::{Reader, StoreError, ALL_KINDS};
+
+/// The vantage key of the monitor's own baselines in the saved state.
+pub(super) const OWN: &str = "";
 
 /// Rebuilt baselines waiting for the service.
 const WARM_QUEUE: usize = 64;
@@ -91,8 +99,9 @@ pub(super) struct Warmed {
     pub newest: Option<DateTime<Utc>>,
 }
 
-/// Starts rebuilding every route's baseline from the outcomes since `since`, in `ids` order,
-/// on a blocking thread. Ends early when the receiver is gone.
+/// Starts loading every route's baseline (its saved state and the outcomes after it, or the
+/// outcomes since `since`), in `ids` order, on a blocking thread. Ends early when the receiver
+/// is gone.
 pub(super) fn spawn(
     store: Store,
     ids: Vec<RouteId>,
@@ -111,16 +120,14 @@ pub(super) fn spawn(
                 None
             }
         };
+        let (mut restored, mut rebuilt) = (0usize, 0usize);
         for (index, id) in ids.into_iter().enumerate() {
             // A database blip should not leave a route without its history: a few tries.
-            let mut outcomes = Vec::new();
+            let mut loaded = None;
             for attempt in 1..=READ_TRIES {
-                match reader
-                    .as_ref()
-                    .map(|r| r.outcomes_since(&id, since, ALL_KINDS))
-                {
-                    Some(Ok(o)) => {
-                        outcomes = o;
+                match reader.as_ref().map(|r| load(r, &id, &cfg, since)) {
+                    Some(Ok(l)) => {
+                        loaded = Some(l);
                         break;
                     }
                     Some(Err(e)) if attempt < READ_TRIES => {
@@ -133,8 +140,13 @@ pub(super) fn spawn(
                     None => break,
                 }
             }
-            let newest = outcomes.iter().map(|o| o.started_at).max();
-            let baseline = Baseline::rebuild(id, &cfg, &outcomes);
+            let (baseline, was_saved) = loaded.unwrap_or_else(|| (Baseline::new(id, &cfg), false));
+            if was_saved {
+                restored += 1;
+            } else {
+                rebuilt += 1;
+            }
+            let newest = baseline.newest();
             if tx
                 .blocking_send(Warmed {
                     index,
@@ -148,10 +160,44 @@ pub(super) fn spawn(
         }
         tracing::info!(
             seconds = started.elapsed().as_secs_f64(),
-            "baselines rebuilt from the stored history"
+            restored,
+            rebuilt,
+            "baselines loaded: restored from their saved state, or rebuilt from the raw history"
         );
     });
     rx
+}
+
+/// A route's baseline: its saved state with the outcomes after it replayed (`true`), else
+/// rebuilt from the outcomes since `since`.
+fn load(
+    reader: &Reader,
+    id: &RouteId,
+    cfg: &DetectionConfig,
+    since: DateTime<Utc>,
+) -> Result<(Baseline, bool), StoreError> {
+    if let Some(saved) = reader.saved_baseline(id.as_str(), OWN)? {
+        let parts = Parts {
+            head: saved.head,
+            buckets: saved.buckets,
+        };
+        match Baseline::restore(id.clone(), cfg, &saved.shape, saved.newest, &parts) {
+            Ok(mut b) => {
+                let after = saved.newest.map_or(since, |n| {
+                    (n + chrono::Duration::milliseconds(1)).max(since)
+                });
+                for o in reader.outcomes_since(id, after, ALL_KINDS)? {
+                    b.record(&o);
+                }
+                return Ok((b, true));
+            }
+            Err(e) => {
+                tracing::info!(route = %id, reason = %e, "saved baseline not used; rebuilding it from the raw history");
+            }
+        }
+    }
+    let outcomes = reader.outcomes_since(id, since, ALL_KINDS)?;
+    Ok((Baseline::rebuild(id.clone(), cfg, &outcomes), false))
 }
 
 /// What the rebuild delivers within `wait` of real time (measured on the wall clock, not
@@ -198,6 +244,11 @@ impl Warming {
             warm,
             progress,
         }
+    }
+
+    /// Whether route `i`'s baseline is loaded (a warming one is not saved: it is partial).
+    pub fn is_warm(&self, i: usize) -> bool {
+        self.warm.get(i).copied().unwrap_or(true)
     }
 
     /// Keeps `o` for the replay when route `i` is still warming.

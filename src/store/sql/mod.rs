@@ -18,6 +18,8 @@ pub use pg::IDLE_IN_TRANSACTION;
 pub(crate) mod value;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use dialect::Engine;
@@ -192,6 +194,8 @@ impl<T> OptionalExtension<T> for Result<T> {
 /// One connection to either engine.
 pub struct Connection {
     inner: Inner,
+    /// Rows read through this connection are added here (the store's count of rows read).
+    rows: Option<Arc<AtomicU64>>,
 }
 
 enum Inner {
@@ -218,13 +222,21 @@ impl Connection {
     pub fn from_sqlite(conn: rusqlite::Connection) -> Connection {
         Connection {
             inner: Inner::Sqlite(conn),
+            rows: None,
         }
     }
 
     pub fn from_postgres(session: PgSession) -> Connection {
         Connection {
             inner: Inner::Postgres(session),
+            rows: None,
         }
+    }
+
+    /// Counts the rows this connection reads into `rows`.
+    pub(crate) fn counting(mut self, rows: Arc<AtomicU64>) -> Connection {
+        self.rows = Some(rows);
+        self
     }
 
     /// A plain SQLite connection (no pragmas; the store configures its own).
@@ -240,6 +252,7 @@ impl Connection {
     pub(crate) fn closed() -> Connection {
         Connection {
             inner: Inner::Closed,
+            rows: None,
         }
     }
 
@@ -297,12 +310,14 @@ impl Connection {
         match &self.inner {
             Inner::Sqlite(c) => Ok(Statement {
                 inner: StmtInner::Sqlite(c.prepare_cached(sql)?),
+                rows: self.rows.as_deref(),
             }),
             Inner::Postgres(s) => Ok(Statement {
                 inner: StmtInner::Postgres {
                     session: s,
                     stmt: s.prepare(sql)?,
                 },
+                rows: self.rows.as_deref(),
             }),
             Inner::Closed => Err(SqlError::Closed),
         }
@@ -392,6 +407,7 @@ impl Drop for Transaction<'_> {
 /// A prepared (and cached) statement.
 pub struct Statement<'c> {
     inner: StmtInner<'c>,
+    rows: Option<&'c AtomicU64>,
 }
 
 enum StmtInner<'c> {
@@ -447,7 +463,14 @@ impl Statement<'_> {
                 }
             }
         }
+        self.count(out.len());
         Ok(out.into_iter())
+    }
+
+    fn count(&self, n: usize) {
+        if let Some(rows) = self.rows {
+            rows.fetch_add(n as u64, Ordering::Relaxed);
+        }
     }
 
     /// The first row mapped by `f`; [`SqlError::NoRows`] without one.
@@ -457,22 +480,34 @@ impl Statement<'_> {
         F: FnOnce(&Row<'_>) -> Result<T>,
     {
         let values = params.values()?;
+        let counted = self.rows;
+        let found = move || {
+            if let Some(rows) = counted {
+                rows.fetch_add(1, Ordering::Relaxed);
+            }
+        };
         match &mut self.inner {
             StmtInner::Sqlite(s) => {
                 let mut rows = s.query(rusqlite::params_from_iter(values.iter()))?;
                 match rows.next()? {
-                    Some(r) => f(&Row {
-                        inner: RowInner::Sqlite(r),
-                    }),
+                    Some(r) => {
+                        found();
+                        f(&Row {
+                            inner: RowInner::Sqlite(r),
+                        })
+                    }
                     None => Err(SqlError::NoRows),
                 }
             }
             StmtInner::Postgres { session, stmt } => {
                 let rows = pg::wait(session.client.query(stmt, &pg_params(&values)))?;
                 match rows.first() {
-                    Some(r) => f(&Row {
-                        inner: RowInner::Postgres(r),
-                    }),
+                    Some(r) => {
+                        found();
+                        f(&Row {
+                            inner: RowInner::Postgres(r),
+                        })
+                    }
                     None => Err(SqlError::NoRows),
                 }
             }

@@ -5,6 +5,7 @@ mod detection;
 mod embeddings;
 mod error_budget;
 mod heartbeats;
+mod history_start;
 mod long_prompt;
 mod quorum;
 mod ratelimit_low;

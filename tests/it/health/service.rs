@@ -722,3 +722,93 @@ async fn baselines_warm_in_the_background_to_what_a_waiting_start_has() {
     }
     svc.stop().await;
 }
+
+/// A stop saves every baseline; the next start restores them from those few rows a route
+/// instead of replaying the history, and judges by the same baselines a start from the raw
+/// history had — the probes stored after the save replayed into them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_restores_baselines_from_their_saved_state_not_from_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.db");
+    let pairs = [("qwen", "cn"), ("qwen", "us"), ("deepseek", "cn")];
+    let cfg = config(&db, &pairs, None);
+    let routes: Vec<RouteId> = pairs.iter().map(|(p, r)| rid(p, r)).collect();
+    let store = Store::open(&db, StoreOptions::default()).unwrap();
+    seed_long(&store, &routes).await;
+    let clock = Arc::new(ManualClock::new(t0()));
+    let opts = || HealthOptions {
+        baselines_every: Duration::from_millis(20),
+        warm_wait: Duration::from_secs(60),
+        ..HealthOptions::default()
+    };
+    let baselines = |svc: &Svc| -> Vec<Option<(String, usize, f64, f64)>> {
+        routes
+            .iter()
+            .map(|r| {
+                svc.route(r)
+                    .baseline
+                    .map(|b| (b.bucket, b.samples, b.mean_ms, b.stddev_ms))
+            })
+            .collect()
+    };
+    let settle = |svc: &Svc| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while baselines(svc).iter().any(Option::is_none) {
+            assert!(std::time::Instant::now() < deadline, "no baselines shown");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    // The first start has nothing saved: it replays every stored outcome.
+    let before = store.rows_read();
+    let first = Svc::start(&cfg, &store, clock.clone(), opts()).await;
+    let first_rows = store.rows_read() - before;
+    assert!(
+        first_rows >= 9000,
+        "the history was replayed: {first_rows} rows read"
+    );
+    settle(&first);
+    let from_raw = baselines(&first);
+    first.stop().await;
+
+    // Stored while the monitor was down: replayed after the saved state.
+    let later: Vec<ProbeOutcome> = (1..=5)
+        .map(|i| probe(&routes[0], t0() + chrono::Duration::seconds(30 * i), 1000.0))
+        .collect();
+    store.writer().record_many(later.clone()).await.unwrap();
+
+    let before = store.rows_read();
+    let second = Svc::start(&cfg, &store, clock.clone(), opts()).await;
+    let second_rows = store.rows_read() - before;
+    // Per route a head and the 24 hourly buckets, its state, and the five stored after.
+    assert!(
+        second_rows <= 3 * 26 + 3 + 5 + 20,
+        "the start read {second_rows} rows, not bounded by routes and buckets"
+    );
+    settle(&second);
+    let restored = baselines(&second);
+    second.stop().await;
+
+    let mut rebuilt_all = Vec::new();
+    let mut all = store
+        .reader()
+        .unwrap()
+        .outcomes_since(
+            &routes[0],
+            t0() - chrono::Duration::days(30),
+            probeok::store::ALL_KINDS,
+        )
+        .unwrap();
+    all.sort_by_key(|o| o.started_at);
+    let raw = probeok::health::Baseline::rebuild(routes[0].clone(), &cfg.detection, &all);
+    rebuilt_all.push(
+        raw.snapshot(t0() + chrono::Duration::seconds(150))
+            .map(|b| (b.bucket, b.samples, b.mean_ms, b.stddev_ms)),
+    );
+    assert_eq!(restored[1..], from_raw[1..], "untouched routes: as saved");
+    assert_eq!(
+        restored[0], rebuilt_all[0],
+        "the route with probes after the save: as rebuilt from every raw outcome"
+    );
+    assert_ne!(restored[0], from_raw[0], "the later probes were learned");
+}

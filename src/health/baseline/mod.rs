@@ -28,6 +28,8 @@ pub use crate::evidence::{LatencyRef, TpsRef};
 use crate::probe::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 
+pub mod saved;
+
 /// The label of the all-day window.
 pub const ALL_DAY: &str = "all-day";
 
@@ -53,7 +55,10 @@ struct Series {
 impl Series {
     /// Adds a sample, dropping the oldest once `window` are held.
     fn push(&mut self, x: f64, window: usize) {
-        let x = Sample::pack(x);
+        self.push_sample(Sample::pack(x), window);
+    }
+
+    fn push_sample(&mut self, x: Sample, window: usize) {
         let len = self.len as usize;
         if len >= window && len == self.buf.len() {
             let head = self.head as usize;
@@ -242,8 +247,9 @@ pub struct BaselineSnapshot {
     pub tps_mean: Option<f64>,
 }
 
-/// One route's baselines. Not persisted: [`Baseline::rebuild`] recomputes it from the stored
-/// raw outcomes (the retention is the lookback).
+/// One route's baselines. Saved as parts ([`saved`]) and restored at start; without a saved
+/// state (or one learned under other settings) [`Baseline::rebuild`] recomputes it from the
+/// stored raw outcomes.
 #[derive(Debug, Clone)]
 pub struct Baseline {
     route: RouteId,
@@ -263,6 +269,10 @@ pub struct Baseline {
     all_day: Bucket,
     latency_run: Run,
     tps_run: Run,
+    /// The newest outcome given to [`Baseline::record`]: a restore replays what came after.
+    newest: Option<DateTime<Utc>>,
+    /// Parts changed since the last save ([`saved`]).
+    unsaved: u64,
 }
 
 impl Baseline {
@@ -288,6 +298,8 @@ impl Baseline {
             all_day: Bucket::default(),
             latency_run: Run::default(),
             tps_run: Run::default(),
+            newest: None,
+            unsaved: 0,
         }
     }
 
@@ -341,11 +353,17 @@ impl Baseline {
 
     /// Learns from one outcome (call it after the detector judged the outcome).
     pub fn record(&mut self, o: &ProbeOutcome) {
-        if o.route != self.route || !o.success {
+        if o.route != self.route {
+            return;
+        }
+        self.newest = self.newest.max(Some(o.started_at));
+        if !o.success {
             return;
         }
         let at = o.started_at;
         let b = self.bucket_index(at);
+        // The runs of held samples are in the head: it changes with every success.
+        self.mark(None);
         if o.kind == OutcomeKind::Probe && o.verified != Some(false) {
             // A wrong answer may be longer or shorter: not this prompt's latency.
             let abnormal = self
@@ -378,6 +396,7 @@ impl Baseline {
     }
 
     fn push_latency(&mut self, b: Option<usize>, x: f64, ttft: Option<f64>) {
+        self.mark(b);
         let window = self.window;
         for bucket in self.targets(b) {
             bucket.latency.push(x, window);
@@ -388,6 +407,7 @@ impl Baseline {
     }
 
     fn push_tps(&mut self, b: Option<usize>, x: f64) {
+        self.mark(b);
         let window = self.window;
         for bucket in self.targets(b) {
             bucket.more()[1].push(x, window);
