@@ -179,6 +179,16 @@ impl Board {
         self.routes.is_empty()
     }
 
+    /// Every remote vantage's baseline with the vantage's id (for saving them).
+    pub fn baselines_mut(&mut self) -> impl Iterator<Item = (&str, &mut Baseline)> {
+        let agents = &self.agents;
+        self.routes.values_mut().flat_map(move |j| {
+            j.seats
+                .iter_mut()
+                .map(move |s| (agents[s.agent].id.as_str(), &mut s.baseline))
+        })
+    }
+
     /// Is `route` judged by its vantages' quorum?
     pub fn covers(&self, route: &RouteId) -> bool {
         self.routes.contains_key(route)

@@ -301,8 +301,9 @@ impl HealthService {
             let stored = reader.route_health_all::<RouteHealth>()?;
             let mut remote = HashMap::with_capacity(seats.len());
             for (id, vantage) in seats {
-                let outcomes = reader.vantage_outcomes_since(&id, &vantage, since)?;
-                let b = Baseline::rebuild(id.clone(), &cfg, &outcomes);
+                let (b, _) = warm::load_at(&reader, &id, &vantage, &cfg, since, |from| {
+                    reader.vantage_outcomes_since(&id, &vantage, from)
+                })?;
                 remote.insert((id, vantage), b);
             }
             Ok::<_, StoreError>((stored, remote))

@@ -117,43 +117,45 @@ impl HealthService {
         }
     }
 
-    /// Sends the baselines' parts changed since their last save, [`SAVE_CHUNK`] routes a
-    /// message. Routes still warming are not saved: their baseline is partial, and the saved
-    /// state they were loaded from stays.
+    /// Sends the baselines' parts changed since their last save, [`SAVE_CHUNK`] baselines a
+    /// message: the routes' own, then the remote vantages'. Routes still warming are not
+    /// saved: their baseline is partial, and the saved state they were loaded from stays (the
+    /// remote vantages' are loaded before the start returns: always whole).
     pub(super) async fn save_baselines(&mut self, persist: &mpsc::Sender<Persist>) {
         let all = self.baselines_failed.swap(false, Ordering::AcqRel);
-        let mut batch = Vec::new();
-        for (i, r) in self.routes.iter_mut().enumerate() {
-            let warm = self.warming.as_ref().is_none_or(|w| w.is_warm(i));
-            if !warm || !(all || r.baseline.unsaved()) {
-                continue;
+        let warming = self.warming.as_ref();
+        let own = self
+            .routes
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| warming.is_none_or(|w| w.is_warm(*i)))
+            .map(|(_, r)| (OWN, &mut r.baseline));
+        let failed = self.baselines_failed.clone();
+        let mut changed = own
+            .chain(self.board.baselines_mut())
+            .filter(|(_, b)| all || b.unsaved());
+        loop {
+            // Encoded a chunk at a time: a first save of every route is tens of MB.
+            let chunk: Vec<SavedBaseline> = changed
+                .by_ref()
+                .take(SAVE_CHUNK)
+                .map(|(vantage, b)| {
+                    let (shape, newest) = (b.shape(), b.newest());
+                    let parts = b.take_parts(all);
+                    SavedBaseline {
+                        route: b.route().to_string(),
+                        vantage: vantage.to_owned(),
+                        shape,
+                        newest,
+                        head: parts.head,
+                        buckets: parts.buckets,
+                    }
+                })
+                .collect();
+            if chunk.is_empty() {
+                break;
             }
-            let shape = r.baseline.shape();
-            let newest = r.baseline.newest();
-            let parts = r.baseline.take_parts(all);
-            batch.push(SavedBaseline {
-                route: r.baseline.route().to_string(),
-                vantage: OWN.to_owned(),
-                shape,
-                newest,
-                head: parts.head,
-                buckets: parts.buckets,
-            });
-            if batch.len() == SAVE_CHUNK {
-                let full = std::mem::take(&mut batch);
-                send(
-                    persist,
-                    Persist::Baselines(full, self.baselines_failed.clone()),
-                )
-                .await;
-            }
-        }
-        if !batch.is_empty() {
-            send(
-                persist,
-                Persist::Baselines(batch, self.baselines_failed.clone()),
-            )
-            .await;
+            send(persist, Persist::Baselines(chunk, failed.clone())).await;
         }
     }
 }

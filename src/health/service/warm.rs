@@ -176,7 +176,21 @@ fn load(
     cfg: &DetectionConfig,
     since: DateTime<Utc>,
 ) -> Result<(Baseline, bool), StoreError> {
-    if let Some(saved) = reader.saved_baseline(id.as_str(), OWN)? {
+    load_at(reader, id, OWN, cfg, since, |from| {
+        reader.outcomes_since(id, from, ALL_KINDS)
+    })
+}
+
+/// [`load`] for the baseline of `id` at `vantage`, whose outcomes since a time `read` gives.
+pub(super) fn load_at(
+    reader: &Reader,
+    id: &RouteId,
+    vantage: &str,
+    cfg: &DetectionConfig,
+    since: DateTime<Utc>,
+    read: impl Fn(DateTime<Utc>) -> Result<Vec<ProbeOutcome>, StoreError>,
+) -> Result<(Baseline, bool), StoreError> {
+    if let Some(saved) = reader.saved_baseline(id.as_str(), vantage)? {
         let parts = Parts {
             head: saved.head,
             buckets: saved.buckets,
@@ -186,18 +200,17 @@ fn load(
                 let after = saved.newest.map_or(since, |n| {
                     (n + chrono::Duration::milliseconds(1)).max(since)
                 });
-                for o in reader.outcomes_since(id, after, ALL_KINDS)? {
+                for o in read(after)? {
                     b.record(&o);
                 }
                 return Ok((b, true));
             }
             Err(e) => {
-                tracing::info!(route = %id, reason = %e, "saved baseline not used; rebuilding it from the raw history");
+                tracing::info!(route = %id, vantage, reason = %e, "saved baseline not used; rebuilding it from the raw history");
             }
         }
     }
-    let outcomes = reader.outcomes_since(id, since, ALL_KINDS)?;
-    Ok((Baseline::rebuild(id.clone(), cfg, &outcomes), false))
+    Ok((Baseline::rebuild(id.clone(), cfg, &read(since)?), false))
 }
 
 /// What the rebuild delivers within `wait` of real time (measured on the wall clock, not

@@ -22,6 +22,7 @@
 //!   time from the same cached figures, only for routes with such traffic;
 //! - `probeok_ingest_items_total{result}` (accepted/rejected), `probeok_build_info{version}`,
 //!   `probeok_store_lag_seconds` (the recorder's [`crate::lag::StoreLag`], at scrape time);
+//!   `probeok_store_rows_read_total` (the store's count, at scrape time);
 //! - `probeok_route_ratelimit_remaining_ratio{route,limit}`: each route's rate-limit headroom
 //!   as its latest answer announced it, read from detection's board at scrape time
 //!   ([`super::headroom`]);
@@ -212,6 +213,8 @@ pub struct Metrics {
     /// `probeok_store_lag_seconds`, read at scrape time (and by `/readyz`).
     store_lag: OnceLock<Arc<crate::lag::StoreLag>>,
     store_lag_gauge: Gauge<f64, AtomicU64>,
+    /// `probeok_store_rows_read_total`, brought up to the store's count at scrape time.
+    store_rows_read: Counter,
     /// `probeok_cluster_leader`: 1 while this member leads (always, with SQLite).
     cluster_leader: Gauge,
     /// The member's role in its cluster; `None`: a lone monitor, always the leader.
@@ -317,6 +320,12 @@ impl Metrics {
             "store_lag_seconds",
             "How long the oldest outcome handed to the store has waited for its commit (0 when none waits)",
             store_lag_gauge.clone(),
+        );
+        let store_rows_read = Counter::default();
+        registry.register(
+            "store_rows_read",
+            "Rows the store's readers have read since the start (what a start or a page costs the database)",
+            store_rows_read.clone(),
         );
         registry.register(
             "config_reloads",
@@ -455,6 +464,7 @@ impl Metrics {
             drills: OnceLock::new(),
             store_lag: OnceLock::new(),
             store_lag_gauge,
+            store_rows_read,
             cluster_leader,
             role: OnceLock::new(),
             sync: OnceLock::new(),
@@ -777,6 +787,12 @@ pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError
             .store_lag_gauge
             .set(lag.seconds(state.clock.now()));
     }
+    let rows = state.store.rows_read();
+    let counted = state.metrics.store_rows_read.get();
+    state
+        .metrics
+        .store_rows_read
+        .inc_by(rows.saturating_sub(counted));
     let figures = state.figures.get(&state.store, &state.clock).await?;
     state.metrics.set_error_budgets(&state.routes, &figures);
     state.metrics.set_observed(&state.routes, &figures);

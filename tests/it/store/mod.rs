@@ -1,3 +1,4 @@
+mod baselines;
 mod capabilities;
 mod catalog;
 mod declared;
