@@ -598,7 +598,10 @@ async fn to_detection(detect: &mpsc::Sender<ProbeOutcome>, outcome: ProbeOutcome
     }
 }
 
-/// Prunes old rows now and then, beating its own heartbeat.
+/// Prunes old rows now and then, beating its own heartbeat. A prune runs as a task of its own
+/// and the job beats while it runs: expiring a day of 10,000 routes is tens of millions of rows
+/// (minutes of small steps, between which outcomes commit as ever), and a job that is working
+/// is not silent.
 async fn retention(
     writer: Writer,
     clock: Arc<dyn Clock>,
@@ -609,21 +612,33 @@ async fn retention(
     // Beat often enough for /readyz, prune once an hour.
     let mut ticker = tokio::time::interval(Duration::from_secs(30));
     let mut last_prune: Option<tokio::time::Instant> = None;
+    let mut pruning: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => {
+                if let Some(p) = pruning.take() {
+                    p.abort();
+                }
+                return;
+            }
             _ = ticker.tick() => {}
         }
         let now = clock.now();
-        if last_prune.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
+        if pruning.as_ref().is_some_and(|p| p.is_finished()) {
+            pruning = None;
+        }
+        if pruning.is_none() && last_prune.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
             last_prune = Some(tokio::time::Instant::now());
-            match writer
-                .retention(now, retention_days, rollup_retention_days)
-                .await
-            {
-                Ok(report) => tracing::debug!(?report, "retention done"),
-                Err(e) => tracing::error!(error = %e, "retention failed"),
-            }
+            let writer = writer.clone();
+            pruning = Some(tokio::spawn(async move {
+                match writer
+                    .retention(now, retention_days, rollup_retention_days)
+                    .await
+                {
+                    Ok(report) => tracing::debug!(?report, "retention done"),
+                    Err(e) => tracing::error!(error = %e, "retention failed"),
+                }
+            }));
         }
         if let Err(e) = writer.heartbeat("retention", now).await {
             tracing::error!(error = %e, "cannot write the retention heartbeat");

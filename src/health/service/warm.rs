@@ -27,8 +27,7 @@ use super::super::Baseline;
 use crate::config::DetectionConfig;
 use crate::probe::ProbeOutcome;
 use crate::route::RouteId;
-use crate::store::Store;
-use crate::store::{Reader, StoreError, ALL_KINDS};
+use crate::store::{Reader, Store, StoreError, ALL_KINDS};
 
 /// The vantage key of the monitor's own baselines in the saved state.
 pub(super) const OWN: &str = "";
