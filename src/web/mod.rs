@@ -233,28 +233,25 @@ async fn check_ready(state: AppState) -> guards::Ready {
         .metrics
         .warming()
         .map(|(done, total)| json!({"baselines": {"warm": done, "routes": total}}));
-    if problems.is_empty() {
-        let mut body = json!({"status": "ready", "role": role});
-        if let Some(w) = warming {
-            body["warming"] = w;
-        }
-        guards::Ready {
-            status: StatusCode::OK,
-            body,
-        }
+    let (status, mut body) = if problems.is_empty() {
+        (StatusCode::OK, json!({"status": "ready", "role": role}))
     } else {
-        guards::Ready {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            body: json!({
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({
                 "status": "not_ready",
                 "role": role,
                 "problems": problems,
                 "stale_jobs": stale_jobs,
                 "stale_after_s": stale_after.as_secs(),
-                "warming": warming,
             }),
-        }
+        )
+    };
+    // Only while warming, on both answers alike.
+    if let Some(w) = warming {
+        body["warming"] = w;
     }
+    guards::Ready { status, body }
 }
 
 pub async fn not_found() -> Response {
