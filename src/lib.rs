@@ -179,7 +179,9 @@
 //!   (`web::atom`). Store figures shared by requests are read off their path
 //!   (`web::refresh`); what answers derive from one snapshot is kept for it (`web::memo`).
 //!   Domain modules never import it.
-//! - [`proxy`]: the OpenAI-compatible routing proxy — candidates from the weights
+//! - [`proxy`]: the OpenAI-compatible routing proxy — served by `[proxy] workers` threads,
+//!   each a single-threaded runtime with its own socket and upstream pool (`proxy::server`;
+//!   the monitor stays on the multi-thread runtime); candidates from the weights
 //!   (`proxy::select`, pure), attempts with per-candidate budgets, the stream watchdog and
 //!   the documented failover classes (`proxy::attempt`), committed streams (`proxy::stream`),
 //!   its own view of the weights feed (`proxy::weights`); every attempt is a passive outcome.

@@ -46,6 +46,28 @@ pub async fn serve(
     shutdown: CancellationToken,
     name: &'static str,
 ) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    serve_with_slots(
+        listener,
+        router,
+        limits.header_read_timeout,
+        slots,
+        shutdown,
+        name,
+    )
+    .await
+}
+
+/// [`serve`], with the connection bound given: listeners that hold permits of one semaphore
+/// (the proxy's workers, each on its own runtime) are bounded together.
+pub async fn serve_with_slots(
+    listener: TcpListener,
+    router: Router,
+    header_read_timeout: Duration,
+    slots: Arc<Semaphore>,
+    shutdown: CancellationToken,
+    name: &'static str,
+) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto;
     use hyper_util::server::graceful::GracefulShutdown;
@@ -56,14 +78,13 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        .header_read_timeout(header_read_timeout)
         .max_buf_size(MAX_HEAD)
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(MAX_HEAD as u32);
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     loop {
         let slot = tokio::select! {

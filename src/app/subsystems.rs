@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use futures_util::FutureExt;
-use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -303,7 +302,8 @@ pub(super) async fn proxy(
     if !i.config.proxy.enabled {
         return Ok(None);
     }
-    let listener = TcpListener::bind(i.config.proxy.listen).await?;
+    let workers = usize::try_from(i.config.proxy.workers).unwrap_or(1);
+    let listener = crate::proxy::bind(i.config.proxy.listen, workers)?;
     let weights = follow_weights(i.weights.clone(), i.routes);
     let opts = crate::proxy::ProxyOptions {
         store: Some(i.store.clone()),
@@ -326,7 +326,7 @@ pub(super) async fn proxy(
         i.breakers_tx,
         i.shutdown.clone(),
     ));
-    tracing::info!(addr = %i.config.proxy.listen, "proxy serving");
+    tracing::info!(addr = %i.config.proxy.listen, workers, "proxy serving");
     Ok(Some(tokio::spawn(crate::proxy::serve(
         listener,
         proxy,

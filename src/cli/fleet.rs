@@ -225,10 +225,10 @@ pub async fn proxy(path: &Path, weights_from: Option<&str>) -> Result<(), CliErr
     )
     .map_err(CliError::runtime)?;
     proxy.set_budget(budget);
-    let listener = tokio::net::TcpListener::bind(config.proxy.listen)
-        .await
+    let workers = usize::try_from(config.proxy.workers).unwrap_or(1);
+    let listener = crate::proxy::bind(config.proxy.listen, workers)
         .map_err(|e| CliError::Runtime(format!("cannot listen on {}: {e}", config.proxy.listen)))?;
-    tracing::info!(addr = %config.proxy.listen, weights_from, "proxy serving");
+    tracing::info!(addr = %config.proxy.listen, weights_from, workers, "proxy serving");
     if let Some(jobs) = proxy.spawn_jobs(Default::default(), shutdown.clone()) {
         tasks.push(sv.watch("proxy_jobs", until(), jobs));
     }

@@ -647,6 +647,9 @@ pub struct ProxyConfig {
     /// Open client connections the proxy's listener serves at once; past it, new connections
     /// wait in the kernel's accept queue.
     pub max_connections: u32,
+    /// Threads serving the proxy, each with its own runtime, accepting socket and upstream
+    /// connection pool (`proxy::server`). Default: the machine's cores.
+    pub workers: u32,
     pub breaker: BreakerConfig,
     /// `[[proxy.client]]`: named clients with their own keys and spend limits.
     pub clients: Vec<ClientConfig>,
@@ -671,10 +674,21 @@ impl Default for ProxyConfig {
             client_keys_env: "PROBEOK_CLIENT_KEYS".into(),
             allow_unauthenticated: false,
             max_connections: crate::listen::MAX_CONNECTIONS as u32,
+            workers: default_workers(),
             breaker: BreakerConfig::default(),
             clients: Vec::new(),
         }
     }
+}
+
+/// The most `[proxy] workers` accepted: more threads than this only add wake-ups.
+pub const MAX_WORKERS: u32 = 1024;
+
+/// One proxy worker per core the process may run on (at least one).
+pub fn default_workers() -> u32 {
+    std::thread::available_parallelism()
+        .map_or(1, |n| u32::try_from(n.get()).unwrap_or(MAX_WORKERS))
+        .clamp(1, MAX_WORKERS)
 }
 
 /// `[switch]`: when the switch controller moves a logical model's traffic from its primaries

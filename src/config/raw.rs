@@ -439,6 +439,7 @@ pub(super) struct RawProxy {
     pub client_keys_env: Option<String>,
     pub allow_unauthenticated: Option<bool>,
     pub max_connections: Option<i64>,
+    pub workers: Option<i64>,
     #[serde(default)]
     pub breaker: RawBreaker,
     #[serde(default)]

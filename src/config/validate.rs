@@ -263,6 +263,14 @@ impl<'a> Checker<'a> {
         }
         self.at_least("proxy.max_attempts", p.max_attempts, 1);
         self.at_least("proxy.max_connections", p.max_connections, 1);
+        self.at_least("proxy.workers", p.workers, 1);
+        if p.workers > super::MAX_WORKERS {
+            let max = super::MAX_WORKERS;
+            self.error(
+                "proxy.workers",
+                format!("must be at most {max}, got {}", p.workers),
+            );
+        }
         self.at_least("proxy.breaker.min_requests", p.breaker.min_requests, 1);
         self.rate("proxy.breaker.failure_ratio", p.breaker.failure_ratio);
         if p.max_body == 0 {

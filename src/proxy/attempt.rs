@@ -275,7 +275,14 @@ pub enum Attempt {
 
 /// The HTTP side of attempts: the upstream transport, the providers' keys.
 pub struct Upstream {
+    /// Its own connection pool: a proxy worker's connections live on its own runtime.
     http: Transport,
+    /// What every worker's `Upstream` shares.
+    known: Arc<Known>,
+}
+
+/// The keys and targets, read once at start.
+struct Known {
     /// Provider id → key, read from `api_key_env` once at start.
     keys: HashMap<String, Secret, FxBuildHasher>,
     /// Provider id → its `Authorization` value (marked sensitive), built once.
@@ -361,9 +368,20 @@ impl Upstream {
             .collect();
         Ok(Self {
             http,
-            keys,
-            auth,
-            targets,
+            known: Arc::new(Known {
+                keys,
+                auth,
+                targets,
+            }),
+        })
+    }
+
+    /// The same keys and targets with a pool of its own, for a proxy worker: connections
+    /// are made on (and stay with) the runtime of the worker that sends through them.
+    pub fn for_worker(&self) -> Result<Self, TransportError> {
+        Ok(Self {
+            http: Transport::new()?,
+            known: self.known.clone(),
         })
     }
 
@@ -378,7 +396,7 @@ impl Upstream {
         let start = Instant::now();
         let mut call = Call {
             route,
-            key: self.keys.get(&route.provider),
+            key: self.known.keys.get(&route.provider),
             timing: Timing {
                 start,
                 started_at,
@@ -441,7 +459,7 @@ impl Upstream {
         } else {
             HeaderValue::from_static("application/json")
         };
-        let Some(target) = self.targets.get(&route.id) else {
+        let Some(target) = self.known.targets.get(&route.id) else {
             return Err(ProbeError::Connect {
                 message: "the route's base_url is not a valid URL".into(),
             });
@@ -465,7 +483,7 @@ impl Upstream {
                 headers.insert("tracestate", state.clone());
             }
         }
-        if let Some(v) = self.auth.get(&route.provider) {
+        if let Some(v) = self.known.auth.get(&route.provider) {
             headers.insert(AUTHORIZATION, v.clone());
         }
         Ok((request, target.via_proxy))

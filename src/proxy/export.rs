@@ -42,7 +42,7 @@ impl std::fmt::Debug for ProxyStats {
 
 impl ProxyStats {
     fn proxy(&self) -> Option<Proxy> {
-        self.inner.upgrade().map(|inner| Proxy { inner })
+        self.inner.upgrade().map(Proxy::from_inner)
     }
 
     /// Every route's breaker (empty once the proxy is gone).

@@ -347,8 +347,7 @@ impl<'a> Failover<'a> {
             trace: trace.as_ref(),
         };
         let started_at = p.clock.now();
-        let result = p
-            .upstream
+        let result = (self.proxy.local.upstream)
             .attempt(&route, &outgoing, limits, started_at)
             .await;
         let Slot { held, reservation } = slot;

@@ -338,7 +338,7 @@ async fn work(
     let mut last_renew = Instant::now();
     loop {
         let Some(inner) = weak.upgrade() else { break };
-        let proxy = Proxy { inner };
+        let proxy = Proxy::from_inner(inner);
         let now = proxy.inner.clock.now();
         if !jobs.store.health().available() {
             // Read-only mode: the jobs wait in the database; nothing here can reach them.

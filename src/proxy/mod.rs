@@ -7,8 +7,11 @@
 //!
 //! A request flows through, in order:
 //!
-//! 1. `server`: the router and the connection loop (header read timeout, graceful shutdown:
-//!    committed streams run to their end, bounded by the service's drain timeout).
+//! 1. `server`: the router and its workers, `[proxy] workers` threads each with a
+//!    single-threaded runtime, its own socket (`SO_REUSEPORT`) and its own upstream pool,
+//!    so a request stays on one thread; the connection loop (header read timeout,
+//!    connections bounded across workers, graceful shutdown: committed streams run to their
+//!    end, bounded by the service's drain timeout).
 //! 2. `intake`: the client's key (`client_keys_env`; never forwarded), the body within
 //!    `max_body` and the body read timeout, JSON that OpenAI would accept, the
 //!    `Idempotency-Key` ([`idempotency`]: answers kept in SQLite until `idempotency_ttl`).
@@ -94,7 +97,7 @@ pub use export::ProxyStats;
 pub use failover::DEFAULT_MAX_TOKENS;
 use intake::ClientKeys;
 pub use meter::{CountersSnapshot, Meter, ProxyCounters};
-pub use server::{router, serve, HEADER_READ_TIMEOUT};
+pub use server::{bind, router, serve, Listeners, HEADER_READ_TIMEOUT};
 pub use weights::{FeedStatus, WeightsRx, WeightsView};
 
 /// The whole request body must arrive within this (slow clients get 408).
@@ -172,17 +175,38 @@ impl Since {
     }
 }
 
-/// The proxy's state: cheap to clone (one `Arc`).
+/// The proxy's state: cheap to clone (two `Arc`s).
 #[derive(Clone)]
 pub struct Proxy {
     inner: Arc<Inner>,
+    /// What is the serving worker's own (see [`server`]); the home runtime's outside workers.
+    local: Arc<Local>,
 }
+
+/// A worker's own part of the proxy: nothing in it is touched by another worker.
+struct Local {
+    /// Its upstream connection pool, whose connections run on the worker's runtime.
+    upstream: Arc<Upstream>,
+    /// Which worker (`None`: not a worker; the async-job runner, an embedder's router).
+    worker: Option<usize>,
+}
+
+/// Requests each worker has taken, each counter on its own cache line (written by one
+/// worker only).
+#[derive(Default)]
+struct Served(Vec<Padded>);
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Padded(std::sync::atomic::AtomicU64);
 
 struct Inner {
     config: ProxyConfig,
     routes: Vec<Arc<Route>>,
     weights: WeightsRx,
+    /// The home runtime's upstream (async jobs, shadow copies, an embedder's router).
     upstream: Arc<Upstream>,
+    served: Served,
     rests: Rests,
     passive: PassiveSink,
     /// Off when the variable is unset.
@@ -306,58 +330,101 @@ impl Proxy {
         let clients = Arc::new(clients::Clients::new(&config.clients, &full.env, spend));
         let breakers = Breakers::new(routes.iter().map(|r| &r.id), &config.breaker);
         let in_flight = inflight::InFlight::new(full, &routes);
-        Ok(Self {
-            inner: Arc::new(Inner {
-                config: config.clone(),
-                routes,
-                weights,
-                upstream,
-                rests: Rests::default(),
-                passive: PassiveSink::new(passive),
-                client_keys,
-                embedding_models: full.embedding_models(),
-                clients,
-                first_byte_overrides,
-                profiles,
-                degraded_since: Since::default(),
-                contract_since: Since::default(),
-                clock,
-                breakers,
-                ledger: Arc::default(),
-                counters: ProxyCounters::default(),
-                meter: store
-                    .map(|s| Meter::spawn(s.writer(), s.health().clone(), opts.clock.clone()).0),
-                observer: (store.filter(|_| opts.observe))
-                    .map(|s| observe::Observer::spawn(s.writer(), opts.clock.clone())),
-                jobs: store.map(|s| Arc::new(jobs::Jobs::new(s.clone(), max_body))),
-                cache: store.map(|s| {
-                    cache::Cache::new(s.clone(), max_body, config.cached_answers_per_client.into())
-                }),
-                idempotency: store.map(|s| {
-                    idempotency::Idempotency::new(
-                        s.clone(),
-                        opts.clock.clone(),
-                        config.idempotency_ttl,
-                        config.idempotency_wait,
-                        max_body,
-                        config.idempotency_keys_per_client.into(),
-                    )
-                }),
-                store: store.cloned(),
-                in_flight,
-                shadows,
-                body_read_timeout: opts.body_read_timeout,
-                header_read_timeout: opts.header_read_timeout,
-                feed: opts.feed,
-                tracer: opts.tracer,
-                admin_token: (full.env.clone(), full.server.admin_token_env.clone()),
-                budget: std::sync::OnceLock::new(),
-                live: opts
-                    .live
-                    .unwrap_or_else(|| tokio::sync::watch::channel(Arc::new(full.clone())).1),
+        let served = Served(
+            (0..config.workers.max(1))
+                .map(|_| Padded::default())
+                .collect(),
+        );
+        Ok(Self::from_inner(Arc::new(Inner {
+            config: config.clone(),
+            routes,
+            weights,
+            upstream,
+            served,
+            rests: Rests::default(),
+            passive: PassiveSink::new(passive),
+            client_keys,
+            embedding_models: full.embedding_models(),
+            clients,
+            first_byte_overrides,
+            profiles,
+            degraded_since: Since::default(),
+            contract_since: Since::default(),
+            clock,
+            breakers,
+            ledger: Arc::default(),
+            counters: ProxyCounters::default(),
+            meter: store
+                .map(|s| Meter::spawn(s.writer(), s.health().clone(), opts.clock.clone()).0),
+            observer: (store.filter(|_| opts.observe))
+                .map(|s| observe::Observer::spawn(s.writer(), opts.clock.clone())),
+            jobs: store.map(|s| Arc::new(jobs::Jobs::new(s.clone(), max_body))),
+            cache: store.map(|s| {
+                cache::Cache::new(s.clone(), max_body, config.cached_answers_per_client.into())
             }),
-        }
+            idempotency: store.map(|s| {
+                idempotency::Idempotency::new(
+                    s.clone(),
+                    opts.clock.clone(),
+                    config.idempotency_ttl,
+                    config.idempotency_wait,
+                    max_body,
+                    config.idempotency_keys_per_client.into(),
+                )
+            }),
+            store: store.cloned(),
+            in_flight,
+            shadows,
+            body_read_timeout: opts.body_read_timeout,
+            header_read_timeout: opts.header_read_timeout,
+            feed: opts.feed,
+            tracer: opts.tracer,
+            admin_token: (full.env.clone(), full.server.admin_token_env.clone()),
+            budget: std::sync::OnceLock::new(),
+            live: opts
+                .live
+                .unwrap_or_else(|| tokio::sync::watch::channel(Arc::new(full.clone())).1),
+        }))
         .watch_store())
+    }
+
+    /// The proxy as the home runtime uses it (its upstream pool).
+    fn from_inner(inner: Arc<Inner>) -> Self {
+        let local = Arc::new(Local {
+            upstream: inner.upstream.clone(),
+            worker: None,
+        });
+        Self { inner, local }
+    }
+
+    /// The handle worker `worker` serves with: the shared state, and an upstream pool of its
+    /// own (made here, its connections on the runtime that first uses it).
+    fn for_worker(&self, worker: usize) -> Result<Self, ProxyError> {
+        let upstream = (self.inner.upstream.for_worker())
+            .map(Arc::new)
+            .map_err(ProxyError::Client)?;
+        Ok(Self {
+            inner: self.inner.clone(),
+            local: Arc::new(Local {
+                upstream,
+                worker: Some(worker),
+            }),
+        })
+    }
+
+    /// Counts a request taken by this handle's worker.
+    fn note_served(&self) {
+        if let Some(slot) = (self.local.worker).and_then(|w| self.inner.served.0.get(w)) {
+            slot.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Requests each proxy worker has taken so far, by worker (`[proxy] workers` of them):
+    /// how evenly the kernel spreads connections over the workers' sockets.
+    pub fn served_by_worker(&self) -> Vec<u64> {
+        (self.inner.served.0.iter())
+            .map(|s| s.0.load(std::sync::atomic::Ordering::Relaxed))
+            .collect()
     }
 
     /// Starts the store check of read-only mode ([`readonly`]); it ends with the proxy.

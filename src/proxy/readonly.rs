@@ -83,6 +83,8 @@ pub(super) async fn disclose(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    // Every request passes here, on the worker that took it.
+    proxy.note_served();
     let mut r = next.run(req).await;
     if let Some(store) = &proxy.inner.store {
         if store.health().mode() == StoreMode::Unavailable {

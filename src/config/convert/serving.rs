@@ -171,6 +171,7 @@ pub(super) fn proxy(ck: &mut Checker<'_>, r: RawProxy) -> ProxyConfig {
             d.max_connections,
             1,
         ),
+        workers: uint(ck, "proxy.workers", r.workers, d.workers, 1),
         clients: crate::config::clients::clients(ck, r.client),
         breaker: BreakerConfig {
             failure_ratio: b.failure_ratio.unwrap_or(db.failure_ratio),

@@ -679,7 +679,46 @@ fn proxy_section_defaults_and_located_errors() {
     );
     assert_eq!(
         errors(&format!("{PROVIDERS}{ROUTE}[proxy]\nenable = true\n")),
-        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `idempotency_wait`, `idempotency_keys_per_client`, `cached_answers_per_client`, `client_keys_env`, `allow_unauthenticated`, `max_connections`, `breaker`, `client`"]
+        vec!["p.toml:18:1: proxy.enable: unknown key `enable`, expected one of `enabled`, `listen`, `first_byte_timeout`, `total_timeout`, `max_attempts`, `max_retry_wait`, `stream_idle_timeout`, `max_stream_duration`, `max_body`, `idempotency_ttl`, `idempotency_wait`, `idempotency_keys_per_client`, `cached_answers_per_client`, `client_keys_env`, `allow_unauthenticated`, `max_connections`, `workers`, `breaker`, `client`"]
+    );
+}
+
+#[test]
+fn proxy_workers_default_to_the_cores_and_are_located_when_out_of_range() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let p = Config::parse(&with_route(""), "p.toml")
+        .expect("valid")
+        .config
+        .proxy;
+    assert_eq!(p.workers, cores);
+    let set = |n: &str| format!("{PROVIDERS}{ROUTE}[proxy]\nworkers = {n}\n");
+    let p = Config::parse(&set("3"), "p.toml")
+        .expect("valid")
+        .config
+        .proxy;
+    assert_eq!(p.workers, 3);
+    assert_eq!(
+        errors(&set("0")),
+        vec!["p.toml:18:11: proxy.workers: must be at least 1, got 0"]
+    );
+    assert_eq!(
+        errors(&set("-2")),
+        vec!["p.toml:18:11: proxy.workers: must be at least 1, got -2"]
+    );
+    assert_eq!(
+        errors(&set("5000")),
+        vec!["p.toml:18:11: proxy.workers: must be at most 1024, got 5000"]
+    );
+    // A config built in code is held to the same rule.
+    let mut c = Config::parse(&with_route(""), "p.toml")
+        .expect("valid")
+        .config;
+    c.proxy.workers = 0;
+    let e = c.validate().expect_err("0 workers");
+    assert!(
+        e.to_string()
+            .contains("proxy.workers: must be at least 1, got 0"),
+        "{e}"
     );
 }
 

@@ -14,3 +14,4 @@ mod safeguards;
 mod shadow;
 mod spend;
 mod traces;
+mod workers;
