@@ -74,71 +74,12 @@ const OBSERVED_FAMILIES: [(&str, &str); 3] = [
 /// What `/metrics` answers with.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RouteLabels {
-    provider: Arc<str>,
-    region: Arc<str>,
-    model: Arc<str>,
-}
-
-/// A probe family's labels: the route's and the vantage that measured it. Vantages come
-/// from the config (`[server] vantage`, `[[vantage]]`), so the series stay bounded.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProbeLabels {
-    provider: Arc<str>,
-    region: Arc<str>,
-    model: Arc<str>,
-    vantage: Arc<str>,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProbeResultLabels {
-    provider: Arc<str>,
-    region: Arc<str>,
-    model: Arc<str>,
-    vantage: Arc<str>,
-    result: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct WeightLabels {
-    serves: Arc<str>,
-    provider: Arc<str>,
-    region: Arc<str>,
-    model: Arc<str>,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct IngestLabels {
-    result: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AlertLabels {
-    channel: String,
-    result: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TaskLabels {
-    task: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReloadLabels {
-    result: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BuildLabels {
-    version: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProviderLabels {
-    provider: Arc<str>,
-    vantage: Arc<str>,
-}
+// The label sets of the families.
+mod labels;
+use labels::{
+    AlertLabels, BuildLabels, IngestLabels, ProbeLabels, ProbeResultLabels, ProviderLabels,
+    ReloadLabels, RouteLabels, TaskLabels, WeightLabels,
+};
 
 // The boards other tasks keep and `/metrics`, the status and `/readyz` read.
 mod boards;
