@@ -11,7 +11,7 @@ use super::{from_ms, to_ms, Reader, StoreError, Writer};
 
 /// The most rows one write deletes past retention, so a long backlog is trimmed over many
 /// writes instead of one long transaction.
-const RETENTION_STEP: i64 = 500;
+const RETENTION_STEP: usize = 500;
 
 /// One capability probe's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub struct CapabilityOp {
 
 pub(crate) fn apply(conn: &super::sql::Connection, op: &CapabilityOp) -> Result<u64, StoreError> {
     let r = &op.row;
-    let mut n = conn
+    let n = conn
         .prepare_cached(
             "INSERT INTO capability_results (route, capability, at_ms, ok, latency_ms, error)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -61,13 +61,14 @@ pub(crate) fn apply(conn: &super::sql::Connection, op: &CapabilityOp) -> Result<
             i64::try_from(r.latency_ms).unwrap_or(i64::MAX),
             r.error
         ])?;
-    n += conn
-        .prepare_cached(
-            "DELETE FROM capability_results WHERE id IN
-                 (SELECT id FROM capability_results WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)",
-        )?
-        .execute(params![to_ms(op.keep_since), RETENTION_STEP])?;
-    Ok(u64::try_from(n).unwrap_or(0))
+    let trimmed = super::jobs::delete_oldest(
+        conn,
+        "capability_results",
+        "at_ms",
+        to_ms(op.keep_since),
+        RETENTION_STEP,
+    )?;
+    Ok(u64::try_from(n).unwrap_or(0) + trimmed)
 }
 
 impl Writer {

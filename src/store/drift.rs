@@ -69,14 +69,7 @@ pub(crate) fn delete_old(
     cutoff_ms: i64,
     limit: usize,
 ) -> Result<u64, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let n = conn
-        .prepare_cached(
-            "DELETE FROM drift_runs WHERE id IN
-                 (SELECT id FROM drift_runs WHERE started_at_ms < ?1 ORDER BY started_at_ms LIMIT ?2)",
-        )?
-        .execute(params![cutoff_ms, limit])?;
-    Ok(n as u64)
+    super::jobs::delete_oldest(conn, "drift_runs", "started_at_ms", cutoff_ms, limit)
 }
 
 impl Writer {

@@ -67,8 +67,36 @@ impl Target {
     ];
 }
 
-/// Deletes up to `limit` rows of `target` older than `cutoff_ms`, oldest first (SQLite's
-/// `DELETE … LIMIT` is a compile-time option, hence the subqueries).
+/// Deletes the oldest rows of `table` (at most `limit`) whose `time_col` is before
+/// `cutoff_ms`: their ids read in the order of the time column's index, then each deleted by
+/// its primary key. Not `DELETE … WHERE id IN (SELECT …)`: how the planner runs that depends
+/// on its statistics, and statistics gathered while the table was nearly empty (a fresh
+/// database's `PRAGMA optimize`) had it scan a table of 100 million outcomes for every step
+/// while every other write waited for the lock.
+pub(crate) fn delete_oldest(
+    conn: &Connection,
+    table: &str,
+    time_col: &str,
+    cutoff_ms: i64,
+    limit: usize,
+) -> Result<u64, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let ids = conn
+        .prepare_cached(&format!(
+            "SELECT id FROM {table} WHERE {time_col} < ?1 ORDER BY {time_col} LIMIT ?2"
+        ))?
+        .query_map(params![cutoff_ms, limit], |r| r.get::<_, i64>(0))?
+        .collect::<Result<Vec<i64>, _>>()?;
+    let mut delete = conn.prepare_cached(&format!("DELETE FROM {table} WHERE id = ?1"))?;
+    let mut n = 0;
+    for id in ids {
+        n += delete.execute(params![id])?;
+    }
+    Ok(n as u64)
+}
+
+/// Deletes up to `limit` rows of `target` older than `cutoff_ms`, oldest first (by key, see
+/// [`delete_oldest`]).
 pub(crate) fn delete_old(
     conn: &Connection,
     target: Target,
@@ -77,27 +105,37 @@ pub(crate) fn delete_old(
 ) -> Result<u64, StoreError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let n = match target {
-        Target::Outcomes => conn
-            .prepare_cached(
-                "DELETE FROM outcomes WHERE id IN
-                     (SELECT id FROM outcomes WHERE started_at_ms < ?1
-                      ORDER BY started_at_ms LIMIT ?2)",
-            )?
-            .execute(params![cutoff_ms, limit])?,
-        Target::Skips => conn
-            .prepare_cached(
-                "DELETE FROM probe_skips WHERE id IN
-                     (SELECT id FROM probe_skips WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)",
-            )?
-            .execute(params![cutoff_ms, limit])?,
-        Target::Rollups(g) => conn
-            .prepare_cached(
-                "DELETE FROM rollups WHERE (granularity_s, bucket_start_ms, route_id, kind) IN
-                     (SELECT granularity_s, bucket_start_ms, route_id, kind FROM rollups
-                      WHERE granularity_s = ?1 AND bucket_start_ms < ?2
-                      ORDER BY bucket_start_ms LIMIT ?3)",
-            )?
-            .execute(params![g.seconds(), cutoff_ms, limit])?,
+        Target::Outcomes => {
+            return delete_oldest(conn, "outcomes", "started_at_ms", cutoff_ms, limit as usize)
+        }
+        Target::Skips => {
+            return delete_oldest(conn, "probe_skips", "at_ms", cutoff_ms, limit as usize)
+        }
+        Target::Rollups(g) => {
+            let keys = conn
+                .prepare_cached(
+                    "SELECT bucket_start_ms, route_id, kind FROM rollups
+                     WHERE granularity_s = ?1 AND bucket_start_ms < ?2
+                     ORDER BY bucket_start_ms LIMIT ?3",
+                )?
+                .query_map(params![g.seconds(), cutoff_ms, limit], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, String>(2)?,
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut delete = conn.prepare_cached(
+                "DELETE FROM rollups WHERE granularity_s = ?1 AND bucket_start_ms = ?2
+                     AND route_id = ?3 AND kind = ?4",
+            )?;
+            let mut n = 0;
+            for (start, route, kind) in keys {
+                n += delete.execute(params![g.seconds(), start, route, kind])?;
+            }
+            n
+        }
         Target::DriftRuns => return super::drift::delete_old(conn, cutoff_ms, limit as usize),
         Target::ProxyRequests => {
             return super::requests::delete_old(conn, cutoff_ms, limit as usize)

@@ -243,14 +243,7 @@ pub(crate) fn delete_old(
     cutoff_ms: i64,
     limit: usize,
 ) -> Result<u64, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let n = conn
-        .prepare_cached(
-            "DELETE FROM proxy_requests WHERE id IN
-                 (SELECT id FROM proxy_requests WHERE started_at_ms < ?1
-                  ORDER BY started_at_ms LIMIT ?2)",
-        )?
-        .execute(params![cutoff_ms, limit])?;
+    let n = super::jobs::delete_oldest(conn, "proxy_requests", "started_at_ms", cutoff_ms, limit)?;
     Ok(n as u64)
 }
 

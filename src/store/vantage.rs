@@ -14,7 +14,7 @@ use crate::vantage::VantageOutcome;
 
 /// Old rows deleted per write at most: retention keeps pace with ingest without ever holding
 /// the write lock for a long delete.
-const RETENTION_STEP: i64 = 500;
+const RETENTION_STEP: usize = 500;
 
 /// What one [`Writer::record_vantage`] did: per item, in order, whether it was new (false:
 /// the store already had its id).
@@ -84,14 +84,13 @@ pub(super) fn insert(
 
 /// Deletes at most [`RETENTION_STEP`] rows that started before `cutoff_ms`.
 pub(super) fn delete_old(conn: &Connection, cutoff_ms: i64) -> Result<u64, StoreError> {
-    let n = conn
-        .prepare_cached(
-            "DELETE FROM vantage_outcomes WHERE id IN
-                 (SELECT id FROM vantage_outcomes WHERE started_at_ms < ?1
-                  ORDER BY started_at_ms LIMIT ?2)",
-        )?
-        .execute(params![cutoff_ms, RETENTION_STEP])?;
-    Ok(n as u64)
+    super::jobs::delete_oldest(
+        conn,
+        "vantage_outcomes",
+        "started_at_ms",
+        cutoff_ms,
+        RETENTION_STEP,
+    )
 }
 
 impl Writer {
