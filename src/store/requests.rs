@@ -243,8 +243,7 @@ pub(crate) fn delete_old(
     cutoff_ms: i64,
     limit: usize,
 ) -> Result<u64, StoreError> {
-    let n = super::jobs::delete_oldest(conn, "proxy_requests", "started_at_ms", cutoff_ms, limit)?;
-    Ok(n as u64)
+    super::jobs::delete_oldest(conn, "proxy_requests", "started_at_ms", cutoff_ms, limit)
 }
 
 fn prune_idempotent(conn: &Connection, now: DateTime<Utc>) -> Result<(), StoreError> {
