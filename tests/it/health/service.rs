@@ -660,34 +660,46 @@ async fn seed_long(store: &Store, routes: &[RouteId]) {
     }
 }
 
-/// The start waits for baselines only `warm_wait`: with none at all the service starts at
-/// once, the baselines warm in the background, and once warm they are what a start that
-/// waited for them has — the outcome judged meanwhile included, learned once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn baselines_warm_in_the_background_to_what_a_waiting_start_has() {
-    let dir = tempfile::tempdir().unwrap();
+/// Three routes with a day of probes each (`seed_long`) in a store of their own in `dir`.
+async fn long_history(dir: &tempfile::TempDir) -> (Config, Vec<RouteId>, Store) {
     let db = dir.path().join("h.db");
     let pairs = [("qwen", "cn"), ("qwen", "us"), ("deepseek", "cn")];
     let cfg = config(&db, &pairs, None);
     let routes: Vec<RouteId> = pairs.iter().map(|(p, r)| rid(p, r)).collect();
     let store = Store::open(&db, StoreOptions::default()).unwrap();
     seed_long(&store, &routes).await;
+    (cfg, routes, store)
+}
+
+/// Each route's baseline as the snapshot shows it: (bucket, samples, mean, σ).
+fn shown_baselines(svc: &Svc, routes: &[RouteId]) -> Vec<Option<(String, usize, f64, f64)>> {
+    routes
+        .iter()
+        .map(|r| {
+            svc.route(r)
+                .baseline
+                .map(|b| (b.bucket, b.samples, b.mean_ms, b.stddev_ms))
+        })
+        .collect()
+}
+
+/// The start waits for baselines only `warm_wait`: with none at all the service starts at
+/// once, the baselines warm in the background, and once warm they are what a start that
+/// waited for them has — the outcome judged meanwhile included, learned once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baselines_warm_in_the_background_to_what_a_waiting_start_has() {
+    // Each start on its own copy of the history: a stop saves the baselines, and the second
+    // start would restore the first one's instead of warming from the history.
+    let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (cfg, routes, store) = long_history(&dir).await;
+    let (other_cfg, _, other_store) = long_history(&other_dir).await;
     let clock = Arc::new(ManualClock::new(t0()));
     let fast = |warm_wait| HealthOptions {
         baselines_every: Duration::from_millis(20),
         warm_wait,
         ..opts()
     };
-    let baselines = |svc: &Svc| -> Vec<Option<(String, usize, f64, f64)>> {
-        routes
-            .iter()
-            .map(|r| {
-                svc.route(r)
-                    .baseline
-                    .map(|b| (b.bucket, b.samples, b.mean_ms, b.stddev_ms))
-            })
-            .collect()
-    };
+    let baselines = |svc: &Svc| shown_baselines(svc, &routes);
     let one_more = |r: &RouteId| probe(r, t0() + chrono::Duration::seconds(1), 1000.0);
 
     // A start that waits for every baseline, then one probe more.
@@ -708,7 +720,7 @@ async fn baselines_warm_in_the_background_to_what_a_waiting_start_has() {
     // route warms last: its probe is judged on an empty baseline and replayed into the
     // rebuilt one.
     let background = fast(Duration::ZERO);
-    let svc = Svc::start(&cfg, &store, clock.clone(), background.clone()).await;
+    let svc = Svc::start(&other_cfg, &other_store, clock.clone(), background.clone()).await;
     svc.send(one_more(&routes[2])).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while baselines(&svc) != expected || background.warm.get() != (3, 3) {
@@ -729,28 +741,14 @@ async fn baselines_warm_in_the_background_to_what_a_waiting_start_has() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_restores_baselines_from_their_saved_state_not_from_the_history() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("h.db");
-    let pairs = [("qwen", "cn"), ("qwen", "us"), ("deepseek", "cn")];
-    let cfg = config(&db, &pairs, None);
-    let routes: Vec<RouteId> = pairs.iter().map(|(p, r)| rid(p, r)).collect();
-    let store = Store::open(&db, StoreOptions::default()).unwrap();
-    seed_long(&store, &routes).await;
+    let (cfg, routes, store) = long_history(&dir).await;
     let clock = Arc::new(ManualClock::new(t0()));
     let opts = || HealthOptions {
         baselines_every: Duration::from_millis(20),
         warm_wait: Duration::from_secs(60),
         ..HealthOptions::default()
     };
-    let baselines = |svc: &Svc| -> Vec<Option<(String, usize, f64, f64)>> {
-        routes
-            .iter()
-            .map(|r| {
-                svc.route(r)
-                    .baseline
-                    .map(|b| (b.bucket, b.samples, b.mean_ms, b.stddev_ms))
-            })
-            .collect()
-    };
+    let baselines = |svc: &Svc| shown_baselines(svc, &routes);
     let settle = |svc: &Svc| {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while baselines(svc).iter().any(Option::is_none) {
