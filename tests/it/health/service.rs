@@ -810,3 +810,97 @@ async fn a_restart_restores_baselines_from_their_saved_state_not_from_the_histor
     );
     assert_ne!(restored[0], from_raw[0], "the later probes were learned");
 }
+
+/// Raw outcomes are kept `retention_days`; the baselines are not bound to them. After a stop
+/// saved them, retention deletes all but the last hour of raw history, and the next start
+/// shows the same baselines (the whole window, restored), not ones rebuilt from the hour left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_raw_outcomes_and_the_saved_baselines_keep_their_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, routes, store) = long_history(&dir).await;
+    let clock = Arc::new(ManualClock::new(t0()));
+    let opts = || HealthOptions {
+        baselines_every: Duration::from_millis(20),
+        warm_wait: Duration::from_secs(60),
+        ..HealthOptions::default()
+    };
+    let baselines = |svc: &Svc| shown_baselines(svc, &routes);
+    let settle = |svc: &Svc| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while baselines(svc).iter().any(Option::is_none) {
+            assert!(std::time::Instant::now() < deadline, "no baselines shown");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let raw = |r: &RouteId| {
+        store
+            .reader()
+            .unwrap()
+            .outcomes_since(
+                r,
+                t0() - chrono::Duration::days(30),
+                probeok::store::ALL_KINDS,
+            )
+            .unwrap()
+    };
+
+    let first = Svc::start(&cfg, &store, clock.clone(), opts()).await;
+    settle(&first);
+    let learned = baselines(&first);
+    first.stop().await;
+
+    // One day of retention, 23 hours on: everything older than an hour before t0 expires.
+    let report = store
+        .writer()
+        .retention(t0() + chrono::Duration::hours(23), 1, 400)
+        .await
+        .unwrap();
+    let cutoff = t0() - chrono::Duration::hours(1);
+    for r in &routes {
+        let left = raw(r);
+        assert_eq!(
+            left.len(),
+            120,
+            "{r}: the last hour of raw outcomes is kept"
+        );
+        assert!(
+            left.iter().all(|o| o.started_at >= cutoff),
+            "{r}: nothing expired is left"
+        );
+    }
+    assert_eq!(report.outcomes, 3 * 2880, "every expired outcome deleted");
+    // The uptime figures come from rollups, which retention keeps longer.
+    let counts = store
+        .reader()
+        .unwrap()
+        .counts_by_route(
+            t0() - chrono::Duration::days(2),
+            t0() + chrono::Duration::hours(1),
+            probeok::store::ALL_KINDS,
+        )
+        .unwrap();
+    for r in &routes {
+        assert_eq!(
+            counts[r].count, 3000,
+            "{r}: the rollups still count every probe"
+        );
+    }
+
+    let second = Svc::start(&cfg, &store, clock.clone(), opts()).await;
+    settle(&second);
+    let restored = baselines(&second);
+    second.stop().await;
+    assert_eq!(
+        restored, learned,
+        "the saved baselines keep the whole window"
+    );
+
+    // What the hour left would give: a thinner baseline than the one shown.
+    let mut left = raw(&routes[0]);
+    left.sort_by_key(|o| o.started_at);
+    let thin = probeok::health::Baseline::rebuild(routes[0].clone(), &cfg.detection, &left);
+    let thin = thin
+        .snapshot(t0())
+        .map(|b| (b.bucket, b.samples, b.mean_ms, b.stddev_ms));
+    assert_ne!(thin, learned[0], "the raw hour alone is not the window");
+}

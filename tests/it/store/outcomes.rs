@@ -1056,3 +1056,46 @@ async fn metered_requests_are_found_by_time_through_their_indexes() {
         assert!(!steps.contains("TEMP B-TREE"), "{sql}: {steps}");
     }
 }
+
+/// A monitor at steady state — every day as many rows written as expire — keeps a file of
+/// a constant size: the pages retention frees are reused by the next day's rows, so the
+/// file does not grow with the days it has run.
+#[tokio::test]
+async fn at_steady_state_the_sqlite_file_stops_growing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("steady.db");
+    let store = Store::open(&path, opts()).unwrap();
+    let writer = store.writer();
+    let start = at("2026-06-01T00:00:00Z");
+    let pages = || {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let n = |p: &str| conn.query_row(p, [], |r| r.get::<_, i64>(0)).unwrap();
+        (n("PRAGMA page_count"), n("PRAGMA freelist_count"))
+    };
+    let mut sizes = Vec::new();
+    for day in 0..8i64 {
+        // 20 routes probed every 5 minutes: 5,760 outcomes a day.
+        let outcomes: Vec<_> = (0..288i64)
+            .flat_map(|i| {
+                let when = start + chrono::Duration::days(day) + chrono::Duration::minutes(5 * i);
+                (0..20).map(move |r| outcome(route(r), OutcomeKind::Probe, when, 300.0))
+            })
+            .collect();
+        writer.record_many(outcomes).await.unwrap();
+        // Two days of raw outcomes and of rollups kept (rollups kept longer would grow the
+        // file by their own, smaller, daily share), pruned at the end of each day.
+        let end = start + chrono::Duration::days(day + 1);
+        writer.retention(end, 2, 2).await.unwrap();
+        sizes.push(pages());
+    }
+    let (steady, _) = sizes[3];
+    let (last, free) = sizes[7];
+    assert!(
+        last <= steady + steady / 20,
+        "the file grew from {steady} to {last} pages at steady state: {sizes:?}"
+    );
+    assert!(
+        free < steady / 2,
+        "freed pages are reused, not piled up: {sizes:?}"
+    );
+}
