@@ -427,24 +427,23 @@ impl Baseline {
     /// The latency baseline for an observation started at `at`: its bucket, or the all-day
     /// window when the bucket is thin; `None` when even that has fewer than `min_samples`.
     pub fn latency_ref(&self, at: DateTime<Utc>) -> Option<LatencyRef> {
-        let (label, s) = self.pick(at, Bucket::latency)?;
-        let (mean, stddev) = s.spread();
-        let spread = (self.sigma * stddev)
-            .max(self.floor_ratio * mean)
-            .max(self.floor_ms);
-        Some(LatencyRef {
-            bucket: label,
-            samples: s.len(),
-            mean_ms: mean,
-            stddev_ms: stddev,
-            threshold_ms: mean + spread,
-        })
+        self.reference(at, Bucket::latency)
     }
 
     /// The first-token baseline of `PROBE_OK` probes, with a threshold by the same rule as
     /// latency's; `None` while too few probes reported a first token.
     pub fn ttft_ref(&self, at: DateTime<Utc>) -> Option<LatencyRef> {
-        let (label, s) = self.pick(at, Bucket::ttft)?;
+        self.reference(at, Bucket::ttft)
+    }
+
+    /// The window `which` picks at `at`, its threshold `sigma` spreads above its mean (at
+    /// least `floor_ratio` of the mean and `floor_ms`).
+    fn reference(
+        &self,
+        at: DateTime<Utc>,
+        which: fn(&Bucket) -> Option<&Series>,
+    ) -> Option<LatencyRef> {
+        let (label, s) = self.pick(at, which)?;
         let (mean, stddev) = s.spread();
         let spread = (self.sigma * stddev)
             .max(self.floor_ratio * mean)

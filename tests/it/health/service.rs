@@ -671,6 +671,24 @@ async fn long_history(dir: &tempfile::TempDir) -> (Config, Vec<RouteId>, Store) 
     (cfg, routes, store)
 }
 
+/// Baselines every 20 ms, and a start that waits up to a minute for them.
+fn waiting_opts() -> HealthOptions {
+    HealthOptions {
+        baselines_every: Duration::from_millis(20),
+        warm_wait: Duration::from_secs(60),
+        ..HealthOptions::default()
+    }
+}
+
+/// Waits (with a deadline) until every route shows a baseline.
+fn settle_baselines(svc: &Svc, routes: &[RouteId]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while shown_baselines(svc, routes).iter().any(Option::is_none) {
+        assert!(std::time::Instant::now() < deadline, "no baselines shown");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Each route's baseline as the snapshot shows it: (bucket, samples, mean, σ).
 fn shown_baselines(svc: &Svc, routes: &[RouteId]) -> Vec<Option<(String, usize, f64, f64)>> {
     routes
@@ -743,19 +761,9 @@ async fn a_restart_restores_baselines_from_their_saved_state_not_from_the_histor
     let dir = tempfile::tempdir().unwrap();
     let (cfg, routes, store) = long_history(&dir).await;
     let clock = Arc::new(ManualClock::new(t0()));
-    let opts = || HealthOptions {
-        baselines_every: Duration::from_millis(20),
-        warm_wait: Duration::from_secs(60),
-        ..HealthOptions::default()
-    };
+    let opts = waiting_opts;
     let baselines = |svc: &Svc| shown_baselines(svc, &routes);
-    let settle = |svc: &Svc| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while baselines(svc).iter().any(Option::is_none) {
-            assert!(std::time::Instant::now() < deadline, "no baselines shown");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let settle = |svc: &Svc| settle_baselines(svc, &routes);
 
     // The first start has nothing saved: it replays every stored outcome.
     let before = store.rows_read();
@@ -819,19 +827,9 @@ async fn retention_deletes_raw_outcomes_and_the_saved_baselines_keep_their_windo
     let dir = tempfile::tempdir().unwrap();
     let (cfg, routes, store) = long_history(&dir).await;
     let clock = Arc::new(ManualClock::new(t0()));
-    let opts = || HealthOptions {
-        baselines_every: Duration::from_millis(20),
-        warm_wait: Duration::from_secs(60),
-        ..HealthOptions::default()
-    };
+    let opts = waiting_opts;
     let baselines = |svc: &Svc| shown_baselines(svc, &routes);
-    let settle = |svc: &Svc| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while baselines(svc).iter().any(Option::is_none) {
-            assert!(std::time::Instant::now() < deadline, "no baselines shown");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let settle = |svc: &Svc| settle_baselines(svc, &routes);
     let raw = |r: &RouteId| {
         store
             .reader()

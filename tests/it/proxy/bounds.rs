@@ -10,10 +10,9 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use bytes::Bytes;
 use common::{fake, openai, Captured, Reply, Script, Server};
-use probeok::config::{Config, ProviderConfig, ProxyConfig, RegionConfig, RouteConfig};
+use probeok::config::{Config, ProxyConfig};
 use probeok::probe::ProbeOutcome;
 use probeok::proxy::{self, Proxy, ProxyOptions, WeightsView};
-use probeok::route::Tier;
 use probeok::secret::Secret;
 use probeok::store::{Store, StoreOptions};
 use serde_json::json as j;
@@ -39,25 +38,7 @@ impl Drop for Px {
 }
 
 fn config(up: &Server, tweak: impl FnOnce(&mut Config)) -> Config {
-    let mut config = Config::default();
-    config.providers.push(ProviderConfig {
-        id: "p".into(),
-        regions: vec![RegionConfig {
-            id: "r".into(),
-            base_url: up.base_url(),
-        }],
-        ..ProviderConfig::default()
-    });
-    config.routes.push(RouteConfig {
-        provider: "p".into(),
-        region: "r".into(),
-        model: "up".into(),
-        serves: "chat".into(),
-        tier: Tier::Primary,
-        weight: 100,
-        ..RouteConfig::default()
-    });
-    config.proxy.enabled = true;
+    let mut config = super::one_route(up);
     config.proxy.total_timeout = Duration::from_secs(10);
     tweak(&mut config);
     config

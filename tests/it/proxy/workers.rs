@@ -11,34 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{fake, openai, Reply, Server};
-use probeok::config::{Config, ProviderConfig, RegionConfig, RouteConfig};
+use probeok::config::Config;
 use probeok::proxy::{self, Proxy, WeightsView};
-use probeok::route::Tier;
 use serde_json::json as j;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 fn config(up: &Server, workers: u32) -> Config {
-    let mut config = Config::default();
-    config.providers.push(ProviderConfig {
-        id: "p".into(),
-        regions: vec![RegionConfig {
-            id: "r".into(),
-            base_url: up.base_url(),
-        }],
-        ..ProviderConfig::default()
-    });
-    config.routes.push(RouteConfig {
-        provider: "p".into(),
-        region: "r".into(),
-        model: "up".into(),
-        serves: "chat".into(),
-        tier: Tier::Primary,
-        weight: 100,
-        ..RouteConfig::default()
-    });
-    config.proxy.enabled = true;
+    let mut config = super::one_route(up);
     config.proxy.workers = workers;
     config
 }
