@@ -183,6 +183,18 @@ pub fn copy_sqlite_to_postgres(
         if DERIVED.contains(&table.as_str()) {
             continue;
         }
+        if table == "outcomes" {
+            // Each day of raw outcomes goes to its partition, made before its rows.
+            let mut stmt = sqlite
+                .prepare("SELECT DISTINCT started_at_ms / 86400000 FROM outcomes")
+                .map_err(StoreError::from)?;
+            let days = stmt
+                .query_map([], |r| r.get::<_, i64>(0))
+                .map_err(StoreError::from)?
+                .collect::<Result<Vec<i64>, _>>()
+                .map_err(StoreError::from)?;
+            super::outcome_days::ensure_all(&tx, &days)?;
+        }
         let list = cols
             .iter()
             .map(|c| format!("\"{c}\""))

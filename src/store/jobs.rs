@@ -106,7 +106,7 @@ pub(crate) fn delete_old(
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let n = match target {
         Target::Outcomes => {
-            return delete_oldest(conn, "outcomes", "started_at_ms", cutoff_ms, limit as usize)
+            return super::outcome_days::delete_old(conn, cutoff_ms, limit as usize)
         }
         Target::Skips => {
             return delete_oldest(conn, "probe_skips", "at_ms", cutoff_ms, limit as usize)

@@ -118,6 +118,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0028_baseline_parts",
         include_str!("../../migrations/sqlite/0028_baseline_parts.sql"),
     ),
+    (
+        "0029_outcome_days",
+        include_str!("../../migrations/sqlite/0029_outcome_days.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -225,6 +229,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0028_baseline_parts",
         include_str!("../../migrations/postgres/0028_baseline_parts.sql"),
+    ),
+    (
+        "0029_outcome_days",
+        include_str!("../../migrations/postgres/0029_outcome_days.sql"),
     ),
 ];
 

@@ -53,6 +53,7 @@ mod jobs;
 pub mod migrate;
 mod mode;
 pub(crate) mod observed;
+mod outcome_days;
 mod outcomes;
 mod requests;
 mod rollups;

@@ -27,8 +27,8 @@ use super::{Reachability, StoreLocation};
 
 use super::health::{self, HealthWrite};
 use super::jobs::{self, RetentionReport, Target};
-use super::outcomes;
 use super::rollups::{Granularity, RollupCache};
+use super::{outcome_days, outcomes};
 use super::{to_ms, StoreError, StoreOptions, BATCH_CAP};
 use crate::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
@@ -417,6 +417,7 @@ pub(crate) fn run(
         threshold_ms: opts.latency_threshold.as_secs_f64() * 1000.0,
         route_ids: HashMap::new(),
         rollups: RollupCache::default(),
+        days: outcome_days::Days::default(),
         masks: VecDeque::new(),
         token: writer_token(),
         location,
@@ -481,6 +482,8 @@ struct State {
     /// Interned route ids; may hold ids from the open transaction, so cleared on failure.
     route_ids: HashMap<RouteId, i64>,
     rollups: RollupCache,
+    /// The days that have an outcomes partition (PostgreSQL).
+    days: outcome_days::Days,
     /// Per-item answers of the committed `Vantage` commands not yet answered.
     masks: VecDeque<Vec<bool>>,
     /// Unique to this writer: what it writes under [`ROLLUP_WRITER_KEY`].
@@ -579,6 +582,7 @@ impl State {
         self.route_ids.clear();
         self.rollups.clear();
         self.masks.clear();
+        self.days.forget();
     }
 
     fn route_id(&mut self, conn: &Connection, route: &RouteId) -> Result<i64, StoreError> {
@@ -620,6 +624,12 @@ impl State {
         }
         self.rollups
             .preload(&tx, recorded.iter().map(|(id, o)| (*id, *o)))?;
+        let now_ms = Utc::now().timestamp_millis();
+        self.days.ensure(
+            &tx,
+            now_ms,
+            recorded.iter().map(|(_, o)| to_ms(o.started_at)),
+        )?;
         // Outcomes of consecutive `Record`s are inserted together, before the next other
         // command, so rows keep their order relative to every other write of the batch.
         let mut pending: Vec<(i64, &ProbeOutcome)> = Vec::new();

@@ -5,6 +5,7 @@ mod declared;
 mod embeddings;
 mod gateways;
 mod migrate;
+mod outcome_days;
 mod outcomes;
 mod spend_figures;
 mod spend_ledger;

@@ -1,0 +1,3 @@
+-- probeok schema: nothing changes on SQLite. On PostgreSQL raw outcomes move to one partition
+-- per UTC day, so retention drops a day whole instead of deleting its rows one by one; SQLite
+-- deletes by key and reuses the freed pages. The version number is shared by both engines.
