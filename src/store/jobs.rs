@@ -3,6 +3,7 @@
 
 use super::sql::{params, Connection};
 use chrono::{DateTime, Utc};
+use std::time::{Duration, Instant};
 
 use super::rollups::Granularity;
 use super::{from_ms, to_ms, Reader, StoreError};
@@ -67,8 +68,8 @@ impl Target {
     ];
 }
 
-/// Deletes the oldest rows of `table` (at most `limit`) whose `time_col` is before
-/// `cutoff_ms`: their ids read in the order of the time column's index, then each deleted by
+/// Deletes the oldest rows of `table` (at most `limit`, and for at most [`STEP_TIME`]) whose
+/// `time_col` is before `cutoff_ms`: their ids read in the order of the time column's index, then each deleted by
 /// its primary key. Not `DELETE … WHERE id IN (SELECT …)`: how the planner runs that depends
 /// on its statistics, and statistics gathered while the table was nearly empty (a fresh
 /// database's `PRAGMA optimize`) had it scan a table of 100 million outcomes for every step
@@ -88,12 +89,24 @@ pub(crate) fn delete_oldest(
         .query_map(params![cutoff_ms, limit], |r| r.get::<_, i64>(0))?
         .collect::<Result<Vec<i64>, _>>()?;
     let mut delete = conn.prepare_cached(&format!("DELETE FROM {table} WHERE id = ?1"))?;
+    let started = Instant::now();
     let mut n = 0;
     for id in ids {
         n += delete.execute(params![id])?;
+        if started.elapsed() >= STEP_TIME {
+            break;
+        }
     }
     Ok(n as u64)
 }
+
+/// How long one step of [`delete_oldest`] deletes at most (it deletes one row whatever the
+/// time). Steps are bounded by time as well as by rows because a row's cost is not bounded:
+/// when the old rows' pages are not cached (a database larger than the page cache, a reader
+/// scanning history beside it) one delete took tens of milliseconds, a 1,000-row step
+/// twenty seconds, and the outcomes waiting behind each step got one transaction of 512 per
+/// step — 25 a second committed of the 333 a second probed.
+const STEP_TIME: Duration = Duration::from_millis(100);
 
 /// Deletes up to `limit` rows of `target` older than `cutoff_ms`, oldest first (by key, see
 /// [`delete_oldest`]).

@@ -33,8 +33,9 @@ use super::{to_ms, StoreError, StoreOptions, BATCH_CAP};
 use crate::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
 
-/// Rows deleted per retention step. Each step is one command, so queued inserts get their turn
-/// between steps and the write lock is never held for a long delete.
+/// Rows deleted per retention step at most (raw rows: also at most 100 ms of deleting). Each
+/// step is one command, so queued inserts get their turn between steps and the write lock is
+/// never held for a long delete.
 pub const RETENTION_BATCH: usize = 1000;
 
 /// The advisory lock every PostgreSQL writer transaction takes ("probeok" and 2 in its bytes).
@@ -333,8 +334,9 @@ impl Writer {
     }
 
     /// Deletes raw outcomes and skips older than `retention_days`, 5-minute rollups older than
-    /// 48 h, hourly and daily rollups older than `rollup_retention_days` — in steps of
-    /// [`RETENTION_BATCH`] rows, other writes interleaving between steps.
+    /// 48 h, hourly and daily rollups older than `rollup_retention_days` — in steps of at most
+    /// [`RETENTION_BATCH`] rows, other writes interleaving between steps, until a step finds
+    /// nothing left.
     pub async fn retention(
         &self,
         now: DateTime<Utc>,
@@ -376,7 +378,8 @@ impl Writer {
                     })
                     .await?;
                 report.add(target, n);
-                if (n as usize) < batch {
+                // A step may stop short of `batch` for time: only an empty one says "done".
+                if n == 0 {
                     break;
                 }
                 tokio::task::yield_now().await;
