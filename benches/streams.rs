@@ -289,8 +289,6 @@ struct Column {
     lost: usize,
     chunks: u64,
     first_error: Option<String>,
-    /// Of the level run.
-    streams: usize,
 }
 
 impl Column {
@@ -307,7 +305,6 @@ impl Column {
             lost: opts.streams,
             chunks: 0,
             first_error: Some(why),
-            streams: opts.streams,
         }
     }
 
@@ -433,7 +430,6 @@ async fn run(opts: &Opts, url: &str, hop: Option<&hops::Hop>) -> Column {
         lost,
         chunks,
         first_error,
-        streams: opts.streams,
     }
 }
 
