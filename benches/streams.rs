@@ -12,9 +12,11 @@
 //! streams lost (anything but every chunk and `[DONE]`).
 //!
 //! `--streams` may list several levels (`100,500,1000`): each is run in turn, every hop
-//! started afresh for it, and a hop that does not hold a level (a stream lost, or added
-//! transit p99 over `--hold-ms`, 1,000 by default) is not run at the levels after it; a last
-//! table shows each hop at the highest level it held. One level: the exit code says whether
+//! started afresh for it, and a hop that does not hold a level (a stream lost, or its added
+//! time to first chunk p99 or added transit p99 over `--hold-ms`, 1,000 by default) is not run
+//! at the levels after it; a last table shows each hop at the highest level it held.
+//! `--workers 1,2` runs one probeok column per `[proxy] workers` count (by default one, with
+//! the default count). One level: the exit code says whether
 //! a stream was lost; several: whether the baseline lost one.
 //!
 //! The upstream and the clients share this process (each chunk carries its send time, read
@@ -24,8 +26,8 @@
 //!
 //! `scripts/bench-streams` installs nginx if missing (and the gateways with `--peers`) and
 //! runs this; by hand: `cargo bench --bench streams -- [--streams N[,N...]] [--rate R]
-//! [--secs S] [--ramp S] [--hold-ms MS] [--nginx PATH|none] [--bin PROBEOK|none]
-//! [--portkey START_SERVER_JS] [--litellm LITELLM_BIN]` (the `probeok` cargo builds with the
+//! [--secs S] [--ramp S] [--hold-ms MS] [--workers N[,N...]] [--nginx PATH|none]
+//! [--bin PROBEOK|none] [--portkey START_SERVER_JS] [--litellm LITELLM_BIN]` (the `probeok` cargo builds with the
 //! bench unless `--bin` or `BENCH_BIN` names another).
 
 #[path = "streams/hops.rs"]
@@ -63,8 +65,10 @@ struct Opts {
     secs: f64,
     /// Streams are opened evenly over this many seconds.
     ramp: f64,
-    /// Added transit p99 (ms) a hop must stay under to hold a level.
+    /// Added time to first chunk and transit p99 (ms) a hop must stay under to hold a level.
     hold_ms: f64,
+    /// probeok's `[proxy] workers`, a column each (None: its default).
+    workers: Vec<Option<usize>>,
     bin: Option<PathBuf>,
     nginx: Option<PathBuf>,
     portkey: Option<PathBuf>,
@@ -80,6 +84,7 @@ impl Opts {
             secs: 30.0,
             ramp: 5.0,
             hold_ms: 1000.0,
+            workers: vec![None],
             // `cargo bench` builds the binary beside the bench, optimised alike.
             bin: Some(std::env::var_os("BENCH_BIN").map_or_else(
                 || PathBuf::from(env!("CARGO_BIN_EXE_probeok")),
@@ -101,6 +106,7 @@ impl Opts {
                 "--secs" => o.secs = num(&v),
                 "--ramp" => o.ramp = num(&v),
                 "--hold-ms" => o.hold_ms = num(&v),
+                "--workers" => o.workers = v.split(',').map(|n| Some(num(n) as usize)).collect(),
                 "--bin" => o.bin = (v != "none").then(|| PathBuf::from(v)),
                 "--portkey" => o.portkey = Some(PathBuf::from(v)),
                 "--litellm" => o.litellm = Some(PathBuf::from(v)),
@@ -308,9 +314,12 @@ impl Column {
         }
     }
 
-    /// No stream lost, and transit p99 no more than `hold_ms` over the baseline's.
+    /// No stream lost, and time to first chunk p99 and transit p99 each less than `hold_ms`
+    /// over the baseline's.
     fn holds(&self, base: &Column, hold_ms: f64) -> bool {
-        self.lost == 0 && self.transit_ms[1] - base.transit_ms[1] < hold_ms
+        self.lost == 0
+            && self.first_ms[1] - base.first_ms[1] < hold_ms
+            && self.transit_ms[1] - base.transit_ms[1] < hold_ms
     }
 }
 
@@ -507,7 +516,11 @@ fn added(v: f64, base: f64, is_base: bool) -> String {
 
 /// A hop the bench can put in front of the upstream, and where its program is.
 enum Kind {
-    Probeok(PathBuf),
+    Probeok {
+        bin: PathBuf,
+        workers: Option<usize>,
+        name: &'static str,
+    },
     Nginx(PathBuf),
     Portkey(PathBuf),
     Litellm(PathBuf),
@@ -516,7 +529,7 @@ enum Kind {
 impl Kind {
     fn name(&self) -> &'static str {
         match self {
-            Kind::Probeok(_) => "probeok",
+            Kind::Probeok { name, .. } => name,
             Kind::Nginx(_) => "nginx",
             Kind::Portkey(_) => "Portkey",
             Kind::Litellm(_) => "LiteLLM",
@@ -531,7 +544,9 @@ impl Kind {
     ) -> Result<hops::Hop, String> {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         match self {
-            Kind::Probeok(bin) => hops::probeok(bin, dir, up, n).await,
+            Kind::Probeok { bin, workers, name } => {
+                hops::probeok(bin, dir, up, n, *workers, name).await
+            }
             Kind::Nginx(bin) => hops::nginx(bin, dir, up, n).await,
             Kind::Portkey(js) => hops::portkey(js, dir, up).await,
             Kind::Litellm(bin) => hops::litellm(bin, dir, up).await,
@@ -558,7 +573,14 @@ fn main() {
     let mut kinds = Vec::new();
     let mut skipped = Vec::new();
     match &opts.bin {
-        Some(bin) => kinds.push(Kind::Probeok(bin.clone())),
+        Some(bin) => kinds.extend(opts.workers.iter().map(|&workers| Kind::Probeok {
+            bin: bin.clone(),
+            workers,
+            // A handful of names for the run's whole life.
+            name: workers.map_or("probeok", |w| {
+                Box::leak(format!("probeok, workers = {w}").into_boxed_str())
+            }),
+        })),
         None => skipped.push("probeok: skipped (--bin none)".to_owned()),
     }
     match opts.nginx.as_deref().filter(|p| p.exists()) {
@@ -641,8 +663,9 @@ fn main() {
                 .collect();
             print(
                 &format!(
-                    "Each hop at the highest level it held (no stream lost, added transit p99 \
-                     under {} ms), beside that level's direct column",
+                    "Each hop at the highest level it held (no stream lost, added time to first \
+                     chunk p99 and transit p99 each under {} ms), beside that level's direct \
+                     column",
                     opts.hold_ms
                 ),
                 &pairs,

@@ -129,16 +129,19 @@ pub async fn probeok(
     dir: &Path,
     up: std::net::SocketAddr,
     n: usize,
+    workers: Option<usize>,
+    name: &'static str,
 ) -> Result<Hop, String> {
     let port = free_port();
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{web}\"\n[storage]\npath = \"{db}\"\n\
-         [proxy]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = {conns}\n\
+         [proxy]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = {conns}\n{workers}\
          [[provider]]\nid = \"bench\"\n  [[provider.region]]\n  id = \"local\"\n  base_url = \"http://{up}/v1\"\n\
          [[route]]\nprovider = \"bench\"\nregion = \"local\"\nmodel = \"m\"\nserves = \"bench\"\n",
         web = free_port(),
         db = dir.join("probeok.db").display(),
         conns = n + 256,
+        workers = workers.map_or(String::new(), |w| format!("workers = {w}\n")),
     );
     let path = dir.join("probeok.toml");
     std::fs::write(&path, config).map_err(|e| e.to_string())?;
@@ -150,7 +153,7 @@ pub async fn probeok(
             .env("RUST_LOG", "warn"),
         &log,
     )?;
-    listening("probeok", child, port, Duration::from_secs(30), &log).await
+    listening(name, child, port, Duration::from_secs(30), &log).await
 }
 
 pub async fn nginx(
