@@ -1,27 +1,40 @@
 //! Many long streams at once through the proxy: a fake OpenAI-compatible upstream streams SSE
 //! chunks at a steady rate (20 a second for 30 s by default), and N clients (5,000 by default)
 //! hold one stream each — straight to the upstream (the baseline), through `probeok proxy`
-//! (its own process, SQLite metering on, as deployed), and through an nginx hop with
-//! `proxy_buffering off` when nginx is there. Per column: the hop's RSS per open stream (its
+//! (its own process, SQLite metering on, as deployed), through an nginx hop with
+//! `proxy_buffering off` when nginx is there, and through Portkey's gateway and LiteLLM's
+//! proxy when named (`--portkey`, `--litellm`). Per column: the hop's RSS per open stream (its
 //! peak RSS over the run less its idle RSS, over N), its CPU per chunk forwarded (user +
 //! system time over the chunks the clients received: over the whole run, each stream's start
 //! and end included, and while every stream is open), the time to the first
 //! chunk and each chunk's transit time (upstream write → client read: what the hop adds to
 //! the gaps between chunks) as p50/p99/max with the hop's addition over the baseline, and
-//! streams lost (anything but every chunk and `[DONE]`; must be 0).
+//! streams lost (anything but every chunk and `[DONE]`).
+//!
+//! `--streams` may list several levels (`100,500,1000`): each is run in turn, every hop
+//! started afresh for it, and a hop that does not hold a level (a stream lost, or its added
+//! time to first chunk p99 or added transit p99 over `--hold-ms`, 1,000 by default) is not run
+//! at the levels after it; a last table shows each hop at the highest level it held.
+//! `--workers 1,2` runs one probeok column per `[proxy] workers` count (by default one, with
+//! the default count). One level: the exit code says whether
+//! a stream was lost; several: whether the baseline lost one.
 //!
 //! The upstream and the clients share this process (each chunk carries its send time, read
 //! on the same clock); the machine is shared with the hop, so on few cores the figures
 //! include the load generator's contention. The soft RLIMIT_NOFILE is raised to the hard one.
+//! Every stream is bounded (its whole run plus 60 s), and so are a hop's start and stop.
 //!
-//! `scripts/bench-streams` installs nginx if missing and runs this; by hand:
-//! `cargo bench --bench streams -- [--streams N] [--rate R] [--secs S] [--ramp S]
-//! [--nginx PATH|none] [--bin PROBEOK]` (the `probeok` cargo builds with the bench unless
-//! `--bin` or `BENCH_BIN` names another).
+//! `scripts/bench-streams` installs nginx if missing (and the gateways with `--peers`) and
+//! runs this; by hand: `cargo bench --bench streams -- [--streams N[,N...]] [--rate R]
+//! [--secs S] [--ramp S] [--hold-ms MS] [--workers N[,N...]] [--nginx PATH|none]
+//! [--bin PROBEOK|none] [--portkey START_SERVER_JS] [--litellm LITELLM_BIN]` (the `probeok` cargo builds with the
+//! bench unless `--bin` or `BENCH_BIN` names another).
+
+#[path = "streams/hops.rs"]
+mod hops;
 
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -43,29 +56,43 @@ fn now_us() -> u64 {
 
 #[derive(Debug, Clone)]
 struct Opts {
+    /// The levels of concurrency, run in turn.
+    levels: Vec<usize>,
+    /// Of the level being run.
     streams: usize,
     /// Chunks a second per stream.
     rate: f64,
     secs: f64,
     /// Streams are opened evenly over this many seconds.
     ramp: f64,
+    /// Added time to first chunk and transit p99 (ms) a hop must stay under to hold a level.
+    hold_ms: f64,
+    /// probeok's `[proxy] workers`, a column each (None: its default).
+    workers: Vec<Option<usize>>,
     bin: Option<PathBuf>,
     nginx: Option<PathBuf>,
+    portkey: Option<PathBuf>,
+    litellm: Option<PathBuf>,
 }
 
 impl Opts {
     fn parse() -> Self {
         let mut o = Opts {
+            levels: vec![5000],
             streams: 5000,
             rate: 20.0,
             secs: 30.0,
             ramp: 5.0,
+            hold_ms: 1000.0,
+            workers: vec![None],
             // `cargo bench` builds the binary beside the bench, optimised alike.
             bin: Some(std::env::var_os("BENCH_BIN").map_or_else(
                 || PathBuf::from(env!("CARGO_BIN_EXE_probeok")),
                 PathBuf::from,
             )),
             nginx: Some(PathBuf::from("/usr/sbin/nginx")),
+            portkey: None,
+            litellm: None,
         };
         let args: Vec<String> = std::env::args().skip(1).collect();
         let mut i = 0;
@@ -74,11 +101,15 @@ impl Opts {
             let num =
                 |v: &str| -> f64 { v.parse().unwrap_or_else(|_| panic!("not a number: {v}")) };
             match args[i].as_str() {
-                "--streams" => o.streams = num(&v) as usize,
+                "--streams" => o.levels = v.split(',').map(|n| num(n) as usize).collect(),
                 "--rate" => o.rate = num(&v),
                 "--secs" => o.secs = num(&v),
                 "--ramp" => o.ramp = num(&v),
-                "--bin" => o.bin = Some(PathBuf::from(v)),
+                "--hold-ms" => o.hold_ms = num(&v),
+                "--workers" => o.workers = v.split(',').map(|n| Some(num(n) as usize)).collect(),
+                "--bin" => o.bin = (v != "none").then(|| PathBuf::from(v)),
+                "--portkey" => o.portkey = Some(PathBuf::from(v)),
+                "--litellm" => o.litellm = Some(PathBuf::from(v)),
                 "--nginx" => o.nginx = (v != "none").then(|| PathBuf::from(v)),
                 // `cargo bench` adds `--bench`.
                 _ => {
@@ -88,6 +119,11 @@ impl Opts {
             }
             i += 2;
         }
+        assert!(
+            !o.levels.is_empty() && o.levels.iter().all(|&n| n > 0),
+            "--streams wants one or more counts above 0"
+        );
+        o.streams = o.levels[0];
         o
     }
 
@@ -150,13 +186,6 @@ async fn bind() -> tokio::net::TcpListener {
     socket.listen(8192).expect("listen")
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
 /// What one stream saw.
 #[derive(Default)]
 struct Seen {
@@ -168,16 +197,21 @@ struct Seen {
     done: bool,
 }
 
-async fn one_stream(http: reqwest::Client, url: String, say: &str) -> Result<Seen, String> {
+async fn one_stream(
+    http: reqwest::Client,
+    url: String,
+    headers: Arc<Vec<(String, String)>>,
+    say: &str,
+) -> Result<Seen, String> {
     let body = format!(
         r#"{{"model":"bench","stream":true,"messages":[{{"role":"user","content":"{say}"}}]}}"#
     );
     let sent = now_us();
-    let mut r = (http.post(url).header("content-type", "application/json"))
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut req = http.post(url).header("content-type", "application/json");
+    for (k, v) in headers.iter() {
+        req = req.header(k, v);
+    }
+    let mut r = req.body(body).send().await.map_err(|e| e.to_string())?;
     if !r.status().is_success() {
         return Err(format!("status {}", r.status()));
     }
@@ -207,28 +241,6 @@ async fn one_stream(http: reqwest::Client, url: String, say: &str) -> Result<See
         }
     }
     Ok(seen)
-}
-
-/// A hop's process (and its children: nginx's workers).
-struct Hop {
-    name: &'static str,
-    url: String,
-    pids: Vec<u32>,
-    child: Option<Child>,
-}
-
-impl Drop for Hop {
-    /// SIGTERM, not SIGKILL: nginx's master then stops its workers (killed, it would leave
-    /// them running).
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            if let Ok(pid) = libc::pid_t::try_from(c.id()) {
-                // SAFETY: kill has no memory preconditions; the pid is our own child's.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-            }
-            let _ = c.wait();
-        }
-    }
 }
 
 fn ticks_per_sec() -> f64 {
@@ -268,105 +280,12 @@ fn rss(pids: &[u32]) -> u64 {
         .sum()
 }
 
-fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
-                let rest = &s[s.rfind(')').map_or(0, |i| i + 2)..];
-                rest.split_whitespace().nth(1) == Some(&pid.to_string())
-            })
-        })
-        .collect()
-}
-
-async fn wait_port(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "{what} did not start listening");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn start_probeok(bin: &Path, dir: &Path, up: std::net::SocketAddr, n: usize) -> Hop {
-    let port = free_port();
-    let config = format!(
-        "[server]\nlisten = \"127.0.0.1:{web}\"\n[storage]\npath = \"{db}\"\n\
-         [proxy]\nlisten = \"127.0.0.1:{port}\"\nmax_connections = {conns}\n\
-         [[provider]]\nid = \"bench\"\n  [[provider.region]]\n  id = \"local\"\n  base_url = \"http://{up}/v1\"\n\
-         [[route]]\nprovider = \"bench\"\nregion = \"local\"\nmodel = \"m\"\nserves = \"bench\"\n",
-        web = free_port(),
-        db = dir.join("probeok.db").display(),
-        conns = n + 256,
-    );
-    let path = dir.join("probeok.toml");
-    std::fs::write(&path, config).expect("config");
-    let log = std::fs::File::create(dir.join("probeok.log")).expect("log");
-    let child = Command::new(bin)
-        .args(["proxy", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("probeok proxy starts");
-    wait_port(port, "probeok proxy").await;
-    Hop {
-        name: "probeok",
-        url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
-        pids: vec![child.id()],
-        child: Some(child),
-    }
-}
-
-async fn start_nginx(nginx: &Path, dir: &Path, up: std::net::SocketAddr, n: usize) -> Hop {
-    let port = free_port();
-    let d = dir.join("nginx");
-    std::fs::create_dir_all(&d).expect("nginx dir");
-    let conns = 2 * n + 1024;
-    let conf = format!(
-        "worker_processes 1;\nworker_rlimit_nofile {files};\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
-         events {{ worker_connections {conns}; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
-           upstream up {{ server {up}; keepalive 256; }}\n\
-           server {{\n    listen 127.0.0.1:{port} backlog=8192;\n    location / {{\n      proxy_pass http://up;\n\
-               proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
-               proxy_read_timeout 300s;\n    }}\n  }}\n}}\n",
-        files = conns + 1024,
-        d = d.display(),
-    );
-    let path = d.join("nginx.conf");
-    std::fs::write(&path, conf).expect("nginx.conf");
-    let child = Command::new(nginx)
-        .arg("-p")
-        .arg(&d)
-        .arg("-c")
-        .arg(&path)
-        .args(["-g", "daemon off;"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nginx starts");
-    wait_port(port, "nginx").await;
-    let master = child.id();
-    let mut pids = vec![master];
-    pids.extend(children_of(master));
-    Hop {
-        name: "nginx",
-        url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
-        pids,
-        child: Some(child),
-    }
-}
-
 /// One column's figures.
+#[derive(Clone)]
 struct Column {
     name: &'static str,
+    /// Its heading.
+    label: String,
     rss_per_stream: Option<f64>,
     cpu_per_chunk_us: Option<f64>,
     /// While every stream is open: chunks only, no stream's start or end.
@@ -376,6 +295,32 @@ struct Column {
     lost: usize,
     chunks: u64,
     first_error: Option<String>,
+}
+
+impl Column {
+    /// A hop that could not be measured: every stream counts as lost.
+    fn failed(name: &'static str, opts: &Opts, why: String) -> Self {
+        Column {
+            name,
+            label: name.to_owned(),
+            rss_per_stream: None,
+            cpu_per_chunk_us: None,
+            steady_cpu_per_chunk_us: None,
+            first_ms: [f64::NAN; 3],
+            transit_ms: [f64::NAN; 3],
+            lost: opts.streams,
+            chunks: 0,
+            first_error: Some(why),
+        }
+    }
+
+    /// No stream lost, and time to first chunk p99 and transit p99 each less than `hold_ms`
+    /// over the baseline's.
+    fn holds(&self, base: &Column, hold_ms: f64) -> bool {
+        self.lost == 0
+            && self.first_ms[1] - base.first_ms[1] < hold_ms
+            && self.transit_ms[1] - base.transit_ms[1] < hold_ms
+    }
 }
 
 fn pct(sorted: &[u32], q: f64) -> f64 {
@@ -395,18 +340,26 @@ fn summary(mut v: Vec<u32>) -> [f64; 3] {
     ]
 }
 
-/// N streams to `url`, opened evenly over the ramp; the hop's pids measured meanwhile.
-async fn run(opts: &Opts, name: &'static str, url: &str, pids: &[u32]) -> Column {
+/// N streams to `url` (or to the hop's), opened evenly over the ramp; the hop's processes
+/// measured meanwhile.
+async fn run(opts: &Opts, url: &str, hop: Option<&hops::Hop>) -> Column {
+    let name = hop.map_or("direct", |h| h.name);
+    let url = hop.map_or(url, |h| &h.url).to_owned();
+    let headers = Arc::new(hop.map(|h| h.headers.clone()).unwrap_or_default());
+    // Bounded, so that a hop that stalls loses its streams instead of holding the bench.
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
-        .timeout(Duration::from_secs_f64(opts.secs + opts.ramp + 120.0))
+        .connect_timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs_f64(opts.secs + opts.ramp + 60.0))
         .build()
         .expect("client");
     // One stream first, so that the idle figure is of a process that has served.
-    if let Err(e) = one_stream(http.clone(), url.to_owned(), "warm").await {
-        panic!("{name}: the warm-up stream failed: {e}");
+    if let Err(e) = one_stream(http.clone(), url.clone(), headers.clone(), "warm").await {
+        return Column::failed(name, opts, format!("the warm-up stream failed: {e}"));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let pids = hop.map(|h| h.pids()).unwrap_or_default();
+    let pids = &pids[..];
     let idle_rss = rss(pids);
     let cpu0 = cpu_secs(pids);
     let peak = Arc::new(AtomicU64::new(idle_rss));
@@ -438,10 +391,10 @@ async fn run(opts: &Opts, name: &'static str, url: &str, pids: &[u32]) -> Column
     let gap = Duration::from_secs_f64(opts.ramp / opts.streams as f64);
     let tasks: Vec<_> = (0..opts.streams)
         .map(|i| {
-            let (http, url) = (http.clone(), url.to_owned());
+            let (http, url, headers) = (http.clone(), url.clone(), headers.clone());
             tokio::spawn(async move {
                 tokio::time::sleep_until(start + gap * i as u32).await;
-                one_stream(http, url, "hi").await
+                one_stream(http, url, headers, "hi").await
             })
         })
         .collect();
@@ -475,6 +428,7 @@ async fn run(opts: &Opts, name: &'static str, url: &str, pids: &[u32]) -> Column
     let measured = !pids.is_empty();
     Column {
         name,
+        label: name.to_owned(),
         rss_per_stream: measured.then(|| {
             peak.load(Ordering::Relaxed).saturating_sub(idle_rss) as f64 / opts.streams as f64
         }),
@@ -488,92 +442,158 @@ async fn run(opts: &Opts, name: &'static str, url: &str, pids: &[u32]) -> Column
     }
 }
 
-fn print(opts: &Opts, cols: &[Column], skipped: &[String]) {
-    let base = &cols[0];
-    println!(
-        "{} streams x {} chunks ({} a second for {} s), opened over {} s; {} cores, load {}",
-        opts.streams,
-        opts.chunks(),
-        opts.rate,
-        opts.secs,
-        opts.ramp,
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        std::fs::read_to_string("/proc/loadavg")
-            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-            .unwrap_or_default(),
-    );
+/// One table: each column beside its own baseline (the direct column of its level).
+fn print(title: &str, cols: &[(&Column, &Column)], notes: &[String]) {
+    println!("{title}; load {}", load());
     println!(
         "| | {} |",
-        cols.iter().map(|c| c.name).collect::<Vec<_>>().join(" | ")
+        (cols.iter())
+            .map(|(c, _)| c.label.clone())
+            .collect::<Vec<_>>()
+            .join(" | ")
     );
     println!("| --- |{}", " --- |".repeat(cols.len()));
-    let row = |label: &str, f: &dyn Fn(&Column) -> String| {
+    let row = |label: &str, f: &dyn Fn(&Column, &Column) -> String| {
         println!(
             "| {label} | {} |",
-            cols.iter().map(f).collect::<Vec<_>>().join(" | ")
+            (cols.iter())
+                .map(|(c, b)| f(c, b))
+                .collect::<Vec<_>>()
+                .join(" | ")
         );
     };
     let opt = |v: Option<f64>, unit: &str, scale: f64| {
         v.map_or("—".to_owned(), |v| format!("{:.1} {unit}", v / scale))
     };
-    row("RSS per open stream", &|c| {
+    row("RSS per open stream", &|c, _| {
         opt(c.rss_per_stream, "KiB", 1024.0)
     });
-    row("CPU per chunk, whole run", &|c| {
+    row("CPU per chunk, whole run", &|c, _| {
         opt(c.cpu_per_chunk_us, "µs", 1.0)
     });
-    row("CPU per chunk, all streams open", &|c| {
+    row("CPU per chunk, all streams open", &|c, _| {
         opt(c.steady_cpu_per_chunk_us, "µs", 1.0)
     });
     for (i, q) in ["p50", "p99", "max"].iter().enumerate() {
-        row(&format!("time to first chunk {q}"), &|c| {
-            added(c.first_ms[i], base.first_ms[i], std::ptr::eq(c, base))
+        row(&format!("time to first chunk {q}"), &|c, b| {
+            added(c.first_ms[i], b.first_ms[i], std::ptr::eq(c, b))
         });
     }
     for (i, q) in ["p50", "p99", "max"].iter().enumerate() {
-        row(&format!("chunk transit {q}"), &|c| {
-            added(c.transit_ms[i], base.transit_ms[i], std::ptr::eq(c, base))
+        row(&format!("chunk transit {q}"), &|c, b| {
+            added(c.transit_ms[i], b.transit_ms[i], std::ptr::eq(c, b))
         });
     }
-    row("chunks received", &|c| c.chunks.to_string());
-    row("streams lost", &|c| c.lost.to_string());
-    for c in cols {
+    row("chunks received", &|c, _| c.chunks.to_string());
+    row("streams lost", &|c, _| c.lost.to_string());
+    for (c, _) in cols {
         if let Some(e) = &c.first_error {
-            println!("{}: first lost stream: {e}", c.name);
+            println!("{}: first lost stream: {e}", c.label);
         }
     }
-    for s in skipped {
+    for s in notes {
         println!("{s}");
     }
+    println!();
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 /// `value (+added)` against the baseline.
 fn added(v: f64, base: f64, is_base: bool) -> String {
-    if is_base {
+    if v.is_nan() {
+        "—".to_owned()
+    } else if is_base {
         format!("{v:.2} ms")
     } else {
         format!("{v:.2} ms ({:+.2})", v - base)
     }
 }
 
+/// A hop the bench can put in front of the upstream, and where its program is.
+enum Kind {
+    Probeok {
+        bin: PathBuf,
+        workers: Option<usize>,
+        name: &'static str,
+    },
+    Nginx(PathBuf),
+    Portkey(PathBuf),
+    Litellm(PathBuf),
+}
+
+impl Kind {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Probeok { name, .. } => name,
+            Kind::Nginx(_) => "nginx",
+            Kind::Portkey(_) => "Portkey",
+            Kind::Litellm(_) => "LiteLLM",
+        }
+    }
+
+    async fn start(
+        &self,
+        dir: &std::path::Path,
+        up: std::net::SocketAddr,
+        n: usize,
+    ) -> Result<hops::Hop, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        match self {
+            Kind::Probeok { bin, workers, name } => {
+                hops::probeok(bin, dir, up, n, *workers, name).await
+            }
+            Kind::Nginx(bin) => hops::nginx(bin, dir, up, n).await,
+            Kind::Portkey(js) => hops::portkey(js, dir, up).await,
+            Kind::Litellm(bin) => hops::litellm(bin, dir, up).await,
+        }
+    }
+}
+
 fn main() {
     EPOCH.get_or_init(Instant::now);
     let opts = Opts::parse();
+    let most = opts.levels.iter().copied().max().unwrap_or(0);
     match rlimit::Resource::NOFILE.get() {
         Ok((_, hard)) => {
             if let Err(e) = rlimit::Resource::NOFILE.set(hard, hard) {
                 eprintln!("could not raise RLIMIT_NOFILE to {hard}: {e}");
             }
             // Each stream holds a client and an upstream descriptor here, two in the hop.
-            if hard < 2 * opts.streams as u64 + 1024 {
-                eprintln!(
-                    "RLIMIT_NOFILE's hard limit ({hard}) is low for {} streams",
-                    opts.streams
-                );
+            if hard < 2 * most as u64 + 1024 {
+                eprintln!("RLIMIT_NOFILE's hard limit ({hard}) is low for {most} streams");
             }
         }
         Err(e) => eprintln!("cannot read RLIMIT_NOFILE: {e}"),
     }
+    let mut kinds = Vec::new();
+    let mut skipped = Vec::new();
+    match &opts.bin {
+        Some(bin) => kinds.extend(opts.workers.iter().map(|&workers| Kind::Probeok {
+            bin: bin.clone(),
+            workers,
+            // A handful of names for the run's whole life.
+            name: workers.map_or("probeok", |w| {
+                Box::leak(format!("probeok, workers = {w}").into_boxed_str())
+            }),
+        })),
+        None => skipped.push("probeok: skipped (--bin none)".to_owned()),
+    }
+    match opts.nginx.as_deref().filter(|p| p.exists()) {
+        Some(nginx) => kinds.push(Kind::Nginx(nginx.to_owned())),
+        None => skipped.push(format!(
+            "nginx: skipped ({} not found; scripts/bench-streams installs it)",
+            opts.nginx
+                .as_deref()
+                .map_or("--nginx none".into(), |p| p.display().to_string())
+        )),
+    }
+    kinds.extend(opts.portkey.clone().map(Kind::Portkey));
+    kinds.extend(opts.litellm.clone().map(Kind::Litellm));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -582,39 +602,79 @@ fn main() {
         let dir = tempfile::tempdir().expect("tempdir");
         let period = Duration::from_secs_f64(1.0 / opts.rate);
         let up = upstream(opts.chunks(), period).await;
-        let mut cols = vec![
-            run(
-                &opts,
-                "direct",
-                &format!("http://{up}/v1/chat/completions"),
-                &[],
-            )
-            .await,
-        ];
-        let mut skipped = Vec::new();
-        match &opts.bin {
-            Some(bin) => {
-                let hop = start_probeok(bin, dir.path(), up, opts.streams).await;
-                cols.push(run(&opts, hop.name, &hop.url, &hop.pids).await);
+        let direct = format!("http://{up}/v1/chat/completions");
+        let several = opts.levels.len() > 1;
+        // Per hop: the level at which it stopped holding, and its column (with its
+        // baseline) at the highest level it held.
+        let mut fell: Vec<Option<usize>> = kinds.iter().map(|_| None).collect();
+        let mut best: Vec<Option<(Column, Column)>> = kinds.iter().map(|_| None).collect();
+        let (mut lost, mut base_lost) = (0, 0);
+        for &n in &opts.levels {
+            let opts = Opts {
+                streams: n,
+                ..opts.clone()
+            };
+            let base = run(&opts, &direct, None).await;
+            base_lost += base.lost;
+            let mut cols = Vec::new();
+            let mut notes = skipped.clone();
+            for (k, kind) in kinds.iter().enumerate() {
+                if let Some(at) = fell[k] {
+                    notes.push(format!(
+                        "{}: not run (did not hold {at} streams)",
+                        kind.name()
+                    ));
+                    continue;
+                }
+                let sub = dir.path().join(format!("{n}-{}", kind.name()));
+                let col = match kind.start(&sub, up, n).await {
+                    Ok(hop) => run(&opts, &direct, Some(&hop)).await,
+                    Err(e) => Column::failed(kind.name(), &opts, e),
+                };
+                lost += col.lost;
+                if col.holds(&base, opts.hold_ms) {
+                    let mut held = col.clone();
+                    held.label = format!("{} at {n}", col.name);
+                    best[k] = Some((held, base.clone()));
+                } else {
+                    fell[k] = Some(n);
+                }
+                cols.push(col);
             }
-            None => skipped.push("probeok: skipped (no --bin or BENCH_BIN)".to_owned()),
+            let title = format!(
+                "{} streams x {} chunks ({} a second for {} s), opened over {} s; {} cores",
+                n,
+                opts.chunks(),
+                opts.rate,
+                opts.secs,
+                opts.ramp,
+                std::thread::available_parallelism().map_or(0, |n| n.get()),
+            );
+            let pairs: Vec<_> = std::iter::once((&base, &base))
+                .chain(cols.iter().map(|c| (c, &base)))
+                .collect();
+            print(&title, &pairs, &notes);
         }
-        match opts.nginx.as_deref().filter(|p| p.exists()) {
-            Some(nginx) => {
-                let hop = start_nginx(nginx, dir.path(), up, opts.streams).await;
-                cols.push(run(&opts, hop.name, &hop.url, &hop.pids).await);
-            }
-            None => skipped.push(format!(
-                "nginx: skipped ({} not found; scripts/bench-streams installs it)",
-                opts.nginx
-                    .as_deref()
-                    .map_or("--nginx none".into(), |p| p.display().to_string())
-            )),
+        if several {
+            let pairs: Vec<_> = best.iter().flatten().map(|(c, b)| (c, b)).collect();
+            let notes: Vec<_> = (kinds.iter().zip(&best))
+                .filter(|(_, b)| b.is_none())
+                .map(|(k, _)| format!("{}: held none of the levels", k.name()))
+                .collect();
+            print(
+                &format!(
+                    "Each hop at the highest level it held (no stream lost, added time to first \
+                     chunk p99 and transit p99 each under {} ms), beside that level's direct \
+                     column",
+                    opts.hold_ms
+                ),
+                &pairs,
+                &notes,
+            );
         }
-        print(&opts, &cols, &skipped);
-        let lost: usize = cols.iter().map(|c| c.lost).sum();
-        if lost > 0 {
-            eprintln!("{lost} streams lost");
+        let failed = if several { base_lost } else { lost + base_lost };
+        if failed > 0 {
+            eprintln!("{failed} streams lost");
             std::process::exit(1);
         }
     });
