@@ -1,7 +1,8 @@
 //! Status page benchmark at 1,000 routes × 90 days: `/` render time (view model + askama) with
 //! the store figures cached (what a request pays within the 5 s figure cache), the same with
-//! the store read first (a cold cache: `Figures::load` beside `PageData::load`, as `GET /`
-//! runs them), a refresh (the read once the figures expired, the days before today kept from
+//! the store read first (a cold cache: `Figures::load` beside `PageData::load` and the days
+//! before today's read, as a first `GET /` after a start would if the days were not kept),
+//! a refresh (the read once the figures expired, the days before today kept from
 //! the previous read; it runs off the request path), and the page weight.
 //! `CARGO_TARGET_DIR=/work/target cargo bench --bench pages`
 //!
@@ -9,6 +10,7 @@
 //! the last hour every 5 minutes — about 372,000 outcomes, written in time order as a monitor
 //! writes them. Routes are in mixed states.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use askama::Template;
@@ -19,7 +21,7 @@ use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::store::{Store, StoreOptions};
 use probeok::web::api::Figures;
 use probeok::web::i18n::Lang;
-use probeok::web::pages::{status_page, ErrorBudgetSource, PageData};
+use probeok::web::pages::{status_page, ErrorBudgetSource, PageData, PastBars};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -184,7 +186,13 @@ async fn main() {
     };
 
     // As `GET /` reads them when both are due: side by side, each on its own connection.
-    let load = |previous: Option<&PageData>| {
+    // The days before today: read by the service's own task ([`PastBars`]), kept between.
+    let load = |past: Option<&Arc<PastBars>>| {
+        let past = past.cloned().unwrap_or_else(|| {
+            let p = Arc::new(PastBars::default());
+            p.read(&store, now).expect("past days");
+            p
+        });
         std::thread::scope(|s| {
             let figures =
                 s.spawn(|| Figures::load(&store.reader().expect("reader"), now).expect("figures"));
@@ -192,7 +200,7 @@ async fn main() {
                 &store.reader().expect("reader"),
                 now,
                 ErrorBudgetSource::from_config(&config),
-                previous,
+                &past,
             )
             .expect("page data");
             (figures.join().expect("figures thread"), data)
@@ -214,7 +222,9 @@ async fn main() {
         .expect("render")
     };
 
-    let (figures, data) = load(None);
+    let kept = Arc::new(PastBars::default());
+    kept.read(&store, now).expect("past days");
+    let (figures, data) = load(Some(&kept));
     let bars: usize = routes.iter().map(|r| data.days_of(&r.id).len()).sum();
     eprintln!("daily rollups read: {bars} route-days");
     let mut weight = 0;
@@ -239,7 +249,7 @@ async fn main() {
     let mut refresh = Vec::new();
     for _ in 0..COLD_RUNS {
         let t = Instant::now();
-        let (figures, next) = load(Some(&data));
+        let (figures, next) = load(Some(&kept));
         let _ = render(Lang::En, &figures, &next);
         refresh.push(t.elapsed().as_secs_f64() * 1000.0);
     }

@@ -455,6 +455,9 @@ pub struct FiguresCache {
     /// The HTML pages' extra figures (day bars, incidents), reused the same way
     /// (see [`super::pages::PageData`]).
     pub(super) pages: super::refresh::Refreshing<super::pages::PageData>,
+    /// The day bars of the days before today, kept by a task of their own
+    /// (see [`super::pages::past`]).
+    pub(super) past: Arc<super::pages::PastBars>,
     /// `overall` of the latest health snapshot, and the routes' probe costs.
     /// (It depends on the routes too: a reload keeps the snapshot until the next one, so the
     /// routes it was derived for are kept beside it.)

@@ -155,6 +155,11 @@ pub fn endpoints() -> Vec<Endpoint> {
 
 /// The monitor's router: [`table::table`] and the JSON 404 for every other path.
 pub fn router(state: AppState) -> Router {
+    // The status page's past days are read from the start, not by the first visitor.
+    state
+        .figures
+        .past()
+        .start(&state.store, &state.clock, &state.shutdown);
     table::router(table::table(), state)
 }
 

@@ -130,6 +130,8 @@ pub struct Text {
     pub probe_cost: &'static str,
     /// What an embeddings route is (its page's `kind` line).
     pub route_kind: &'static str,
+    /// Says the day bars of past days are still being read after a start.
+    pub days_warming: &'static str,
     /// Marks the built-in demo's simulated past.
     pub demo_history: &'static str,
     pub no_data: &'static str,

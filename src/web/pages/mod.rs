@@ -18,8 +18,10 @@
 //! **Figures.** The same store figures as `/api/v1/status` ([`super::api::Figures`], through
 //! the shared [`FiguresCache`]), plus [`PageData`] (daily rollups of 90 days for every route in
 //! one range scan, and the incidents of 90 days), cached the same way ([`super::refresh`]:
-//! read again off the request path; past days' bars are kept for 10 minutes). Nothing scans
-//! raw outcomes but the route page's last 50 probes.
+//! read again off the request path). The days before today are no request's read: a task
+//! keeps them ([`past`]: read at the start, every [`PAST_DAYS_EVERY`] and after midnight UTC),
+//! and a page read adds the days since its last read (today). Nothing scans raw outcomes but
+//! the route page's last 50 probes.
 //!
 //! **A day bar's state** (UTC days, the daily rollups' buckets) is the worst of: from the day's
 //! synthetic outcomes, `CRITICAL` when fewer than 95% succeeded (the detector's
@@ -46,6 +48,7 @@ mod declared;
 mod incidents;
 mod lines;
 mod observed;
+pub mod past;
 mod route;
 mod shadow;
 mod status;
@@ -54,6 +57,7 @@ mod vantages;
 pub use chart::*;
 pub use incidents::*;
 pub use lines::*;
+pub use past::{PastBars, PAST_DAYS_EVERY};
 pub use route::*;
 pub use status::*;
 pub use vantages::*;
@@ -98,14 +102,14 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 /// What the pages read beyond [`Figures`], for every route at once.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PageData {
-    /// Daily synthetic counts of the [`DAYS`] − 1 days before today per route, oldest first.
-    /// Past days change rarely (an agent's late outcomes, the demo's history): they are read
-    /// again every [`PAST_DAYS_TTL`] and at midnight UTC, and shared by the reads between.
-    past: Arc<PastDays>,
-    /// Today's counts so far per route (read each time).
-    today: api::RouteMap<Counts>,
+    /// Daily synthetic counts of the days before today per route, as the keeper last read
+    /// them ([`past`]): looked at when a page is drawn, so a read that ends meanwhile shows.
+    past: Arc<PastBars>,
+    /// The days from the keeper's last read on (today, and after midnight yesterday until
+    /// the keeper read again) per route, oldest first: read each time.
+    recent: DailyCounts,
     /// Incidents open at some time in the last [`DAYS`] days, newest first.
     pub incidents: Vec<Incident>,
     /// Probe counts of this calendar month per route (rollups): the month's error budget.
@@ -116,62 +120,6 @@ pub struct PageData {
     pub incident_bad: HashMap<String, u64>,
     /// The span of simulated history the built-in demo wrote, when it did.
     pub demo_history: Option<(DateTime<Utc>, DateTime<Utc>)>,
-}
-
-/// How long the days before today are reused by [`PageData::load`].
-pub const PAST_DAYS_TTL: TimeDelta = TimeDelta::minutes(10);
-
-/// The days before `today` (a UTC day start), as read at `read_at`.
-#[derive(Debug, Default)]
-struct PastDays {
-    today: DateTime<Utc>,
-    read_at: DateTime<Utc>,
-    /// Per route, oldest first, exactly as many as it has: 16 bytes a day, not a growing
-    /// vector of 40-byte entries (90 days of 10,000 routes: 14 MB instead of about 50).
-    days: api::RouteMap<Box<[PastDay]>>,
-}
-
-/// One route's counts of one day, as the bars read them.
-#[derive(Debug, Clone, Copy)]
-struct PastDay {
-    /// Days since 1970-01-01 (UTC).
-    day: u32,
-    count: u32,
-    successes: u32,
-    good: u32,
-}
-
-impl PastDays {
-    fn compact(days: DailyCounts) -> api::RouteMap<Box<[PastDay]>> {
-        // A day's counts of one route fit 32 bits (a probe every millisecond for a day).
-        let n = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
-        days.into_iter()
-            .map(|(id, v)| {
-                let v = v
-                    .into_iter()
-                    .map(|(day, c)| PastDay {
-                        day: n(day.max(0).unsigned_abs()),
-                        count: n(c.count),
-                        successes: n(c.successes),
-                        good: n(c.good),
-                    })
-                    .collect();
-                (id, v)
-            })
-            .collect()
-    }
-
-    fn of(&self, id: &RouteId) -> impl Iterator<Item = (DateTime<Utc>, Counts)> + '_ {
-        self.days.get(id).into_iter().flatten().map(|d| {
-            let at = DateTime::from_timestamp(i64::from(d.day) * 86_400, 0).unwrap_or_default();
-            let c = Counts {
-                count: u64::from(d.count),
-                successes: u64::from(d.successes),
-                good: u64::from(d.good),
-            };
-            (at, c)
-        })
-    }
 }
 
 /// What the pages' error-budget figures depend on in the config.
@@ -193,15 +141,16 @@ impl ErrorBudgetSource {
 }
 
 impl PageData {
-    /// Reads the pages' figures at `now`; the days before today come from `previous` when it
-    /// read them on the same UTC day less than [`PAST_DAYS_TTL`] ago.
+    /// Reads the pages' figures at `now`, with the days before the keeper's last read day
+    /// from `past` (see [`past`]): a request reads the days since then, not [`DAYS`] of them.
     pub fn load(
         reader: &Reader,
         now: DateTime<Utc>,
         src: ErrorBudgetSource,
-        previous: Option<&PageData>,
+        past: &Arc<PastBars>,
     ) -> Result<Self, StoreError> {
-        let since = Granularity::Day.bucket_start(now) - TimeDelta::days(DAYS - 1);
+        let today = Granularity::Day.bucket_start(now);
+        let since = today - TimeDelta::days(DAYS - 1);
         let until = now + TimeDelta::milliseconds(1);
         let incidents = reader.incidents(None, since, MAX_INCIDENTS)?;
         let (m0, m1) = incidents::month_bounds(now);
@@ -216,29 +165,11 @@ impl PageData {
             let bad = reader.bad_outcomes_between(&i.route, from, to, slo::KINDS, threshold_ms)?;
             incident_bad.insert(i.id.clone(), bad);
         }
-        let today = Granularity::Day.bucket_start(now);
-        let past = match previous {
-            Some(p) if p.past.today == today && now - p.past.read_at < PAST_DAYS_TTL => {
-                p.past.clone()
-            }
-            _ => Arc::new(PastDays {
-                today,
-                read_at: now,
-                days: PastDays::compact(reader.daily_counts_by_route(
-                    since,
-                    today,
-                    UPTIME_KINDS,
-                )?),
-            }),
-        };
-        let today_counts = reader
-            .daily_counts_by_route(today, until, UPTIME_KINDS)?
-            .into_iter()
-            .filter_map(|(id, days)| Some((id, days.last()?.1)))
-            .collect();
+        // Today, and the days the keeper has not read yet (after midnight, until it did).
+        let recent_since = past.get().map_or(today, |p| p.today.clamp(since, today));
         Ok(Self {
-            past,
-            today: today_counts,
+            past: past.clone(),
+            recent: reader.daily_counts_by_route(recent_since, until, UPTIME_KINDS)?,
             incidents,
             month: reader.counts_by_route(m0, until, slo::KINDS)?,
             incident_bad,
@@ -251,26 +182,52 @@ impl PageData {
 
     /// One route's daily counts of the last [`DAYS`] days, oldest first, today's last.
     pub fn days_of(&self, id: &RouteId) -> Vec<(DateTime<Utc>, Counts)> {
-        let mut days: Vec<_> = self.past.of(id).collect();
-        if let Some(c) = self.today.get(id) {
-            days.push((self.past.today, *c));
-        }
+        let day = |d: i64| DateTime::from_timestamp(d * 86_400, 0).unwrap_or_default();
+        let recent = self.recent.get(id).map_or(&[][..], Vec::as_slice);
+        // The keeper's days end where the request's own read begins.
+        let from = recent.first().map(|(d, _)| day(*d));
+        let past = self.past.get();
+        let mut days: Vec<_> = past
+            .iter()
+            .flat_map(|p| p.of(id))
+            .filter(|(at, _)| from.is_none_or(|f| *at < f))
+            .collect();
+        days.extend(recent.iter().map(|(d, c)| (day(*d), *c)));
         days
+    }
+
+    /// The days before today are still being read (right after a start): their bars are
+    /// blank for now.
+    pub fn warming(&self) -> bool {
+        self.past.get().is_none()
     }
 }
 
 impl FiguresCache {
-    /// [`PageData`] at most [`super::api::FIGURES_TTL`] old (or a little older while a read runs), one
-    /// store read at a time; past days' bars are reused from the previous read.
+    /// The kept days before today.
+    pub fn past(&self) -> &Arc<PastBars> {
+        &self.past
+    }
+
+    /// [`PageData`] at most [`super::api::FIGURES_TTL`] old (or a little older while a read
+    /// runs), one store read at a time; the days before today are the keeper's ([`past`],
+    /// started here unless the service started it).
     pub async fn pages(
         &self,
-        store: &Store,
+        state_store: &Store,
         clock: &Arc<dyn crate::clock::Clock>,
         src: ErrorBudgetSource,
     ) -> Result<Arc<PageData>, PageError> {
-        let store = store.clone();
-        let load = Arc::new(move |now, previous: Option<Arc<PageData>>| {
-            PageData::load(&store.reader()?, now, src, previous.as_deref())
+        // Started with the router; a cache used without one starts it here, ended with it.
+        self.past.start(
+            state_store,
+            clock,
+            &tokio_util::sync::CancellationToken::new(),
+        );
+        let store = state_store.clone();
+        let past = self.past.clone();
+        let load = Arc::new(move |now, _previous: Option<Arc<PageData>>| {
+            PageData::load(&store.reader()?, now, src, &past)
         });
         Ok(self.pages.get(clock, load).await?)
     }
@@ -486,6 +443,8 @@ pub struct Chrome {
     pub badge: Option<String>,
     /// Says which part of the figures is the demo's simulated history, when there is one.
     pub demo_history: Option<String>,
+    /// Says that the days before today are still being read (right after a start).
+    pub warming: bool,
 }
 
 impl Chrome {
@@ -508,6 +467,7 @@ impl Chrome {
             atom: format!("/incidents.atom?lang={}", lang.code()),
             badge: None,
             demo_history: None,
+            warming: false,
         }
     }
 
@@ -516,6 +476,7 @@ impl Chrome {
         self.demo_history = data
             .demo_history
             .map(|(from, to)| i18n::demo_history(lang, (to - from).num_days(), &when(to)));
+        self.warming = data.warming();
         self
     }
 }
@@ -565,32 +526,5 @@ fn worse(a: Option<St>, b: St) -> St {
     match a {
         Some(a) if severity(a) >= severity(b) => a,
         _ => b,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn past_days_keep_their_counts_and_days_in_16_bytes_each() {
-        let id = RouteId::new("p", "r", "m");
-        let first = 1_780_000_000 / 86_400;
-        let c = |n: u64| Counts {
-            count: n,
-            successes: n - 1,
-            good: n - 2,
-        };
-        let read: Vec<(i64, Counts)> = (0..89).map(|d| (first + d, c(2880 + d as u64))).collect();
-        let past = PastDays {
-            days: PastDays::compact(HashMap::from([(id.clone(), read.clone())])),
-            ..PastDays::default()
-        };
-        let day = |d: i64| DateTime::from_timestamp(d * 86_400, 0).unwrap();
-        let shown: Vec<_> = read.iter().map(|(d, c)| (day(*d), *c)).collect();
-        assert_eq!(past.of(&id).collect::<Vec<_>>(), shown);
-        assert_eq!(past.of(&RouteId::new("x", "y", "z")).count(), 0);
-        assert_eq!(std::mem::size_of::<PastDay>(), 16);
-        assert_eq!(past.days[&id].len(), 89, "no room past the days read");
     }
 }

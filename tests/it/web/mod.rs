@@ -7,3 +7,4 @@ mod http_table;
 mod pages;
 mod pages_scale;
 mod quorum_pages;
+mod status_cold;
