@@ -26,6 +26,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+#[path = "shared/fleet.rs"]
+mod fleet;
+
 const ROUTES: usize = 1000;
 
 fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
@@ -34,33 +37,7 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 fn config(db: &std::path::Path) -> Config {
-    let mut src = format!("[storage]\npath = \"{}\"\n", db.display());
-    for p in 0..20 {
-        src += &format!("[[provider]]\nid = \"p{p}\"\nkind = \"openai\"\n");
-        for r in 0..5 {
-            src += &format!(
-                "  [[provider.region]]\n  id = \"r{r}\"\n  base_url = \"http://127.0.0.1:9/v1\"\n"
-            );
-        }
-    }
-    for i in 0..ROUTES {
-        // 100 logical models of 10 routes: 3 primaries, 4 backups, 3 fallbacks.
-        let tier = match i % 10 {
-            0..=2 => "primary",
-            3..=6 => "backup",
-            _ => "fallback",
-        };
-        src += &format!(
-            "[[route]]\nprovider = \"p{}\"\nregion = \"r{}\"\nmodel = \"org/model-{i}\"\nserves = \"m{}\"\ntier = \"{tier}\"\nweight = {}\n",
-            i % 20,
-            (i / 20) % 5,
-            i / 10,
-            10 + (i % 7) * 10,
-        );
-    }
-    Config::parse(&src, "bench.toml")
-        .expect("bench config")
-        .config
+    fleet::config(db, ROUTES, |i| 10 + (i % 7) * 10)
 }
 
 fn outcome(

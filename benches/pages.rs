@@ -25,36 +25,15 @@ use probeok::web::pages::{status_page, ErrorBudgetSource, PageData, PastBars};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+#[path = "shared/fleet.rs"]
+mod fleet;
+
 const ROUTES: usize = 1000;
 const WARM_RUNS: usize = 60;
 const COLD_RUNS: usize = 15;
 
 fn config(db: &std::path::Path) -> Config {
-    let mut src = format!("[storage]\npath = \"{}\"\n", db.display());
-    for p in 0..20 {
-        src += &format!("[[provider]]\nid = \"p{p}\"\nkind = \"openai\"\n");
-        for r in 0..5 {
-            src += &format!(
-                "  [[provider.region]]\n  id = \"r{r}\"\n  base_url = \"http://127.0.0.1:9/v1\"\n"
-            );
-        }
-    }
-    for i in 0..ROUTES {
-        let tier = match i % 10 {
-            0..=2 => "primary",
-            3..=6 => "backup",
-            _ => "fallback",
-        };
-        src += &format!(
-            "[[route]]\nprovider = \"p{}\"\nregion = \"r{}\"\nmodel = \"org/model-{i}\"\nserves = \"m{}\"\ntier = \"{tier}\"\nweight = 50\n",
-            i % 20,
-            (i / 20) % 5,
-            i / 10,
-        );
-    }
-    Config::parse(&src, "bench.toml")
-        .expect("bench config")
-        .config
+    fleet::config(db, ROUTES, |_| 50)
 }
 
 fn pct(v: &mut [f64], q: f64) -> f64 {
