@@ -598,7 +598,7 @@ async fn to_detection(detect: &mpsc::Sender<ProbeOutcome>, outcome: ProbeOutcome
     }
 }
 
-/// Prunes old rows now and then, beating its own heartbeat. A prune runs as a task of its own
+/// Prunes old rows and packs closed hours now and then, beating its own heartbeat. A prune runs as a task of its own
 /// and the job beats while it runs: expiring a day of 10,000 routes is tens of millions of rows
 /// (minutes of small steps, between which outcomes commit as ever), and a job that is working
 /// is not silent.
@@ -637,6 +637,11 @@ async fn retention(
                 {
                     Ok(report) => tracing::debug!(?report, "retention done"),
                     Err(e) => tracing::error!(error = %e, "retention failed"),
+                }
+                // After retention, so rows about to expire are not packed first.
+                match writer.pack(now).await {
+                    Ok(rows) => tracing::debug!(rows, "closed hours packed"),
+                    Err(e) => tracing::error!(error = %e, "packing closed hours failed"),
                 }
             }));
         }

@@ -261,7 +261,7 @@ impl Reader {
         Ok(out)
     }
 
-    /// `route`'s outcomes of `kind` that started in `[from, to)`.
+    /// `route`'s outcomes of `kind` that started in `[from, to)` (raw rows and packed hours).
     pub fn drill_outcomes(
         &self,
         route: &RouteId,
@@ -269,41 +269,17 @@ impl Reader {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<OutcomeFigures, StoreError> {
-        let Some(id) = self.route_id(route)? else {
-            return Ok(OutcomeFigures::default());
-        };
-        let window = params![id, kind.as_str(), to_ms(from), to_ms(to)];
-        let (total, successes, wrong): (i64, i64, i64) = self
-            .conn
-            .prepare_cached(
-                "SELECT COUNT(*), CAST(COALESCE(SUM(success), 0) AS BIGINT),
-                        CAST(COALESCE(SUM(CASE WHEN verified = 0 THEN 1 ELSE 0 END), 0) AS BIGINT)
-                 FROM outcomes WHERE route_id = ?1 AND kind = ?2
-                     AND started_at_ms >= ?3 AND started_at_ms < ?4",
-            )?
-            .query_row(window, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT total_ms FROM outcomes WHERE route_id = ?1 AND kind = ?2
-                 AND started_at_ms >= ?3 AND started_at_ms < ?4 AND success = 1
-             ORDER BY started_at_ms DESC LIMIT ?5",
-        )?;
-        let latencies = stmt
-            .query_map(
-                params![
-                    id,
-                    kind.as_str(),
-                    to_ms(from),
-                    to_ms(to),
-                    MAX_LATENCIES as i64
-                ],
-                |r| r.get::<_, f64>(0),
-            )?
-            .collect::<Result<Vec<f64>, _>>()?;
+        let all = self.outcomes_between(route, from, to, &[kind])?;
+        let successes = all.iter().filter(|o| o.success);
         Ok(OutcomeFigures {
-            total: total as u64,
-            successes: successes as u64,
-            validation_failures: wrong as u64,
-            latencies_ms: latencies,
+            total: all.len() as u64,
+            successes: successes.clone().count() as u64,
+            validation_failures: all.iter().filter(|o| o.verified == Some(false)).count() as u64,
+            latencies_ms: successes
+                .rev()
+                .take(MAX_LATENCIES)
+                .map(|o| o.total_ms)
+                .collect(),
         })
     }
 

@@ -106,7 +106,7 @@ pub(crate) fn delete_oldest(
 /// scanning history beside it) one delete took tens of milliseconds, a 1,000-row step
 /// twenty seconds, and the outcomes waiting behind each step got one transaction of 512 per
 /// step — 25 a second committed of the 333 a second probed.
-const STEP_TIME: Duration = Duration::from_millis(100);
+pub(crate) const STEP_TIME: Duration = Duration::from_millis(100);
 
 /// Deletes up to `limit` rows of `target` older than `cutoff_ms`, oldest first (by key, see
 /// [`delete_oldest`]).
@@ -119,7 +119,13 @@ pub(crate) fn delete_old(
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let n = match target {
         Target::Outcomes => {
-            return super::outcome_days::delete_old(conn, cutoff_ms, limit as usize)
+            // Raw rows first (stragglers of packed hours, the hours not yet packed), then
+            // the packed hours that have wholly expired.
+            let n = super::outcome_days::delete_old(conn, cutoff_ms, limit as usize)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            return super::outcome_hours::delete_old(conn, cutoff_ms, limit as usize);
         }
         Target::Skips => {
             return delete_oldest(conn, "probe_skips", "at_ms", cutoff_ms, limit as usize)

@@ -122,6 +122,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0029_outcome_days",
         include_str!("../../migrations/sqlite/0029_outcome_days.sql"),
     ),
+    (
+        "0030_outcome_hours",
+        include_str!("../../migrations/sqlite/0030_outcome_hours.sql"),
+    ),
 ];
 
 /// PostgreSQL's, the same versions in its dialect.
@@ -233,6 +237,10 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     (
         "0029_outcome_days",
         include_str!("../../migrations/postgres/0029_outcome_days.sql"),
+    ),
+    (
+        "0030_outcome_hours",
+        include_str!("../../migrations/postgres/0030_outcome_hours.sql"),
     ),
 ];
 

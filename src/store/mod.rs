@@ -21,7 +21,9 @@
 //!
 //! Files: `sql/` (the connection over both engines: values, dialect, PostgreSQL sessions),
 //! `migrate.rs` (schema versions), `writer.rs` (the thread and its batching),
-//! `outcomes.rs` (routes + raw outcomes), `rollups.rs` (rollups, [`Rollup`]),
+//! `outcomes.rs` (routes + raw outcomes), `outcome_hours.rs` (closed hours of raw outcomes,
+//! packed one row per route and hour, in the layout of `pack.rs`; read beside the raw rows),
+//! `outcome_days.rs` (PostgreSQL's day partitions), `rollups.rs` (rollups, [`Rollup`]),
 //! `jobs.rs` (heartbeats, skipped probes, retention), `health.rs` (detection's route states,
 //! transitions and incidents), `baselines.rs` (detection's baselines as saved state, read at
 //! start instead of the raw history), `drift.rs` (regression set runs), `requests.rs` (the proxy's
@@ -41,7 +43,7 @@ pub mod capabilities;
 pub mod catalog;
 mod checkpoint;
 mod contracts;
-pub(crate) mod copy;
+pub mod copy;
 pub mod declared;
 mod drift;
 pub mod drills;
@@ -54,7 +56,9 @@ pub mod migrate;
 mod mode;
 pub(crate) mod observed;
 mod outcome_days;
+mod outcome_hours;
 mod outcomes;
+mod pack;
 mod requests;
 mod rollups;
 pub(crate) mod spend;

@@ -4,7 +4,7 @@
 use super::sql::{params, value_tuples, Connection, OptionalExtension, Row, ValueRef};
 use chrono::{DateTime, Utc};
 
-use super::{from_ms, kind_filter_sql, parse_kind, to_ms, Reader, StoreError};
+use super::{from_ms, kind_filter_sql, outcome_hours, parse_kind, to_ms, Reader, StoreError};
 use crate::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use crate::route::RouteId;
 
@@ -207,17 +207,11 @@ impl Reader {
         route: &RouteId,
         limit: usize,
     ) -> Result<Vec<ProbeOutcome>, StoreError> {
-        let Some(id) = self.route_id(route)? else {
-            return Ok(Vec::new());
-        };
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM outcomes WHERE route_id = ?1
-             ORDER BY started_at_ms DESC, id DESC LIMIT ?2"
-        ))?;
-        collect(route, &mut stmt, params![id, limit as i64])
+        self.recent_outcomes_of(route, &[], limit)
     }
 
-    /// The route's latest outcomes of `kinds` (empty means every kind), newest first.
+    /// The route's latest outcomes of `kinds` (empty means every kind), newest first: raw
+    /// rows and packed hours.
     pub fn recent_outcomes_of(
         &self,
         route: &RouteId,
@@ -232,15 +226,31 @@ impl Reader {
              ORDER BY started_at_ms DESC, id DESC LIMIT ?2",
             kind_filter_sql("kind", kinds)
         ))?;
-        collect(
+        let mut out = collect(
             route,
             &mut stmt,
             params![id, i64::try_from(limit).unwrap_or(i64::MAX)],
-        )
+        )?;
+        // With `limit` raw rows, only a packed hour that ends after the oldest of them can
+        // hold a newer outcome (a raw row can be older than packed hours: a late one).
+        let from_ms = match out.last() {
+            Some(o) if out.len() >= limit => to_ms(o.started_at),
+            _ => i64::MIN,
+        };
+        let want = outcome_hours::Want {
+            kinds,
+            from_ms,
+            to_ms: i64::MAX,
+        };
+        out.extend(outcome_hours::newest(&self.conn, route, id, &want, limit)?);
+        // Stable: among equal starts the raw rows (stored later) stay first, as by id.
+        out.sort_by(|a, b| b.started_at.cmp(&a.started_at));
+        out.truncate(limit);
+        Ok(out)
     }
 
-    /// The route's outcomes that started at or after `since`, oldest first (baseline rebuilds).
-    /// `kinds` filters; an empty slice means every kind.
+    /// The route's outcomes that started at or after `since`, oldest first (baseline rebuilds):
+    /// packed hours and raw rows. `kinds` filters; an empty slice means every kind.
     pub fn outcomes_since(
         &self,
         route: &RouteId,
@@ -250,18 +260,59 @@ impl Reader {
         let Some(id) = self.route_id(route)? else {
             return Ok(Vec::new());
         };
+        let want = outcome_hours::Want {
+            kinds,
+            from_ms: to_ms(since),
+            to_ms: i64::MAX,
+        };
+        let mut out = outcome_hours::read(&self.conn, route, id, &want)?;
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT {COLUMNS} FROM outcomes
              WHERE route_id = ?1 AND started_at_ms >= ?2 AND {}
              ORDER BY started_at_ms, id",
             kind_filter_sql("kind", kinds)
         ))?;
-        collect(route, &mut stmt, params![id, to_ms(since)])
+        out.extend(collect(route, &mut stmt, params![id, to_ms(since)])?);
+        // Stable: packed outcomes first among equal starts, as their smaller ids were.
+        out.sort_by_key(|o| o.started_at);
+        Ok(out)
+    }
+
+    /// The route's outcomes of `kinds` that started in `[from, to)`, oldest first.
+    pub fn outcomes_between(
+        &self,
+        route: &RouteId,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        kinds: &[OutcomeKind],
+    ) -> Result<Vec<ProbeOutcome>, StoreError> {
+        let Some(id) = self.route_id(route)? else {
+            return Ok(Vec::new());
+        };
+        let want = outcome_hours::Want {
+            kinds,
+            from_ms: to_ms(from),
+            to_ms: to_ms(to),
+        };
+        let mut out = outcome_hours::read(&self.conn, route, id, &want)?;
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM outcomes
+             WHERE route_id = ?1 AND started_at_ms >= ?2 AND started_at_ms < ?3 AND {}
+             ORDER BY started_at_ms, id",
+            kind_filter_sql("kind", kinds)
+        ))?;
+        out.extend(collect(
+            route,
+            &mut stmt,
+            params![id, to_ms(from), to_ms(to)],
+        )?);
+        out.sort_by_key(|o| o.started_at);
+        Ok(out)
     }
 
     /// Bad outcomes of `kinds` (failed, or slower than `threshold_ms`, as the rollups count
     /// "good") of the route that started in `[since, until)`: the error budget an incident
-    /// spent, while its raw rows are kept. One indexed range count.
+    /// spent, while its raw rows are kept. One indexed range count, and the packed hours.
     pub fn bad_outcomes_between(
         &self,
         route: &RouteId,
@@ -283,6 +334,15 @@ impl Reader {
             .query_row(params![id, to_ms(since), to_ms(until), threshold_ms], |r| {
                 r.get(0)
             })?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        let want = outcome_hours::Want {
+            kinds,
+            from_ms: to_ms(since),
+            to_ms: to_ms(until),
+        };
+        let packed = outcome_hours::read(&self.conn, route, id, &want)?
+            .iter()
+            .filter(|o| !o.success || o.total_ms > threshold_ms)
+            .count();
+        Ok(u64::try_from(n).unwrap_or(0) + packed as u64)
     }
 }

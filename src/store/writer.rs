@@ -28,7 +28,7 @@ use super::{Reachability, StoreLocation};
 use super::health::{self, HealthWrite};
 use super::jobs::{self, RetentionReport, Target};
 use super::rollups::{Granularity, RollupCache};
-use super::{outcome_days, outcomes};
+use super::{outcome_days, outcome_hours, outcomes};
 use super::{to_ms, StoreError, StoreOptions, BATCH_CAP};
 use crate::outcome::{OutcomeKind, ProbeOutcome};
 use crate::route::RouteId;
@@ -37,6 +37,9 @@ use crate::route::RouteId;
 /// step is one command, so queued inserts get their turn between steps and the write lock is
 /// never held for a long delete.
 pub const RETENTION_BATCH: usize = 1000;
+
+/// Route-hours one packing step packs at most (about 120 raw rows each at a 30 s interval).
+const PACK_BATCH: usize = 32;
 
 /// The advisory lock every PostgreSQL writer transaction takes ("probeok" and 2 in its bytes).
 const PG_WRITER_LOCK: i64 = 0x7072_6f62_656f_6b02;
@@ -74,6 +77,12 @@ pub(crate) enum Command {
     Retention {
         target: Target,
         cutoff_ms: i64,
+        limit: usize,
+        ack: Ack<u64>,
+    },
+    /// One step of packing closed hours (`outcome_hours`).
+    Pack {
+        before_ms: i64,
         limit: usize,
         ack: Ack<u64>,
     },
@@ -220,6 +229,7 @@ impl Command {
                 let _ = ack.send(result.map(|_| ()));
             }
             Command::Retention { ack, .. }
+            | Command::Pack { ack, .. }
             | Command::Alert { ack, .. }
             | Command::Contract { ack, .. }
             | Command::Idempotency { ack, .. }
@@ -386,6 +396,28 @@ impl Writer {
             }
         }
         Ok(report)
+    }
+
+    /// Packs every route's raw outcomes of the hours over for [`outcome_hours::PACK_AFTER_MS`]
+    /// into one row per route and hour (SQLite; nothing on PostgreSQL), in steps of at most
+    /// [`PACK_BATCH`] route-hours with other writes between them. Answers the rows packed.
+    pub async fn pack(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let before_ms = outcome_hours::pack_before(to_ms(now));
+        let mut packed = 0;
+        loop {
+            let n = self
+                .request(|ack| Command::Pack {
+                    before_ms,
+                    limit: PACK_BATCH,
+                    ack,
+                })
+                .await?;
+            if n == 0 {
+                return Ok(packed);
+            }
+            packed += n;
+            tokio::task::yield_now().await;
+        }
     }
 
     /// One write to the alert tables, in its own transaction with whatever else is queued;
@@ -706,6 +738,9 @@ impl State {
                         jobs::delete_old(&tx, *target, *cutoff_ms, *limit)?
                     }
                 }
+                Command::Pack {
+                    before_ms, limit, ..
+                } => outcome_hours::pack_step(&tx, *before_ms, *limit)?,
                 Command::Health { write, .. } => {
                     health::apply(&tx, write, |route| self.route_id(&tx, route))?;
                     0

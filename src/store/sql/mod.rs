@@ -239,6 +239,13 @@ impl Connection {
         self
     }
 
+    /// Adds `n` to the rows read: values unpacked from one stored row are rows of work too.
+    pub(crate) fn count_rows(&self, n: usize) {
+        if let Some(rows) = &self.rows {
+            rows.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
     /// A plain SQLite connection (no pragmas; the store configures its own).
     pub fn open_sqlite(path: &Path) -> Result<Connection> {
         Ok(Connection::from_sqlite(rusqlite::Connection::open(path)?))

@@ -6,6 +6,7 @@ mod embeddings;
 mod gateways;
 mod migrate;
 mod outcome_days;
+mod outcome_hours;
 mod outcomes;
 mod spend_figures;
 mod spend_ledger;

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use probeok::probe::outcome::{OutcomeKind, ProbeOutcome};
 use probeok::route::RouteId;
 use probeok::store::sql::{Connection, Engine};
-use probeok::store::{latest_version, migrate_to, Granularity, StoreOptions};
+use probeok::store::{migrate_to, Granularity, StoreOptions};
 
 fn at(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -69,7 +69,7 @@ async fn postgres_outcomes_upgrade_into_day_partitions_and_expire_a_day_at_a_tim
     // What the release before the day partitions left: three outcomes over two days.
     {
         let mut conn = db.connect();
-        migrate_to(&mut conn, latest_version() - 1).unwrap();
+        migrate_to(&mut conn, 26).unwrap(); // the schema before 0029_outcome_days
         conn.execute_batch(&format!(
             "INSERT INTO routes (id, name) VALUES (1, 'qwen/cn/qwen-plus');
              INSERT INTO outcomes (route_id, kind, started_at_ms, success, total_ms,
