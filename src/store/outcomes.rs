@@ -244,38 +244,20 @@ impl Reader {
         };
         out.extend(outcome_hours::newest(&self.conn, route, id, &want, limit)?);
         // Stable: among equal starts the raw rows (stored later) stay first, as by id.
-        out.sort_by(|a, b| b.started_at.cmp(&a.started_at));
+        out.sort_by_key(|o| std::cmp::Reverse(o.started_at));
         out.truncate(limit);
         Ok(out)
     }
 
-    /// The route's outcomes that started at or after `since`, oldest first (baseline rebuilds):
-    /// packed hours and raw rows. `kinds` filters; an empty slice means every kind.
+    /// The route's outcomes that started at or after `since`, oldest first (baseline rebuilds).
+    /// `kinds` filters; an empty slice means every kind.
     pub fn outcomes_since(
         &self,
         route: &RouteId,
         since: DateTime<Utc>,
         kinds: &[OutcomeKind],
     ) -> Result<Vec<ProbeOutcome>, StoreError> {
-        let Some(id) = self.route_id(route)? else {
-            return Ok(Vec::new());
-        };
-        let want = outcome_hours::Want {
-            kinds,
-            from_ms: to_ms(since),
-            to_ms: i64::MAX,
-        };
-        let mut out = outcome_hours::read(&self.conn, route, id, &want)?;
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM outcomes
-             WHERE route_id = ?1 AND started_at_ms >= ?2 AND {}
-             ORDER BY started_at_ms, id",
-            kind_filter_sql("kind", kinds)
-        ))?;
-        out.extend(collect(route, &mut stmt, params![id, to_ms(since)])?);
-        // Stable: packed outcomes first among equal starts, as their smaller ids were.
-        out.sort_by_key(|o| o.started_at);
-        Ok(out)
+        self.outcomes_in(route, to_ms(since), i64::MAX, kinds)
     }
 
     /// The route's outcomes of `kinds` that started in `[from, to)`, oldest first.
@@ -286,13 +268,24 @@ impl Reader {
         to: DateTime<Utc>,
         kinds: &[OutcomeKind],
     ) -> Result<Vec<ProbeOutcome>, StoreError> {
+        self.outcomes_in(route, to_ms(from), to_ms(to), kinds)
+    }
+
+    /// Packed hours and raw rows of `[from_ms, to_ms)`, oldest first.
+    fn outcomes_in(
+        &self,
+        route: &RouteId,
+        from_ms: i64,
+        to_ms: i64,
+        kinds: &[OutcomeKind],
+    ) -> Result<Vec<ProbeOutcome>, StoreError> {
         let Some(id) = self.route_id(route)? else {
             return Ok(Vec::new());
         };
         let want = outcome_hours::Want {
             kinds,
-            from_ms: to_ms(from),
-            to_ms: to_ms(to),
+            from_ms,
+            to_ms,
         };
         let mut out = outcome_hours::read(&self.conn, route, id, &want)?;
         let mut stmt = self.conn.prepare_cached(&format!(
@@ -301,11 +294,8 @@ impl Reader {
              ORDER BY started_at_ms, id",
             kind_filter_sql("kind", kinds)
         ))?;
-        out.extend(collect(
-            route,
-            &mut stmt,
-            params![id, to_ms(from), to_ms(to)],
-        )?);
+        out.extend(collect(route, &mut stmt, params![id, from_ms, to_ms])?);
+        // Stable: packed outcomes first among equal starts, as their smaller ids were.
         out.sort_by_key(|o| o.started_at);
         Ok(out)
     }
