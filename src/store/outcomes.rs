@@ -1,7 +1,7 @@
 //! The `routes` and `outcomes` tables: one raw row per outcome, every field of
 //! [`ProbeOutcome`]. `started_at` is kept at millisecond precision.
 
-use super::sql::{params, value_tuples, Connection, OptionalExtension, Row, ValueRef};
+use super::sql::{params, value_tuples, Connection, Engine, OptionalExtension, Row, ValueRef};
 use chrono::{DateTime, Utc};
 
 use super::{from_ms, kind_filter_sql, outcome_hours, parse_kind, to_ms, Reader, StoreError};
@@ -218,6 +218,15 @@ impl Reader {
         kinds: &[OutcomeKind],
         limit: usize,
     ) -> Result<Vec<ProbeOutcome>, StoreError> {
+        self.snapshot(|| self.recent_in_snapshot(route, kinds, limit))
+    }
+
+    fn recent_in_snapshot(
+        &self,
+        route: &RouteId,
+        kinds: &[OutcomeKind],
+        limit: usize,
+    ) -> Result<Vec<ProbeOutcome>, StoreError> {
         let Some(id) = self.route_id(route)? else {
             return Ok(Vec::new());
         };
@@ -279,6 +288,16 @@ impl Reader {
         to_ms: i64,
         kinds: &[OutcomeKind],
     ) -> Result<Vec<ProbeOutcome>, StoreError> {
+        self.snapshot(|| self.outcomes_in_snapshot(route, from_ms, to_ms, kinds))
+    }
+
+    fn outcomes_in_snapshot(
+        &self,
+        route: &RouteId,
+        from_ms: i64,
+        to_ms: i64,
+        kinds: &[OutcomeKind],
+    ) -> Result<Vec<ProbeOutcome>, StoreError> {
         let Some(id) = self.route_id(route)? else {
             return Ok(Vec::new());
         };
@@ -311,28 +330,47 @@ impl Reader {
         kinds: &[OutcomeKind],
         threshold_ms: f64,
     ) -> Result<u64, StoreError> {
-        let Some(id) = self.route_id(route)? else {
-            return Ok(0);
-        };
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT COUNT(*) FROM outcomes
-             WHERE route_id = ?1 AND started_at_ms >= ?2 AND started_at_ms < ?3
-               AND (success = 0 OR total_ms > ?4) AND {}",
-            kind_filter_sql("kind", kinds)
-        ))?;
-        let n: i64 = stmt
-            .query_row(params![id, to_ms(since), to_ms(until), threshold_ms], |r| {
-                r.get(0)
-            })?;
-        let want = outcome_hours::Want {
-            kinds,
-            from_ms: to_ms(since),
-            to_ms: to_ms(until),
-        };
-        let packed = outcome_hours::read(&self.conn, route, id, &want)?
-            .iter()
-            .filter(|o| !o.success || o.total_ms > threshold_ms)
-            .count();
-        Ok(u64::try_from(n).unwrap_or(0) + packed as u64)
+        self.snapshot(|| {
+            let Some(id) = self.route_id(route)? else {
+                return Ok(0);
+            };
+            let mut stmt = self.conn.prepare_cached(&format!(
+                "SELECT COUNT(*) FROM outcomes
+                 WHERE route_id = ?1 AND started_at_ms >= ?2 AND started_at_ms < ?3
+                   AND (success = 0 OR total_ms > ?4) AND {}",
+                kind_filter_sql("kind", kinds)
+            ))?;
+            let n: i64 = stmt
+                .query_row(params![id, to_ms(since), to_ms(until), threshold_ms], |r| {
+                    r.get(0)
+                })?;
+            let want = outcome_hours::Want {
+                kinds,
+                from_ms: to_ms(since),
+                to_ms: to_ms(until),
+            };
+            let packed = outcome_hours::read(&self.conn, route, id, &want)?
+                .iter()
+                .filter(|o| !o.success || o.total_ms > threshold_ms)
+                .count();
+            Ok(u64::try_from(n).unwrap_or(0) + packed as u64)
+        })
+    }
+
+    /// Runs `read` in one read transaction. Packing moves an hour from the raw rows to its
+    /// packed row in one write; a read of both tables must see both before it or both after.
+    fn snapshot<T>(&self, read: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.conn.execute_batch(match self.conn.engine() {
+            Engine::Sqlite => "BEGIN",
+            Engine::Postgres => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+        })?;
+        let out = read();
+        // A connection left inside a transaction is closed by the pool, not reused.
+        let ended = self
+            .conn
+            .execute_batch(if out.is_ok() { "COMMIT" } else { "ROLLBACK" });
+        let out = out?;
+        ended?;
+        Ok(out)
     }
 }
