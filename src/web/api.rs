@@ -185,10 +185,6 @@ struct StatusView<'a> {
     status_pages: Vec<crate::declared::PageStatus>,
 }
 
-fn slo_window() -> TimeDelta {
-    TimeDelta::from_std(slo::WINDOW).unwrap_or(TimeDelta::days(30))
-}
-
 /// A route's error budget from its probe counts over `window` (rollups): `count − good` bad
 /// outcomes, each standing for the route's probe interval. No outcome is no bad time.
 pub fn route_budget(route: &Route, counts: Option<&Counts>, window: Duration) -> ErrorBudget {
@@ -458,6 +454,9 @@ pub struct FiguresCache {
     /// The day bars of the days before today, kept by a task of their own
     /// (see [`super::pages::past`]).
     pub(super) past: Arc<super::pages::PastBars>,
+    /// The long windows' counts (uptime 24 h to 30 days, error budgets), kept likewise
+    /// (see [`super::windows`]).
+    pub(super) windows: Arc<super::windows::SharedWindows>,
     /// `overall` of the latest health snapshot, and the routes' probe costs.
     /// (It depends on the routes too: a reload keeps the snapshot until the next one, so the
     /// routes it was derived for are kept beside it.)
@@ -466,15 +465,57 @@ pub struct FiguresCache {
 }
 
 impl FiguresCache {
-    /// Figures at most [`FIGURES_TTL`] old, or a little older while a read runs.
+    /// Figures at most [`FIGURES_TTL`] old, or a little older while a read runs. The long
+    /// windows are the keeper's ([`super::windows`]); while its first read runs, this reads
+    /// them itself (an answer has no room to say they are missing).
     pub async fn get(
         &self,
         store: &Store,
         clock: &Arc<dyn crate::clock::Clock>,
     ) -> Result<Arc<Figures>, ApiError> {
+        self.start_windows(store, clock);
+        let windows = self.windows.clone();
         let store = store.clone();
-        let load = Arc::new(move |now, _| Figures::load(&store.reader()?, now));
-        Ok(self.last.get(clock, load).await?)
+        let load = Arc::new(move |now, _| {
+            let reader = store.reader()?;
+            match windows.get() {
+                Some(kept) => Figures::load_kept(&reader, now, Some(&kept)),
+                None => Figures::load(&reader, now),
+            }
+        });
+        Ok(self.last.get_where(clock, load, |f| !f.warming).await?)
+    }
+
+    /// Figures as [`Self::get`], but never waiting for the long windows: while the keeper's
+    /// first read runs they are `warming` (empty), for a page that says so.
+    pub async fn get_warming(
+        &self,
+        store: &Store,
+        clock: &Arc<dyn crate::clock::Clock>,
+    ) -> Result<Arc<Figures>, ApiError> {
+        self.start_windows(store, clock);
+        let windows = self.windows.clone();
+        let load = {
+            let (store, windows) = (store.clone(), windows.clone());
+            Arc::new(move |now, _| {
+                Figures::load_kept(&store.reader()?, now, windows.get().as_deref())
+            })
+        };
+        // Figures read while warming are of use only until the first read ends.
+        let usable = move |f: &Figures| !f.warming || windows.get().is_none();
+        Ok(self.last.get_where(clock, load, usable).await?)
+    }
+
+    /// The kept long windows.
+    pub fn windows(&self) -> &Arc<super::windows::SharedWindows> {
+        &self.windows
+    }
+
+    /// The router starts the keeper at the service's start; a cache used without one starts
+    /// it at its first use.
+    fn start_windows(&self, store: &Store, clock: &Arc<dyn crate::clock::Clock>) {
+        self.windows
+            .start(store, clock, &tokio_util::sync::CancellationToken::new());
     }
 }
 

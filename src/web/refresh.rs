@@ -97,7 +97,19 @@ impl<T> std::fmt::Debug for Refreshing<T> {
 impl<T: Send + Sync + 'static> Refreshing<T> {
     /// The value, reading it with `load` (on a blocking thread, at `clock`'s now, given the
     /// previous value) when it is missing or too old; see the module doc.
+    #[cfg(test)]
     pub async fn get(&self, clock: &Arc<dyn Clock>, load: Load<T>) -> Result<Arc<T>, RefreshError> {
+        self.get_where(clock, load, |_| true).await
+    }
+
+    /// As [`Self::get`], but a value `usable` refuses is read again, as if there were none
+    /// (a value read while part of it was not yet known, that this caller cannot take).
+    pub async fn get_where(
+        &self,
+        clock: &Arc<dyn Clock>,
+        load: Load<T>,
+        usable: impl Fn(&T) -> bool,
+    ) -> Result<Arc<T>, RefreshError> {
         let mut slot = self.slot.lock().await;
         slot.asked = Some((Instant::now(), load.clone(), clock.clone()));
         if !slot.keeper {
@@ -105,7 +117,7 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
             tokio::spawn(keep(Arc::downgrade(&self.slot)));
         }
         let previous = slot.value.as_ref().map(|(_, v)| v.clone());
-        if let Some((at, value)) = &slot.value {
+        if let Some((at, value)) = slot.value.as_ref().filter(|(_, v)| usable(v)) {
             let age = at.elapsed();
             if age < fresh_for(slot.took) {
                 return Ok(value.clone());
@@ -357,6 +369,21 @@ mod tests {
         // The keeper's read, half a minute later, was given the previous value.
         tokio::time::sleep(KEEP_EVERY + Duration::from_secs(1)).await;
         assert_eq!(*cache.get(&clock, next).await.unwrap(), 11);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_value_the_caller_cannot_use_is_read_again() {
+        let rig = Rig::new();
+        let (first, _) = rig.get().await;
+        rig.clock.advance(Duration::from_secs(1));
+        let refused = *rig
+            .cache
+            .get_where(&rig.dyn_clock, rig.load(), |v| *v != first)
+            .await
+            .unwrap();
+        assert_eq!(rig.calls(), 2, "the refused value was served");
+        assert_eq!(refused, first + chrono::Duration::seconds(1));
+        assert_eq!(rig.get().await, (refused, false), "the new value is kept");
     }
 
     #[tokio::test(start_paused = true)]
