@@ -94,7 +94,8 @@ async fn a_page_request_reads_the_same_few_rows_for_2_and_90_days_of_history() {
     let per_route = rows_90 as f64 / ROUTES.len() as f64;
     // A row a route for each figure of the current hour (its hourly, 5-minute and daily
     // rollups, its raw probe, the month's hour) and the route names each bulk read looks up:
-    // 10 a route here, where the windows and bars read whole were over 60.
+    // 10 a route here, where reading the windows whole reads a row a route for each of
+    // their days.
     assert!(
         per_route <= 12.0,
         "a request read {rows_90} rows: {per_route:.1} a route"
