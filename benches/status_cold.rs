@@ -270,7 +270,5 @@ async fn main() {
         "  days before today read {p50:.1} ms after the start (p50; p95 {p95:.1}, max {max:.1})"
     );
     let (p50, p95, max) = pct(windows_read);
-    println!(
-        "  long windows read {p50:.1} ms after the start (p50; p95 {p95:.1}, max {max:.1})"
-    );
+    println!("  long windows read {p50:.1} ms after the start (p50; p95 {p95:.1}, max {max:.1})");
 }

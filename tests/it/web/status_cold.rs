@@ -129,7 +129,12 @@ fn kept_and_direct(
 ) {
     let now = h.clock.now();
     let reader = h.store.reader().unwrap();
-    let kept = h.state.figures.windows().get().expect("the windows were read");
+    let kept = h
+        .state
+        .figures
+        .windows()
+        .get()
+        .expect("the windows were read");
     let combined = kept.at(&reader, now, &Span::ALL).unwrap();
     let direct = windows::direct(&reader, now, &Span::ALL).unwrap();
     (combined, direct)
@@ -155,7 +160,10 @@ async fn the_kept_windows_sum_to_the_windows_read_whole() {
         let hour = probeok::store::Granularity::Hour.bucket_start(at(t));
         let deadline = Instant::now() + Duration::from_secs(20);
         while h.state.figures.windows().get().unwrap().hour() != hour {
-            assert!(Instant::now() < deadline, "{t}: the keeper never read the hour");
+            assert!(
+                Instant::now() < deadline,
+                "{t}: the keeper never read the hour"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let fresh: Vec<_> = ROUTES
@@ -185,7 +193,13 @@ async fn the_kept_windows_sum_to_the_windows_read_whole() {
         )
         .unwrap();
     let (combined, _) = kept_and_direct(&h);
-    assert_eq!(combined[4].clone().into_iter().collect::<std::collections::HashMap<_, _>>(), month);
+    assert_eq!(
+        combined[4]
+            .clone()
+            .into_iter()
+            .collect::<std::collections::HashMap<_, _>>(),
+        month
+    );
 }
 
 #[tokio::test]
@@ -231,7 +245,10 @@ async fn a_late_outcome_shows_in_the_uptimes_after_the_refresh_period_not_before
         .advance((WINDOWS_EVERY + TimeDelta::seconds(1)).to_std().unwrap());
     h.state.figures.windows().read_after(reads).await;
     let (combined, direct) = kept_and_direct(&h);
-    assert_eq!(combined, direct, "the late failures are not in the kept windows");
+    assert_eq!(
+        combined, direct,
+        "the late failures are not in the kept windows"
+    );
     // The answer shows them once its own few seconds of caching passed.
     let deadline = Instant::now() + Duration::from_secs(20);
     while uptime_30d(&s).await == before {
