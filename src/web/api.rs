@@ -39,6 +39,7 @@ use chrono::{DateTime, Duration as TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::refresh::Fit;
 use super::{rfc3339, ApiError, AppState};
 use crate::health::{HealthSnapshot, Incident, State as RouteState};
 use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
@@ -483,7 +484,8 @@ impl FiguresCache {
                 None => Figures::load(&reader, now),
             }
         });
-        Ok(self.last.get_where(clock, load, |f| !f.warming).await?)
+        let fit = |f: &Figures| if f.warming { Fit::Refuse } else { Fit::Use };
+        Ok(self.last.get_where(clock, load, fit).await?)
     }
 
     /// Figures as [`Self::get`], but never waiting for the long windows: while the keeper's
@@ -501,9 +503,10 @@ impl FiguresCache {
                 Figures::load_kept(&store.reader()?, now, windows.get().as_deref())
             })
         };
-        // Figures read while warming are of use only until the first read ends.
-        let usable = move |f: &Figures| !f.warming || windows.get().is_none();
-        Ok(self.last.get_where(clock, load, usable).await?)
+        // Figures read while warming are served once more after the first read ended, while
+        // figures with the windows are read.
+        let fit = move |f: &Figures| fit_warming(f.warming, &windows);
+        Ok(self.last.get_where(clock, load, fit).await?)
     }
 
     /// The kept long windows.
@@ -687,3 +690,13 @@ pub fn outcome_json(o: &ProbeOutcome) -> Value {
 // `/api/v1/incidents` and where it reads from.
 mod incidents;
 pub use incidents::*;
+
+/// What a page makes of a value read `warming` (without the long windows): while the windows
+/// are still being read it is as good as any; once they are there, it is served while the
+/// value with them is read (a page never waits for it).
+pub(super) fn fit_warming(warming: bool, windows: &super::windows::SharedWindows) -> Fit {
+    match (warming, windows.get().is_some()) {
+        (true, true) => Fit::Refresh,
+        _ => Fit::Use,
+    }
+}

@@ -24,6 +24,9 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// After a failed read, the next try.
 const RETRY_AFTER: TimeDelta = TimeDelta::seconds(30);
 
+/// A keeper's read runs at this nice value (0 is the process's own, 19 the lowest).
+const KEEPER_NICE: i32 = 10;
+
 /// A value a keeper reads.
 pub trait Keep: Send + Sync + Sized + 'static {
     /// What it is, for the log.
@@ -134,10 +137,10 @@ async fn keep<T: Keep>(kept: Weak<Kept<T>>, store: Store, clock: Arc<dyn Clock>)
             let now = clock.now();
             let Some(k) = kept.upgrade() else { return };
             let s = store.clone();
-            let failed = match tokio::task::spawn_blocking(move || k.read(&s, now)).await {
+            let failed = match give_way(move || k.read(&s, now)).await {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(e.to_string()),
-                Err(e) => Some(e.to_string()),
+                Err(e) => Some(e),
             };
             match failed {
                 None => {
@@ -152,5 +155,34 @@ async fn keep<T: Keep>(kept: Weak<Kept<T>>, store: Store, clock: Arc<dyn Clock>)
             }
         }
         tokio::time::sleep(LOOK_EVERY).await;
+    }
+}
+
+/// Runs a keeper's read on a thread of its own at a lower scheduling priority
+/// ([`KEEPER_NICE`]): on 2 cores the first page request after a start otherwise shares the
+/// machine with both keepers' first reads and waits three times as long. Under load from
+/// other programs the read takes longer instead; the pages say meanwhile what is missing.
+async fn give_way<R: Send + 'static>(
+    read: impl FnOnce() -> R + Send + 'static,
+) -> Result<R, String> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("probeok-keeper".into())
+        .spawn(move || {
+            lower_priority();
+            let _ = tx.send(read());
+        })
+        .map_err(|e| format!("cannot start the read: {e}"))?;
+    rx.await
+        .map_err(|_| "the read ended without an answer".to_owned())
+}
+
+/// Lowers the calling thread's priority (Linux: a thread has a nice value of its own).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `setpriority` takes no pointer; with `PRIO_PROCESS` and `who` 0 it changes the
+    // calling thread's nice value only. A failure leaves the priority as it was.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, KEEPER_NICE);
     }
 }

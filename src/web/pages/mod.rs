@@ -280,9 +280,10 @@ impl FiguresCache {
                 PageData::load(&store.reader()?, now, src, &past, windows.get().as_deref())
             })
         };
-        // Read while the month was not known: of use only until the windows' first read ends.
-        let usable = move |d: &PageData| !d.month_warming || windows.get().is_none();
-        Ok(self.pages.get_where(clock, load, usable).await?)
+        // Read while the month was not known: served once more after the windows' first read
+        // ended, while the data with it is read.
+        let fit = move |d: &PageData| api::fit_warming(d.month_warming, &windows);
+        Ok(self.pages.get_where(clock, load, fit).await?)
     }
 
     /// The status figures and [`PageData`] together: when both must be read (after a start,
