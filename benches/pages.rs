@@ -1,9 +1,9 @@
 //! Status page benchmark at 1,000 routes × 90 days: `/` render time (view model + askama) with
 //! the store figures cached (what a request pays within the 5 s figure cache), the same with
 //! the store read first (a cold cache: `Figures::load` beside `PageData::load` and the days
-//! before today's read, as a first `GET /` after a start would if the days were not kept),
-//! a refresh (the read once the figures expired, the days before today kept from
-//! the previous read; it runs off the request path), and the page weight.
+//! before today's and the long windows' reads, as a first `GET /` after a start would if they
+//! were not kept), a refresh (the read once the figures expired, the days before today and the
+//! long windows kept from the keepers' reads), and the page weight.
 //! `CARGO_TARGET_DIR=/work/target cargo bench --bench pages`
 //!
 //! Store contents: for every route, 90 days of 4 probes a day (daily and hourly rollups), plus
@@ -22,6 +22,7 @@ use probeok::store::{Store, StoreOptions};
 use probeok::web::api::Figures;
 use probeok::web::i18n::Lang;
 use probeok::web::pages::{status_page, ErrorBudgetSource, PageData, PastBars};
+use probeok::web::windows::KeptWindows;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -165,21 +166,34 @@ async fn main() {
     };
 
     // As `GET /` reads them when both are due: side by side, each on its own connection.
-    // The days before today: read by the service's own task ([`PastBars`]), kept between.
-    let load = |past: Option<&Arc<PastBars>>| {
-        let past = past.cloned().unwrap_or_else(|| {
-            let p = Arc::new(PastBars::default());
-            p.read(&store, now).expect("past days");
-            p
-        });
+    // The days before today and the long windows: read by the service's own tasks
+    // ([`PastBars`], [`KeptWindows`]), kept between.
+    let load = |kept: Option<(&Arc<PastBars>, &KeptWindows)>| {
+        let (past, windows) = match kept {
+            Some((p, _)) => (p.clone(), None),
+            None => {
+                let p = Arc::new(PastBars::default());
+                p.read(&store, now).expect("past days");
+                let w = KeptWindows::read(&store.reader().expect("reader"), now).expect("windows");
+                (p, Some(w))
+            }
+        };
+        let kept_windows = kept.map(|(_, w)| w);
         std::thread::scope(|s| {
-            let figures =
-                s.spawn(|| Figures::load(&store.reader().expect("reader"), now).expect("figures"));
+            let figures = s.spawn(|| {
+                let r = store.reader().expect("reader");
+                match kept_windows {
+                    Some(w) => Figures::load_kept(&r, now, Some(w)),
+                    None => Figures::load(&r, now),
+                }
+                .expect("figures")
+            });
             let data = PageData::load(
                 &store.reader().expect("reader"),
                 now,
                 ErrorBudgetSource::from_config(&config),
                 &past,
+                kept_windows.or(windows.as_ref()),
             )
             .expect("page data");
             (figures.join().expect("figures thread"), data)
@@ -203,7 +217,8 @@ async fn main() {
 
     let kept = Arc::new(PastBars::default());
     kept.read(&store, now).expect("past days");
-    let (figures, data) = load(Some(&kept));
+    let kept_windows = KeptWindows::read(&store.reader().expect("reader"), now).expect("windows");
+    let (figures, data) = load(Some((&kept, &kept_windows)));
     let bars: usize = routes.iter().map(|r| data.days_of(&r.id).len()).sum();
     eprintln!("daily rollups read: {bars} route-days");
     let mut weight = 0;
@@ -224,11 +239,12 @@ async fn main() {
         let _ = render(Lang::En, &figures, &data);
         cold.push(t.elapsed().as_secs_f64() * 1000.0);
     }
-    // What a refresh reads once the figures expired: the days before today are reused.
+    // What a refresh reads once the figures expired: the days before today and the long
+    // windows are reused.
     let mut refresh = Vec::new();
     for _ in 0..COLD_RUNS {
         let t = Instant::now();
-        let (figures, next) = load(Some(&kept));
+        let (figures, next) = load(Some((&kept, &kept_windows)));
         let _ = render(Lang::En, &figures, &next);
         refresh.push(t.elapsed().as_secs_f64() * 1000.0);
     }
@@ -244,7 +260,7 @@ async fn main() {
         pct(&mut cold, 0.95)
     );
     println!(
-        "  refresh + render (past days kept): p50 {:.1} ms  p95 {:.1} ms  ({COLD_RUNS} runs)",
+        "  refresh + render (past days, windows kept): p50 {:.1} ms  p95 {:.1} ms  ({COLD_RUNS} runs)",
         pct(&mut refresh, 0.5),
         pct(&mut refresh, 0.95)
     );

@@ -39,6 +39,7 @@ use chrono::{DateTime, Duration as TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::refresh::Fit;
 use super::{rfc3339, ApiError, AppState};
 use crate::health::{HealthSnapshot, Incident, State as RouteState};
 use crate::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
@@ -183,10 +184,6 @@ struct StatusView<'a> {
     sync: Vec<crate::sync::GatewayStatus>,
     /// `[[provider.status_page]]` pages: provider, kind, url, last_ok, last_error.
     status_pages: Vec<crate::declared::PageStatus>,
-}
-
-fn slo_window() -> TimeDelta {
-    TimeDelta::from_std(slo::WINDOW).unwrap_or(TimeDelta::days(30))
 }
 
 /// A route's error budget from its probe counts over `window` (rollups): `count − good` bad
@@ -458,6 +455,9 @@ pub struct FiguresCache {
     /// The day bars of the days before today, kept by a task of their own
     /// (see [`super::pages::past`]).
     pub(super) past: Arc<super::pages::PastBars>,
+    /// The long windows' counts (uptime 24 h to 30 days, error budgets), kept likewise
+    /// (see [`super::windows`]).
+    pub(super) windows: Arc<super::windows::SharedWindows>,
     /// `overall` of the latest health snapshot, and the routes' probe costs.
     /// (It depends on the routes too: a reload keeps the snapshot until the next one, so the
     /// routes it was derived for are kept beside it.)
@@ -466,15 +466,59 @@ pub struct FiguresCache {
 }
 
 impl FiguresCache {
-    /// Figures at most [`FIGURES_TTL`] old, or a little older while a read runs.
+    /// Figures at most [`FIGURES_TTL`] old, or a little older while a read runs. The long
+    /// windows are the keeper's ([`super::windows`]); while its first read runs, this reads
+    /// them itself (an answer has no room to say they are missing).
     pub async fn get(
         &self,
         store: &Store,
         clock: &Arc<dyn crate::clock::Clock>,
     ) -> Result<Arc<Figures>, ApiError> {
+        self.start_windows(store, clock);
+        let windows = self.windows.clone();
         let store = store.clone();
-        let load = Arc::new(move |now, _| Figures::load(&store.reader()?, now));
-        Ok(self.last.get(clock, load).await?)
+        let load = Arc::new(move |now, _| {
+            let reader = store.reader()?;
+            match windows.get() {
+                Some(kept) => Figures::load_kept(&reader, now, Some(&kept)),
+                None => Figures::load(&reader, now),
+            }
+        });
+        let fit = |f: &Figures| if f.warming { Fit::Refuse } else { Fit::Use };
+        Ok(self.last.get_where(clock, load, fit).await?)
+    }
+
+    /// Figures as [`Self::get`], but never waiting for the long windows: while the keeper's
+    /// first read runs they are `warming` (empty), for a page that says so.
+    pub async fn get_warming(
+        &self,
+        store: &Store,
+        clock: &Arc<dyn crate::clock::Clock>,
+    ) -> Result<Arc<Figures>, ApiError> {
+        self.start_windows(store, clock);
+        let windows = self.windows.clone();
+        let load = {
+            let (store, windows) = (store.clone(), windows.clone());
+            Arc::new(move |now, _| {
+                Figures::load_kept(&store.reader()?, now, windows.get().as_deref())
+            })
+        };
+        // Figures read while warming are served once more after the first read ended, while
+        // figures with the windows are read.
+        let fit = move |f: &Figures| fit_warming(f.warming, &windows);
+        Ok(self.last.get_where(clock, load, fit).await?)
+    }
+
+    /// The kept long windows.
+    pub fn windows(&self) -> &Arc<super::windows::SharedWindows> {
+        &self.windows
+    }
+
+    /// The router starts the keeper at the service's start; a cache used without one starts
+    /// it at its first use.
+    fn start_windows(&self, store: &Store, clock: &Arc<dyn crate::clock::Clock>) {
+        self.windows
+            .start(store, clock, &tokio_util::sync::CancellationToken::new());
     }
 }
 
@@ -646,3 +690,13 @@ pub fn outcome_json(o: &ProbeOutcome) -> Value {
 // `/api/v1/incidents` and where it reads from.
 mod incidents;
 pub use incidents::*;
+
+/// What a page makes of a value read `warming` (without the long windows): while the windows
+/// are still being read it is as good as any; once they are there, it is served while the
+/// value with them is read (a page never waits for it).
+pub(super) fn fit_warming(warming: bool, windows: &super::windows::SharedWindows) -> Fit {
+    match (warming, windows.get().is_some()) {
+        (true, true) => Fit::Refresh,
+        _ => Fit::Use,
+    }
+}

@@ -38,6 +38,7 @@ pub mod guards;
 pub(crate) mod headroom;
 pub mod i18n;
 pub(crate) mod ingest;
+pub mod kept;
 pub(crate) mod memo;
 pub(crate) mod metrics;
 pub mod openapi;
@@ -51,6 +52,7 @@ pub mod subscribe;
 pub(crate) mod switches;
 pub mod table;
 pub mod vantages;
+pub mod windows;
 pub mod xds;
 
 use std::sync::Arc;
@@ -155,10 +157,15 @@ pub fn endpoints() -> Vec<Endpoint> {
 
 /// The monitor's router: [`table::table`] and the JSON 404 for every other path.
 pub fn router(state: AppState) -> Router {
-    // The status page's past days are read from the start, not by the first visitor.
+    // The status page's past days and the figures' long windows are read from the start,
+    // not by the first visitor.
     state
         .figures
         .past()
+        .start(&state.store, &state.clock, &state.shutdown);
+    state
+        .figures
+        .windows()
         .start(&state.store, &state.clock, &state.shutdown);
     table::router(table::table(), state)
 }

@@ -54,6 +54,17 @@ pub fn fresh_for(took: Duration) -> Duration {
     took.saturating_mul(COST_RATIO).clamp(FRESH, KEEP_EVERY)
 }
 
+/// What a caller makes of the value held, fresh or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// As it is, while fresh.
+    Use,
+    /// Served at once, as a stale value is, while one read runs.
+    Refresh,
+    /// Not at all: the caller waits for a read, as if there were no value.
+    Refuse,
+}
+
 /// A blocking read of the value at a time, given the previous value.
 pub type Load<T> =
     Arc<dyn Fn(DateTime<Utc>, Option<Arc<T>>) -> Result<T, StoreError> + Send + Sync>;
@@ -97,7 +108,20 @@ impl<T> std::fmt::Debug for Refreshing<T> {
 impl<T: Send + Sync + 'static> Refreshing<T> {
     /// The value, reading it with `load` (on a blocking thread, at `clock`'s now, given the
     /// previous value) when it is missing or too old; see the module doc.
+    #[cfg(test)]
     pub async fn get(&self, clock: &Arc<dyn Clock>, load: Load<T>) -> Result<Arc<T>, RefreshError> {
+        self.get_where(clock, load, |_| Fit::Use).await
+    }
+
+    /// As [`Self::get`], with what this caller makes of the value held ([`Fit`]): a value read
+    /// while part of it was not yet known may be refused, or served once more while a read
+    /// that knows it runs.
+    pub async fn get_where(
+        &self,
+        clock: &Arc<dyn Clock>,
+        load: Load<T>,
+        fit: impl Fn(&T) -> Fit,
+    ) -> Result<Arc<T>, RefreshError> {
         let mut slot = self.slot.lock().await;
         slot.asked = Some((Instant::now(), load.clone(), clock.clone()));
         if !slot.keeper {
@@ -105,9 +129,10 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
             tokio::spawn(keep(Arc::downgrade(&self.slot)));
         }
         let previous = slot.value.as_ref().map(|(_, v)| v.clone());
-        if let Some((at, value)) = &slot.value {
+        let fit = slot.value.as_ref().map_or(Fit::Refuse, |(_, v)| fit(v));
+        if let Some((at, value)) = slot.value.as_ref().filter(|_| fit != Fit::Refuse) {
             let age = at.elapsed();
-            if age < fresh_for(slot.took) {
+            if fit == Fit::Use && age < fresh_for(slot.took) {
                 return Ok(value.clone());
             }
             if age < STALE_MAX {
@@ -357,6 +382,32 @@ mod tests {
         // The keeper's read, half a minute later, was given the previous value.
         tokio::time::sleep(KEEP_EVERY + Duration::from_secs(1)).await;
         assert_eq!(*cache.get(&clock, next).await.unwrap(), 11);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_value_the_caller_cannot_use_is_read_again() {
+        let rig = Rig::new();
+        let (first, _) = rig.get().await;
+        rig.clock.advance(Duration::from_secs(1));
+        let fit = |v: &DateTime<Utc>| if *v == first { Fit::Refuse } else { Fit::Use };
+        let refused = *rig
+            .cache
+            .get_where(&rig.dyn_clock, rig.load(), fit)
+            .await
+            .unwrap();
+        assert_eq!(rig.calls(), 2, "the refused value was served");
+        assert_eq!(refused, first + chrono::Duration::seconds(1));
+        assert_eq!(rig.get().await, (refused, false), "the new value is kept");
+        // Fresh, but to be read again: served at once, one read in the background.
+        let again = |_: &DateTime<Utc>| Fit::Refresh;
+        let served = *rig
+            .cache
+            .get_where(&rig.dyn_clock, rig.load(), again)
+            .await
+            .unwrap();
+        assert_eq!(served, refused, "the value to refresh was not served");
+        rig.pass(1).await;
+        assert_eq!(rig.calls(), 3, "no read in the background");
     }
 
     #[tokio::test(start_paused = true)]

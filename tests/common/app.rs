@@ -278,8 +278,10 @@ impl Harness {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let router = web::router(self.state.clone());
-        // As a visitor a moment after the start: the days before today are read.
+        // As a visitor a moment after the start: the days before today and the long
+        // windows are read.
         self.state.figures.past().read_after(0).await;
+        self.state.figures.windows().read_after(0).await;
         let shutdown = self.shutdown.clone();
         let handle = tokio::spawn(async move {
             axum::serve(listener, router)

@@ -4,9 +4,12 @@
 use chrono::{DateTime, Duration as TimeDelta, Utc};
 use serde::Serialize;
 
-use super::{slo_window, ObservedFigures, LATENCY_KINDS, RECENT, TPS_KINDS, UPTIME_KINDS};
-use crate::slo;
-use crate::store::{quantile, Counts, Granularity, Reader, Rollup, StoreError, Window};
+use super::{ObservedFigures, LATENCY_KINDS, RECENT, TPS_KINDS};
+use crate::store::{quantile, Counts, Granularity, Reader, Rollup, StoreError};
+use crate::web::windows::{self, KeptWindows, Span};
+
+/// The windows [`Figures`] holds, in its fields' order.
+const WINDOWS: &[Span] = &[Span::Day, Span::Week, Span::Days30, Span::Slo];
 
 pub use crate::route::RouteMap;
 
@@ -27,32 +30,53 @@ pub struct Figures {
     pub observed: ObservedFigures,
     /// The capability probes' latest results and 7-day tallies.
     pub capabilities: super::capabilities::CapabilityFigures,
+    /// The long windows (`uptime_*`, `slo_30d`) are not read yet: right after a start, until
+    /// the keeper's first read ([`crate::web::windows`]) ends, they are empty.
+    pub warming: bool,
 }
 
 impl Figures {
-    /// A handful of range scans over every route (see `store::stats`).
+    /// A handful of range scans over every route (see `store::stats`), the long windows read
+    /// whole.
     pub fn load(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {
-        let until = now + TimeDelta::milliseconds(1);
-        let window = |days, kinds| Window {
-            since: now - TimeDelta::days(days),
-            kinds,
-        };
-        let mut counts = reader
-            .counts_by_routes::<RouteMap<Counts>>(
-                &[
-                    window(1, UPTIME_KINDS),
-                    window(7, UPTIME_KINDS),
-                    window(30, UPTIME_KINDS),
-                    Window {
-                        since: now - slo_window(),
-                        kinds: slo::KINDS,
-                    },
-                ],
-                until,
-            )?
-            .into_iter();
+        let counts = windows::direct(reader, now, WINDOWS)?;
+        Ok(Self::load_short(reader, now)?.with_windows(counts))
+    }
+
+    /// As [`Self::load`], the long windows from `kept` and the hours since it was read
+    /// ([`windows`]); without `kept` (its first read runs) none: the figures are `warming`.
+    pub fn load_kept(
+        reader: &Reader,
+        now: DateTime<Utc>,
+        kept: Option<&KeptWindows>,
+    ) -> Result<Self, StoreError> {
+        let short = Self::load_short(reader, now)?;
+        Ok(match kept {
+            Some(k) => short.with_windows(k.at(reader, now, WINDOWS)?),
+            None => Self {
+                warming: true,
+                ..short
+            },
+        })
+    }
+
+    fn with_windows(self, counts: Vec<RouteMap<Counts>>) -> Self {
+        let mut counts = counts.into_iter();
         let mut next = || counts.next().unwrap_or_default();
         let (uptime_24h, uptime_7d, uptime_30d, slo_30d) = (next(), next(), next(), next());
+        Self {
+            uptime_24h,
+            uptime_7d,
+            uptime_30d,
+            slo_30d,
+            warming: false,
+            ..self
+        }
+    }
+
+    /// The figures of the last hour (no window counts).
+    fn load_short(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {
+        let until = now + TimeDelta::milliseconds(1);
         let (mut ttfb, mut tps) = (RouteMap::default(), RouteMap::default());
         for (id, s) in reader.recent_samples(now - RECENT, LATENCY_KINDS, TPS_KINDS)? {
             ttfb.insert(id.clone(), Percentiles::of_samples(s.ttfb_ms));
@@ -66,12 +90,9 @@ impl Figures {
                 .into_iter()
                 .map(|(id, r)| (id, Percentiles::of(&r)))
                 .collect(),
-            uptime_24h,
-            uptime_7d,
-            uptime_30d,
-            slo_30d,
             observed: ObservedFigures::load(reader, now)?,
             capabilities: super::capabilities::CapabilityFigures::load(reader, now)?,
+            ..Self::default()
         })
     }
 }

@@ -132,6 +132,10 @@ pub struct Text {
     pub route_kind: &'static str,
     /// Says the day bars of past days are still being read after a start.
     pub days_warming: &'static str,
+    /// Says the uptimes and error budgets are still being read after a start.
+    pub figures_warming: &'static str,
+    /// Says both are.
+    pub all_warming: &'static str,
     /// Marks the built-in demo's simulated past.
     pub demo_history: &'static str,
     pub no_data: &'static str,

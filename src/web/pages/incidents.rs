@@ -169,7 +169,8 @@ pub fn incidents_page(
         history(lang, &data.incidents, now).into_iter().unzip();
     per_route.sort_by(|a, b| b.1.bad_seconds.total_cmp(&a.1.bad_seconds));
     IncidentsPage {
-        c: Chrome::new(lang, t.nav_incidents, title, "/incidents", now).with_history(lang, data),
+        c: Chrome::new(lang, t.nav_incidents, title, "/incidents", now)
+            .with_history(lang, data, None),
         month: m0.format("%Y-%m").to_string(),
         spends: spends.into_iter().map(|(_, s)| s).collect(),
         budgets: per_route

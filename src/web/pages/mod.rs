@@ -20,8 +20,12 @@
 //! one range scan, and the incidents of 90 days), cached the same way ([`super::refresh`]:
 //! read again off the request path). The days before today are no request's read: a task
 //! keeps them ([`past`]: read at the start, every [`PAST_DAYS_EVERY`] and after midnight UTC),
-//! and a page read adds the days since its last read (today). Nothing scans raw outcomes but
-//! the route page's last 50 probes.
+//! and a page read adds the days since its last read (today). The long windows (uptimes, the
+//! error budgets, the month's) are kept the same way ([`crate::web::windows`]: every bucket
+//! before the hour of its last read), and a page read adds the hours since. Until the
+//! keepers' first reads end a page shows the rest and says what is still being read
+//! ([`Warming`]); it never waits for them. Nothing scans raw outcomes but the route page's
+//! last 50 probes and the last hour's samples.
 //!
 //! **A day bar's state** (UTC days, the daily rollups' buckets) is the worst of: from the day's
 //! synthetic outcomes, `CRITICAL` when fewer than 95% succeeded (the detector's
@@ -84,6 +88,7 @@ use crate::probe::outcome::scrub;
 use crate::route::{Route, RouteId, Tier};
 use crate::slo;
 use crate::store::{Counts, DailyCounts, Granularity, Reader, Store, StoreError};
+use crate::web::windows::{KeptWindows, Span};
 
 /// Days of bars.
 pub const DAYS: i64 = 90;
@@ -112,8 +117,11 @@ pub struct PageData {
     recent: DailyCounts,
     /// Incidents open at some time in the last [`DAYS`] days, newest first.
     pub incidents: Vec<Incident>,
-    /// Probe counts of this calendar month per route (rollups): the month's error budget.
+    /// Probe counts of this calendar month per route (rollups): the month's error budget;
+    /// the kept windows' ([`crate::web::windows`]) and the hours since their read.
     pub month: HashMap<RouteId, Counts>,
+    /// The month's counts are not read yet (the windows' first read runs): `month` is empty.
+    pub month_warming: bool,
     /// Bad probe outcomes inside each incident's span within this month, by incident id,
     /// counted on the raw outcomes; absent for an incident whose span in the month starts
     /// before the raw outcomes kept (`[storage] retention_days`).
@@ -148,6 +156,7 @@ impl PageData {
         now: DateTime<Utc>,
         src: ErrorBudgetSource,
         past: &Arc<PastBars>,
+        windows: Option<&KeptWindows>,
     ) -> Result<Self, StoreError> {
         let today = Granularity::Day.bucket_start(now);
         let since = today - TimeDelta::days(DAYS - 1);
@@ -171,7 +180,16 @@ impl PageData {
             past: past.clone(),
             recent: reader.daily_counts_by_route(recent_since, until, UPTIME_KINDS)?,
             incidents,
-            month: reader.counts_by_route(m0, until, slo::KINDS)?,
+            month: match windows {
+                Some(w) => w
+                    .at(reader, now, &[Span::Month])?
+                    .pop()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+                None => HashMap::new(),
+            },
+            month_warming: windows.is_none(),
             incident_bad,
             demo_history: reader
                 .meta(crate::demo::history::MARKER)?
@@ -196,10 +214,34 @@ impl PageData {
         days
     }
 
-    /// The days before today are still being read (right after a start): their bars are
-    /// blank for now.
-    pub fn warming(&self) -> bool {
-        self.past.get().is_none()
+    /// What is still being read right after a start: the days before today (their bars are
+    /// blank for now), the month's counts.
+    pub fn warming(&self) -> Warming {
+        Warming {
+            days: self.past.get().is_none(),
+            figures: self.month_warming,
+        }
+    }
+}
+
+/// What a page's figures still miss right after a start, until the keepers' first reads end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Warming {
+    /// The day bars of the days before today ([`past`]).
+    pub days: bool,
+    /// The long windows: uptimes, error budgets ([`crate::web::windows`]).
+    pub figures: bool,
+}
+
+impl Warming {
+    /// The page's note, when something is still being read.
+    pub fn note(self, t: &'static Text) -> Option<&'static str> {
+        match (self.days, self.figures) {
+            (false, false) => None,
+            (true, false) => Some(t.days_warming),
+            (false, true) => Some(t.figures_warming),
+            (true, true) => Some(t.all_warming),
+        }
     }
 }
 
@@ -224,23 +266,40 @@ impl FiguresCache {
             clock,
             &tokio_util::sync::CancellationToken::new(),
         );
+        self.windows().start(
+            state_store,
+            clock,
+            &tokio_util::sync::CancellationToken::new(),
+        );
         let store = state_store.clone();
         let past = self.past.clone();
-        let load = Arc::new(move |now, _previous: Option<Arc<PageData>>| {
-            PageData::load(&store.reader()?, now, src, &past)
-        });
-        Ok(self.pages.get(clock, load).await?)
+        let windows = self.windows().clone();
+        let load = {
+            let windows = windows.clone();
+            Arc::new(move |now, _previous: Option<Arc<PageData>>| {
+                PageData::load(&store.reader()?, now, src, &past, windows.get().as_deref())
+            })
+        };
+        // Read while the month was not known: served once more after the windows' first read
+        // ended, while the data with it is read.
+        let fit = move |d: &PageData| api::fit_warming(d.month_warming, &windows);
+        Ok(self.pages.get_where(clock, load, fit).await?)
     }
 
     /// The status figures and [`PageData`] together: when both must be read (after a start,
-    /// or a quiet spell), the two reads run side by side on their own connections.
+    /// or a quiet spell), the two reads run side by side on their own connections. Neither
+    /// waits for the keepers' first reads: the figures then say they are warming.
     pub async fn figures_and_pages(
         &self,
         store: &Store,
         clock: &Arc<dyn crate::clock::Clock>,
         src: ErrorBudgetSource,
     ) -> Result<(Arc<Figures>, Arc<PageData>), PageError> {
-        let figures = async { self.get(store, clock).await.map_err(PageError::from) };
+        let figures = async {
+            self.get_warming(store, clock)
+                .await
+                .map_err(PageError::from)
+        };
         tokio::try_join!(figures, self.pages(store, clock, src))
     }
 }
@@ -443,8 +502,9 @@ pub struct Chrome {
     pub badge: Option<String>,
     /// Says which part of the figures is the demo's simulated history, when there is one.
     pub demo_history: Option<String>,
-    /// Says that the days before today are still being read (right after a start).
-    pub warming: bool,
+    /// Says what is still being read right after a start (the days before today, the
+    /// uptimes and budgets), when something is.
+    pub warming: Option<&'static str>,
 }
 
 impl Chrome {
@@ -467,16 +527,19 @@ impl Chrome {
             atom: format!("/incidents.atom?lang={}", lang.code()),
             badge: None,
             demo_history: None,
-            warming: false,
+            warming: None,
         }
     }
 
-    /// The page marks the demo's simulated history, if `data` has one.
-    fn with_history(mut self, lang: Lang, data: &PageData) -> Self {
+    /// The page marks the demo's simulated history, if `data` has one, and says what its
+    /// figures (`data`, and `figures` when it shows them) still miss.
+    fn with_history(mut self, lang: Lang, data: &PageData, figures: Option<&Figures>) -> Self {
         self.demo_history = data
             .demo_history
             .map(|(from, to)| i18n::demo_history(lang, (to - from).num_days(), &when(to)));
-        self.warming = data.warming();
+        let mut warming = data.warming();
+        warming.figures |= figures.is_some_and(|f| f.warming);
+        self.warming = warming.note(self.t);
         self
     }
 }
@@ -526,5 +589,49 @@ fn worse(a: Option<St>, b: St) -> St {
     match a {
         Some(a) if severity(a) >= severity(b) => a,
         _ => b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warming_note_says_what_is_still_being_read_in_both_languages() {
+        for lang in [Lang::En, Lang::Zh] {
+            let t = lang.text();
+            let note = |days, figures| Warming { days, figures }.note(t);
+            assert_eq!(note(false, false), None);
+            assert_eq!(note(true, false), Some(t.days_warming));
+            assert_eq!(note(false, true), Some(t.figures_warming));
+            assert_eq!(note(true, true), Some(t.all_warming));
+        }
+        assert!(Lang::En.text().figures_warming.contains("uptimes"));
+        assert!(Lang::Zh.text().figures_warming.contains("可用率"));
+
+        // A page whose figures were read before the windows: the month, or the uptimes.
+        let now = DateTime::from_timestamp(1_780_000_000, 0).unwrap_or_default();
+        let data = |month_warming| PageData {
+            past: Arc::new(PastBars::default()),
+            recent: DailyCounts::default(),
+            incidents: Vec::new(),
+            month: HashMap::new(),
+            month_warming,
+            incident_bad: HashMap::new(),
+            demo_history: None,
+        };
+        let chrome = |data: &PageData, figures: Option<&Figures>| {
+            Chrome::new(Lang::Zh, "t", "s", "/", now)
+                .with_history(Lang::Zh, data, figures)
+                .warming
+        };
+        let zh = Lang::Zh.text();
+        assert_eq!(chrome(&data(true), None), Some(zh.all_warming));
+        assert_eq!(chrome(&data(false), None), Some(zh.days_warming));
+        let warming = Figures {
+            warming: true,
+            ..Figures::default()
+        };
+        assert_eq!(chrome(&data(false), Some(&warming)), Some(zh.all_warming));
     }
 }

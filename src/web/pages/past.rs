@@ -8,34 +8,21 @@
 //! midnight UTC; a request reads only the days from the keeper's last read to now (today, and
 //! yesterday for the moments after midnight until the keeper read again).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
-
 use chrono::{DateTime, Duration as TimeDelta, Utc};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use super::DAYS;
-use crate::clock::Clock;
 use crate::route::RouteMap;
 use crate::store::{Counts, DailyCounts, Granularity, Store, StoreError};
 use crate::web::api::UPTIME_KINDS;
+use crate::web::kept::{Keep, Kept};
 
 /// How often the keeper reads the days before today again: late outcomes for a past day
 /// (an agent's, or another monitor's on the same database) show in its bar within this.
 pub const PAST_DAYS_EVERY: TimeDelta = TimeDelta::minutes(10);
 
-/// How often the keeper looks at the clock for a due read (a read is due by the service's
-/// clock, so that an injected clock drives it).
-const LOOK_EVERY: Duration = Duration::from_secs(1);
-
-/// After a failed read, the next try.
-const RETRY_AFTER: TimeDelta = TimeDelta::seconds(30);
-
 /// The days before `today` (a UTC day start), as read at `read_at`.
 #[derive(Debug, Default)]
-pub(super) struct PastDays {
+pub struct PastDays {
     pub(super) today: DateTime<Utc>,
     pub(super) read_at: DateTime<Utc>,
     /// Per route, oldest first, exactly as many as it has: 16 bytes a day, not a growing
@@ -109,120 +96,17 @@ impl PastDays {
 }
 
 /// The kept days before today, shared by every page request; see the module doc.
-#[derive(Debug)]
-pub struct PastBars {
-    current: RwLock<Option<Arc<PastDays>>>,
-    /// Reads done so far (for whoever waits for one).
-    reads: watch::Sender<u64>,
-    started: AtomicBool,
-}
+pub type PastBars = Kept<PastDays>;
 
-impl Default for PastBars {
-    fn default() -> Self {
-        Self {
-            current: RwLock::new(None),
-            reads: watch::Sender::new(0),
-            started: AtomicBool::new(false),
-        }
-    }
-}
+impl Keep for PastDays {
+    const WHAT: &'static str = "status page's past days";
 
-impl PastBars {
-    /// The days last read; `None` while the first read runs.
-    pub(super) fn get(&self) -> Option<Arc<PastDays>> {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+    fn read(store: &Store, now: DateTime<Utc>) -> Result<Self, StoreError> {
+        PastDays::read(store, now)
     }
 
-    /// Reads the days before `now`'s day now, on this thread (the keeper's read; also for
-    /// whoever measures it).
-    pub fn read(&self, store: &Store, now: DateTime<Utc>) -> Result<(), StoreError> {
-        self.set(PastDays::read(store, now)?);
-        Ok(())
-    }
-
-    fn set(&self, days: PastDays) {
-        let old = self
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .replace(Arc::new(days));
-        drop(old);
-        self.reads.send_modify(|n| *n += 1);
-    }
-
-    /// Starts the keeper unless it runs: at the service's start (so that the first request
-    /// finds the bars read), else at the first page request. It ends with `until`, or when
-    /// the bars' owner is gone.
-    pub fn start(
-        self: &Arc<Self>,
-        store: &Store,
-        clock: &Arc<dyn Clock>,
-        until: &CancellationToken,
-    ) {
-        if self.started.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let (store, clock, until) = (store.clone(), clock.clone(), until.clone());
-        let bars = Arc::downgrade(self);
-        tokio::spawn(async move {
-            tokio::select! {
-                () = keep(bars, store, clock) => {}
-                () = until.cancelled() => {}
-            }
-        });
-    }
-
-    /// Waits until the keeper has finished a read after `after` reads (see [`Self::reads`]).
-    pub async fn read_after(&self, after: u64) {
-        let mut rx = self.reads.subscribe();
-        // The sender lives as long as `self`: the wait ends with a read.
-        let _ = rx.wait_for(|n| *n > after).await;
-    }
-
-    /// How many reads the keeper finished.
-    pub fn reads(&self) -> u64 {
-        *self.reads.borrow()
-    }
-}
-
-/// The keeper: a read now, then one whenever [`PastDays::due`] says so.
-async fn keep(bars: Weak<PastBars>, store: Store, clock: Arc<dyn Clock>) {
-    // When the next read is due if the last one failed.
-    let mut retry_at: Option<DateTime<Utc>> = None;
-    loop {
-        let due = {
-            let Some(b) = bars.upgrade() else { return };
-            let now = clock.now();
-            match (&retry_at, b.get()) {
-                (Some(at), _) => now >= *at,
-                (None, Some(p)) => p.due(now),
-                (None, None) => true,
-            }
-        };
-        if due {
-            let now = clock.now();
-            let Some(b) = bars.upgrade() else { return };
-            let s = store.clone();
-            match tokio::task::spawn_blocking(move || b.read(&s, now)).await {
-                Ok(Ok(())) => {
-                    retry_at = None;
-                    // The days it replaces free megabytes of small blocks at 10,000 routes.
-                    tokio::task::spawn_blocking(crate::malloc::trim);
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "reading the status page's past days failed");
-                    retry_at = Some(now + RETRY_AFTER);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the status page's past days failed");
-                    retry_at = Some(now + RETRY_AFTER);
-                }
-            }
-        }
-        tokio::time::sleep(LOOK_EVERY).await;
+    fn due(&self, now: DateTime<Utc>) -> bool {
+        PastDays::due(self, now)
     }
 }
 

@@ -200,7 +200,7 @@ pub async fn route(
             ),
             now,
         )
-        .with_history(lang, &data),
+        .with_history(lang, &data, Some(&figures)),
         r: route_card(
             lang,
             &route,

@@ -574,7 +574,11 @@ pub fn status_page(
             badge: routes
                 .first()
                 .map(|r| format!("/badges/{}/state.svg", r.id.as_str())),
-            ..Chrome::new(lang, t.nav_status, title, "/", now).with_history(lang, data)
+            ..Chrome::new(lang, t.nav_status, title, "/", now).with_history(
+                lang,
+                data,
+                Some(figures),
+            )
         },
         overall_class,
         overall_text,

@@ -97,8 +97,9 @@ async fn a_start_reads_rows_bounded_by_routes_and_buckets_not_by_the_history() {
     let restart = start_and_stop(&cfg, clock.clone()).await;
     // Per route: a baseline head and 24 hourly buckets, the last 72 hours' hourly rollups (the
     // figures the pages keep warm), the status page's day bars (a daily rollup a day, up to
-    // 89, read in the background from the start), its state and a lookup or two: under 200
-    // rows a route, whatever the history's length.
+    // 89) and the long windows (a daily rollup a day of 30, the hours at their edges), both
+    // read in the background from the start, its state and a lookup or two: under 200 rows a
+    // route, whatever the history's length.
     let bound = (ROUTES * 200) as u64;
     eprintln!("rows read at start: {upgrade} replaying the history, {restart} from the saved state ({written} outcomes stored)");
     assert!(

@@ -124,6 +124,25 @@ async fn the_demos_first_page_has_a_month_of_history_and_a_restart_writes_none()
     .await
     .unwrap();
     let base = format!("http://{}", running.addr);
+    // Right after the start the page may say its past days and uptimes are still being read
+    // (by tasks of their own, within moments): the first page after that.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = reqwest::get(format!("{base}/"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if !page.contains("id=\"warming\"") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still warming after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     for lang in ["en", "zh"] {
         let page = reqwest::get(format!("{base}/?lang={lang}"))
             .await
