@@ -7,7 +7,7 @@
 //! the writer's own packing, then writes and packs the same again (the file reuses the pages
 //! packing freed, as at steady state). Prints the write and packing rates and, by `dbstat`,
 //! the bytes per outcome of the raw table and its indexes before packing and of the packed
-//! hours after, and the file's size.
+//! hours after, the rollups' rows and bytes, and the file's size.
 
 use std::time::{Duration, Instant};
 
@@ -144,6 +144,28 @@ async fn main() {
             .query_row("PRAGMA freelist_count", [], |r| r.get(0))
             .unwrap();
         let hours_bytes = bytes_of(&conn, "outcome_hours%");
+        let rollup_rows: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM rollups WHERE granularity_s = 3600",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let five_rows: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM rollups WHERE granularity_s = 300",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let all_rollups: i64 = conn
+            .query_row("SELECT count(*) FROM rollups", [], |r| r.get(0))
+            .unwrap();
+        let rollup_bytes = bytes_of(&conn, "rollups%");
+        println!(
+            "  rollups: {all_rollups} rows ({rollup_rows} hourly, {five_rows} of 5 minutes), {:.0} B a row with its route index",
+            rollup_bytes as f64 / all_rollups.max(1) as f64
+        );
         let raw_left = bytes_of(&conn, "outcomes%");
         println!(
             "  packed {packed} outcomes in {:.1} s, {:.0} a second; packed hours {:.1} B an outcome \
