@@ -243,7 +243,8 @@ pub fn decode(
             flags.0.len()
         )));
     }
-    let mut out = Vec::with_capacity(n);
+    // Grown as outcomes decode: a damaged count must not reserve memory up front.
+    let mut out = Vec::with_capacity(n.min(1024));
     let mut prev = hour_ms;
     for _ in 0..n {
         let f = u32::try_from(flags.get()?).map_err(|_| bad("flags"))?;
