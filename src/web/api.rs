@@ -489,7 +489,8 @@ impl FiguresCache {
     }
 
     /// Figures as [`Self::get`], but never waiting for the long windows: while the keeper's
-    /// first read runs they are `warming` (empty), for a page that says so.
+    /// first read runs they are `warming` (empty), for a page that says so. Nor for the first
+    /// read after a start: until it ends the figures are [`Figures::pending`].
     pub async fn get_warming(
         &self,
         store: &Store,
@@ -506,7 +507,17 @@ impl FiguresCache {
         // Figures read while warming are served once more after the first read ended, while
         // figures with the windows are read.
         let fit = move |f: &Figures| fit_warming(f.warming, &windows);
-        Ok(self.last.get_where(clock, load, fit).await?)
+        Ok(self
+            .last
+            .get_once_read(clock, load, fit)
+            .await?
+            .unwrap_or_else(|| Arc::new(Figures::pending())))
+    }
+
+    /// Waits until the status figures were first read (a page right after a start answers
+    /// without them until then: [`Figures::pending`]).
+    pub async fn first_read(&self) {
+        self.last.first_read().await;
     }
 
     /// The kept long windows.

@@ -78,6 +78,10 @@ struct Slot<T> {
     /// When a request last asked, and how it reads (the keeper uses the latest).
     asked: Option<(Instant, Load<T>, Arc<dyn Clock>)>,
     keeper: bool,
+    /// A background first read failed: requests wait for their own read again.
+    first_failed: bool,
+    /// Reads that ended with a value, so far (for whoever waits for the first).
+    reads: tokio::sync::watch::Sender<u64>,
 }
 
 /// See the module doc. `T` is built by a blocking load that may reuse the previous value.
@@ -94,6 +98,8 @@ impl<T> Default for Refreshing<T> {
                 refreshing: false,
                 asked: None,
                 keeper: false,
+                first_failed: false,
+                reads: tokio::sync::watch::Sender::new(0),
             })),
         }
     }
@@ -123,11 +129,7 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
         fit: impl Fn(&T) -> Fit,
     ) -> Result<Arc<T>, RefreshError> {
         let mut slot = self.slot.lock().await;
-        slot.asked = Some((Instant::now(), load.clone(), clock.clone()));
-        if !slot.keeper {
-            slot.keeper = true;
-            tokio::spawn(keep(Arc::downgrade(&self.slot)));
-        }
+        self.ask(&mut slot, &load, clock);
         let previous = slot.value.as_ref().map(|(_, v)| v.clone());
         let fit = slot.value.as_ref().map_or(Fit::Refuse, |(_, v)| fit(v));
         if let Some((at, value)) = slot.value.as_ref().filter(|_| fit != Fit::Refuse) {
@@ -154,7 +156,54 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
         let value = Arc::new(value);
         slot.value = Some((Instant::now(), value.clone()));
         slot.took = took;
+        slot.reads.send_modify(|n| *n += 1);
         Ok(value)
+    }
+
+    /// Waits until a first read has ended with a value.
+    pub async fn first_read(&self) {
+        let mut reads = self.slot.lock().await.reads.subscribe();
+        // The sender lives as long as `self`: the wait ends with a read.
+        let _ = reads.wait_for(|n| *n > 0).await;
+    }
+
+    /// As [`Self::get_where`], but `None` at once until the first read ends (right after a
+    /// start), that read started in the background: for a page that can say its figures are
+    /// still being read rather than make its first visitor wait for them. After a first read
+    /// that failed, a request waits for a read again (and gets its error).
+    pub async fn get_once_read(
+        &self,
+        clock: &Arc<dyn Clock>,
+        load: Load<T>,
+        fit: impl Fn(&T) -> Fit,
+    ) -> Result<Option<Arc<T>>, RefreshError> {
+        {
+            let mut slot = self.slot.lock().await;
+            if slot.value.is_none() && !slot.first_failed {
+                self.ask(&mut slot, &load, clock);
+                if !slot.refreshing {
+                    slot.refreshing = true;
+                    tokio::spawn(refresh(
+                        self.slot.clone(),
+                        load,
+                        clock.clone(),
+                        clock.now(),
+                        None,
+                    ));
+                }
+                return Ok(None);
+            }
+        }
+        self.get_where(clock, load, fit).await.map(Some)
+    }
+
+    /// Notes a request and how it reads, for the keeper; starts the keeper.
+    fn ask(&self, slot: &mut Slot<T>, load: &Load<T>, clock: &Arc<dyn Clock>) {
+        slot.asked = Some((Instant::now(), load.clone(), clock.clone()));
+        if !slot.keeper {
+            slot.keeper = true;
+            tokio::spawn(keep(Arc::downgrade(&self.slot)));
+        }
     }
 }
 
@@ -173,6 +222,7 @@ async fn refresh<T: Send + Sync + 'static>(
         Ok((v, took)) => {
             let old = slot.value.replace((Instant::now(), Arc::new(v)));
             slot.took = took;
+            slot.reads.send_modify(|n| *n += 1);
             drop(slot);
             drop(old);
             // A read at 10,000 routes, and the value it replaces, free tens of megabytes of
@@ -180,7 +230,10 @@ async fn refresh<T: Send + Sync + 'static>(
             tokio::task::spawn_blocking(crate::malloc::trim);
         }
         // The old value stays until STALE_MAX; then a request reads and answers the error.
-        Err(e) => tracing::warn!(error = %e, "refreshing figures failed"),
+        Err(e) => {
+            slot.first_failed |= slot.value.is_none();
+            tracing::warn!(error = %e, "refreshing figures failed");
+        }
     }
 }
 
@@ -408,6 +461,37 @@ mod tests {
         assert_eq!(served, refused, "the value to refresh was not served");
         rig.pass(1).await;
         assert_eq!(rig.calls(), 3, "no read in the background");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_page_gets_none_until_the_first_read_ends_and_then_waits_after_a_failure() {
+        let rig = Rig::new();
+        let use_it = |_: &DateTime<Utc>| Fit::Use;
+        let once = || rig.cache.get_once_read(&rig.dyn_clock, rig.load(), use_it);
+        assert_eq!(
+            once().await.unwrap(),
+            None,
+            "the first request does not wait"
+        );
+        assert_eq!(
+            once().await.unwrap(),
+            None,
+            "nor does one while the read runs"
+        );
+        rig.cache.first_read().await;
+        assert_eq!(rig.calls(), 1, "one read in the background for both");
+        let read = once().await.unwrap().expect("the first read's value");
+        assert_eq!(*read, rig.clock.now());
+        assert_eq!(rig.calls(), 1, "served as read");
+
+        // A store that fails its first read: the next request waits and gets the error.
+        let broken = Refreshing::<u32>::default();
+        let fail: Load<u32> = Arc::new(|_, _| Err(StoreError::Invalid("down".into())));
+        let get = || broken.get_once_read(&rig.dyn_clock, fail.clone(), |_| Fit::Use);
+        assert!(get().await.unwrap().is_none());
+        rig.pass(1).await;
+        let err = get().await.unwrap_err();
+        assert!(err.to_string().contains("down"), "{err}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -273,13 +273,27 @@ impl Harness {
         self.store.writer().record_many(outcomes).await.unwrap();
     }
 
-    /// Serves the router on 127.0.0.1:0 with graceful shutdown on the harness token.
+    /// Serves the router on 127.0.0.1:0 with graceful shutdown on the harness token, as a
+    /// visitor finds it a moment after the start: the days before today, the long windows
+    /// and the status figures are read.
     pub async fn serve(&self) -> Served {
+        let served = self.serve_unread().await;
+        // A first visitor's page starts the figures' first read (and does not wait for it).
+        let figures = &self.state.figures;
+        figures
+            .get_warming(&self.store, &self.state.clock)
+            .await
+            .unwrap();
+        figures.first_read().await;
+        served
+    }
+
+    /// As [`Self::serve`], the status figures not read yet: the first page starts their read.
+    pub async fn serve_unread(&self) -> Served {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let router = web::router(self.state.clone());
-        // As a visitor a moment after the start: the days before today and the long
-        // windows are read.
+        // The days before today and the long windows, read by their keepers at the start.
         self.state.figures.past().read_after(0).await;
         self.state.figures.windows().read_after(0).await;
         let shutdown = self.shutdown.clone();

@@ -33,9 +33,21 @@ pub struct Figures {
     /// The long windows (`uptime_*`, `slo_30d`) are not read yet: right after a start, until
     /// the keeper's first read ([`crate::web::windows`]) ends, they are empty.
     pub warming: bool,
+    /// Nothing is read yet, not even the last hour's figures: right after a start, a page
+    /// answers with the states alone until the first read ends ([`Self::pending`]).
+    pub pending: bool,
 }
 
 impl Figures {
+    /// Figures before the first read ended: none, and saying so.
+    pub fn pending() -> Self {
+        Self {
+            warming: true,
+            pending: true,
+            ..Self::default()
+        }
+    }
+
     /// A handful of range scans over every route (see `store::stats`), the long windows read
     /// whole.
     pub fn load(reader: &Reader, now: DateTime<Utc>) -> Result<Self, StoreError> {

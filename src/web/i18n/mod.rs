@@ -136,6 +136,8 @@ pub struct Text {
     pub figures_warming: &'static str,
     /// Says both are.
     pub all_warming: &'static str,
+    /// Says the latencies are too (nothing of the store is read yet).
+    pub latest_warming: &'static str,
     /// Marks the built-in demo's simulated past.
     pub demo_history: &'static str,
     pub no_data: &'static str,

@@ -220,6 +220,7 @@ impl PageData {
         Warming {
             days: self.past.get().is_none(),
             figures: self.month_warming,
+            latest: false,
         }
     }
 }
@@ -231,11 +232,16 @@ pub struct Warming {
     pub days: bool,
     /// The long windows: uptimes, error budgets ([`crate::web::windows`]).
     pub figures: bool,
+    /// The last hour's figures too (latencies; [`Figures::pending`]).
+    pub latest: bool,
 }
 
 impl Warming {
     /// The page's note, when something is still being read.
     pub fn note(self, t: &'static Text) -> Option<&'static str> {
+        if self.latest {
+            return Some(t.latest_warming);
+        }
         match (self.days, self.figures) {
             (false, false) => None,
             (true, false) => Some(t.days_warming),
@@ -539,6 +545,7 @@ impl Chrome {
             .map(|(from, to)| i18n::demo_history(lang, (to - from).num_days(), &when(to)));
         let mut warming = data.warming();
         warming.figures |= figures.is_some_and(|f| f.warming);
+        warming.latest = figures.is_some_and(|f| f.pending);
         self.warming = warming.note(self.t);
         self
     }
@@ -600,8 +607,21 @@ mod tests {
     fn the_warming_note_says_what_is_still_being_read_in_both_languages() {
         for lang in [Lang::En, Lang::Zh] {
             let t = lang.text();
-            let note = |days, figures| Warming { days, figures }.note(t);
+            let note = |days, figures| {
+                Warming {
+                    days,
+                    figures,
+                    latest: false,
+                }
+                .note(t)
+            };
             assert_eq!(note(false, false), None);
+            let latest = Warming {
+                days: false,
+                figures: true,
+                latest: true,
+            };
+            assert_eq!(latest.note(t), Some(t.latest_warming));
             assert_eq!(note(true, false), Some(t.days_warming));
             assert_eq!(note(false, true), Some(t.figures_warming));
             assert_eq!(note(true, true), Some(t.all_warming));
@@ -633,5 +653,10 @@ mod tests {
             ..Figures::default()
         };
         assert_eq!(chrome(&data(false), Some(&warming)), Some(zh.all_warming));
+        let pending = Figures::pending();
+        assert_eq!(
+            chrome(&data(false), Some(&pending)),
+            Some(zh.latest_warming)
+        );
     }
 }

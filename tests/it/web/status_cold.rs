@@ -1,6 +1,7 @@
 //! The status page's days before today and its long windows (uptimes over 24 hours, 7 and 30
-//! days, the error budgets) are kept by tasks of their own, not read by requests: a page
-//! request after the warm-up reads the same few store rows a route whatever the length of the
+//! days, the error budgets) are kept by tasks of their own, not read by requests; the first
+//! page after a start answers with the states at once and starts the last hour's figures'
+//! read (it says they are being read). A page request after the warm-up, with that read, reads the same few store rows a route whatever the length of the
 //! history (counted by the store itself, [`probeok::store::Store::rows_read`], not timed), the
 //! kept windows sum to what reading them whole gives, and a late outcome for a past day —
 //! written by another monitor on the same database — shows in its day's bar and in the
@@ -12,6 +13,7 @@ use chrono::TimeDelta;
 use probeok::clock::Clock;
 use probeok::probe::OutcomeKind;
 use probeok::store::{Store, StoreOptions};
+use probeok::web::i18n::Lang;
 use probeok::web::pages::PAST_DAYS_EVERY;
 use probeok::web::windows::{self, Span, WINDOWS_EVERY};
 
@@ -30,6 +32,13 @@ fn now() -> chrono::DateTime<chrono::Utc> {
 /// A served harness whose routes have `days` days of history (two probes a day), and a
 /// probe each in the current hour.
 async fn with_history(days: i64) -> (Harness, Served) {
+    let h = history(days).await;
+    let s = h.serve().await;
+    (h, s)
+}
+
+/// The harness of [`with_history`], not served yet.
+async fn history(days: i64) -> Harness {
     let h = Harness::new(&ROUTES, now()).await;
     let mut batch = Vec::new();
     for s in &ROUTES {
@@ -42,8 +51,7 @@ async fn with_history(days: i64) -> (Harness, Served) {
         }
     }
     h.record(batch).await;
-    let s = h.serve().await;
-    (h, s)
+    h
 }
 
 async fn get(s: &Served, path: &str) -> String {
@@ -61,20 +69,27 @@ async fn route_page(s: &Served) -> String {
     get(s, "/routes/acme%2Fus%2Fm1?lang=en").await
 }
 
-/// The store rows the first `/` after the warm-up reads.
-async fn rows_of_a_request(h: &Harness, s: &Served) -> (u64, String) {
-    h.state.figures.past().read_after(0).await;
+/// The store rows the first `/` after the keepers' first reads reads, with the status
+/// figures' read it starts; the page after that read.
+async fn rows_of_a_request(days: i64) -> (u64, String) {
+    let h = history(days).await;
+    let s = h.serve_unread().await;
     let before = h.store.rows_read();
-    let body = page(s).await;
-    (h.store.rows_read() - before, body)
+    // The first page answers at once with the states, and says the rest is being read.
+    let first = page(&s).await;
+    assert!(
+        first.contains(Lang::En.text().latest_warming),
+        "the first page did not say its figures are being read"
+    );
+    h.state.figures.first_read().await;
+    let rows = h.store.rows_read() - before;
+    (rows, page(&s).await)
 }
 
 #[tokio::test]
 async fn a_page_request_reads_the_same_few_rows_for_2_and_90_days_of_history() {
-    let (h2, s2) = with_history(2).await;
-    let (rows_2, _) = rows_of_a_request(&h2, &s2).await;
-    let (h90, s90) = with_history(90).await;
-    let (rows_90, body) = rows_of_a_request(&h90, &s90).await;
+    let (rows_2, _) = rows_of_a_request(2).await;
+    let (rows_90, body) = rows_of_a_request(90).await;
     // 90 days of bars are drawn (one run of 90 normal days) ...
     assert!(
         body.contains("<i class=\"d-normal s90\"></i>"),
