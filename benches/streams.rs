@@ -27,8 +27,9 @@
 //! `scripts/bench-streams` installs nginx if missing (and the gateways with `--peers`) and
 //! runs this; by hand: `cargo bench --bench streams -- [--streams N[,N...]] [--rate R]
 //! [--secs S] [--ramp S] [--hold-ms MS] [--workers N[,N...]] [--nginx PATH|none]
-//! [--bin PROBEOK|none] [--portkey START_SERVER_JS] [--litellm LITELLM_BIN]` (the `probeok` cargo builds with the
-//! bench unless `--bin` or `BENCH_BIN` names another).
+//! [--bin PROBEOK|none] [--before PROBEOK] [--portkey START_SERVER_JS] [--litellm LITELLM_BIN]`
+//! (the `probeok` cargo builds with the bench unless `--bin` or `BENCH_BIN` names another;
+//! `--before` adds a column for an earlier build, run first at each level).
 
 #[path = "streams/hops.rs"]
 mod hops;
@@ -70,6 +71,9 @@ struct Opts {
     /// probeok's `[proxy] workers`, a column each (None: its default).
     workers: Vec<Option<usize>>,
     bin: Option<PathBuf>,
+    /// Another probeok binary (an earlier build), a column of its own beside `bin`'s, at its
+    /// default workers (a build from before `[proxy] workers` has no such key).
+    before: Option<PathBuf>,
     nginx: Option<PathBuf>,
     portkey: Option<PathBuf>,
     litellm: Option<PathBuf>,
@@ -90,6 +94,7 @@ impl Opts {
                 || PathBuf::from(env!("CARGO_BIN_EXE_probeok")),
                 PathBuf::from,
             )),
+            before: None,
             nginx: Some(PathBuf::from("/usr/sbin/nginx")),
             portkey: None,
             litellm: None,
@@ -108,6 +113,7 @@ impl Opts {
                 "--hold-ms" => o.hold_ms = num(&v),
                 "--workers" => o.workers = v.split(',').map(|n| Some(num(n) as usize)).collect(),
                 "--bin" => o.bin = (v != "none").then(|| PathBuf::from(v)),
+                "--before" => o.before = Some(PathBuf::from(v)),
                 "--portkey" => o.portkey = Some(PathBuf::from(v)),
                 "--litellm" => o.litellm = Some(PathBuf::from(v)),
                 "--nginx" => o.nginx = (v != "none").then(|| PathBuf::from(v)),
@@ -572,6 +578,11 @@ fn main() {
     }
     let mut kinds = Vec::new();
     let mut skipped = Vec::new();
+    kinds.extend(opts.before.clone().map(|bin| Kind::Probeok {
+        bin,
+        workers: None,
+        name: "probeok, before",
+    }));
     match &opts.bin {
         Some(bin) => kinds.extend(opts.workers.iter().map(|&workers| Kind::Probeok {
             bin: bin.clone(),

@@ -3,7 +3,8 @@
 //!
 //! On SQLite an hour of a route is packed once the hour has been over for [`PACK_AFTER_MS`]:
 //! its raw rows are read, merged with whatever was packed for that hour before (a late
-//! outcome), written as one row and deleted, in the writer's transaction. PostgreSQL keeps its
+//! outcome), written as one row and deleted, in the writer's transaction. An hour with a row
+//! that cannot be read back stays raw ([`Skipped`]). PostgreSQL keeps its
 //! raw rows in day partitions that retention drops whole, and packs nothing; its readers still
 //! read the hours a SQLite store brought along.
 
@@ -34,34 +35,83 @@ pub(crate) fn pack_before(now_ms: i64) -> i64 {
         .saturating_mul(HOUR_MS)
 }
 
+/// A route's hour packing passed over, `(route_id, hour_ms)`: a row of it (or what was packed
+/// of it before) cannot be read back. Its rows stay as they are, and packing goes on with the
+/// other hours rather than stopping at the oldest one for good.
+pub(crate) type Skipped = (i64, i64);
+
+/// The most hours one packing run passes over; at it the run ends (the next, an hour later,
+/// tries them again).
+pub(crate) const MAX_SKIPPED: usize = 8;
+
 /// Packs up to `limit` route-hours of raw outcomes that started before `before_ms`, oldest
-/// first, for at most [`super::jobs::STEP_TIME`] (at least one). Answers the raw rows packed;
-/// 0 when none are left (and always on PostgreSQL).
+/// first, for at most [`super::jobs::STEP_TIME`] (at least one), passing over the hours in
+/// `skip`. Answers the raw rows packed (0 when none are left, and always on PostgreSQL) and
+/// the hours this step passed over, each logged.
 pub(crate) fn pack_step(
     conn: &Connection,
     before_ms: i64,
     limit: usize,
-) -> Result<u64, StoreError> {
+    skip: &[Skipped],
+) -> Result<(u64, Vec<Skipped>), StoreError> {
     if conn.engine() == Engine::Postgres {
-        return Ok(0);
+        return Ok((0, Vec::new()));
     }
     let started = Instant::now();
-    let mut packed = 0;
+    let (mut packed, mut skipped) = (0, Vec::new());
     for _ in 0..limit.max(1) {
+        let mut sql =
+            String::from("SELECT route_id, started_at_ms FROM outcomes WHERE started_at_ms < ?");
+        let mut values = vec![before_ms];
+        for &(route_id, hour_ms) in skip.iter().chain(&skipped) {
+            sql.push_str(" AND NOT (route_id = ? AND started_at_ms >= ? AND started_at_ms < ?)");
+            values.extend([route_id, hour_ms, hour_ms + HOUR_MS]);
+        }
+        sql.push_str(" ORDER BY started_at_ms LIMIT 1");
+        let values: Vec<&dyn super::sql::ToSql> =
+            values.iter().map(|v| v as &dyn super::sql::ToSql).collect();
         let next: Option<(i64, i64)> = conn
-            .prepare_cached(
-                "SELECT route_id, started_at_ms FROM outcomes WHERE started_at_ms < ?1
-                 ORDER BY started_at_ms LIMIT 1",
-            )?
-            .query_row(params![before_ms], |r| Ok((r.get(0)?, r.get(1)?)))
+            .prepare_cached(&sql)?
+            .query_row(values.as_slice(), |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;
         let Some((route_id, at)) = next else { break };
-        packed += pack_hour(conn, route_id, at.div_euclid(HOUR_MS) * HOUR_MS)?;
+        let hour_ms = at.div_euclid(HOUR_MS) * HOUR_MS;
+        match pack_hour(conn, route_id, hour_ms) {
+            Ok(n) => packed += n,
+            // Nothing of the hour was written yet: its rows stay raw.
+            Err(StoreError::Corrupt(e)) => {
+                tracing::warn!(
+                    route_id, hour_ms, error = %e,
+                    "an hour of outcomes cannot be packed: its rows stay as they are"
+                );
+                skipped.push((route_id, hour_ms));
+                if skip.len() + skipped.len() >= MAX_SKIPPED {
+                    // Answered as nothing packed: the run ends here.
+                    return Ok((0, skipped));
+                }
+            }
+            Err(e) => return Err(e),
+        }
         if started.elapsed() >= super::jobs::STEP_TIME {
             break;
         }
     }
-    Ok(packed)
+    Ok((packed, skipped))
+}
+
+/// A column whose value is not of the type the row wants (SQLite keeps whatever it is given).
+fn bad_value(e: &super::sql::SqlError) -> bool {
+    use super::sql::SqlError;
+    use rusqlite::Error as E;
+    matches!(
+        e,
+        SqlError::Convert { .. }
+            | SqlError::Sqlite(
+                E::InvalidColumnType(..)
+                    | E::FromSqlConversionFailure(..)
+                    | E::IntegralValueOutOfRange(..)
+            )
+    )
 }
 
 /// Moves the route's raw rows of the hour starting at `hour_ms` into its packed row.
@@ -76,7 +126,15 @@ fn pack_hour(conn: &Connection, route_id: i64, hour_ms: i64) -> Result<u64, Stor
     ))?;
     let mut raw = Vec::new();
     for row in stmt.query_map(window, |r| from_row(&route, r))? {
-        raw.push(row??);
+        // A value of the wrong type in a column is the row's fault, as a bad value is.
+        let corrupt = |e: super::sql::SqlError| match bad_value(&e) {
+            true => StoreError::Corrupt(format!("route {route_id}, hour {hour_ms}: {e}")),
+            false => StoreError::Sql(e),
+        };
+        raw.push(row.map_err(corrupt)?.map_err(|e| match e {
+            StoreError::Sql(e) => corrupt(e),
+            e => e,
+        })?);
     }
     let before: Option<Vec<u8>> = conn
         .prepare_cached("SELECT packed FROM outcome_hours WHERE route_id = ?1 AND hour_ms = ?2")?

@@ -84,6 +84,8 @@ pub(crate) enum Command {
     Pack {
         before_ms: i64,
         limit: usize,
+        /// A run's first step: the hours passed over before are tried again.
+        first: bool,
         ack: Ack<u64>,
     },
     CheckWritable {
@@ -404,20 +406,22 @@ impl Writer {
     pub async fn pack(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
         let before_ms = outcome_hours::pack_before(to_ms(now));
         let mut packed = 0;
-        loop {
+        for first in std::iter::once(true).chain(std::iter::repeat(false)) {
             let n = self
                 .request(|ack| Command::Pack {
                     before_ms,
                     limit: PACK_BATCH,
+                    first,
                     ack,
                 })
                 .await?;
             if n == 0 {
-                return Ok(packed);
+                break;
             }
             packed += n;
             tokio::task::yield_now().await;
         }
+        Ok(packed)
     }
 
     /// One write to the alert tables, in its own transaction with whatever else is queued;
@@ -454,6 +458,7 @@ pub(crate) fn run(
         rollups: RollupCache::default(),
         days: outcome_days::Days::default(),
         masks: VecDeque::new(),
+        pack_skipped: Vec::new(),
         token: writer_token(),
         location,
         reachability,
@@ -521,6 +526,8 @@ struct State {
     days: outcome_days::Days,
     /// Per-item answers of the committed `Vantage` commands not yet answered.
     masks: VecDeque<Vec<bool>>,
+    /// The hours the current packing run passed over (see [`outcome_hours::Skipped`]).
+    pack_skipped: Vec<outcome_hours::Skipped>,
     /// Unique to this writer: what it writes under [`ROLLUP_WRITER_KEY`].
     token: String,
     location: StoreLocation,
@@ -739,8 +746,19 @@ impl State {
                     }
                 }
                 Command::Pack {
-                    before_ms, limit, ..
-                } => outcome_hours::pack_step(&tx, *before_ms, *limit)?,
+                    before_ms,
+                    limit,
+                    first,
+                    ..
+                } => {
+                    if *first {
+                        self.pack_skipped.clear();
+                    }
+                    let (n, skipped) =
+                        outcome_hours::pack_step(&tx, *before_ms, *limit, &self.pack_skipped)?;
+                    self.pack_skipped.extend(skipped);
+                    n
+                }
                 Command::Health { write, .. } => {
                     health::apply(&tx, write, |route| self.route_id(&tx, route))?;
                     0

@@ -1,8 +1,9 @@
 //! Closed hours of raw outcomes packed into one row per route and hour: every reader answers
 //! the same before and after packing (latencies to the microsecond), a late outcome for a
 //! packed hour is read at once and merged at the next packing, retention removes an hour once
-//! all of it has expired, and a store written before the packed layout upgrades and packs its
-//! history without losing a row.
+//! all of it has expired, a store written before the packed layout upgrades and packs its
+//! history without losing a row, and a row that cannot be read back holds up only its own
+//! hour.
 
 use crate::common::pg::TestDb;
 
@@ -302,6 +303,99 @@ async fn packing_closed_hours_leaves_every_reader_answer_as_it_was() {
         + count(&conn, "SELECT count(*) FROM outcomes");
     assert_eq!(report.outcomes as i64 + left, written + 1);
     drop(reader);
+    store.close().await.unwrap();
+}
+
+/// A row that cannot be read back (a text where a count or a latency belongs) keeps its hour
+/// raw; every other hour, older and newer, of its route and of the
+/// others, is packed, and a later run passes over it again instead of stopping at it.
+#[tokio::test]
+async fn an_unreadable_row_keeps_its_hour_raw_and_packing_goes_on() {
+    let db = TestDb::new(Engine::Sqlite);
+    let store = db.open(opts());
+    let mut rng = StdRng::seed_from_u64(11);
+    let routes: Vec<RouteId> = (0..3).map(route).collect();
+    let mut written = 0;
+    for r in &routes {
+        let os = history(&mut rng, r, t0(), 5);
+        written += os.len() as i64;
+        record_all(&store, os).await;
+    }
+    let conn = db.connect();
+    let hour = |h: i64| (t0() + chrono::Duration::hours(h)).timestamp_millis();
+    let route_id = |n: usize| -> i64 {
+        conn.query_row(
+            &format!("SELECT id FROM routes WHERE name = '{}'", route(n)),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let damage = |set: &str, route: i64, h: i64| {
+        let sql = format!(
+            "UPDATE outcomes SET {set} WHERE id = (SELECT min(id) FROM outcomes
+             WHERE route_id = {route} AND started_at_ms >= {} AND started_at_ms < {})",
+            hour(h),
+            hour(h + 1)
+        );
+        assert_eq!(conn.execute(&sql, []).unwrap(), 1);
+    };
+    // The oldest hour of all, and one in the middle of another route's.
+    let (r0, r1) = (route_id(0), route_id(1));
+    damage("output_tokens = 'three'", r0, 0);
+    damage("total_ms = 'fast'", r1, 2);
+    let in_hour = |route: i64, h: i64| {
+        count(
+            &conn,
+            &format!(
+                "SELECT count(*) FROM outcomes WHERE route_id = {route}
+                 AND started_at_ms >= {} AND started_at_ms < {}",
+                hour(h),
+                hour(h + 1)
+            ),
+        )
+    };
+    let kept = [in_hour(r0, 0), in_hour(r1, 2)];
+
+    // At 05:40 the hours 00:00–04:00 are due: 3 routes × 4 hours, 2 of them unreadable.
+    let at = t0() + chrono::Duration::minutes(5 * 60 + 40);
+    let packed = store.writer().pack(at).await.unwrap();
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM outcome_hours"),
+        3 * 4 - 2,
+        "every readable hour is packed"
+    );
+    assert_eq!(
+        count(&conn, "SELECT COALESCE(SUM(count), 0) FROM outcome_hours"),
+        packed as i64
+    );
+    assert_eq!(
+        [in_hour(r0, 0), in_hour(r1, 2)],
+        kept,
+        "the unreadable hours stay raw"
+    );
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM outcomes") + packed as i64,
+        written,
+        "no row lost"
+    );
+    let unpacked = format!(
+        "SELECT count(*) FROM outcomes WHERE started_at_ms < {}
+         AND NOT (route_id = {r0} AND started_at_ms < {})
+         AND NOT (route_id = {r1} AND started_at_ms >= {} AND started_at_ms < {})",
+        hour(4),
+        hour(1),
+        hour(2),
+        hour(3)
+    );
+    assert_eq!(count(&conn, &unpacked), 0, "a due hour was left raw");
+
+    // The next run passes over them again, packs nothing, and ends.
+    assert_eq!(store.writer().pack(at).await.unwrap(), 0);
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM outcome_hours"),
+        3 * 4 - 2
+    );
     store.close().await.unwrap();
 }
 
