@@ -139,16 +139,7 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
             }
             if age < STALE_MAX {
                 let value = value.clone();
-                if !slot.refreshing {
-                    slot.refreshing = true;
-                    tokio::spawn(refresh(
-                        self.slot.clone(),
-                        load,
-                        clock.clone(),
-                        clock.now(),
-                        previous,
-                    ));
-                }
+                self.refresh_once(&mut slot, load, clock, previous);
                 return Ok(value);
             }
         }
@@ -181,20 +172,32 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
             let mut slot = self.slot.lock().await;
             if slot.value.is_none() && !slot.first_failed {
                 self.ask(&mut slot, &load, clock);
-                if !slot.refreshing {
-                    slot.refreshing = true;
-                    tokio::spawn(refresh(
-                        self.slot.clone(),
-                        load,
-                        clock.clone(),
-                        clock.now(),
-                        None,
-                    ));
-                }
+                self.refresh_once(&mut slot, load, clock, None);
                 return Ok(None);
             }
         }
         self.get_where(clock, load, fit).await.map(Some)
+    }
+
+    /// Starts a read in the background unless one runs.
+    fn refresh_once(
+        &self,
+        slot: &mut Slot<T>,
+        load: Load<T>,
+        clock: &Arc<dyn Clock>,
+        previous: Option<Arc<T>>,
+    ) {
+        if !slot.refreshing {
+            slot.refreshing = true;
+            let read = refresh(
+                self.slot.clone(),
+                load,
+                clock.clone(),
+                clock.now(),
+                previous,
+            );
+            tokio::spawn(read);
+        }
     }
 
     /// Notes a request and how it reads, for the keeper; starts the keeper.
