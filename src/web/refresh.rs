@@ -4,8 +4,9 @@
 //! is still served at once while one background task reads the new one: at 10,000 routes a
 //! read of the status figures takes longer than the answer's own budget, and a reader who
 //! got figures five seconds old a moment ago is not worse off with ten. Older than that, or
-//! before the first read, the request waits for the read. There is one read at a time
-//! whatever the number of requests.
+//! before the first read, the request waits for the read — unless it can do without the
+//! value until the first read ends ([`Refreshing::get_once_read`]: a page that says so).
+//! There is one read at a time whatever the number of requests.
 //!
 //! A value whose read is slow stays fresh longer: at least [`COST_RATIO`] times as long as
 //! its last read took (up to [`KEEP_EVERY`]), so that pollers never keep a core reading.
