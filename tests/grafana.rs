@@ -598,11 +598,14 @@ async fn a_real_prometheus_accepts_every_dashboard_query() {
     let http = reqwest::Client::new();
     let api = format!("http://127.0.0.1:{port}/api/v1");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while http
-        .get(format!("{api}/status/buildinfo"))
+    // Ready, not only listening: until its storage is open Prometheus answers its API with a
+    // plain-text 503.
+    let ready = format!("http://127.0.0.1:{port}/-/ready");
+    while !http
+        .get(&ready)
         .send()
         .await
-        .is_err()
+        .is_ok_and(|r| r.status().is_success())
     {
         assert!(
             Instant::now() < deadline,
