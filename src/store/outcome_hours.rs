@@ -40,8 +40,8 @@ pub(crate) fn pack_before(now_ms: i64) -> i64 {
 /// other hours rather than stopping at the oldest one for good.
 pub(crate) type Skipped = (i64, i64);
 
-/// The most hours one packing run passes over; at it the run ends (the next, an hour later,
-/// tries them again).
+/// The most hours one packing run passes over; at it the run ends (its next step packs
+/// nothing; the next run, an hour later, tries them again).
 pub(crate) const MAX_SKIPPED: usize = 8;
 
 /// Packs up to `limit` route-hours of raw outcomes that started before `before_ms`, oldest
@@ -54,7 +54,8 @@ pub(crate) fn pack_step(
     limit: usize,
     skip: &[Skipped],
 ) -> Result<(u64, Vec<Skipped>), StoreError> {
-    if conn.engine() == Engine::Postgres {
+    // PostgreSQL packs nothing; a run that passed over as many hours as it may ends.
+    if conn.engine() == Engine::Postgres || skip.len() >= MAX_SKIPPED {
         return Ok((0, Vec::new()));
     }
     let started = Instant::now();
@@ -86,8 +87,7 @@ pub(crate) fn pack_step(
                 );
                 skipped.push((route_id, hour_ms));
                 if skip.len() + skipped.len() >= MAX_SKIPPED {
-                    // Answered as nothing packed: the run ends here.
-                    return Ok((0, skipped));
+                    break;
                 }
             }
             Err(e) => return Err(e),
