@@ -8,14 +8,19 @@
 //! packing freed, as at steady state). Prints the write and packing rates and, by `dbstat`,
 //! the bytes per outcome of the raw table and its indexes before packing and of the packed
 //! hours after, the rollups' rows and bytes, and the file's size.
+//!
+//! With `BENCH_PG_URL` (an empty PostgreSQL database) the store is there instead, and the
+//! bytes are PostgreSQL's own (`pg_total_relation_size`: heap, TOAST and indexes): the raw
+//! day partitions before packing, the packed hours after, and what the partitions still hold
+//! (their deleted rows' pages, until packing drops the day).
 
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
 use probeok::probe::outcome::{OutcomeKind, ProbeError, ProbeOutcome};
 use probeok::route::RouteId;
-use probeok::store::sql::Connection;
-use probeok::store::{Store, StoreOptions};
+use probeok::store::sql::{Connection, Engine, PgUrl};
+use probeok::store::{Store, StoreLocation, StoreOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -57,13 +62,39 @@ fn outcome(route: &RouteId, at: DateTime<Utc>, rng: &mut StdRng) -> ProbeOutcome
     }
 }
 
+/// Bytes of the tables named like `like` and of their indexes.
 fn bytes_of(conn: &Connection, like: &str) -> u64 {
-    conn.query_row(
-        "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name LIKE ?1",
-        [like],
-        |r| r.get::<_, i64>(0),
+    let sql = match conn.engine() {
+        Engine::Sqlite => "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name LIKE ?1",
+        // Tables only (an index's size is in its table's total), partitions included.
+        Engine::Postgres => {
+            "SELECT CAST(COALESCE(SUM(pg_total_relation_size(c.oid)), 0) AS BIGINT)
+             FROM pg_class c WHERE c.relname LIKE ?1 AND c.relkind = 'r'"
+        }
+    };
+    conn.query_row(sql, [like], |r| r.get::<_, i64>(0))
+        .unwrap_or(0) as u64
+}
+
+/// The database's size and the part of it free for new rows (SQLite: the free pages; on
+/// PostgreSQL the database's size only).
+fn file_of(conn: &Connection) -> (i64, Option<i64>) {
+    if conn.engine() == Engine::Postgres {
+        let size = conn
+            .query_row(
+                "SELECT CAST(pg_database_size(current_database()) AS BIGINT)",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        return (size, None);
+    }
+    let pragma = |p: &str| -> i64 { conn.query_row(p, [], |r| r.get(0)).unwrap() };
+    let page = pragma("PRAGMA page_size");
+    (
+        pragma("PRAGMA page_count") * page,
+        Some(pragma("PRAGMA freelist_count") * page),
     )
-    .unwrap_or(0) as u64
 }
 
 async fn write(
@@ -98,8 +129,11 @@ async fn main() {
     let routes_n = env("BENCH_ROUTES", 1000);
     let hours = env("BENCH_HOURS", 24);
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("probeok.db");
-    let store = Store::open(&path, StoreOptions::default()).unwrap();
+    let location = match std::env::var("BENCH_PG_URL") {
+        Ok(url) => StoreLocation::Postgres(PgUrl::parse(&url).expect("a postgres:// URL").unwrap()),
+        Err(_) => StoreLocation::Sqlite(dir.path().join("probeok.db")),
+    };
+    let store = Store::open_at(&location, StoreOptions::default()).unwrap();
     let routes: Vec<RouteId> = (0..routes_n)
         .map(|i| RouteId::new("qwen", "cn-beijing", &format!("qwen-plus-{i:05}")))
         .collect();
@@ -115,7 +149,10 @@ async fn main() {
             .join(" "),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let conn = Connection::open_sqlite(&path).unwrap();
+    let conn = match &location {
+        StoreLocation::Postgres(url) => Connection::open_postgres(url).unwrap(),
+        StoreLocation::Sqlite(path) => Connection::open_sqlite(path).unwrap(),
+    };
     let mut outcomes = 0;
     for round in 0..2 {
         let start = from + chrono::Duration::hours((round * hours) as i64);
@@ -134,15 +171,7 @@ async fn main() {
         let t = Instant::now();
         let packed = store.writer().pack(now).await.unwrap();
         let took = t.elapsed();
-        let page: i64 = conn
-            .query_row("PRAGMA page_size", [], |r| r.get(0))
-            .unwrap();
-        let pages: i64 = conn
-            .query_row("PRAGMA page_count", [], |r| r.get(0))
-            .unwrap();
-        let free: i64 = conn
-            .query_row("PRAGMA freelist_count", [], |r| r.get(0))
-            .unwrap();
+        let (size, free) = file_of(&conn);
         let hours_bytes = bytes_of(&conn, "outcome_hours%");
         let rollup_rows: i64 = conn
             .query_row(
@@ -169,13 +198,13 @@ async fn main() {
         let raw_left = bytes_of(&conn, "outcomes%");
         println!(
             "  packed {packed} outcomes in {:.1} s, {:.0} a second; packed hours {:.1} B an outcome \
-             (of {outcomes} stored), raw table and indexes left {:.1} MB; file {:.1} MB, {:.1} MB of it free pages",
+             (of {outcomes} stored), raw table and indexes left {:.1} MB; database {:.1} MB{}",
             took.as_secs_f64(),
             packed as f64 / took.as_secs_f64(),
             hours_bytes as f64 / outcomes as f64,
             raw_left as f64 / 1e6,
-            (pages * page) as f64 / 1e6,
-            (free * page) as f64 / 1e6,
+            size as f64 / 1e6,
+            free.map_or(String::new(), |f| format!(", {:.1} MB of it free pages", f as f64 / 1e6)),
         );
     }
     store.close().await.unwrap();

@@ -5,6 +5,9 @@
 //! `outcomes_unpartitioned`, the partition of every time before the day after the newest of
 //! them, and are deleted by key as they expire, as on SQLite.
 //!
+//! Packing moves a closed hour's rows into `outcome_hours`; a day whose every hour is packed
+//! has its partition dropped then ([`drop_packed`]), a day after it ended.
+//!
 //! A partition must exist before a row of its day is inserted (there is no default partition
 //! to catch strays: a day's partition could not be created later over rows already there).
 //! The writer creates the days of each batch under its advisory lock, so two processes never
@@ -21,8 +24,9 @@ use super::StoreError;
 const DAY_MS: i64 = 86_400_000;
 
 /// A day ending less than this before now can never have been dropped by retention (which
-/// keeps at least a day, and drops a day only once all of it has expired), by this process or
-/// another whose clock is that far off: only such days are remembered as existing. An older
+/// keeps at least a day, and drops a day only once all of it has expired) or by packing
+/// (which drops a day a day after it ended), by this process or another whose clock is that
+/// far off: only such days are remembered as existing. An older
 /// day is asked for each time (`IF NOT EXISTS`): a late row may come for a day retention
 /// dropped meanwhile, and its partition is then made again.
 const REMEMBER_WITHIN_MS: i64 = 12 * 3_600_000;
@@ -148,9 +152,8 @@ pub(crate) fn ensure_all(conn: &Connection, days: &[i64]) -> Result<(), StoreErr
     Days::default().ensure(conn, i64::MIN, days.iter().map(|d| d * DAY_MS))
 }
 
-/// On PostgreSQL: drops the day partitions that end at or before `cutoff_ms`, answering the
-/// rows they held (counted first: the retention report says what went).
-fn drop_expired(conn: &Connection, cutoff_ms: i64) -> Result<u64, StoreError> {
+/// The day partitions there are, with their days.
+fn partitions(conn: &Connection) -> Result<Vec<(String, i64)>, StoreError> {
     let names = conn
         .prepare_cached(
             "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -158,9 +161,43 @@ fn drop_expired(conn: &Connection, cutoff_ms: i64) -> Result<u64, StoreError> {
         )?
         .query_map(params![], |r| r.get::<_, String>(0))?
         .collect::<Result<Vec<String>, _>>()?;
+    Ok(names
+        .into_iter()
+        .filter_map(|n| day_of(&n).map(|d| (n, d)))
+        .collect())
+}
+
+/// On PostgreSQL, after packing left no raw row before `before_ms` but those of the `passed`
+/// hours: drops the partitions of the days that ended before it and hold none of those
+/// hours (their pages hold only deleted rows, which no new row would reuse). Only days that
+/// ended a day before are dropped, as retention keeps at least a day: a writer remembers a
+/// newer day as existing (see [`REMEMBER_WITHIN_MS`]) and would insert a late row into it
+/// without making it again. Inside the writer's transaction, after its lock. Answers the
+/// partitions dropped.
+pub(crate) fn drop_packed(
+    conn: &Connection,
+    before_ms: i64,
+    passed: &[(i64, i64)],
+) -> Result<usize, StoreError> {
+    let until = before_ms.saturating_sub(DAY_MS);
+    let mut dropped = 0;
+    for (table, day) in partitions(conn)? {
+        let (from, to) = (day * DAY_MS, (day + 1) * DAY_MS);
+        if to > until || passed.iter().any(|&(_, h)| h >= from && h < to) {
+            continue;
+        }
+        conn.execute_batch(&format!("DROP TABLE {table}"))?;
+        tracing::info!(partition = %table, "a packed day's raw partition dropped");
+        dropped += 1;
+    }
+    Ok(dropped)
+}
+
+/// On PostgreSQL: drops the day partitions that end at or before `cutoff_ms`, answering the
+/// rows they held (counted first: the retention report says what went).
+fn drop_expired(conn: &Connection, cutoff_ms: i64) -> Result<u64, StoreError> {
     let mut rows = 0u64;
-    for table in names {
-        let Some(day) = day_of(&table) else { continue };
+    for (table, day) in partitions(conn)? {
         if (day + 1) * DAY_MS > cutoff_ms {
             continue;
         }

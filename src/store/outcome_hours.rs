@@ -1,12 +1,16 @@
 //! Closed hours of raw outcomes, packed (`outcome_hours`, the value's layout in
 //! [`super::pack`]): packing them, reading them beside the raw rows, and their retention.
 //!
-//! On SQLite an hour of a route is packed once the hour has been over for [`PACK_AFTER_MS`]:
-//! its raw rows are read, merged with whatever was packed for that hour before (a late
-//! outcome), written as one row and deleted, in the writer's transaction. An hour with a row
-//! that cannot be read back stays raw ([`Skipped`]). PostgreSQL keeps its
-//! raw rows in day partitions that retention drops whole, and packs nothing; its readers still
-//! read the hours a SQLite store brought along.
+//! An hour of a route is packed once the hour has been over for [`PACK_AFTER_MS`]: its raw
+//! rows are read, merged with whatever was packed for that hour before (a late outcome),
+//! written as one row and deleted, in the writer's transaction (on PostgreSQL under the
+//! writers' advisory lock, so a pair's two writers never pack the same hour at once, nor
+//! insert a row into an hour while it is packed). An hour with a row that cannot be read back
+//! stays raw ([`Skipped`]).
+//!
+//! On PostgreSQL a deleted row's space stays in its day partition (new rows go to today's),
+//! so once a packing run has left a day with no raw row, the day's partition is dropped whole
+//! ([`super::outcome_days::drop_packed`]).
 
 use std::time::Instant;
 
@@ -46,16 +50,17 @@ pub(crate) const MAX_SKIPPED: usize = 8;
 
 /// Packs up to `limit` route-hours of raw outcomes that started before `before_ms`, oldest
 /// first, for at most [`super::jobs::STEP_TIME`] (at least one), passing over the hours in
-/// `skip`. Answers the raw rows packed (0 when none are left, and always on PostgreSQL) and
-/// the hours this step passed over, each logged.
+/// `skip`. Answers the raw rows packed (0 when none are left) and the hours this step passed
+/// over, each logged. The step that finds none left drops, on PostgreSQL, the day partitions
+/// it leaves empty.
 pub(crate) fn pack_step(
     conn: &Connection,
     before_ms: i64,
     limit: usize,
     skip: &[Skipped],
 ) -> Result<(u64, Vec<Skipped>), StoreError> {
-    // PostgreSQL packs nothing; a run that passed over as many hours as it may ends.
-    if conn.engine() == Engine::Postgres || skip.len() >= MAX_SKIPPED {
+    // A run that passed over as many hours as it may ends.
+    if skip.len() >= MAX_SKIPPED {
         return Ok((0, Vec::new()));
     }
     let started = Instant::now();
@@ -75,7 +80,15 @@ pub(crate) fn pack_step(
             .prepare_cached(&sql)?
             .query_row(values.as_slice(), |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;
-        let Some((route_id, at)) = next else { break };
+        let Some((route_id, at)) = next else {
+            // Every due hour is packed but the ones passed over (all of them: fewer than
+            // the most a run passes over).
+            if conn.engine() == Engine::Postgres && skip.len() + skipped.len() < MAX_SKIPPED {
+                let passed: Vec<Skipped> = skip.iter().chain(&skipped).copied().collect();
+                super::outcome_days::drop_packed(conn, before_ms, &passed)?;
+            }
+            break;
+        };
         let hour_ms = at.div_euclid(HOUR_MS) * HOUR_MS;
         match pack_hour(conn, route_id, hour_ms) {
             Ok(n) => packed += n,

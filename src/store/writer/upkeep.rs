@@ -77,7 +77,7 @@ impl Writer {
     }
 
     /// Packs every route's raw outcomes of the hours over for [`outcome_hours::PACK_AFTER_MS`]
-    /// into one row per route and hour (SQLite; nothing on PostgreSQL), in steps of at most
+    /// into one row per route and hour, in steps of at most
     /// [`PACK_BATCH`] route-hours with other writes between them. Answers the rows packed.
     pub async fn pack(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
         let before_ms = outcome_hours::pack_before(to_ms(now));

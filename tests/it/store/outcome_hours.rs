@@ -3,7 +3,7 @@
 //! packed hour is read at once and merged at the next packing, retention removes an hour once
 //! all of it has expired, a store written before the packed layout upgrades and packs its
 //! history without losing a row, and a row that cannot be read back holds up only its own
-//! hour.
+//! hour. On PostgreSQL a day whose hours are all packed has its partition dropped.
 
 use crate::common::pg::TestDb;
 
@@ -399,18 +399,26 @@ async fn an_unreadable_row_keeps_its_hour_raw_and_packing_goes_on() {
     store.close().await.unwrap();
 }
 
-/// PostgreSQL packs nothing (its day partitions are dropped whole), and reads the hours a
-/// SQLite store brought along.
+/// On PostgreSQL closed hours are packed as on SQLite, and a day left without raw rows has
+/// its partition dropped a day after it ended (its pages hold only deleted rows); a late
+/// outcome for it makes the partition again, is read at once and packed at the next run. The
+/// hours a SQLite store brought along are read too.
 #[tokio::test]
-async fn postgres_reads_packed_hours_brought_from_sqlite_and_packs_nothing_itself() {
+async fn postgres_packs_closed_hours_and_drops_the_emptied_day_partitions() {
     let lite = TestDb::new(Engine::Sqlite);
     let store = lite.open(opts());
     let mut rng = StdRng::seed_from_u64(11);
-    let r = route(0);
-    record_all(&store, history(&mut rng, &r, t0(), 3)).await;
-    let now = t0() + chrono::Duration::hours(4);
-    assert!(store.writer().pack(now).await.unwrap() > 0);
-    let want = answers(&store.reader().unwrap(), &r);
+    let brought = route(0);
+    record_all(&store, history(&mut rng, &brought, t0(), 3)).await;
+    assert!(
+        store
+            .writer()
+            .pack(t0() + chrono::Duration::hours(4))
+            .await
+            .unwrap()
+            > 0
+    );
+    let want = answers(&store.reader().unwrap(), &brought);
     store.close().await.unwrap();
 
     let pg = TestDb::new(Engine::Postgres);
@@ -418,8 +426,83 @@ async fn postgres_reads_packed_hours_brought_from_sqlite_and_packs_nothing_itsel
     probeok::store::copy::copy_sqlite_to_postgres(&lite.connect(), &pg.connect(), false, |_, _| {})
         .unwrap();
     let store = pg.open(opts());
-    assert_eq!(answers(&store.reader().unwrap(), &r), want);
-    record_all(&store, history(&mut rng, &route(1), t0(), 2)).await;
-    assert_eq!(store.writer().pack(now).await.unwrap(), 0);
+    let reader = store.reader().unwrap();
+    assert_eq!(answers(&reader, &brought), want);
+
+    // 30 hours of two routes: all of 10 June and 11 June until 06:00.
+    let routes = [route(1), route(2)];
+    let mut written = 0;
+    for r in &routes {
+        let os = history(&mut rng, r, t0(), 30);
+        written += os.len() as i64;
+        record_all(&store, os).await;
+    }
+    let before: Vec<Vec<String>> = routes.iter().map(|r| answers(&reader, r)).collect();
+    let conn = pg.connect();
+    let partitions = || {
+        let mut names: Vec<String> = conn
+            .prepare_cached(
+                "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'outcomes'::regclass AND c.relname <> 'outcomes_unpartitioned'",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        names.sort();
+        names
+    };
+    let packed_rows = || {
+        count(
+            &conn,
+            "SELECT CAST(COALESCE(SUM(count), 0) AS BIGINT) FROM outcome_hours",
+        )
+    };
+    let brought_rows = packed_rows();
+    assert_eq!(partitions(), ["outcomes_20260610", "outcomes_20260611"]);
+
+    // At 06:40 on 11 June every hour before 05:00 is packed; 10 June's partition, empty now,
+    // stays until a day after the day ended.
+    let packed = store
+        .writer()
+        .pack(t0() + chrono::Duration::minutes(30 * 60 + 40))
+        .await
+        .unwrap();
+    assert_eq!(packed_rows() - brought_rows, packed as i64);
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM outcomes") + packed as i64,
+        written
+    );
+    assert_eq!(count(&conn, "SELECT count(*) FROM outcomes_20260610"), 0);
+    assert_eq!(partitions(), ["outcomes_20260610", "outcomes_20260611"]);
+    for (r, want) in routes.iter().zip(&before) {
+        assert_eq!(&answers(&reader, r), want, "{r}");
+    }
+
+    // Just past 01:00 on 12 June (packing up to midnight): the last hours are packed, and 10
+    // June's partition is dropped; 11 June's waits its day.
+    let at = t0() + chrono::Duration::minutes(49 * 60 + 10);
+    store.writer().pack(at).await.unwrap();
+    assert_eq!(count(&conn, "SELECT count(*) FROM outcomes"), 0);
+    assert_eq!(packed_rows() - brought_rows, written);
+    assert_eq!(partitions(), ["outcomes_20260611"]);
+    for (r, want) in routes.iter().zip(&before) {
+        assert_eq!(&answers(&reader, r), want, "{r}");
+    }
+
+    // A late outcome for 10 June: its partition is made again, the outcome read at once,
+    // then merged into its hour and the partition dropped again.
+    let mut late = history(&mut rng, &routes[0], t0() + chrono::Duration::hours(3), 1).remove(0);
+    late.total_ms = 4_321.5;
+    store.writer().record(late).await.unwrap();
+    assert_eq!(partitions(), ["outcomes_20260610", "outcomes_20260611"]);
+    let with_late = answers(&reader, &routes[0]);
+    assert!(with_late.iter().any(|l| l.contains("4321.500")));
+    assert_eq!(store.writer().pack(at).await.unwrap(), 1);
+    assert_eq!(partitions(), ["outcomes_20260611"]);
+    assert_eq!(answers(&reader, &routes[0]), with_late);
+    assert_eq!(answers(&reader, &brought), want);
+    drop(reader);
     store.close().await.unwrap();
 }
