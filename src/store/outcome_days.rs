@@ -6,7 +6,7 @@
 //! them, and are deleted by key as they expire, as on SQLite.
 //!
 //! Packing moves a closed hour's rows into `outcome_hours`; a day whose every hour is packed
-//! has its partition dropped then ([`drop_packed`]), a day after it ended.
+//! has its partition dropped then ([`drop_packed`]), hours after it ended.
 //!
 //! A partition must exist before a row of its day is inserted (there is no default partition
 //! to catch strays: a day's partition could not be created later over rows already there).
@@ -25,11 +25,11 @@ const DAY_MS: i64 = 86_400_000;
 
 /// A day ending less than this before now can never have been dropped by retention (which
 /// keeps at least a day, and drops a day only once all of it has expired) or by packing
-/// (which drops a day a day after it ended), by this process or another whose clock is that
-/// far off: only such days are remembered as existing. An older
-/// day is asked for each time (`IF NOT EXISTS`): a late row may come for a day retention
-/// dropped meanwhile, and its partition is then made again.
-const REMEMBER_WITHIN_MS: i64 = 12 * 3_600_000;
+/// (which waits twice as long: see [`drop_packed`]), by this process or another whose clock is
+/// up to this far off: only such days are remembered as existing. An older day is asked for
+/// each time (`IF NOT EXISTS`, one statement for a batch that holds a late row): a late row
+/// may come for a day dropped meanwhile, and its partition is then made again.
+const REMEMBER_WITHIN_MS: i64 = 3 * 3_600_000;
 
 /// The days that have a partition, as far as this writer knows.
 #[derive(Debug, Default)]
@@ -170,16 +170,18 @@ fn partitions(conn: &Connection) -> Result<Vec<(String, i64)>, StoreError> {
 /// On PostgreSQL, after packing left no raw row before `before_ms` but those of the `passed`
 /// hours: drops the partitions of the days that ended before it and hold none of those
 /// hours (their pages hold only deleted rows, which no new row would reuse). Only days that
-/// ended a day before are dropped, as retention keeps at least a day: a writer remembers a
-/// newer day as existing (see [`REMEMBER_WITHIN_MS`]) and would insert a late row into it
-/// without making it again. Inside the writer's transaction, after its lock. Answers the
-/// partitions dropped.
+/// ended twice [`REMEMBER_WITHIN_MS`] before are dropped (about 7 hours after the day's end,
+/// packing itself waiting an hour or two): a writer remembers a newer day as existing and
+/// would insert a late row into it without making it again, so a writer whose clock is
+/// behind by less than that never does. Raw partitions take at most about a day and a third
+/// of outcomes. Inside the writer's transaction, after its lock. Answers the partitions
+/// dropped.
 pub(crate) fn drop_packed(
     conn: &Connection,
     before_ms: i64,
     passed: &[(i64, i64)],
 ) -> Result<usize, StoreError> {
-    let until = before_ms.saturating_sub(DAY_MS);
+    let until = before_ms.saturating_sub(2 * REMEMBER_WITHIN_MS);
     let mut dropped = 0;
     for (table, day) in partitions(conn)? {
         let (from, to) = (day * DAY_MS, (day + 1) * DAY_MS);
