@@ -5,8 +5,9 @@
 //! read of the status figures takes longer than the answer's own budget, and a reader who
 //! got figures five seconds old a moment ago is not worse off with ten. Older than that, or
 //! before the first read, the request waits for the read — unless it can do without the
-//! value until the first read ends ([`Refreshing::get_once_read`]: a page that says so).
-//! There is one read at a time whatever the number of requests.
+//! value until that read ends ([`Refreshing::get_once_read`]: a page that says so, right
+//! after a start or after a quiet spell). There is one read at a time whatever the number of
+//! requests.
 //!
 //! A value whose read is slow stays fresh longer: at least [`COST_RATIO`] times as long as
 //! its last read took (up to [`KEEP_EVERY`]), so that pollers never keep a core reading.
@@ -79,8 +80,8 @@ struct Slot<T> {
     /// When a request last asked, and how it reads (the keeper uses the latest).
     asked: Option<(Instant, Load<T>, Arc<dyn Clock>)>,
     keeper: bool,
-    /// A background first read failed: requests wait for their own read again.
-    first_failed: bool,
+    /// The last background read failed: requests wait for their own read again.
+    failed: bool,
     /// Reads that ended with a value, so far (for whoever waits for the first).
     reads: tokio::sync::watch::Sender<u64>,
 }
@@ -99,7 +100,7 @@ impl<T> Default for Refreshing<T> {
                 refreshing: false,
                 asked: None,
                 keeper: false,
-                first_failed: false,
+                failed: false,
                 reads: tokio::sync::watch::Sender::new(0),
             })),
         }
@@ -159,10 +160,12 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
         let _ = reads.wait_for(|n| *n > 0).await;
     }
 
-    /// As [`Self::get_where`], but `None` at once until the first read ends (right after a
-    /// start), that read started in the background: for a page that can say its figures are
-    /// still being read rather than make its first visitor wait for them. After a first read
-    /// that failed, a request waits for a read again (and gets its error).
+    /// As [`Self::get_where`], but `None` at once whenever a request would wait for a read
+    /// (before the first read ends, right after a start, or with a value older than
+    /// [`STALE_MAX`], after a quiet spell), that read started in the background: for a page
+    /// that can say its figures are still being read rather than make its visitor wait for
+    /// them. After a background read that failed, a request waits for a read again (and gets
+    /// its error).
     pub async fn get_once_read(
         &self,
         clock: &Arc<dyn Clock>,
@@ -171,9 +174,14 @@ impl<T: Send + Sync + 'static> Refreshing<T> {
     ) -> Result<Option<Arc<T>>, RefreshError> {
         {
             let mut slot = self.slot.lock().await;
-            if slot.value.is_none() && !slot.first_failed {
+            let missing = slot
+                .value
+                .as_ref()
+                .is_none_or(|(at, _)| at.elapsed() >= STALE_MAX);
+            if missing && !slot.failed {
+                let previous = slot.value.as_ref().map(|(_, v)| v.clone());
                 self.ask(&mut slot, &load, clock);
-                self.refresh_once(&mut slot, load, clock, None);
+                self.refresh_once(&mut slot, load, clock, previous);
                 return Ok(None);
             }
         }
@@ -226,6 +234,7 @@ async fn refresh<T: Send + Sync + 'static>(
         Ok((v, took)) => {
             let old = slot.value.replace((Instant::now(), Arc::new(v)));
             slot.took = took;
+            slot.failed = false;
             slot.reads.send_modify(|n| *n += 1);
             drop(slot);
             drop(old);
@@ -235,7 +244,7 @@ async fn refresh<T: Send + Sync + 'static>(
         }
         // The old value stays until STALE_MAX; then a request reads and answers the error.
         Err(e) => {
-            slot.first_failed |= slot.value.is_none();
+            slot.failed = true;
             tracing::warn!(error = %e, "refreshing figures failed");
         }
     }
@@ -468,7 +477,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_page_gets_none_until_the_first_read_ends_and_then_waits_after_a_failure() {
+    async fn a_page_gets_none_until_a_read_ends_after_a_start_or_a_quiet_spell_and_waits_after_a_failure(
+    ) {
         let rig = Rig::new();
         let use_it = |_: &DateTime<Utc>| Fit::Use;
         let once = || rig.cache.get_once_read(&rig.dyn_clock, rig.load(), use_it);
@@ -487,6 +497,17 @@ mod tests {
         let read = once().await.unwrap().expect("the first read's value");
         assert_eq!(*read, rig.clock.now());
         assert_eq!(rig.calls(), 1, "served as read");
+
+        // After a quiet spell (the keeper stopped, the value past STALE_MAX) a request does
+        // not wait either: one read runs in the background, and its value is served next.
+        rig.pass((KEEP_WARM + STALE_MAX).as_secs()).await;
+        let calls = rig.calls();
+        assert_eq!(once().await.unwrap(), None, "the request after the spell");
+        assert_eq!(once().await.unwrap(), None, "and one while its read runs");
+        rig.pass(1).await;
+        assert_eq!(rig.calls(), calls + 1, "one read for both");
+        let read = once().await.unwrap().expect("the new read's value");
+        assert!(*read > rig.clock.now() - chrono::Duration::seconds(2));
 
         // A store that fails its first read: the next request waits and gets the error.
         let broken = Refreshing::<u32>::default();
