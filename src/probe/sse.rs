@@ -90,30 +90,41 @@ struct Lengths {
 }
 
 impl Lengths {
-    /// Counts `chunk`; `Err` with the reason once a bound is passed.
+    /// Counts `chunk`; `Err` with the reason once a bound is passed. Runs between line ends
+    /// are counted whole (every byte of every streamed event passes here).
     fn feed(&mut self, chunk: &[u8]) -> Result<(), String> {
-        for &b in chunk {
-            match b {
+        let mut rest = chunk;
+        loop {
+            let end = memchr::memchr2(b'\n', b'\r', rest);
+            self.text(end.unwrap_or(rest.len()))?;
+            let Some(i) = end else { return Ok(()) };
+            match rest[i] {
                 b'\n' if self.cr => self.cr = false,
-                b'\n' | b'\r' => {
+                b => {
                     if self.line == 0 {
                         self.event = 0; // a blank line ends the event
                     }
                     self.line = 0;
                     self.cr = b == b'\r';
                 }
-                _ => {
-                    self.line += 1;
-                    self.event += 1;
-                    self.cr = false;
-                }
             }
-            if self.line > MAX_LINE {
-                return Err(format!("an SSE line longer than {MAX_LINE} bytes"));
-            }
-            if self.event > MAX_EVENT {
-                return Err(format!("an SSE event longer than {MAX_EVENT} bytes"));
-            }
+            rest = &rest[i + 1..];
+        }
+    }
+
+    /// `n` bytes of a line.
+    fn text(&mut self, n: usize) -> Result<(), String> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.line += n;
+        self.event += n;
+        self.cr = false;
+        if self.line > MAX_LINE {
+            return Err(format!("an SSE line longer than {MAX_LINE} bytes"));
+        }
+        if self.event > MAX_EVENT {
+            return Err(format!("an SSE event longer than {MAX_EVENT} bytes"));
         }
         Ok(())
     }

@@ -135,7 +135,8 @@ impl Usage {
     /// the chunks without one (most of them): they are not parsed.
     pub fn in_stream_chunk(chunk: &[u8]) -> Option<Self> {
         const NEEDLE: &[u8] = b"\"prompt_tokens\"";
-        if !chunk.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+        // Every chunk of every stream is looked at: a vectorised search, not a loop.
+        if memchr::memmem::find(chunk, NEEDLE).is_none() {
             return None;
         }
         chunk

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use proptest::prelude::*;
 
-use super::{events, BodyFault, ReadFault};
+use super::{events, BodyFault, Lengths, ReadFault};
 
 /// Cases per property: bounded so the suite's time does not depend on the environment.
 const CASES: u32 = 256;
@@ -119,8 +119,49 @@ fn a_cut_between_cr_and_lf_is_one_line_ending() {
     assert_eq!(read_all(body, &[18, 19]), whole);
 }
 
+/// The line bounds' count, one byte at a time: `(line, event, cr)` after `bytes` (a `\n`
+/// right after a `\r` ends no second line).
+fn counted(bytes: &[u8]) -> (usize, usize, bool) {
+    let (mut line, mut event, mut cr) = (0, 0, false);
+    for &b in bytes {
+        match b {
+            b'\n' if cr => cr = false,
+            b'\n' | b'\r' => {
+                if line == 0 {
+                    event = 0;
+                }
+                line = 0;
+                cr = b == b'\r';
+            }
+            _ => {
+                line += 1;
+                event += 1;
+                cr = false;
+            }
+        }
+    }
+    (line, event, cr)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    #[test]
+    fn line_bounds_count_as_one_byte_at_a_time_whatever_the_chunking(
+        body in prop::collection::vec(
+            prop_oneof![Just(b'\r'), Just(b'\n'), Just(b'x'), any::<u8>()], 0..256),
+        cuts in prop::collection::vec(any::<usize>(), 0..8),
+    ) {
+        let mut at: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+        at.sort_unstable();
+        let mut lengths = Lengths::default();
+        let mut from = 0;
+        for to in at.into_iter().chain([body.len()]) {
+            prop_assert!(lengths.feed(&body[from..to]).is_ok());
+            from = to;
+        }
+        prop_assert_eq!((lengths.line, lengths.event, lengths.cr), counted(&body));
+    }
 
     #[test]
     fn any_bytes_in_any_chunks_never_panic(
