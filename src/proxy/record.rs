@@ -136,9 +136,7 @@ impl Usage {
     pub fn in_stream_chunk(chunk: &[u8]) -> Option<Self> {
         const NEEDLE: &[u8] = b"\"prompt_tokens\"";
         // Every chunk of every stream is looked at: a vectorised search, not a loop.
-        if memchr::memmem::find(chunk, NEEDLE).is_none() {
-            return None;
-        }
+        memchr::memmem::find(chunk, NEEDLE)?;
         chunk
             .split(|b| *b == b'\n')
             .rev()
