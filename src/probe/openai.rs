@@ -7,7 +7,10 @@
 //! `[DONE]`; the usage chunk still proves the provider finished. Without a `finish_reason` a
 //! stream is always `Truncated`.
 
+use std::borrow::Cow;
+
 use eventsource_stream::Event;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::outcome::{scrub, ProbeError};
@@ -75,6 +78,17 @@ fn record_meta(c: &mut Collected, v: &Value) {
     }
 }
 
+/// An `error` event is the provider declaring a failure, even in a shape we do not recognise.
+fn declared_error(event: &Event) -> Result<(), ProbeError> {
+    if event.event == "error" {
+        return Err(ProbeError::Http {
+            status: DECLARED_ERROR_STATUS,
+            message: scrub(&format!("error event: {}", event.data)),
+        });
+    }
+    Ok(())
+}
+
 /// Reads a streamed answer chunk by chunk.
 #[derive(Debug, Default)]
 pub(crate) struct OpenAiStream {
@@ -85,61 +99,242 @@ pub(crate) struct OpenAiStream {
     done: bool,
 }
 
-impl StreamDecoder for OpenAiStream {
-    fn feed(&mut self, event: &Event) -> Result<Step, ProbeError> {
-        if event.data.trim() == "[DONE]" {
-            self.done = true;
-            return Ok(Step::Done);
+/// What a stream chunk's reading uses, borrowed from the event's text (most chunks have no
+/// escapes: nothing is copied). A chunk that does not fit this shape exactly (an `error`,
+/// `message` or `code` key, a field of another type, a key twice) is read as a
+/// [`serde_json::Value`] and brought to this shape by the same lenient rules
+/// ([`Chunk::of_value`]), so both ways read a chunk alike; the typed way only saves the
+/// parse of every chunk of every stream into a tree of maps.
+#[derive(Debug, Default, serde::Deserialize)]
+struct Chunk<'a> {
+    #[serde(borrow)]
+    choices: Option<Vec<Obj<Choice<'a>>>>,
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    system_fingerprint: Option<Cow<'a, str>>,
+    usage: Option<Obj<ChunkUsage>>,
+    #[serde(default, deserialize_with = "present")]
+    error: bool,
+    #[serde(default, deserialize_with = "present")]
+    message: bool,
+    #[serde(default, deserialize_with = "present")]
+    code: bool,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct ChunkUsage {
+    completion_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct Choice<'a> {
+    #[serde(borrow)]
+    delta: Option<Obj<Delta<'a>>>,
+    #[serde(borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct Delta<'a> {
+    #[serde(borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<Obj<ToolCall<'a>>>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct ToolCall<'a> {
+    index: Option<u64>,
+    #[serde(borrow)]
+    function: Option<Obj<Function<'a>>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct Function<'a> {
+    #[serde(borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+/// `T` from a JSON object only: a derived struct also takes an array, by position, where
+/// the tree reading sees no fields.
+#[derive(Debug, Default)]
+struct Obj<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::deserialize(ObjectOnly(d)).map(Obj)
+    }
+}
+
+/// A deserializer that reads a struct from an object and nothing else.
+struct ObjectOnly<D>(D);
+
+impl<'de, D: serde::Deserializer<'de>> serde::Deserializer<'de> for ObjectOnly<D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, v: V) -> Result<V::Value, D::Error> {
+        self.0.deserialize_any(v)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_map(v)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
+}
+
+/// A key that is there, whatever its value (`null` included).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
+}
+
+impl<'a> Chunk<'a> {
+    /// A chunk read as a tree, by the rules the typed shape stands for: a string where a
+    /// string belongs, else nothing; a missing or odd tool call index is 0.
+    fn of_value(v: &'a Value) -> Chunk<'a> {
+        let text = |v: Option<&'a Value>| v.and_then(Value::as_str).map(Cow::Borrowed);
+        let choices = v.get("choices").and_then(Value::as_array).map(|cs| {
+            cs.iter()
+                .map(|c| {
+                    Obj(Choice {
+                        delta: c.get("delta").map(|d| {
+                            Obj(Delta {
+                                content: text(d.get("content")),
+                                reasoning_content: text(d.get("reasoning_content")),
+                                reasoning: text(d.get("reasoning")),
+                                refusal: text(d.get("refusal")),
+                                tool_calls: d["tool_calls"].as_array().map(|calls| {
+                                    calls
+                                        .iter()
+                                        .map(|call| {
+                                            Obj(ToolCall {
+                                                index: Some(call["index"].as_u64().unwrap_or(0)),
+                                                function: Some(Obj(Function {
+                                                    arguments: text(
+                                                        call["function"].get("arguments"),
+                                                    ),
+                                                })),
+                                            })
+                                        })
+                                        .collect()
+                                }),
+                            })
+                        }),
+                        finish_reason: text(c.get("finish_reason")),
+                    })
+                })
+                .collect()
+        });
+        let usage = v.get("usage");
+        Chunk {
+            choices,
+            model: text(v.get("model")),
+            system_fingerprint: text(v.get("system_fingerprint")),
+            usage: usage.filter(|u| u.is_object()).map(|u| {
+                Obj(ChunkUsage {
+                    completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
+                })
+            }),
+            ..Chunk::default()
         }
-        let v = event_json(event)?;
-        if let Some(e) = error_in(&v) {
-            return Err(classify_embedded(e));
-        }
-        if event.event == "error" {
-            // An `error` event is the provider declaring a failure, even in a shape we do
-            // not recognise.
-            return Err(ProbeError::Http {
-                status: DECLARED_ERROR_STATUS,
-                message: scrub(&format!("error event: {}", event.data)),
-            });
-        }
-        let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+    }
+}
+
+impl OpenAiStream {
+    /// A chunk read (no error in it): its meta and each choice's delta.
+    fn apply(&mut self, chunk: Chunk<'_>) -> Result<Step, ProbeError> {
+        let Some(choices) = chunk.choices else {
             return Err(ProbeError::Malformed {
                 message: "stream chunk without `choices`".into(),
             });
         };
-        record_meta(&mut self.c, &v);
-        if v.get("usage").is_some_and(Value::is_object) {
-            self.usage_seen = true;
+        self.c.set_model(chunk.model.as_deref());
+        if let Some(fp) = chunk.system_fingerprint {
+            self.c.system_fingerprint = Some(fp.into_owned());
         }
-        for choice in choices {
-            if let Some(delta) = choice.get("delta") {
-                let text = delta.get("content").and_then(Value::as_str).unwrap_or("");
-                let reasoning = ["reasoning_content", "reasoning"]
-                    .iter()
-                    .find_map(|k| delta.get(*k).and_then(Value::as_str))
+        if let Some(Obj(usage)) = &chunk.usage {
+            self.usage_seen = true;
+            if let Some(n) = usage.completion_tokens.and_then(|n| u32::try_from(n).ok()) {
+                self.c.usage_output_tokens = Some(n);
+            }
+        }
+        for Obj(choice) in choices {
+            if let Some(Obj(delta)) = choice.delta {
+                let text = delta.content.as_deref().unwrap_or("");
+                let reasoning = delta
+                    .reasoning_content
+                    .as_deref()
+                    .or(delta.reasoning.as_deref())
                     .unwrap_or("");
                 let a = self.c.push_text(text);
                 let b = self.c.push_reasoning(reasoning);
                 if a || b {
                     self.c.content_events = self.c.content_events.saturating_add(1);
                 }
-                if let Some(r) = delta.get("refusal").and_then(Value::as_str) {
+                if let Some(r) = &delta.refusal {
                     self.refusal.push_str(r);
                 }
-                for call in delta["tool_calls"].as_array().into_iter().flatten() {
-                    let index = call["index"].as_u64().unwrap_or(0);
-                    let args = call["function"]["arguments"].as_str().unwrap_or("");
+                for Obj(call) in delta.tool_calls.into_iter().flatten() {
+                    let index = call.index.unwrap_or(0);
+                    let args = call
+                        .function
+                        .as_ref()
+                        .and_then(|f| f.0.arguments.as_deref())
+                        .unwrap_or("");
                     self.c
                         .push_tool_args(usize::try_from(index).unwrap_or(usize::MAX), args);
                 }
             }
-            if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+            if let Some(f) = choice.finish_reason {
                 self.c.length_cut = f == "length";
-                self.finish_reason = Some(f.to_owned());
+                self.finish_reason = Some(f.into_owned());
             }
         }
         Ok(Step::Continue)
+    }
+}
+
+impl OpenAiStream {
+    /// A chunk read as a tree: any JSON, embedded errors recognised.
+    fn feed_tree(&mut self, event: &Event) -> Result<Step, ProbeError> {
+        let v = event_json(event)?;
+        if let Some(e) = error_in(&v) {
+            return Err(classify_embedded(e));
+        }
+        declared_error(event)?;
+        self.apply(Chunk::of_value(&v))
+    }
+}
+
+impl StreamDecoder for OpenAiStream {
+    fn feed(&mut self, event: &Event) -> Result<Step, ProbeError> {
+        if event.data.trim() == "[DONE]" {
+            self.done = true;
+            return Ok(Step::Done);
+        }
+        if let Ok(Obj(chunk)) = serde_json::from_str::<Obj<Chunk>>(&event.data) {
+            if !(chunk.error || chunk.message || chunk.code) {
+                declared_error(event)?;
+                return self.apply(chunk);
+            }
+        }
+        self.feed_tree(event)
     }
 
     fn collected(&self) -> &Collected {
@@ -356,5 +551,103 @@ mod tests {
         let b = request_body("qwen-max", "", "count", 128, false);
         assert_eq!(b["messages"].as_array().map(Vec::len), Some(1));
         assert!(b.get("stream_options").is_none());
+    }
+
+    /// Keys of chunks, deltas, tool calls and errors, so random objects hit the read fields.
+    const KEYS: &[&str] = &[
+        "choices",
+        "model",
+        "system_fingerprint",
+        "usage",
+        "error",
+        "message",
+        "code",
+        "content",
+        "delta",
+        "finish_reason",
+        "reasoning_content",
+        "reasoning",
+        "refusal",
+        "tool_calls",
+        "index",
+        "function",
+        "arguments",
+        "completion_tokens",
+        "id",
+    ];
+
+    fn json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (0u64..10).prop_map(Value::from),
+            Just(json!(4_294_967_296u64)),
+            Just(json!(1.5)),
+            "[a-z \\\"\u{e9}]{0,6}".prop_map(Value::from),
+            Just(json!("stop")),
+            Just(json!("length")),
+        ];
+        leaf.prop_recursive(4, 48, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Value::from),
+                prop::collection::vec((prop::sample::select(KEYS), inner), 0..5).prop_map(|kv| {
+                    Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                }),
+            ]
+        })
+    }
+
+    /// Both readings of a chunk, and the decoders after them.
+    fn both(data: &str, name: &str) -> (String, String) {
+        let event = Event {
+            event: name.into(),
+            data: data.into(),
+            ..Event::default()
+        };
+        let (mut typed, mut tree) = (OpenAiStream::default(), OpenAiStream::default());
+        let a = typed.feed(&event);
+        let b = tree.feed_tree(&event);
+        (format!("{a:?} {typed:?}"), format!("{b:?} {tree:?}"))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// The typed reading of a chunk decides as the tree reading does, whatever the chunk.
+        #[test]
+        fn a_chunk_reads_the_same_typed_or_as_a_tree(
+            v in json(),
+            name in proptest::prelude::prop_oneof![
+                proptest::prelude::Just("message"),
+                proptest::prelude::Just("error"),
+            ],
+        ) {
+            let data = v.to_string();
+            let (typed, tree) = both(&data, name);
+            proptest::prop_assert_eq!(typed, tree, "{}", data);
+        }
+    }
+
+    #[test]
+    fn odd_chunks_read_the_same_typed_or_as_a_tree() {
+        for data in [
+            r#"{"choices":[{"delta":{"content":"a"}}],"model":"m","model":"n"}"#,
+            r#"{"choices":[[{"content":"x"},"stop"]]}"#,
+            r#"[[{"delta":{"content":"x"}}],"m","fp",null,false,false,false]"#,
+            r#"{"choices":[{"delta":[ "x", null, null, null, null ]}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[[3,{"arguments":"{}"}]]}}]}"#,
+            r#"{"choices":[{"delta":{"content":"caf\u00e9 \"q\""},"finish_reason":"stop"}],"usage":{"completion_tokens":7}}"#,
+            r#"{"message":null,"code":null}"#,
+            r#"{"error":null,"choices":[]}"#,
+            r#"{"choices":[{"delta":null,"finish_reason":"length"}],"usage":[]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":null,"reasoning":"r"}}]}"#,
+            r#"{"choices":[]}  "#,
+            r#"{"choices":[]} x"#,
+        ] {
+            let (typed, tree) = both(data, "message");
+            assert_eq!(typed, tree, "{data}");
+        }
     }
 }
