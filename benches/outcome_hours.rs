@@ -149,10 +149,7 @@ async fn main() {
             .join(" "),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let conn = match &location {
-        StoreLocation::Postgres(url) => Connection::open_postgres(url).unwrap(),
-        StoreLocation::Sqlite(path) => Connection::open_sqlite(path).unwrap(),
-    };
+    let conn = location.connect().unwrap();
     let mut outcomes = 0;
     for round in 0..2 {
         let start = from + chrono::Duration::hours((round * hours) as i64);

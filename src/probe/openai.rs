@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::outcome::{scrub, ProbeError};
 use super::upstream::{classify_embedded, error_in, DECLARED_ERROR_STATUS};
-use super::wire::{as_u32, event_json, Collected, Step, StreamDecoder};
+use super::wire::{event_json, Collected, Step, StreamDecoder};
 
 /// The request body. `system` is omitted when empty (the throughput probe sends none: the
 /// probe's "Reply with exactly: PROBE_OK" would contradict "count from 1 to 40").
@@ -68,12 +68,18 @@ pub(super) fn refusal(finish_reason: Option<&str>, refusal_text: &str) -> Option
     })
 }
 
-fn record_meta(c: &mut Collected, v: &Value) {
-    c.set_model(v.get("model").and_then(Value::as_str));
-    if let Some(fp) = v.get("system_fingerprint").and_then(Value::as_str) {
+/// The answer's model, fingerprint and output tokens, from a body or a stream chunk.
+fn record_meta(
+    c: &mut Collected,
+    model: Option<&str>,
+    fingerprint: Option<&str>,
+    completion_tokens: Option<u64>,
+) {
+    c.set_model(model);
+    if let Some(fp) = fingerprint {
         c.system_fingerprint = Some(fp.to_owned());
     }
-    if let Some(n) = as_u32(v.get("usage").and_then(|u| u.get("completion_tokens"))) {
+    if let Some(n) = completion_tokens.and_then(|n| u32::try_from(n).ok()) {
         c.usage_output_tokens = Some(n);
     }
 }
@@ -204,54 +210,60 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     serde::de::IgnoredAny::deserialize(d).map(|_| true)
 }
 
+/// A string where a string belongs, else nothing (the tree reading's rule).
+fn text(v: Option<&Value>) -> Option<Cow<'_, str>> {
+    v.and_then(Value::as_str).map(Cow::Borrowed)
+}
+
 impl<'a> Chunk<'a> {
     /// A chunk read as a tree, by the rules the typed shape stands for: a string where a
-    /// string belongs, else nothing; a missing or odd tool call index is 0.
+    /// string belongs, else nothing; an array where an array belongs, else none.
     fn of_value(v: &'a Value) -> Chunk<'a> {
-        let text = |v: Option<&'a Value>| v.and_then(Value::as_str).map(Cow::Borrowed);
-        let choices = v.get("choices").and_then(Value::as_array).map(|cs| {
-            cs.iter()
-                .map(|c| {
-                    Obj(Choice {
-                        delta: c.get("delta").map(|d| {
-                            Obj(Delta {
-                                content: text(d.get("content")),
-                                reasoning_content: text(d.get("reasoning_content")),
-                                reasoning: text(d.get("reasoning")),
-                                refusal: text(d.get("refusal")),
-                                tool_calls: d["tool_calls"].as_array().map(|calls| {
-                                    calls
-                                        .iter()
-                                        .map(|call| {
-                                            Obj(ToolCall {
-                                                index: Some(call["index"].as_u64().unwrap_or(0)),
-                                                function: Some(Obj(Function {
-                                                    arguments: text(
-                                                        call["function"].get("arguments"),
-                                                    ),
-                                                })),
-                                            })
-                                        })
-                                        .collect()
-                                }),
-                            })
-                        }),
-                        finish_reason: text(c.get("finish_reason")),
-                    })
-                })
-                .collect()
-        });
-        let usage = v.get("usage");
         Chunk {
-            choices,
+            choices: v
+                .get("choices")
+                .and_then(Value::as_array)
+                .map(|cs| cs.iter().map(|c| Obj(Choice::of_value(c))).collect()),
             model: text(v.get("model")),
             system_fingerprint: text(v.get("system_fingerprint")),
-            usage: usage.filter(|u| u.is_object()).map(|u| {
+            usage: v.get("usage").filter(|u| u.is_object()).map(|u| {
                 Obj(ChunkUsage {
                     completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
                 })
             }),
             ..Chunk::default()
+        }
+    }
+}
+
+impl<'a> Choice<'a> {
+    fn of_value(c: &'a Value) -> Choice<'a> {
+        Choice {
+            delta: c.get("delta").map(|d| Obj(Delta::of_value(d))),
+            finish_reason: text(c.get("finish_reason")),
+        }
+    }
+}
+
+impl<'a> Delta<'a> {
+    /// A missing or odd tool call index is 0.
+    fn of_value(d: &'a Value) -> Delta<'a> {
+        let call = |call: &'a Value| {
+            Obj(ToolCall {
+                index: Some(call["index"].as_u64().unwrap_or(0)),
+                function: Some(Obj(Function {
+                    arguments: text(call["function"].get("arguments")),
+                })),
+            })
+        };
+        Delta {
+            content: text(d.get("content")),
+            reasoning_content: text(d.get("reasoning_content")),
+            reasoning: text(d.get("reasoning")),
+            refusal: text(d.get("refusal")),
+            tool_calls: d["tool_calls"]
+                .as_array()
+                .map(|calls| calls.iter().map(call).collect()),
         }
     }
 }
@@ -264,16 +276,14 @@ impl OpenAiStream {
                 message: "stream chunk without `choices`".into(),
             });
         };
-        self.c.set_model(chunk.model.as_deref());
-        if let Some(fp) = chunk.system_fingerprint {
-            self.c.system_fingerprint = Some(fp.into_owned());
-        }
-        if let Some(Obj(usage)) = &chunk.usage {
-            self.usage_seen = true;
-            if let Some(n) = usage.completion_tokens.and_then(|n| u32::try_from(n).ok()) {
-                self.c.usage_output_tokens = Some(n);
-            }
-        }
+        let completion_tokens = chunk.usage.as_ref().and_then(|u| u.0.completion_tokens);
+        record_meta(
+            &mut self.c,
+            chunk.model.as_deref(),
+            chunk.system_fingerprint.as_deref(),
+            completion_tokens,
+        );
+        self.usage_seen |= chunk.usage.is_some();
         for Obj(choice) in choices {
             if let Some(Obj(delta)) = choice.delta {
                 let text = delta.content.as_deref().unwrap_or("");
@@ -308,9 +318,7 @@ impl OpenAiStream {
         }
         Ok(Step::Continue)
     }
-}
 
-impl OpenAiStream {
     /// A chunk read as a tree: any JSON, embedded errors recognised.
     fn feed_tree(&mut self, event: &Event) -> Result<Step, ProbeError> {
         let v = event_json(event)?;
@@ -398,7 +406,14 @@ pub(crate) fn read_body(v: &Value) -> Result<Collected, ProbeError> {
         });
     };
     let mut c = Collected::default();
-    record_meta(&mut c, v);
+    record_meta(
+        &mut c,
+        v.get("model").and_then(Value::as_str),
+        v.get("system_fingerprint").and_then(Value::as_str),
+        v.get("usage")
+            .and_then(|u| u.get("completion_tokens"))
+            .and_then(Value::as_u64),
+    );
     c.push_text(message.get("content").and_then(Value::as_str).unwrap_or(""));
     c.push_reasoning(
         message

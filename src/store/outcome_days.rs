@@ -174,15 +174,13 @@ fn partitions(conn: &Connection) -> Result<Vec<(String, i64)>, StoreError> {
 /// packing itself waiting an hour or two): a writer remembers a newer day as existing and
 /// would insert a late row into it without making it again, so a writer whose clock is
 /// behind by less than that never does. Raw partitions take at most about a day and a third
-/// of outcomes. Inside the writer's transaction, after its lock. Answers the partitions
-/// dropped.
+/// of outcomes. Inside the writer's transaction, after its lock; each drop is logged.
 pub(crate) fn drop_packed(
     conn: &Connection,
     before_ms: i64,
     passed: &[(i64, i64)],
-) -> Result<usize, StoreError> {
+) -> Result<(), StoreError> {
     let until = before_ms.saturating_sub(2 * REMEMBER_WITHIN_MS);
-    let mut dropped = 0;
     for (table, day) in partitions(conn)? {
         let (from, to) = (day * DAY_MS, (day + 1) * DAY_MS);
         if to > until || passed.iter().any(|&(_, h)| h >= from && h < to) {
@@ -190,9 +188,8 @@ pub(crate) fn drop_packed(
         }
         conn.execute_batch(&format!("DROP TABLE {table}"))?;
         tracing::info!(partition = %table, "a packed day's raw partition dropped");
-        dropped += 1;
     }
-    Ok(dropped)
+    Ok(())
 }
 
 /// On PostgreSQL: drops the day partitions that end at or before `cutoff_ms`, answering the

@@ -28,17 +28,28 @@ fn read_all(body: &[u8], cuts: &[usize]) -> Vec<Read> {
     read_all_then(body, cuts, None)
 }
 
-/// [`read_all`], the body ending with `fault` (a cut connection, a stall) when given.
-fn read_all_then(body: &[u8], cuts: &[usize], fault: Option<BodyFault>) -> Vec<Read> {
+/// `body` cut at `cuts` (taken modulo its length): its chunks, in order.
+fn chunked<'a>(body: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
     let mut at: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
     at.sort_unstable();
     at.dedup();
-    let mut chunks = Vec::new();
     let mut from = 0;
-    for to in at.into_iter().chain([body.len()]) {
-        chunks.push(Ok::<_, BodyFault>(Bytes::copy_from_slice(&body[from..to])));
-        from = to;
-    }
+    at.into_iter()
+        .chain([body.len()])
+        .map(|to| {
+            let chunk = &body[from..to];
+            from = to;
+            chunk
+        })
+        .collect()
+}
+
+/// [`read_all`], the body ending with `fault` (a cut connection, a stall) when given.
+fn read_all_then(body: &[u8], cuts: &[usize], fault: Option<BodyFault>) -> Vec<Read> {
+    let mut chunks: Vec<Result<Bytes, BodyFault>> = chunked(body, cuts)
+        .into_iter()
+        .map(|c| Ok(Bytes::copy_from_slice(c)))
+        .collect();
     chunks.extend(fault.map(Err));
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -152,13 +163,9 @@ proptest! {
             prop_oneof![Just(b'\r'), Just(b'\n'), Just(b'x'), any::<u8>()], 0..256),
         cuts in prop::collection::vec(any::<usize>(), 0..8),
     ) {
-        let mut at: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
-        at.sort_unstable();
         let mut lengths = Lengths::default();
-        let mut from = 0;
-        for to in at.into_iter().chain([body.len()]) {
-            prop_assert!(lengths.feed(&body[from..to]).is_ok());
-            from = to;
+        for chunk in chunked(&body, &cuts) {
+            prop_assert!(lengths.feed(chunk).is_ok());
         }
         prop_assert_eq!((lengths.line, lengths.event, lengths.cr), counted(&body));
     }

@@ -400,7 +400,7 @@ async fn an_unreadable_row_keeps_its_hour_raw_and_packing_goes_on() {
 }
 
 /// On PostgreSQL closed hours are packed as on SQLite, and a day left without raw rows has
-/// its partition dropped a day after it ended (its pages hold only deleted rows); a late
+/// its partition dropped hours after it ended (its pages hold only deleted rows); a late
 /// outcome for it makes the partition again, is read at once and packed at the next run. The
 /// hours a SQLite store brought along are read too.
 #[tokio::test]
