@@ -5,8 +5,8 @@
 //! success; `stop_reason: "refusal"` is `Refused`. Unknown event types are ignored, as
 //! Anthropic's versioning policy asks.
 
-use eventsource_stream::Event;
 use serde_json::{json, Value};
+use sse_parse::Event;
 
 use super::outcome::ProbeError;
 use super::upstream::{classify_embedded, error_in};

@@ -9,9 +9,9 @@
 
 use std::borrow::Cow;
 
-use eventsource_stream::Event;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use sse_parse::Event;
 
 use super::outcome::{scrub, ProbeError};
 use super::upstream::{classify_embedded, error_in, DECLARED_ERROR_STATUS};

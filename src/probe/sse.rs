@@ -6,13 +6,16 @@
 //! The silence is measured on *bytes*, below the SSE parser, on purpose: keep-alive comments
 //! (`: ping`) are data on the wire and prove the connection is alive even though they carry no
 //! event, while a parser-level timer would call such a stream stalled. SSE framing itself is
-//! left to `eventsource-stream`, which implements the WHATWG rules (CRLF, comments, multi-line
-//! `data:`, split UTF-8 sequences across chunks).
+//! left to `sse-parse`, which implements the WHATWG rules (CRLF, comments, multi-line `data:`,
+//! a byte order mark).
 //!
 //! That parser buffers a line, and an event, until its end: an upstream that never sends a
 //! newline would grow it without bound. [`events`] therefore cuts the body before the parser
 //! once a line passes [`MAX_LINE`] bytes or an event [`MAX_EVENT`]: the stream ends as
-//! malformed, and memory stays at one line plus one network chunk.
+//! malformed, and memory stays at one line plus one network chunk. The parser would also
+//! replace bytes that are not UTF-8; a provider that sends them is broken, so the stream ends
+//! as malformed there too, after the events that came before those bytes (a character that a
+//! chunk cuts in two is finished by the next chunk, so the chunking never matters).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
+use sse_parse::{Event, EventStream};
 use tokio::time::Instant;
 
 use super::outcome::scrub;
@@ -130,11 +133,75 @@ impl Lengths {
     }
 }
 
-/// What the line bound lets through to the SSE parser.
+/// Whether the bytes so far are UTF-8, across chunks.
+#[derive(Debug, Default, Clone, Copy)]
+struct Utf8 {
+    /// The start of a character the last chunk ended inside of.
+    cut: [u8; 3],
+    cut_len: usize,
+}
+
+impl Utf8 {
+    /// Checks `chunk`; `Err(n)` when it is UTF-8 up to its byte `n` and not past it.
+    fn feed(&mut self, chunk: &[u8]) -> Result<(), usize> {
+        let mut rest = chunk;
+        if self.cut_len > 0 {
+            // A proper start of a character, so its first byte says how long it is.
+            let width = match self.cut[0] {
+                0xF0.. => 4,
+                0xE0.. => 3,
+                _ => 2,
+            };
+            let take = (width - self.cut_len).min(chunk.len());
+            let mut char = [0u8; 4];
+            char[..self.cut_len].copy_from_slice(&self.cut[..self.cut_len]);
+            char[self.cut_len..self.cut_len + take].copy_from_slice(&chunk[..take]);
+            match std::str::from_utf8(&char[..self.cut_len + take]) {
+                Ok(_) => self.cut_len = 0,
+                Err(e) if e.error_len().is_none() => {
+                    // Still unfinished: the chunk was shorter than the rest of the character.
+                    self.cut[self.cut_len..self.cut_len + take].copy_from_slice(&chunk[..take]);
+                    self.cut_len += take;
+                    return Ok(());
+                }
+                Err(_) => return Err(0),
+            }
+            rest = &chunk[take..];
+        }
+        let skipped = chunk.len() - rest.len();
+        match std::str::from_utf8(rest) {
+            Ok(_) => Ok(()),
+            Err(e) if e.error_len().is_none() => {
+                let tail = &rest[e.valid_up_to()..];
+                self.cut[..tail.len()].copy_from_slice(tail);
+                self.cut_len = tail.len();
+                Ok(())
+            }
+            Err(e) => Err(skipped + e.valid_up_to()),
+        }
+    }
+
+    /// Whether the last character was cut and never finished.
+    fn unfinished(&self) -> bool {
+        self.cut_len > 0
+    }
+}
+
+/// What the line bound and the UTF-8 check let through to the SSE parser.
 #[derive(Debug)]
 enum Bounded {
     Body(BodyFault),
-    TooLong(String),
+    Malformed(String),
+}
+
+/// The bytes ended inside a character, or a chunk was not UTF-8.
+const NOT_UTF8: &str = "invalid UTF-8 in the stream";
+
+/// Where [`events`]' byte reading stands.
+struct Checked<S> {
+    bytes: S,
+    lengths: Lengths,
+    utf8: Utf8,
 }
 
 /// The longest silence tolerated between byte chunks. `Fixed` holds for the whole body;
@@ -228,25 +295,45 @@ pub(crate) async fn read_body(
 pub(crate) fn events(
     bytes: impl Stream<Item = Result<Bytes, BodyFault>> + Send,
 ) -> impl Stream<Item = Result<Event, ReadFault>> + Send {
-    let bytes = Box::pin(bytes);
-    let bounded =
-        futures_util::stream::unfold(Some((bytes, Lengths::default())), |state| async move {
-            let (mut bytes, mut lengths) = state?;
-            match bytes.next().await? {
-                Err(f) => Some((Err(Bounded::Body(f)), None)),
-                Ok(chunk) => match lengths.feed(&chunk) {
-                    // The chunk that passes a bound never reaches the parser.
-                    Err(why) => Some((Err(Bounded::TooLong(why)), None)),
-                    Ok(()) => Some((Ok(chunk), Some((bytes, lengths)))),
-                },
+    let start = Checked {
+        bytes: Box::pin(bytes),
+        lengths: Lengths::default(),
+        utf8: Utf8::default(),
+    };
+    // After a fault, the items left to yield (the fault, after the valid part of a chunk).
+    let checked = futures_util::stream::unfold(
+        (Some(start), None::<Bounded>),
+        |(state, fault)| async move {
+            if let Some(f) = fault {
+                return Some((Err(f), (None, None)));
             }
-        });
-    bounded.eventsource().map(|r| {
-        r.map_err(|e| match e {
-            EventStreamError::Transport(Bounded::Body(f)) => ReadFault::Body(f),
-            EventStreamError::Transport(Bounded::TooLong(why)) => ReadFault::Framing(why),
-            EventStreamError::Utf8(e) => ReadFault::Framing(format!("invalid UTF-8: {e}")),
-            EventStreamError::Parser(e) => ReadFault::Framing(format!("invalid SSE: {e}")),
+            let mut s = state?;
+            let chunk = match s.bytes.next().await {
+                None if s.utf8.unfinished() => {
+                    return Some((Err(Bounded::Malformed(NOT_UTF8.into())), (None, None)))
+                }
+                None => return None,
+                Some(Err(f)) => return Some((Err(Bounded::Body(f)), (None, None))),
+                Some(Ok(chunk)) => chunk,
+            };
+            // The chunk that passes a bound never reaches the parser.
+            if let Err(why) = s.lengths.feed(&chunk) {
+                return Some((Err(Bounded::Malformed(why)), (None, None)));
+            }
+            match s.utf8.feed(&chunk) {
+                Ok(()) => Some((Ok(chunk), (Some(s), None))),
+                // What came before the bad bytes is read, then the stream ends.
+                Err(valid) => Some((
+                    Ok(chunk.slice(..valid)),
+                    (None, Some(Bounded::Malformed(NOT_UTF8.into()))),
+                )),
+            }
+        },
+    );
+    EventStream::new(checked).map(|r| {
+        r.map_err(|sse_parse::Error::Transport(e)| match e {
+            Bounded::Body(f) => ReadFault::Body(f),
+            Bounded::Malformed(why) => ReadFault::Framing(why),
         })
     })
 }
@@ -323,6 +410,39 @@ mod tests {
             matches!(got.last(), Some(Err(ReadFault::Framing(_)))),
             "{got:?}"
         );
+    }
+
+    /// The stream ends at the bad bytes, not when the upstream ends it (here: never, so
+    /// anything buffered past them would end as a stall instead).
+    #[tokio::test(start_paused = true)]
+    async fn bytes_after_invalid_utf8_are_not_read() {
+        let now = Instant::now();
+        let body = futures_util::stream::iter(vec![
+            Ok::<_, String>(Bytes::from_static(b"data: a\n\ndata: \xe4\xb8")),
+            Ok(Bytes::from_static(b"x\n\ndata: b\n\n")),
+        ])
+        .chain(futures_util::stream::pending());
+        let far = now + Duration::from_secs(60);
+        let got: Vec<_> = events(guarded_bytes(body, now, Duration::from_secs(5), far))
+            .collect()
+            .await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].as_ref().map(|e| e.data.as_str()), Ok("a"));
+        assert!(matches!(&got[1], Err(ReadFault::Framing(m)) if m.contains("UTF-8")));
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_inside_a_character_is_malformed() {
+        let now = Instant::now();
+        let body = futures_util::stream::iter(vec![Ok::<_, String>(Bytes::from_static(
+            b"data: a\n\ndata: \xf0\x9f\x98",
+        ))]);
+        let far = now + Duration::from_secs(60);
+        let got: Vec<_> = events(guarded_bytes(body, now, Duration::from_secs(5), far))
+            .collect()
+            .await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(matches!(&got[1], Err(ReadFault::Framing(_))));
     }
 
     /// A line or an event past its bound ends the stream as a framing error after the events

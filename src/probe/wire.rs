@@ -2,7 +2,7 @@
 //! shape every streaming decoder has. Decoders are pure: they see events and bodies, never
 //! sockets or clocks, so the end-of-stream rules are unit-tested without a server.
 
-use eventsource_stream::Event;
+use sse_parse::Event;
 
 use super::measure::estimate_tokens;
 use super::outcome::ProbeError;

@@ -23,9 +23,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use eventsource_stream::Event;
 use futures_util::{Stream, StreamExt};
 use http::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use sse_parse::Event;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 

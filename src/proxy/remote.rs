@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use reqwest::header::{ACCEPT, AUTHORIZATION};
 use tokio::sync::{mpsc, watch};
@@ -74,10 +73,9 @@ pub fn follow(
                 Ok(Ok(resp)) if resp.status().is_success() => {
                     status.seen();
                     let alive = status.clone();
-                    let mut events = resp
-                        .bytes_stream()
-                        .inspect(move |_| alive.seen())
-                        .eventsource();
+                    let mut events = sse_parse::EventStream::new(
+                        resp.bytes_stream().inspect(move |_| alive.seen()),
+                    );
                     loop {
                         let next = tokio::select! {
                             _ = shutdown.cancelled() => return,

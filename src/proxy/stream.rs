@@ -17,9 +17,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use eventsource_stream::Event;
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
+use sse_parse::Event;
 use tokio::time::Instant;
 
 use super::attempt::{class_of, Class, Committed, PassiveSink};

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use proptest::prelude::*;
 
-use super::{events, BodyFault, Lengths, ReadFault};
+use super::{events, BodyFault, Lengths, ReadFault, Utf8};
 
 /// Cases per property: bounded so the suite's time does not depend on the environment.
 const CASES: u32 = 256;
@@ -195,6 +195,38 @@ proptest! {
         match whole.last() {
             Some(Read::Framing) => {}
             last => prop_assert_eq!(last, Some(&Read::Body(fault))),
+        }
+    }
+
+    #[test]
+    fn the_utf8_check_finds_what_the_whole_body_shows_whatever_the_chunking(
+        parts in prop::collection::vec(prop_oneof![
+            3 => text().prop_map(String::into_bytes),
+            1 => prop::collection::vec(any::<u8>(), 0..4),
+        ], 0..8),
+        cuts in prop::collection::vec(any::<usize>(), 0..12),
+    ) {
+        let body = parts.concat();
+        let mut utf8 = Utf8::default();
+        let (mut at, mut bad) = (0, None);
+        for chunk in chunked(&body, &cuts) {
+            if let Err(n) = utf8.feed(chunk) {
+                bad = Some(at + n);
+                break;
+            }
+            at += chunk.len();
+        }
+        match std::str::from_utf8(&body) {
+            Ok(_) => prop_assert_eq!((bad, utf8.unfinished()), (None, false)),
+            Err(e) => match e.error_len() {
+                None => prop_assert_eq!((bad, utf8.unfinished()), (None, true)),
+                // Found at the bad bytes: where they start, or past the ones an earlier
+                // chunk held as an unfinished character.
+                Some(len) => {
+                    let at = bad.expect("invalid UTF-8 found");
+                    prop_assert!(at >= e.valid_up_to() && at <= e.valid_up_to() + len, "{at} {e}");
+                }
+            },
         }
     }
 

@@ -1,5 +1,6 @@
 //! The proxy's bounds against real loopback upstreams: a committed stream's longest life
-//! (`[proxy] max_stream_duration`), an upstream SSE line that never ends, and the per-client
+//! (`[proxy] max_stream_duration`), an upstream SSE line that never ends, bytes that are not
+//! UTF-8 in a stream that stays open, and the per-client
 //! shares of the async queue, the idempotency keys and the cached answers.
 
 use crate::common;
@@ -141,6 +142,38 @@ async fn a_stream_older_than_max_stream_duration_is_interrupted() {
     let o = px.outcome().await;
     assert!(!o.success);
     assert_eq!(o.error.map(|e| e.kind()), Some("timeout"));
+}
+
+/// Bytes that are not UTF-8 end the committed stream as malformed at once, after what came
+/// before them, though the upstream keeps the connection open and its later events are fine.
+#[tokio::test]
+async fn bytes_that_are_not_utf8_end_the_stream_as_malformed_at_once() {
+    let (server, _) = fake("/chat/completions", |_: &Captured| {
+        let script = Script::new()
+            .send(openai::content("hello "))
+            .send(Bytes::from_static(
+                b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\xff\"}}]}\n\n",
+            ))
+            .send(openai::content("after "))
+            .hang();
+        Reply::now(script.sse())
+    })
+    .await;
+    let mut px = start(server, None, |p| {
+        p.stream_idle_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let (status, text) = px.stream(Duration::from_secs(8)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("hello"), "{text}");
+    assert!(text.contains("provider_interrupted"), "{text}");
+    assert!(
+        !text.contains("after"),
+        "nothing past the bad bytes: {text}"
+    );
+    let o = px.outcome().await;
+    assert_eq!(o.error.as_ref().map(|e| e.kind()), Some("malformed"));
+    assert!(o.error.unwrap().to_string().contains("UTF-8"));
 }
 
 /// An upstream line of 10 MiB without a newline ends the committed stream as malformed
