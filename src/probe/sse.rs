@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use sse_parse::{Event, EventStream};
+use sse_parse::{Event, SseParser};
 use tokio::time::Instant;
 
 use super::outcome::scrub;
@@ -187,21 +187,70 @@ impl Utf8 {
     }
 }
 
-/// What the line bound and the UTF-8 check let through to the SSE parser.
-#[derive(Debug)]
-enum Bounded {
-    Body(BodyFault),
-    Malformed(String),
-}
-
 /// The bytes ended inside a character, or a chunk was not UTF-8.
 const NOT_UTF8: &str = "invalid UTF-8 in the stream";
 
-/// Where [`events`]' byte reading stands.
-struct Checked<S> {
+/// [`events`]' reading: the body's chunks through the line bounds and the UTF-8 check into
+/// the parser, the parser's events out, then the fault that ended the body, if any.
+struct Reader<S> {
     bytes: S,
     lengths: Lengths,
     utf8: Utf8,
+    parser: SseParser,
+    /// Yielded once the events before it are.
+    fault: Option<ReadFault>,
+    ended: bool,
+}
+
+impl<S: Stream<Item = Result<Bytes, BodyFault>> + Unpin> Reader<S> {
+    async fn next(&mut self) -> Option<Result<Event, ReadFault>> {
+        loop {
+            if let Some(event) = self.parser.next_event() {
+                return Some(Ok(event));
+            }
+            if let Some(fault) = self.fault.take() {
+                return Some(Err(fault));
+            }
+            if self.ended {
+                return None;
+            }
+            let chunk = match self.bytes.next().await {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(f)) => {
+                    self.end(ReadFault::Body(f));
+                    continue;
+                }
+                None if self.utf8.unfinished() => {
+                    self.end(ReadFault::Framing(NOT_UTF8.into()));
+                    continue;
+                }
+                None => {
+                    self.parser.finish();
+                    self.ended = true;
+                    continue;
+                }
+            };
+            // The chunk that passes a bound never reaches the parser.
+            if let Err(why) = self.lengths.feed(&chunk) {
+                self.end(ReadFault::Framing(why));
+                continue;
+            }
+            match self.utf8.feed(&chunk) {
+                Ok(()) => self.parser.feed(&chunk),
+                // What came before the bad bytes is read, then the stream ends.
+                Err(valid) => {
+                    self.parser.feed(&chunk[..valid]);
+                    self.end(ReadFault::Framing(NOT_UTF8.into()));
+                }
+            }
+        }
+    }
+
+    /// Nothing more is read; `fault` comes after the events already complete.
+    fn end(&mut self, fault: ReadFault) {
+        self.fault = Some(fault);
+        self.ended = true;
+    }
 }
 
 /// The longest silence tolerated between byte chunks. `Fixed` holds for the whole body;
@@ -295,47 +344,15 @@ pub(crate) async fn read_body(
 pub(crate) fn events(
     bytes: impl Stream<Item = Result<Bytes, BodyFault>> + Send,
 ) -> impl Stream<Item = Result<Event, ReadFault>> + Send {
-    let start = Checked {
+    let reader = Reader {
         bytes: Box::pin(bytes),
         lengths: Lengths::default(),
         utf8: Utf8::default(),
+        parser: SseParser::new(),
+        fault: None,
+        ended: false,
     };
-    // After a fault, the items left to yield (the fault, after the valid part of a chunk).
-    let checked = futures_util::stream::unfold(
-        (Some(start), None::<Bounded>),
-        |(state, fault)| async move {
-            if let Some(f) = fault {
-                return Some((Err(f), (None, None)));
-            }
-            let mut s = state?;
-            let chunk = match s.bytes.next().await {
-                None if s.utf8.unfinished() => {
-                    return Some((Err(Bounded::Malformed(NOT_UTF8.into())), (None, None)))
-                }
-                None => return None,
-                Some(Err(f)) => return Some((Err(Bounded::Body(f)), (None, None))),
-                Some(Ok(chunk)) => chunk,
-            };
-            // The chunk that passes a bound never reaches the parser.
-            if let Err(why) = s.lengths.feed(&chunk) {
-                return Some((Err(Bounded::Malformed(why)), (None, None)));
-            }
-            match s.utf8.feed(&chunk) {
-                Ok(()) => Some((Ok(chunk), (Some(s), None))),
-                // What came before the bad bytes is read, then the stream ends.
-                Err(valid) => Some((
-                    Ok(chunk.slice(..valid)),
-                    (None, Some(Bounded::Malformed(NOT_UTF8.into()))),
-                )),
-            }
-        },
-    );
-    EventStream::new(checked).map(|r| {
-        r.map_err(|sse_parse::Error::Transport(e)| match e {
-            Bounded::Body(f) => ReadFault::Body(f),
-            Bounded::Malformed(why) => ReadFault::Framing(why),
-        })
-    })
+    futures_util::stream::unfold(reader, |mut r| async move { Some((r.next().await?, r)) })
 }
 
 /// A reqwest error as one line: the cause chain, without the URL (a base URL may carry
